@@ -1,0 +1,1 @@
+"""The embedded inference engine: paged KV cache, continuous batching, batched sampling."""

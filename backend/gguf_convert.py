@@ -1,0 +1,35 @@
+"""Convert a Llama-family GGUF file to an HF safetensors directory, once.
+
+transformers de-quantizes GGUF weights (and undoes llama.cpp's q/k permutation) on load,
+but refuses `save_pretrained` for a GGUF-loaded model, so we write the state dict, the
+config and the tokenizer ourselves. Later loads read safetensors directly (about 1 s).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+
+def convert_gguf_to_hf(gguf_path: Path, out: Path) -> Path:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"converting {gguf_path.name} to safetensors (one time, ~20 s) ...")
+    folder, name = str(gguf_path.parent), gguf_path.name
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(partial)
+    model.generation_config.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    shutil.rmtree(out, ignore_errors=True)
+    partial.replace(out)
+    return out

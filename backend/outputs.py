@@ -1,0 +1,66 @@
+"""RequestOutput: what the engine emits per step per request (deltas, not totals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's logprob and its top alternatives (token text, logprob)."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()  # (token_id, token text, logprob), best first
+
+
+@dataclass(frozen=True)
+class CompletionDelta:
+    """New output of one choice (sibling index) since the previous delta."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One engine step's news for one request. `usage` is cumulative; `finished` is set once."""
+
+    request_id: str
+    deltas: tuple[CompletionDelta, ...]
+    usage: Usage
+    finished: bool = False
+    prompt_token_ids: tuple[int, ...] | None = None  # only in the first output
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # only in the first output
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for /metrics and the dashboard."""
+
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_preemptions: int
+    extra: dict[str, float] = field(default_factory=dict)
