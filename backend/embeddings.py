@@ -1,0 +1,70 @@
+"""Sentence embeddings with all-MiniLM-L6-v2: mean pooling over the attention mask, then L2 norm.
+
+Plain transformers AutoModel + AutoTokenizer; the forward pass runs in a worker thread so
+the gateway's event loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from backend.config import default_embedding_model_path
+from backend.errors import InvalidRequestError
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+class Embedder:
+    """Loads the model once (blocking); `embed` is safe to call from many coroutines."""
+
+    model_name: str = MODEL_NAME
+
+    def __init__(self, model_path: str | Path | None = None, batch_size: int = 32) -> None:
+        path = Path(model_path).expanduser() if model_path else default_embedding_model_path()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
+        self.dimensions: int = int(self.model.config.hidden_size)
+        self.max_length: int = int(
+            min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
+        )
+        self.batch_size = batch_size
+        self._lock = threading.Lock()  # one forward at a time: the CPU is shared with the LLM engine
+
+    async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        """Unit vectors, one per text, and the number of prompt tokens (special tokens included)."""
+        return await asyncio.to_thread(self.embed_sync, texts)
+
+    def embed_sync(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        vectors: list[list[float]] = []
+        tokens = 0
+        for start in range(0, len(texts), self.batch_size):
+            batch_vectors, batch_tokens = self._embed_batch(texts[start : start + self.batch_size])
+            vectors.extend(batch_vectors)
+            tokens += batch_tokens
+        return vectors, tokens
+
+    def _embed_batch(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        enc = self.tokenizer(texts, padding=True, truncation=False, return_tensors="pt")
+        lengths = enc["attention_mask"].sum(dim=1)
+        longest = int(lengths.max())
+        if longest > self.max_length:
+            raise InvalidRequestError(
+                f"An input is {longest} tokens long; {self.model_name} reads at most {self.max_length}.",
+                param="input",
+            )
+        with self._lock, torch.inference_mode():
+            hidden = self.model(**enc).last_hidden_state
+        return mean_pool_normalize(hidden, enc["attention_mask"]).tolist(), int(lengths.sum())
+
+
+def mean_pool_normalize(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the token states where mask is 1, then L2-normalised (sentence-transformers' recipe)."""
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    summed = (hidden * weights).sum(dim=1)
+    mean = summed / weights.sum(dim=1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(mean, p=2, dim=1)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP gateway (Starlette). It never imports torch."""

@@ -1,0 +1,98 @@
+"""create_app: wire routes, middleware and the engine's lifespan into a Starlette app.
+
+Importing this module does nothing but define functions (and never imports torch);
+`gateway/__main__.py` builds the real engine and passes it in.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TextIO
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.access_log import make_logger
+from gateway.chat import ChatCompletions
+from gateway.client import EmbeddingClient, EngineClient
+from gateway.completions import Completions
+from gateway.config import GatewayConfig
+from gateway.context import GatewayContext
+from gateway.embeddings import Embeddings
+from gateway.errors import error_response, to_gateway_error
+from gateway.metrics import GatewayMetrics
+from gateway.middleware import GatewayMiddleware
+from gateway.models import ModelCatalog, ServedModel
+from gateway.ops import Operations
+
+
+def build_context(
+    config: GatewayConfig,
+    engine: EngineClient,
+    embedder: EmbeddingClient | None = None,
+    log_sink: TextIO | None = None,
+) -> GatewayContext:
+    created = int(time.time())
+    models = [ServedModel(engine.model_name, "chat", created)]
+    if embedder is not None:
+        models.append(ServedModel(embedder.model_name, "embedding", created))
+    return GatewayContext(
+        config=config,
+        engine=engine,
+        embedder=embedder,
+        catalog=ModelCatalog(models, config.model_aliases),
+        metrics=GatewayMetrics(engine.stats),
+        logger=make_logger(log_sink or sys.stderr, config.log_level),
+    )
+
+
+def routes(ctx: GatewayContext) -> list[Route]:
+    ops = Operations(ctx)
+    return [
+        Route("/v1/chat/completions", ChatCompletions(ctx).handle, methods=["POST"]),
+        Route("/v1/completions", Completions(ctx).handle, methods=["POST"]),
+        Route("/v1/embeddings", Embeddings(ctx).handle, methods=["POST"]),
+        Route("/v1/models", ops.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", ops.get_model, methods=["GET"]),
+        Route("/health", ops.health, methods=["GET"]),
+        Route("/ready", ops.ready, methods=["GET"]),
+        Route("/metrics", ops.metrics, methods=["GET"]),
+    ]
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Router 404/405s, rendered as OpenAI errors like everything else."""
+    return error_response(to_gateway_error(exc))
+
+
+def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
+    """The ASGI app. With manage_engine, the lifespan starts and shuts down the engine."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_engine:
+            await ctx.engine.start()
+        ctx.readiness.ready = True
+        ctx.logger.info("ready", model=ctx.engine.model_name, host=ctx.config.host, port=ctx.config.port)
+        try:
+            yield
+        finally:
+            ctx.readiness.ready = False
+            if manage_engine:
+                await ctx.engine.shutdown()
+
+    app = Starlette(
+        routes=routes(ctx),
+        middleware=[Middleware(GatewayMiddleware, ctx=ctx)],
+        exception_handlers={HTTPException: _http_exception},
+        lifespan=lifespan,
+    )
+    app.state.ctx = ctx
+    return app

@@ -1,0 +1,122 @@
+"""POST /v1/chat/completions: chat template -> engine -> chat.completion or SSE chunks."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from backend.outputs import CompletionDelta, RequestOutput
+from gateway.context import GatewayContext
+from gateway.engine_io import prime
+from gateway.generation import Generation, collect, finish_reason, has_tokens, unless_disconnected
+from gateway.jsonio import json_response, read_json
+from gateway.logprobs import chat_logprobs
+from gateway.protocol import ChatRequest, parse_chat
+from gateway.record import RequestRecord, record_of
+from gateway.responses import chat_completion, usage_json
+from gateway.sse import SSEStream, chain, guarded, sse_data
+
+
+@dataclass(frozen=True)
+class ChunkMaker:
+    """Builds chat.completion.chunk objects sharing one id, timestamp and model."""
+
+    id: str
+    created: int
+    model: str
+    include_usage: bool
+    with_logprobs: bool
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+        obj: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.include_usage:
+            obj["usage"] = usage
+        return sse_data(obj)
+
+    def role(self, index: int) -> bytes:
+        delta = {"role": "assistant", "content": "", "refusal": None}
+        return self.chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
+
+    def deltas(self, d: CompletionDelta) -> list[bytes]:
+        out = []
+        if d.text or d.logprobs:
+            logprobs = chat_logprobs(d.logprobs or ()) if self.with_logprobs else None
+            choice = {
+                "index": d.index,
+                "delta": {"content": d.text},
+                "logprobs": logprobs,
+                "finish_reason": None,
+            }
+            out.append(self.chunk([choice]))
+        if d.finish_reason is not None:
+            reason = finish_reason(d.finish_reason)
+            out.append(
+                self.chunk([{"index": d.index, "delta": {}, "logprobs": None, "finish_reason": reason}])
+            )
+        return out
+
+
+async def chat_events(
+    maker: ChunkMaker, n: int, outputs: AsyncIterator[RequestOutput], rec: RequestRecord
+) -> AsyncIterator[bytes]:
+    for index in range(n):
+        yield maker.role(index)
+    usage = None
+    async for out in outputs:
+        usage = out.usage
+        rec.set_usage(usage)
+        if has_tokens(out):
+            rec.first_token()
+        for delta in out.deltas:
+            for event in maker.deltas(delta):
+                yield event
+    if maker.include_usage and usage is not None:
+        yield maker.chunk([], usage_json(usage))
+
+
+class ChatCompletions:
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+
+    async def handle(self, request: Request) -> Response:
+        rec = record_of(request)
+        req = parse_chat(await read_json(request, self.ctx.config.max_body_bytes))
+        model = self.ctx.catalog.resolve(req.model, "chat")
+        rec.model, rec.stream = model.id, req.stream.stream
+        prompt = self.ctx.engine.apply_chat_template(req.messages, add_generation_prompt=True)
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        stream = self.ctx.engine.generate(prompt, req.params, completion_id)
+        maker = ChunkMaker(completion_id, int(time.time()), model.id, req.stream.include_usage, req.logprobs)
+        if req.stream.stream:
+            return await self._stream(request, req, maker, stream, rec)
+        gen: Generation = await unless_disconnected(request.receive, collect(stream, rec.first_token))
+        rec.set_usage(gen.usage)
+        body = chat_completion(maker.id, maker.created, model.id, gen.ordered(), gen.usage, req.logprobs)
+        return json_response(body)
+
+    async def _stream(
+        self,
+        request: Request,
+        req: ChatRequest,
+        maker: ChunkMaker,
+        stream: AsyncIterator[RequestOutput],
+        rec: RequestRecord,
+    ) -> Response:
+        (first,) = await unless_disconnected(request.receive, prime([stream]))
+        events = chat_events(maker, req.params.n, chain(first, stream), rec)
+        safe = guarded(
+            events, lambda exc, err: self.ctx.report_error(rec, exc, err), self.ctx.config.retry_after_s
+        )
+        return SSEStream(safe, [stream], self.ctx.config.sse_ping_s)

@@ -1,0 +1,57 @@
+"""What the gateway knows of an engine: typing.Protocols, nothing concrete.
+
+The embedded engine (`backend.async_engine.AsyncEngine`) satisfies `EngineClient`
+structurally; the gateway never imports it (the composition root in
+`gateway/__main__.py` does, lazily).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from backend.outputs import EngineStats, RequestOutput
+from backend.sampling_params import SamplingParams
+
+
+class EngineClient(Protocol):
+    """A text-generation engine: the embedded one, or later an HTTP backend."""
+
+    model_name: str
+    max_model_len: int
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def detokenize(self, token_ids: list[int]) -> str: ...
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]: ...
+
+    def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Deltas for every choice; raises EngineError subclasses on first iteration.
+
+        Stopping the iteration (aclose or cancellation) aborts the request.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+
+class EmbeddingClient(Protocol):
+    """A sentence-embedding model."""
+
+    model_name: str
+    dimensions: int
+
+    async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        """L2-normalised vectors, one per text, and the number of prompt tokens."""
+        ...

@@ -1,0 +1,187 @@
+"""Gateway configuration: frozen dataclasses from one YAML file plus environment overrides.
+
+Precedence, lowest first: defaults < YAML file < environment < command-line flags.
+The environment is read here and nowhere else in the gateway.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from backend.config import EngineConfig, engine_config_from_env
+
+ENV_PREFIX = "SMOLGATE_"
+
+DEFAULT_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "gpt-4o-mini": "SmolLM2-135M-Instruct",
+        "gpt-4o": "SmolLM2-135M-Instruct",
+        "gpt-4.1-mini": "SmolLM2-135M-Instruct",
+        "gpt-3.5-turbo": "SmolLM2-135M-Instruct",
+        "gpt-3.5-turbo-instruct": "SmolLM2-135M-Instruct",
+        "text-embedding-3-small": "all-MiniLM-L6-v2",
+        "text-embedding-ada-002": "all-MiniLM-L6-v2",
+    }
+)
+
+
+class ConfigError(ValueError):
+    """The configuration file or an environment variable is invalid."""
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Everything the gateway needs; `engine` is passed on to the embedded engine untouched."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no authentication
+    model_aliases: Mapping[str, str] = field(default_factory=lambda: DEFAULT_ALIASES)
+    max_body_bytes: int = 8 * 1024 * 1024
+    retry_after_s: int = 1
+    log_level: str = "info"
+    access_log: bool = True
+    embeddings: bool = True  # serve /v1/embeddings with all-MiniLM-L6-v2
+    embedding_model: str = ""  # HF directory; "" means the default fetched model
+    sse_ping_s: float = 15.0
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+_SCALAR_ENV = {
+    "max_body_bytes": "MAX_BODY_BYTES",
+    "retry_after_s": "RETRY_AFTER_S",
+    "log_level": "LOG_LEVEL",
+    "access_log": "ACCESS_LOG",
+    "embeddings": "EMBEDDINGS",
+    "embedding_model": "EMBEDDING_MODEL",
+    "sse_ping_s": "SSE_PING_S",
+}
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Defaults, then the YAML file (`path` or $SMOLGATE_CONFIG), then environment overrides."""
+    env = os.environ if environ is None else environ
+    path = path or env.get(f"{ENV_PREFIX}CONFIG") or None
+    cfg = from_mapping(_read_yaml(Path(path))) if path else GatewayConfig()
+    return apply_env(cfg, env)
+
+
+def _read_yaml(path: Path) -> Mapping[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def from_mapping(data: Mapping[str, Any]) -> GatewayConfig:
+    """Build a GatewayConfig from parsed YAML, checking every key and type."""
+    base = GatewayConfig()
+    known = {f.name for f in fields(base)}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError(f"unknown config keys: {sorted(unknown)}")
+    changes: dict[str, Any] = {}
+    for name, value in data.items():
+        if name == "engine":
+            changes[name] = _engine_from_mapping(value)
+        elif name == "api_keys":
+            changes[name] = _str_tuple(name, value)
+        elif name == "model_aliases":
+            changes[name] = _str_mapping(name, value)
+        else:
+            changes[name] = _coerce(name, value, getattr(base, name))
+    return replace(base, **changes)
+
+
+def _engine_from_mapping(value: object) -> EngineConfig:
+    if not isinstance(value, dict):
+        raise ConfigError("engine must be a mapping of EngineConfig fields")
+    base = EngineConfig()
+    known = {f.name for f in fields(base)}
+    unknown = set(value) - known
+    if unknown:
+        raise ConfigError(f"unknown engine config keys: {sorted(unknown)}")
+    return replace(base, **{k: _coerce(f"engine.{k}", v, getattr(base, k)) for k, v in value.items()})
+
+
+def _coerce(name: str, value: object, like: object) -> Any:
+    if isinstance(like, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(like, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(like, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value  # type: ignore[arg-type]
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        raise ConfigError(f"{name} must be of type {type(like).__name__}, got {value!r}")
+    return value
+
+
+def _str_tuple(name: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{name} must be a list of non-empty strings")
+    return tuple(value)
+
+
+def _str_mapping(name: str, value: object) -> Mapping[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ConfigError(f"{name} must map strings to strings")
+    return MappingProxyType(dict(value))
+
+
+def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
+    """HOST, PORT and SMOLGATE_* variables override the file; engine fields use backend's names."""
+    changes: dict[str, Any] = {}
+    if "HOST" in env:
+        changes["host"] = env["HOST"]
+    if "PORT" in env:
+        changes["port"] = _parse_env("PORT", env["PORT"], cfg.port)
+    keys = env.get(f"{ENV_PREFIX}API_KEYS", env.get(f"{ENV_PREFIX}API_KEY"))
+    if keys is not None:
+        changes["api_keys"] = tuple(k.strip() for k in keys.split(",") if k.strip())
+    if f"{ENV_PREFIX}MODEL_ALIASES" in env:
+        changes["model_aliases"] = _parse_aliases(env[f"{ENV_PREFIX}MODEL_ALIASES"])
+    for name, suffix in _SCALAR_ENV.items():
+        if f"{ENV_PREFIX}{suffix}" in env:
+            changes[name] = _parse_env(
+                f"{ENV_PREFIX}{suffix}", env[f"{ENV_PREFIX}{suffix}"], getattr(cfg, name)
+            )
+    changes["engine"] = engine_config_from_env(cfg.engine, dict(env))
+    return replace(cfg, **changes)
+
+
+def _parse_env(name: str, raw: str, like: object) -> Any:
+    try:
+        if isinstance(like, bool):
+            return raw.strip().lower() in {"1", "true", "yes", "on"}
+        if isinstance(like, int):
+            return int(raw)
+        if isinstance(like, float):
+            return float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a valid {type(like).__name__}") from exc
+    return raw
+
+
+def _parse_aliases(raw: str) -> Mapping[str, str]:
+    """`alias=model,alias2=model2`; an empty string clears the aliases."""
+    pairs = [p.strip() for p in raw.split(",") if p.strip()]
+    if not all("=" in p for p in pairs):
+        raise ConfigError(f"{ENV_PREFIX}MODEL_ALIASES must look like 'alias=model,alias2=model2'")
+    return MappingProxyType({a.strip(): m.strip() for a, m in (p.split("=", 1) for p in pairs)})

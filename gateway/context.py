@@ -1,0 +1,37 @@
+"""GatewayContext: everything a route needs, built once by create_app (no module-level state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.client import EmbeddingClient, EngineClient
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError, InternalError
+from gateway.metrics import GatewayMetrics
+from gateway.models import ModelCatalog
+from gateway.record import RequestRecord
+
+
+@dataclass
+class Readiness:
+    """Set by the app's lifespan once the engine runs."""
+
+    ready: bool = False
+
+
+@dataclass(frozen=True)
+class GatewayContext:
+    config: GatewayConfig
+    engine: EngineClient
+    embedder: EmbeddingClient | None
+    catalog: ModelCatalog
+    metrics: GatewayMetrics
+    logger: Any
+    readiness: Readiness = field(default_factory=Readiness)
+
+    def report_error(self, rec: RequestRecord, exc: BaseException, err: GatewayError) -> None:
+        """Note a failed request; unexpected exceptions are logged with their traceback."""
+        rec.error_type = err.error_type
+        if isinstance(err, InternalError) and not isinstance(exc, GatewayError):
+            self.logger.error("unhandled_exception", request_id=rec.request_id, path=rec.path, exc_info=exc)

@@ -1,0 +1,40 @@
+"""POST /v1/embeddings: sentence embeddings (float or base64), off the event loop."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.context import GatewayContext
+from gateway.errors import InvalidRequest, ModelNotFound
+from gateway.generation import unless_disconnected
+from gateway.jsonio import json_response, read_json
+from gateway.protocol import parse_embedding
+from gateway.record import record_of
+from gateway.responses import embedding_list
+
+MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
+
+
+class Embeddings:
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+
+    async def handle(self, request: Request) -> Response:
+        rec = record_of(request)
+        req = parse_embedding(await read_json(request, self.ctx.config.max_body_bytes))
+        embedder = self.ctx.embedder
+        if embedder is None:
+            raise ModelNotFound("Embeddings are not enabled on this server.", param="model")
+        model = self.ctx.catalog.resolve(req.model, "embedding")
+        rec.model = model.id
+        if len(req.inputs) > MAX_INPUTS:
+            raise InvalidRequest(f"'input' may hold at most {MAX_INPUTS} items.", param="input")
+        if req.dimensions is not None and req.dimensions != embedder.dimensions:
+            raise InvalidRequest(
+                f"'dimensions' must be {embedder.dimensions} for {model.id}: it cannot be shortened.",
+                param="dimensions",
+            )
+        vectors, tokens = await unless_disconnected(request.receive, embedder.embed(req.inputs))
+        rec.prompt_tokens = tokens
+        return json_response(embedding_list(model.id, vectors, tokens, req.encoding_format))

@@ -1,0 +1,139 @@
+"""Typed readers for JSON request bodies; a wrong type is a 400 that names the parameter.
+
+`null` counts as "not given", as in the OpenAI API. Ranges of sampling values are
+checked once, by `SamplingParams`; only gateway-level limits are checked here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from gateway.errors import InvalidRequest
+
+Body = Mapping[str, Any]
+
+
+def _type_error(param: str, expected: str, value: object) -> InvalidRequest:
+    got = "null" if value is None else type(value).__name__
+    return InvalidRequest(
+        f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param=param
+    )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def opt_int(
+    body: Body, key: str, *, lo: int | None = None, hi: int | None = None, param: str = ""
+) -> int | None:
+    value = body.get(key)
+    name = param or key
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not _is_int(value):
+        raise _type_error(name, "an integer", value)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise InvalidRequest(f"Invalid value for '{name}': {value} is outside [{lo}, {hi}].", param=name)
+    return int(value)
+
+
+def opt_float(body: Body, key: str) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise _type_error(key, "a number", value)
+    return float(value)
+
+
+def opt_bool(body: Body, key: str, *, param: str = "") -> bool | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise _type_error(param or key, "a boolean", value)
+    return value
+
+
+def opt_str(body: Body, key: str, *, param: str = "") -> str | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _type_error(param or key, "a string", value)
+    return value
+
+
+def req_str(body: Body, key: str, *, param: str = "") -> str:
+    value = opt_str(body, key, param=param)
+    if value is None:
+        name = param or key
+        raise InvalidRequest(f"Missing required parameter: '{name}'.", param=name)
+    return value
+
+
+def opt_object(body: Body, key: str, *, param: str = "") -> Mapping[str, Any] | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _type_error(param or key, "an object", value)
+    return value
+
+
+def opt_stop(body: Body, key: str = "stop") -> tuple[str, ...]:
+    """`stop`: a string or a list of strings."""
+    value = body.get(key)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value else ()
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(s for s in value if s)
+    raise _type_error(key, "a string or an array of strings", value)
+
+
+def opt_int_list(body: Body, key: str) -> tuple[int, ...]:
+    value = body.get(key)
+    if value is None:
+        return ()
+    if isinstance(value, list) and all(_is_int(v) for v in value):
+        return tuple(value)
+    raise _type_error(key, "an array of integers", value)
+
+
+def logit_bias(body: Body) -> dict[int, float]:
+    """`logit_bias`: token ids as JSON object keys (strings), biases as numbers."""
+    value = opt_object(body, "logit_bias")
+    if not value:
+        return {}
+    out: dict[int, float] = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidRequest(
+                f"Invalid key in 'logit_bias': {key!r} is not a token id.", param="logit_bias"
+            ) from None
+        if not isinstance(bias, int | float) or isinstance(bias, bool):
+            raise _type_error("logit_bias", "numbers as values", bias)
+        out[token] = float(bias)
+    return out
+
+
+def reject_unknown(body: Body, allowed: Collection[str]) -> None:
+    """Like OpenAI: an argument the server does not know is a 400, never silently ignored."""
+    for key in body:
+        if key not in allowed:
+            raise InvalidRequest(f"Unrecognized request argument supplied: {key}", param=key)
+
+
+def reject_unsupported(body: Body, unsupported: Mapping[str, str]) -> None:
+    """Arguments OpenAI knows but this server cannot honour (non-null values only)."""
+    for key, why in unsupported.items():
+        if body.get(key) is not None:
+            raise InvalidRequest(f"'{key}' is not supported by this server: {why}", param=key)

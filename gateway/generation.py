@@ -1,0 +1,152 @@
+"""Consuming the engine: accumulate RequestOutput deltas, merge streams, survive disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from backend.outputs import CompletionDelta, RequestOutput, TokenLogprob, Usage
+from gateway.errors import GatewayError
+
+T = TypeVar("T")
+
+
+class ClientDisconnected(GatewayError):
+    """The client went away before the response was ready (logged as status 499)."""
+
+    status = 499
+    error_type = "client_closed_request"
+
+
+def finish_reason(reason: str | None) -> str | None:
+    """The engine's reasons ("stop", "length", "abort") as OpenAI's ("stop", "length")."""
+    if reason is None:
+        return None
+    return "length" if reason == "length" else "stop"
+
+
+@dataclass
+class ChoiceState:
+    """Everything one choice produced so far."""
+
+    index: int
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def absorb(self, delta: CompletionDelta) -> None:
+        self.text.append(delta.text)
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs:
+            self.logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason = finish_reason(delta.finish_reason)
+
+
+@dataclass
+class Generation:
+    """The accumulated result of one generate() call (all n choices of one prompt)."""
+
+    choices: dict[int, ChoiceState] = field(default_factory=dict)
+    usage: Usage = field(default_factory=lambda: Usage(prompt_tokens=0, completion_tokens=0))
+    prompt_token_ids: tuple[int, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+
+    def absorb(self, out: RequestOutput) -> None:
+        self.usage = out.usage
+        if out.prompt_token_ids is not None:
+            self.prompt_token_ids = out.prompt_token_ids
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
+        for delta in out.deltas:
+            state = self.choices.get(delta.index)
+            if state is None:
+                state = self.choices[delta.index] = ChoiceState(delta.index)
+            state.absorb(delta)
+
+    def ordered(self) -> list[ChoiceState]:
+        return [self.choices[i] for i in sorted(self.choices)]
+
+
+def has_tokens(out: RequestOutput) -> bool:
+    return any(d.token_ids for d in out.deltas)
+
+
+async def collect(stream: AsyncIterator[RequestOutput], on_token: Callable[[], None]) -> Generation:
+    """Drain one engine stream; closing it early (cancellation) aborts the engine request."""
+    gen = Generation()
+    async with aclosing(stream):  # type: ignore[type-var]
+        async for out in stream:
+            if has_tokens(out):
+                on_token()
+            gen.absorb(out)
+    return gen
+
+
+async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Interleave several async iterators, tagging items with their stream's index."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]):  # type: ignore[type-var]
+            async for item in streams[0]:
+                yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, T | None, BaseException | None, bool]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async with aclosing(stream):  # type: ignore[type-var]
+                async for item in stream:
+                    queue.put_nowait((i, item, None, False))
+            queue.put_nowait((i, None, None, True))
+        except Exception as exc:
+            queue.put_nowait((i, None, exc, True))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item, exc, done = await queue.get()
+            if exc is not None:
+                raise exc
+            if done:
+                remaining -= 1
+            else:
+                yield i, item  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _wait_disconnect(receive: Callable[[], Awaitable[dict[str, object]]]) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(receive: Callable[[], Awaitable[dict[str, object]]], work: Awaitable[T]) -> T:
+    """Run `work`, cancelling it (and so aborting engine requests) if the client disconnects.
+
+    Call only after the request body has been read.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        await _cancel(task, watcher)
+        raise
+    if not task.done():
+        await _cancel(task, watcher)
+        raise ClientDisconnected("The client closed the connection.")
+    watcher.cancel()
+    return task.result()
+
+
+async def _cancel(*tasks: asyncio.Future[object]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

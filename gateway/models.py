@@ -1,0 +1,56 @@
+"""The model catalog: served model ids, aliases from configuration, and lookups."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.errors import ModelNotFound
+
+ModelKind = Literal["chat", "embedding"]
+OWNER = "smolgate"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    id: str
+    kind: ModelKind
+    created: int
+
+    def to_json(self, shown_id: str | None = None) -> dict[str, Any]:
+        return {"id": shown_id or self.id, "object": "model", "created": self.created, "owned_by": OWNER}
+
+
+class ModelCatalog:
+    """Resolves a requested name (a model id or an alias) to a served model."""
+
+    def __init__(self, models: list[ServedModel], aliases: Mapping[str, str]) -> None:
+        self._models = {m.id: m for m in models}
+        self._aliases = {a: t for a, t in aliases.items() if t in self._models and a not in self._models}
+
+    def resolve(self, name: str, kind: ModelKind) -> ServedModel:
+        model = self._models.get(self._aliases.get(name, name))
+        if model is None:
+            raise ModelNotFound(
+                f"The model `{name}` does not exist or you do not have access to it.", param="model"
+            )
+        if model.kind != kind:
+            raise ModelNotFound(
+                f"The model `{name}` is a {model.kind} model and cannot serve this endpoint.", param="model"
+            )
+        return model
+
+    def lookup(self, name: str) -> dict[str, Any]:
+        """The Model object for GET /v1/models/{id}; an alias is shown under its own name."""
+        model = self._models.get(self._aliases.get(name, name))
+        if model is None:
+            raise ModelNotFound(
+                f"The model `{name}` does not exist or you do not have access to it.", param="model"
+            )
+        return model.to_json(shown_id=name)
+
+    def listing(self) -> list[dict[str, Any]]:
+        served = [m.to_json() for m in self._models.values()]
+        aliases = [self._models[t].to_json(shown_id=a) for a, t in sorted(self._aliases.items())]
+        return served + aliases

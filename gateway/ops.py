@@ -1,0 +1,35 @@
+"""GET /health, /ready, /metrics, /v1/models and /v1/models/{id}."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.context import GatewayContext
+from gateway.errors import ServiceUnavailable
+from gateway.jsonio import json_response
+from gateway.metrics import CONTENT_TYPE
+
+
+class Operations:
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+
+    async def health(self, request: Request) -> Response:
+        """Liveness: the process serves HTTP."""
+        return json_response({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness: the model is loaded and the engine loop runs."""
+        if not self.ctx.readiness.ready:
+            raise ServiceUnavailable("The model is not loaded yet.")
+        return json_response({"status": "ready", "model": self.ctx.engine.model_name})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.ctx.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def list_models(self, request: Request) -> Response:
+        return json_response({"object": "list", "data": self.ctx.catalog.listing()})
+
+    async def get_model(self, request: Request) -> Response:
+        return json_response(self.ctx.catalog.lookup(request.path_params["model_id"]))

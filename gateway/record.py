@@ -1,0 +1,52 @@
+"""RequestRecord: what one request did, filled in as it runs; read by the access log and metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from backend.outputs import Usage
+
+SCOPE_KEY = "gateway.record"
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    method: str
+    path: str
+    start: float  # time.perf_counter() when the request arrived
+    route: str = "unmatched"
+    model: str = ""
+    status: int = 0
+    stream: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+    error_type: str | None = None
+    cache: str = "none"  # gateway response cache: none (not configured) | hit | miss
+
+    def first_token(self) -> None:
+        if self.ttft_s is None:
+            self.ttft_s = time.perf_counter() - self.start
+
+    def set_usage(self, usage: Usage) -> None:
+        self.prompt_tokens = usage.prompt_tokens
+        self.completion_tokens = usage.completion_tokens
+        self.cached_tokens = usage.cached_tokens
+
+    def finish(self) -> None:
+        self.latency_s = time.perf_counter() - self.start
+
+
+def record_of(request: Request) -> RequestRecord:
+    """The record the gateway middleware attached to this request's scope."""
+    record = request.scope.get(SCOPE_KEY)
+    if not isinstance(record, RequestRecord):  # an app built without the middleware (never in production)
+        record = RequestRecord("unknown", request.method, request.url.path, time.perf_counter())
+        request.scope[SCOPE_KEY] = record
+    return record

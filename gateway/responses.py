@@ -1,0 +1,94 @@
+"""Non-streaming response bodies (chat.completion, text_completion, embeddings list)."""
+
+from __future__ import annotations
+
+import base64
+import sys
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+from backend.outputs import Usage
+from gateway.generation import ChoiceState
+from gateway.logprobs import chat_logprobs
+
+
+def add_usage(a: Usage, b: Usage) -> Usage:
+    return Usage(
+        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
+        completion_tokens=a.completion_tokens + b.completion_tokens,
+        cached_tokens=a.cached_tokens + b.cached_tokens,
+    )
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def chat_choice(state: ChoiceState, with_logprobs: bool) -> dict[str, Any]:
+    return {
+        "index": state.index,
+        "message": {"role": "assistant", "content": "".join(state.text), "refusal": None},
+        "logprobs": chat_logprobs(state.logprobs) if with_logprobs else None,
+        "finish_reason": state.finish_reason or "stop",
+    }
+
+
+def chat_completion(
+    completion_id: str,
+    created: int,
+    model: str,
+    choices: Sequence[ChoiceState],
+    usage: Usage,
+    with_logprobs: bool,
+) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [chat_choice(c, with_logprobs) for c in choices],
+        "usage": usage_json(usage),
+    }
+
+
+def text_completion(
+    completion_id: str, created: int, model: str, choices: list[dict[str, Any]], usage: Usage | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if usage is not None:
+        body["usage"] = usage_json(usage)
+    return body
+
+
+def encode_vector(vector: list[float], fmt: str) -> list[float] | str:
+    """`base64` is little-endian float32, as the OpenAI SDK decodes it."""
+    if fmt == "float":
+        return vector
+    packed = array("f", vector)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+def embedding_list(model: str, vectors: list[list[float]], prompt_tokens: int, fmt: str) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": encode_vector(v, fmt)}
+            for i, v in enumerate(vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }

@@ -1,0 +1,78 @@
+"""Server-sent events: orjson-encoded `data:` lines, the error event, and a response that
+always aborts its engine requests when it ends (finished, failed, or client gone)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing, suppress
+from typing import Any, TypeVar
+
+import orjson
+from sse_starlette import EventSourceResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway.errors import GatewayError, error_bytes, to_gateway_error
+
+T = TypeVar("T")
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_data(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def sse_error(err: GatewayError) -> bytes:
+    """An `error` event carrying an OpenAI error body; the OpenAI SDK raises APIError on it."""
+    return b"event: error\ndata: " + error_bytes(err) + b"\n\n"
+
+
+async def chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    """`first`, then the rest of the stream; closing the chain closes the stream (an abort)."""
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await _close(rest)
+
+
+async def guarded(
+    events: AsyncIterator[bytes], on_error: Callable[[BaseException, GatewayError], None], retry_after_s: int
+) -> AsyncIterator[bytes]:
+    """Pass events through and end with [DONE]; an exception becomes one error event, then the end."""
+    async with aclosing(events):  # type: ignore[type-var]
+        try:
+            async for event in events:
+                yield event
+        except Exception as exc:
+            err = to_gateway_error(exc, retry_after_s=retry_after_s)
+            on_error(exc, err)
+            yield sse_error(err)
+            return
+    yield DONE
+
+
+class SSEStream(EventSourceResponse):
+    """An EventSourceResponse that closes its generators (aborting engine requests) when done."""
+
+    def __init__(
+        self, events: AsyncIterator[bytes], engine_streams: Sequence[AsyncIterator[Any]], ping_s: float
+    ) -> None:
+        super().__init__(events, ping=ping_s, sep="\n")
+        self._events = events
+        self._engine_streams = engine_streams
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await _close(self._events)
+            for stream in self._engine_streams:
+                await _close(stream)
+
+
+async def _close(stream: AsyncIterator[Any]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        with suppress(RuntimeError):  # already running elsewhere: its owner closes it
+            await aclose()
