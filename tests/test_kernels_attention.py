@@ -9,10 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels import flash_prefill as fp
 from kernels import paged_decode as pd
 from kernels.testing import assert_close, device_for, generator, poison, ready
 
 ready(pd)
+ready(fp)
 DEV = device_for(pd)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -103,3 +105,63 @@ def test_paged_decode_reference_against_sdpa(num_heads, num_kv_heads):
     ref = pd.paged_decode_ref(q, k_cache, v_cache, bt, torch.tensor(lengths, dtype=torch.int32))
     for i in range(3):
         torch.testing.assert_close(ref[i].double(), sdpa(q[i : i + 1], ks[i], vs[i])[0], atol=1e-5, rtol=1e-5)
+
+
+# (num_heads, num_kv_heads, head_dim, block_size, [(q_len, ctx_len)...], block_m, block_n):
+# a whole prompt of odd length, a single token, a chunk after a prefix spanning several blocks (chunked
+# prefill), a prefix-cache hit ending mid-block, a 1-token "decode" row mixed in; GQA 1/3/8; head_dim 64/128
+PREFILL_CASES = [
+    (9, 3, 64, 16, [(37, 37), (1, 1), (5, 70), (20, 27)], 16, 16),
+    (9, 3, 64, 16, [(37, 37), (1, 50), (18, 83)], 32, 16),
+    (8, 1, 64, 8, [(19, 19), (6, 30)], 16, 32),
+    (2, 2, 128, 32, [(40, 40), (3, 35)], 16, 16),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: f"h{c[0]}kv{c[1]}d{c[2]}bs{c[3]}m{c[5]}n{c[6]}")
+def test_flash_prefill(dtype, case):
+    num_heads, num_kv_heads, head_dim, block_size, seqs, block_m, block_n = case
+    g = generator("prefill", dtype, case)
+    q_lens = [a for a, _ in seqs]
+    lengths = [n for _, n in seqs]
+    k_cache, v_cache, bt, _, _ = make_paged(g, lengths, num_kv_heads, head_dim, block_size, dtype)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    q = torch.randn(sum(q_lens), num_heads, head_dim, generator=g).to(dtype)
+    ref = fp.flash_prefill_ref(q.float(), k_cache.float(), v_cache.float(), bt, cu, seq_lens)
+    out = poison(*q.shape, dtype=dtype, device=DEV)
+    args = [t.to(DEV) for t in (q, k_cache, v_cache, bt, cu, seq_lens)]
+    res = fp.flash_prefill(*args, max_query_len=max(q_lens), out=out, block_m=block_m, block_n=block_n)
+    assert res is out
+    assert_close(out, ref, dtype)
+
+
+def test_flash_prefill_without_max_query_len_and_strided_q():
+    """max_query_len computed from cu_seqlens; q a view into a fused qkv buffer; padding rows untouched."""
+    g = generator("prefill-strided")
+    k_cache, v_cache, bt, _, _ = make_paged(g, [21, 9], 3, 64, 16, torch.float16)
+    qkv = torch.randn(32, 15, 64, generator=g).half()
+    q = qkv[:, :9]
+    cu = torch.tensor([0, 21, 30], dtype=torch.int32)  # rows 30, 31: padding
+    seq_lens = torch.tensor([21, 9], dtype=torch.int32)
+    out = poison(32, 9, 64, dtype=torch.float16, device=DEV)
+    fp.flash_prefill(*(t.to(DEV) for t in (q, k_cache, v_cache, bt, cu, seq_lens)), out=out, block_m=16)
+    ref = fp.flash_prefill_ref(q.float(), k_cache.float(), v_cache.float(), bt, cu, seq_lens)
+    assert_close(out[:30], ref[:30], torch.float16)
+    assert out[30:].isnan().all()
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 1)])
+def test_flash_prefill_reference_against_sdpa(num_heads, num_kv_heads):
+    g = generator("prefill-ref", num_heads, num_kv_heads)
+    seqs = [(1, 1), (12, 12), (7, 40)]
+    k_cache, v_cache, bt, ks, vs = make_paged(g, [n for _, n in seqs], num_kv_heads, 32, 8, torch.float32)
+    cu = torch.tensor([0, 1, 13, 20], dtype=torch.int32)
+    q = torch.randn(20, num_heads, 32, generator=g)
+    seq_lens = torch.tensor([n for _, n in seqs], dtype=torch.int32)
+    ref = fp.flash_prefill_ref(q, k_cache, v_cache, bt, cu, seq_lens)
+    for i, (m, n) in enumerate(seqs):
+        a, b = int(cu[i]), int(cu[i + 1])
+        expected = sdpa(q[a:b], ks[i], vs[i], causal_offset=n - m)
+        torch.testing.assert_close(ref[a:b].double(), expected, atol=1e-5, rtol=1e-5)
