@@ -27,6 +27,9 @@ def convert_gguf_to_hf(gguf_path: Path, out: Path) -> Path:
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    # The weights are de-quantized now: drop the GGUF marker so loaders read plain fp32.
+    model.config.quantization_config = None
+    del model.config.quantization_config
     model.config.save_pretrained(partial)
     model.generation_config.save_pretrained(partial)
     tokenizer.save_pretrained(partial)

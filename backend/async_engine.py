@@ -1,0 +1,153 @@
+"""AsyncEngine: the engine loop on its own thread, and an asyncio API for the gateway.
+
+The loop thread owns the LLMEngine; nothing else touches it. Requests and aborts arrive
+through a thread-safe inbox; each step's RequestOutputs go back to the event loop with
+call_soon_threadsafe into one asyncio.Queue per request. torch releases the GIL inside its
+kernels, so HTTP handling stays responsive while a step runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from backend.config import EngineConfig
+from backend.engine import LLMEngine
+from backend.errors import EngineDeadError, EngineError, QueueFullError
+from backend.outputs import EngineStats, RequestOutput
+from backend.sampling_params import SamplingParams
+from backend.tokenizer import apply_chat_template
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sink: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.model_name = engine.model_name
+        self.max_model_len = engine.max_model_len
+        self._inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
+        self._thread: threading.Thread | None = None
+        self._dead: BaseException | None = None
+        self._stats = engine.stats()
+        self._pending = 0  # submitted but not yet seen by the loop thread
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        return cls(LLMEngine(config))
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+            self._thread.start()
+
+    async def shutdown(self) -> None:
+        if self._thread is not None:
+            self._inbox.put(None)
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    # ---- tokenizer -------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.engine.tokenizer.encode(text, add_special_tokens=False))
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return self.engine.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        return apply_chat_template(self.engine.tokenizer, messages, add_generation_prompt)
+
+    # ---- requests --------------------------------------------------------------------------------
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Yield this request's outputs as they come; stopping early aborts the request."""
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine has stopped: {self._dead}")
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        stats = self._stats
+        if stats.num_waiting + self._pending >= self.engine.config.max_waiting:
+            raise QueueFullError(f"the engine queue is full ({self.engine.config.max_waiting} waiting)")
+        self.engine._validate(request_id, ids, params)  # fail fast on this task, not in the loop
+        sink: asyncio.Queue = asyncio.Queue()
+        self._pending += 1
+        self._inbox.put(_Add(request_id, ids, params, sink, asyncio.get_running_loop()))
+        finished = False
+        try:
+            while not finished:
+                item = await sink.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self._inbox.put(_Abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    # ---- the loop thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._drain_inbox(block=not self.engine.has_work):
+                for out in self.engine.step():
+                    self._deliver(out.request_id, out, final=out.finished)
+                self._stats = self.engine.stats()
+        except BaseException as exc:  # a bug in a step must not leave callers waiting forever
+            log.exception("engine loop died")
+            self._dead = exc
+            for rid in list(self._sinks):
+                self._deliver(rid, EngineDeadError(f"the engine failed: {exc!r}"), final=True)
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Apply queued adds/aborts; False once shutdown was asked."""
+        while True:
+            try:
+                item = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if item is None:
+                return False
+            self._apply(item)
+
+    def _apply(self, item: _Add | _Abort) -> None:
+        if isinstance(item, _Abort):
+            self.engine.abort(item.request_id)
+            self._sinks.pop(item.request_id, None)
+            return
+        self._pending -= 1
+        self._sinks[item.request_id] = (item.sink, item.loop)
+        try:
+            self.engine.add_request(item.request_id, item.prompt_token_ids, item.params)
+        except EngineError as exc:
+            self._deliver(item.request_id, exc, final=True)
+        self._stats = self.engine.stats()
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException, final: bool) -> None:
+        target = self._sinks.pop(request_id, None) if final else self._sinks.get(request_id)
+        if target is not None:
+            sink, loop = target
+            loop.call_soon_threadsafe(sink.put_nowait, item)

@@ -1,0 +1,59 @@
+"""Attention over the paged KV cache in plain torch (the CPU path).
+
+The cache of one layer is (2, num_slots, num_kv_heads, head_dim): slot = block * block_size
++ offset. New K/V are written at their slots first, then each group reads its full context
+back through the gathered slots, so prefix-cache hits and chunked prefill need no special case.
+GQA is done by grouping query heads per KV head, so K/V are never repeated in memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from backend.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
+
+
+def store_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """cache: (2, num_slots, kv_heads, head_dim); k, v: (num_tokens, kv_heads, head_dim)."""
+    cache[0].index_copy_(0, slot_mapping, k)
+    cache[1].index_copy_(0, slot_mapping, v)
+
+
+def decode_attention(q: torch.Tensor, cache: torch.Tensor, meta: DecodeMetadata, scale: float) -> torch.Tensor:
+    """q: (num_decodes, num_heads, head_dim) -> (num_decodes, num_heads, head_dim)."""
+    n, num_heads, head_dim = q.shape
+    kv_heads = cache.shape[2]
+    k = cache[0][meta.context_slots].transpose(1, 2)  # (n, kv_heads, ctx, head_dim)
+    v = cache[1][meta.context_slots].transpose(1, 2)
+    q = q.view(n, kv_heads, num_heads // kv_heads, head_dim)  # query heads grouped per KV head
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale + meta.mask  # (n, kv_heads, group, ctx)
+    out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype), v)
+    return out.reshape(n, num_heads, head_dim)
+
+
+def prefill_attention(q: torch.Tensor, cache: torch.Tensor, meta: PrefillMetadata, scale: float) -> torch.Tensor:
+    """q: (num_prefill_tokens, num_heads, head_dim), packed -> same shape."""
+    num_heads, head_dim = q.shape[1:]
+    padded_q = q.new_zeros(*meta.query_index.shape, num_heads, head_dim)
+    padded_q[meta.query_valid] = q
+    k = cache[0][meta.context_slots].transpose(1, 2)  # (p, kv_heads, ctx, head_dim)
+    v = cache[1][meta.context_slots].transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        padded_q.transpose(1, 2), k, v, attn_mask=meta.mask, scale=scale, enable_gqa=True
+    )  # (p, num_heads, max_query, head_dim)
+    return out.transpose(1, 2)[meta.query_valid]
+
+
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, batch: ForwardBatch, scale: float
+) -> torch.Tensor:
+    """Store this step's K/V, then attend. q: (num_tokens, num_heads, head_dim)."""
+    store_kv(cache, k, v, batch.slot_mapping)
+    d = batch.num_decode_tokens
+    parts = []
+    if batch.decode is not None:
+        parts.append(decode_attention(q[:d], cache, batch.decode, scale))
+    if batch.prefill is not None:
+        parts.append(prefill_attention(q[d:], cache, batch.prefill, scale))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -1,0 +1,203 @@
+"""LLMEngine: the synchronous core. One step = schedule -> run the model -> postprocess.
+
+    out = scheduler.schedule()          # who runs, how many tokens each
+    logits = runner.run(out)            # one packed forward over the paged KV cache
+    return self.postprocess(out, ...)   # sample, append, stop checks, free finished blocks
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from backend.block_pool import BlockPool
+from backend.config import EngineConfig
+from backend.detokenizer import IncrementalDetokenizer
+from backend.errors import ContextLengthError, InvalidRequestError
+from backend.kv_cache import KVCacheManager
+from backend.model_runner import ModelRunner, num_kv_blocks
+from backend.outputs import CompletionDelta, EngineStats, RequestOutput, TokenLogprob, Usage
+from backend.request import Sequence
+from backend.sampler import Sampler, SamplerOutput
+from backend.sampling_params import SamplingParams
+from backend.scheduler import Scheduler, SchedulerOutput
+from backend.tokenizer import load_tokenizer
+from backend.weights import load_model, resolve_model_dir
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = config.resolved_device()
+        dtype = DTYPES[config.dtype]
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.set_flush_denormal(True)  # denormals made the CPU forward ~2x slower
+        model_dir = resolve_model_dir(config.resolved_model())
+        self.model_name = config.served_model_name or config.resolved_model().name.removesuffix(".gguf")
+        self.tokenizer = load_tokenizer(model_dir)
+        hf_max = self._model_max_len(model_dir)
+        self.max_model_len = min(config.max_model_len or hf_max, hf_max)
+        model = load_model(model_dir, dtype, self.device, self.max_model_len)
+        pool = BlockPool(num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, dtype), config.enable_prefix_caching)
+        self.kv = KVCacheManager(pool, config.block_size)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting)
+        self.runner = ModelRunner(model, self.kv, dtype, self.device)
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.vocab_size = model.config.vocab_size
+        self.sampler = Sampler(self.eos_token_id, config.seed, self.device)
+        self.requests: dict[str, list[Sequence]] = {}
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    @staticmethod
+    def _model_max_len(model_dir: Any) -> int:
+        from backend.weights import load_config
+
+        return int(load_config(model_dir).max_position_embeddings)
+
+    # ---- requests in ----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self._validate(request_id, prompt_token_ids, params)
+        if params.max_tokens is None:
+            from dataclasses import replace
+
+            params = replace(params, max_tokens=self.max_model_len - len(prompt_token_ids))
+        seqs: list[Sequence] = []
+        for index in range(params.n):
+            gen = None
+            if params.seed is not None:
+                gen = torch.Generator(device=self.device).manual_seed(params.seed + index)
+            detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
+            first = seqs[0] if seqs and self.config.enable_prefix_caching else None
+            seqs.append(Sequence(request_id, index, list(prompt_token_ids), len(prompt_token_ids), params, detok, gen, first))
+        self.scheduler.add(seqs)
+        self.requests[request_id] = seqs
+        self.prompt_tokens_total += len(prompt_token_ids)
+
+    def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        if request_id in self.requests:
+            raise InvalidRequestError(f"duplicate request id {request_id!r}")
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
+        if any(not 0 <= t < self.vocab_size for t in [*params.logit_bias, *params.stop_token_ids]):
+            raise InvalidRequestError(f"token ids must be in [0, {self.vocab_size})", param="logit_bias")
+        total = len(prompt) + (params.max_tokens or 1)
+        if total > self.max_model_len:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{total} tokens ({len(prompt)} in the messages, {params.max_tokens or 1} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                param="messages",
+            )
+        if -(-total // self.kv.block_size) > self.kv.pool.num_blocks:
+            raise ContextLengthError(f"the request needs more KV cache ({total} tokens) than the engine has", param="max_tokens")
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seqs = self.requests.pop(request_id, None)
+        if seqs is None:
+            return None
+        for seq in seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+        return self._output(request_id, seqs, finished=True)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # ---- one step ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        logits = self.runner.run(out) if out.num_tokens else None
+        return self.postprocess(out, logits)
+
+    def postprocess(self, out: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
+        sampling = [c for c in out.scheduled if c.samples]
+        for chunk in out.scheduled:
+            chunk.seq.num_computed_tokens += chunk.num_new_tokens
+            self.kv.cache_full_blocks(chunk.seq)
+        if logits is not None and sampling:
+            seqs = [c.seq for c in sampling]
+            self._append_tokens(seqs, self.sampler(logits, seqs))
+        touched = {c.seq.request_id for c in sampling}
+        return [o for rid in touched if (o := self._collect(rid)) is not None]
+
+    def _append_tokens(self, seqs: list[Sequence], sampled: SamplerOutput) -> None:
+        for row, (seq, token) in enumerate(zip(seqs, sampled.token_ids, strict=True)):
+            seq.token_ids.append(token)
+            seq.pending_token_ids.append(token)
+            self.generation_tokens_total += 1
+            if sampled.logprobs is not None and seq.params.logprobs is not None:
+                seq.pending_logprobs.append(self._token_logprob(sampled.logprobs[row], token, seq.params.logprobs))
+            self._check_stop(seq, token)
+
+    def _check_stop(self, seq: Sequence, token: int) -> None:
+        stop_str = seq.detokenizer.append(token)
+        p = seq.params
+        if seq.num_output_tokens < p.min_tokens:
+            return
+        if stop_str is not None:
+            self.scheduler.finish(seq, "stop", stop_str)
+        elif token == self.eos_token_id and not p.ignore_eos:
+            self.scheduler.finish(seq, "stop", None)
+        elif token in p.stop_token_ids:
+            self.scheduler.finish(seq, "stop", token)
+        elif seq.num_output_tokens >= (p.max_tokens or 0) or seq.num_tokens >= self.max_model_len:
+            self.scheduler.finish(seq, "length")
+
+    def _token_logprob(self, row: torch.Tensor, token: int, k: int) -> TokenLogprob:
+        top = row.topk(k) if k else None
+        alts = () if top is None else tuple(
+            (i, self.tokenizer.decode([i]), lp) for lp, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+        )
+        return TokenLogprob(token, self.tokenizer.decode([token]), float(row[token]), alts)
+
+    # ---- outputs -----------------------------------------------------------------------------
+    def _collect(self, request_id: str) -> RequestOutput | None:
+        seqs = self.requests.get(request_id)
+        if seqs is None:
+            return None
+        finished = all(s.is_finished for s in seqs)
+        if finished:
+            del self.requests[request_id]
+        return self._output(request_id, seqs, finished)
+
+    def _output(self, request_id: str, seqs: list[Sequence], finished: bool) -> RequestOutput:
+        deltas = tuple(self._delta(s) for s in seqs if s.pending_token_ids or (s.is_finished and not s.finish_reported))
+        usage = Usage(
+            prompt_tokens=seqs[0].num_prompt_tokens,
+            completion_tokens=sum(s.num_output_tokens for s in seqs),
+            cached_tokens=max(seqs[0].num_cached_tokens, 0),
+        )
+        return RequestOutput(request_id, deltas, usage, finished)
+
+    def _delta(self, seq: Sequence) -> CompletionDelta:
+        include = seq.stop_reason if seq.params.include_stop_str_in_output and isinstance(seq.stop_reason, str) else ""
+        text = seq.detokenizer.take(seq.is_finished, include)
+        logprobs = tuple(seq.pending_logprobs) if seq.params.logprobs is not None else None
+        delta = CompletionDelta(seq.index, text, tuple(seq.pending_token_ids), logprobs, seq.finish_reason, seq.stop_reason)
+        seq.pending_token_ids.clear()
+        seq.pending_logprobs.clear()
+        seq.finish_reported = seq.is_finished
+        return delta
+
+    def stats(self) -> EngineStats:
+        pool = self.kv.pool
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_used=pool.num_blocks - pool.num_free,
+            kv_blocks_total=pool.num_blocks,
+            prefix_cache_queries=self.kv.queries,
+            prefix_cache_hits=self.kv.hits,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            num_preemptions=self.scheduler.num_preemptions,
+        )

@@ -1,0 +1,50 @@
+"""ForwardBatch: everything one model forward needs, packed; passed as an argument, never global.
+
+Token order in the packed batch: all decode tokens first (one per sequence), then the prefill
+chunks one sequence after another. Attention runs once for the decode group and once for the
+prefill group, both batched (padded), so no Python loop runs per sequence inside the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DecodeMetadata:
+    """One query token per sequence against its whole context."""
+
+    context_slots: torch.Tensor  # (num_decodes, max_context) long, padded with slot 0
+    mask: torch.Tensor  # (num_decodes, 1, 1, max_context) float: 0 for valid keys, -inf for padding
+    block_tables: torch.Tensor  # (num_decodes, max_blocks) int32, for paged kernels
+    context_lens: torch.Tensor  # (num_decodes,) int32
+
+
+@dataclass(frozen=True)
+class PrefillMetadata:
+    """Chunks of new tokens per sequence, attending causally to earlier context in the cache."""
+
+    query_index: torch.Tensor  # (num_prefills, max_query) long: packed row of each padded query
+    query_valid: torch.Tensor  # (num_prefills, max_query) bool
+    context_slots: torch.Tensor  # (num_prefills, max_context) long, padded with slot 0
+    mask: torch.Tensor  # (num_prefills, 1, max_query, max_context) bool: True = may attend
+    block_tables: torch.Tensor  # (num_prefills, max_blocks) int32
+    context_lens: torch.Tensor  # (num_prefills,) int32, computed + new tokens
+    cu_seqlens_q: torch.Tensor  # (num_prefills + 1,) int32
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # (num_tokens,) long
+    positions: torch.Tensor  # (num_tokens,) long
+    slot_mapping: torch.Tensor  # (num_tokens,) long: where each new token's K/V is stored
+    num_decode_tokens: int
+    decode: DecodeMetadata | None
+    prefill: PrefillMetadata | None
+    logits_index: torch.Tensor  # (num_sampled,) long: rows whose next token is sampled
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]

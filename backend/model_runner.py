@@ -1,0 +1,96 @@
+"""ModelRunner: owns the model and the KV cache tensor; turns a SchedulerOutput into logits."""
+
+from __future__ import annotations
+
+import torch
+
+from backend.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
+from backend.kv_cache import KVCacheManager
+from backend.models.llama import LlamaForCausalLM
+from backend.scheduler import ScheduledSeq, SchedulerOutput
+
+
+def kv_cache_shape(model: LlamaForCausalLM, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    c = model.config
+    return (c.num_hidden_layers, 2, num_blocks * block_size, c.num_key_value_heads, model.head_dim)
+
+
+def num_kv_blocks(model: LlamaForCausalLM, block_size: int, memory_mb: int, dtype: torch.dtype) -> int:
+    per_block = torch.Size(kv_cache_shape(model, 1, block_size)).numel() * dtype.itemsize
+    return max(1, memory_mb * 2**20 // per_block)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, dtype: torch.dtype, device: str) -> None:
+        self.model = model
+        self.kv = kv
+        self.device = device
+        self.kv_cache = torch.zeros(kv_cache_shape(model, kv.pool.num_blocks, kv.block_size), dtype=dtype, device=device)
+
+    def _tensor(self, data: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return torch.tensor(data, dtype=dtype, device=self.device)
+
+    def _block_tables(self, chunks: list[ScheduledSeq]) -> torch.Tensor:
+        width = max(len(c.seq.block_table) for c in chunks)
+        rows = [[b.block_id for b in c.seq.block_table] + [0] * (width - len(c.seq.block_table)) for c in chunks]
+        return self._tensor(rows, torch.int32)
+
+    def _context_slots(self, chunks: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int]]:
+        """(num_seqs, max_context) slots of every token up to the end of this step's chunk."""
+        lens = [c.seq.num_computed_tokens + c.num_new_tokens for c in chunks]
+        bs, width = self.kv.block_size, max(lens)
+        ids = self._block_tables(chunks).long()  # (num_seqs, max_blocks)
+        pos = torch.arange(width, device=self.device)
+        slots = ids.gather(1, (pos // bs).clamp(max=ids.shape[1] - 1).expand(len(chunks), -1)) * bs + pos % bs
+        valid = pos[None, :] < self._tensor(lens)[:, None]
+        return slots.masked_fill(~valid, 0), lens
+
+    def _decode_metadata(self, decodes: list[ScheduledSeq]) -> DecodeMetadata:
+        slots, lens = self._context_slots(decodes)
+        valid = torch.arange(slots.shape[1], device=self.device)[None, :] < self._tensor(lens)[:, None]
+        mask = torch.zeros(valid.shape, dtype=self.kv_cache.dtype, device=self.device).masked_fill(~valid, -float("inf"))
+        return DecodeMetadata(slots, mask[:, None, None, :], self._block_tables(decodes), self._tensor(lens, torch.int32))
+
+    def _prefill_metadata(self, prefills: list[ScheduledSeq], first_row: int) -> PrefillMetadata:
+        slots, lens = self._context_slots(prefills)
+        q_lens = [c.num_new_tokens for c in prefills]
+        cu = [0]
+        for q in q_lens:
+            cu.append(cu[-1] + q)
+        col = torch.arange(max(q_lens), device=self.device)
+        query_valid = col[None, :] < self._tensor(q_lens)[:, None]  # (num_prefills, max_query)
+        query_index = (self._tensor(cu[:-1])[:, None] + col[None, :] + first_row).masked_fill(~query_valid, 0)
+        q_pos = self._tensor([c.seq.num_computed_tokens for c in prefills])[:, None] + col[None, :]
+        k_pos = torch.arange(slots.shape[1], device=self.device)
+        mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & query_valid[:, :, None]
+        mask[:, :, 0] = True  # padded query rows attend to something, so softmax stays finite
+        return PrefillMetadata(
+            query_index, query_valid, slots, mask[:, None], self._block_tables(prefills),
+            self._tensor(lens, torch.int32), self._tensor(cu, torch.int32),
+        )
+
+    def prepare(self, out: SchedulerOutput) -> ForwardBatch:
+        ids, positions, slots, logits_rows = [], [], [], []
+        for chunk in out.scheduled:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            span = range(start, start + chunk.num_new_tokens)
+            ids.extend(seq.token_ids[start : start + chunk.num_new_tokens])
+            positions.extend(span)
+            slots.extend(self.kv.slot(seq, p) for p in span)
+            if chunk.samples:
+                logits_rows.append(len(ids) - 1)
+        num_decodes = len(out.decodes)
+        return ForwardBatch(
+            input_ids=self._tensor(ids),
+            positions=self._tensor(positions),
+            slot_mapping=self._tensor(slots),
+            num_decode_tokens=num_decodes,
+            decode=self._decode_metadata(out.decodes) if out.decodes else None,
+            prefill=self._prefill_metadata(out.prefills, num_decodes) if out.prefills else None,
+            logits_index=self._tensor(logits_rows),
+        )
+
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput) -> torch.Tensor:
+        """(num_sampled, vocab) fp32 logits, in the order of out.scheduled's sampling chunks."""
+        return self.model(self.prepare(out), self.kv_cache)

@@ -1,0 +1,88 @@
+"""Load a model directory (HF safetensors) or a GGUF file into our LlamaForCausalLM.
+
+HF names map onto ours with two fusions: q/k/v -> qkv_proj and gate/up -> gate_up_proj.
+A GGUF file is converted once to safetensors under the cache folder, then loaded the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, PretrainedConfig
+
+from backend.config import cache_dir
+from backend.models.llama import LlamaForCausalLM
+
+SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "smollm3"}
+FUSED = {  # our parameter -> the HF parameters concatenated along the output dimension
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def resolve_model_dir(path: Path) -> Path:
+    """A GGUF file becomes a converted directory under the cache; a directory is used as is."""
+    if path.is_dir():
+        return path
+    if path.suffix != ".gguf" or not path.exists():
+        raise FileNotFoundError(f"model not found (need an HF directory or a .gguf file): {path}")
+    digest = hashlib.sha256(f"{path.resolve()}:{path.stat().st_size}".encode()).hexdigest()[:12]
+    out = cache_dir() / "converted" / f"{path.stem}-{digest}"
+    if not (out / "model.safetensors").exists():
+        from backend.gguf_convert import convert_gguf_to_hf
+
+        convert_gguf_to_hf(path, out)
+    return out
+
+
+def load_config(model_dir: Path) -> PretrainedConfig:
+    config = AutoConfig.from_pretrained(model_dir)
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"unsupported model type {config.model_type!r}; supported: {sorted(SUPPORTED_MODEL_TYPES)}")
+    return config
+
+
+def read_hf_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                tensors[name.removeprefix("model.")] = f.get_tensor(name)
+    if not tensors:
+        raise FileNotFoundError(f"no .safetensors files in {model_dir}")
+    return tensors
+
+
+def to_our_names(hf: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+    """Rename HF tensors to our module names, concatenating the fused projections."""
+    ours = {k: v for k, v in hf.items() if not k.startswith("layers.")}
+    for i in range(num_layers):
+        prefix = f"layers.{i}."
+        layer = {k.removeprefix(prefix): v for k, v in hf.items() if k.startswith(prefix)}
+        for fused, parts in FUSED.items():
+            for kind in ("weight", "bias"):
+                if f"{parts[0]}.{kind}" in layer:
+                    layer[f"{fused}.{kind}"] = torch.cat([layer.pop(f"{p}.{kind}") for p in parts])
+        ours.update({prefix + k: v for k, v in layer.items()})
+    return ours
+
+
+def load_model(path: Path, dtype: torch.dtype, device: str, max_positions: int) -> LlamaForCausalLM:
+    model_dir = resolve_model_dir(path)
+    config = load_config(model_dir)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, max_positions)
+    state = to_our_names(read_hf_tensors(model_dir), config.num_hidden_layers)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    unexpected = model.load_state_dict(state, strict=False, assign=True).unexpected_keys
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.rope = model.rope.__class__(config, model.head_dim, max_positions)  # buffers, built on the CPU
+    return model.to(device=device, dtype=dtype).eval()
