@@ -16,22 +16,34 @@ rotary.py              rotary_embedding(positions, q, k, cos_sin, ..)  rotary_em
 
 Dispatch note: the engine should call the Triton launchers when its tensors are on CUDA and the torch
 references (or its own torch path) elsewhere. Triton picks compiler vs interpreter when a kernel module is
-*imported* (``TRITON_INTERPRET`` is read by ``@triton.jit``). To run the kernels on the CPU (tests, the
-engine's forced-Triton CPU mode), set ``TRITON_INTERPRET=1`` before importing them, or call
-``use_interpreter()`` which sets it and reloads the kernel modules already imported (callers must then
-re-fetch the launchers from the reloaded modules).
+*imported* (``TRITON_INTERPRET`` is read by every ``@triton.jit``, triton's own ``tl.sum``/``tl.max``
+included, so it must be set before ``triton`` itself is first imported). To run the kernels on the CPU
+(tests, the engine's forced-Triton CPU mode), set ``TRITON_INTERPRET=1`` before anything imports triton, or
+call ``use_interpreter()``, which sets it and re-imports what was already imported in compiled mode
+(callers must then re-fetch launchers they bound with ``from kernels.x import f`` before the call).
 """
 
 KERNEL_MODULES = ("kv_store", "flash_prefill", "paged_decode", "awq_gemm", "rmsnorm", "rotary")
 
 
 def use_interpreter() -> None:
-    """Make every kernel module (re)load in Triton-interpreter mode, so the kernels run on CPU tensors."""
+    """Switch to Triton's interpreter: kernels then run on CPU tensors (slowly; for tests and debugging).
+
+    A recovery path for a process that imported triton before setting ``TRITON_INTERPRET=1``: triton's
+    standard library (``tl.sum``, ``tl.max``, ...) was then built for the compiler and is re-imported, and so
+    are the kernel modules already imported. Prefer setting the variable before the first ``import triton``.
+    """
     import importlib
     import os
     import sys
 
     os.environ["TRITON_INTERPRET"] = "1"
+    std = sys.modules.get("triton.language.standard")
+    if std is not None and type(std.sum).__name__ != "InterpretedFunction":
+        for name in ("triton.language.standard", "triton.language.math", "triton.language.random",
+                     "triton.language"):
+            if name in sys.modules:
+                importlib.reload(sys.modules[name])
     for name in ("_utils", *KERNEL_MODULES):
         mod = sys.modules.get(f"{__name__}.{name}")
         if mod is not None:

@@ -13,7 +13,6 @@ Usage at the very top of a test module, before anything imports triton or a kern
 """
 
 import importlib
-import os
 
 import torch
 
@@ -28,13 +27,15 @@ TOL = {
 
 
 def ready(module) -> None:
-    """Ensure ``module``'s kernels run here: interpreter on a CPU-only machine."""
+    """Ensure ``module``'s kernels can run here: on a CPU-only machine, switch to the interpreter if the
+    module (or triton) was imported before ``TRITON_INTERPRET=1`` was set."""
     kernel_names = [n for n in dir(module) if n.startswith("_") and n.endswith("_kernel")]
     interpreted = all(is_interpreted(getattr(module, n)) for n in kernel_names)
     if not interpreted and not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-        importlib.reload(importlib.import_module("kernels._utils"))
-        importlib.reload(module)
+        import kernels
+
+        kernels.use_interpreter()
+        importlib.reload(module)  # in case it is not one of kernels.KERNEL_MODULES
 
 
 def device_for(module) -> str:
