@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -71,17 +70,19 @@ class ChunkMaker:
 async def chat_events(
     maker: ChunkMaker, n: int, outputs: AsyncIterator[RequestOutput], rec: RequestRecord
 ) -> AsyncIterator[bytes]:
-    for index in range(n):
-        yield maker.role(index)
+    """One write per engine step: all chunks an output produces are sent together."""
+    roles = [maker.role(index) for index in range(n)]
     usage = None
     async for out in outputs:
         usage = out.usage
         rec.set_usage(usage)
         if has_tokens(out):
             rec.first_token()
-        for delta in out.deltas:
-            for event in maker.deltas(delta):
-                yield event
+        events = [event for delta in out.deltas for event in maker.deltas(delta)]
+        if roles:
+            events, roles = roles + events, []
+        if events:
+            yield b"".join(events)
     if maker.include_usage and usage is not None:
         yield maker.chunk([], usage_json(usage))
 
@@ -96,7 +97,7 @@ class ChatCompletions:
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
         prompt = self.ctx.engine.apply_chat_template(req.messages, add_generation_prompt=True)
-        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        completion_id = f"chatcmpl-{self.ctx.ids.new()}"
         stream = self.ctx.engine.generate(prompt, req.params, completion_id)
         maker = ChunkMaker(completion_id, int(time.time()), model.id, req.stream.include_usage, req.logprobs)
         if req.stream.stream:

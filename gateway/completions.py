@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from functools import reduce
@@ -110,10 +109,9 @@ async def completion_events(
         rec.set_usage(_total(usages.values()))
         if has_tokens(out):
             rec.first_token()
-        for d in out.deltas:
-            event = chunks.delta(prompt_index, d)
-            if event is not None:
-                yield event
+        events = [e for e in (chunks.delta(prompt_index, d) for d in out.deltas) if e is not None]
+        if events:
+            yield b"".join(events)
     if chunks.include_usage:
         yield chunks.chunk([], _total(usages.values()))
 
@@ -131,7 +129,7 @@ class Completions:
         req = parse_completion(await read_json(request, self.ctx.config.max_body_bytes))
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
-        completion_id = f"cmpl-{uuid.uuid4().hex}"
+        completion_id = f"cmpl-{self.ctx.ids.new()}"
         streams = [
             self.ctx.engine.generate(p, req.params, f"{completion_id}-{i}") for i, p in enumerate(req.prompts)
         ]

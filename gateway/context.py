@@ -8,6 +8,7 @@ from typing import Any
 from gateway.client import EmbeddingClient, EngineClient
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, InternalError
+from gateway.ids import IdGenerator
 from gateway.metrics import GatewayMetrics
 from gateway.models import ModelCatalog
 from gateway.record import RequestRecord
@@ -29,6 +30,7 @@ class GatewayContext:
     metrics: GatewayMetrics
     logger: Any
     readiness: Readiness = field(default_factory=Readiness)
+    ids: IdGenerator = field(default_factory=IdGenerator)
 
     def report_error(self, rec: RequestRecord, exc: BaseException, err: GatewayError) -> None:
         """Note a failed request; unexpected exceptions are logged with their traceback."""

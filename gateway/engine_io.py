@@ -34,6 +34,8 @@ async def _first(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
 async def prime(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
     """The first output of every stream; engine errors (queue full, context length...) raise here."""
     try:
+        if len(streams) == 1:
+            return [await _first(streams[0])]
         return await gather_or_cancel([_first(s) for s in streams])
     except BaseException:
         for stream in streams:

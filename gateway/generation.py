@@ -127,26 +127,40 @@ async def _wait_disconnect(receive: Callable[[], Awaitable[dict[str, object]]]) 
         pass
 
 
-async def unless_disconnected(receive: Callable[[], Awaitable[dict[str, object]]], work: Awaitable[T]) -> T:
-    """Run `work`, cancelling it (and so aborting engine requests) if the client disconnects.
+@dataclass
+class _Watch:
+    watcher: asyncio.Task[None] | None = None
+    disconnected: bool = False
 
-    Call only after the request body has been read.
+
+async def unless_disconnected(
+    receive: Callable[[], Awaitable[dict[str, object]]], work: Awaitable[T], grace_s: float = 0.05
+) -> T:
+    """Await `work` in this task; if the client disconnects, cancel it (aborting engine requests).
+
+    Call only after the request body has been read. Work that ends within `grace_s` never
+    starts the disconnect watcher, so quick requests pay for one timer, not a task.
     """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        await _cancel(task, watcher)
-        raise
-    if not task.done():
-        await _cancel(task, watcher)
-        raise ClientDisconnected("The client closed the connection.")
-    watcher.cancel()
-    return task.result()
+    task = asyncio.current_task()
+    assert task is not None
+    watch = _Watch()
 
-
-async def _cancel(*tasks: asyncio.Future[object]) -> None:
-    for task in tasks:
+    async def watch_disconnect() -> None:
+        await _wait_disconnect(receive)
+        watch.disconnected = True
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+
+    def start_watching() -> None:
+        watch.watcher = asyncio.ensure_future(watch_disconnect())
+
+    timer = asyncio.get_running_loop().call_later(grace_s, start_watching)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if watch.disconnected and task.uncancel() == 0:
+            raise ClientDisconnected("The client closed the connection.") from None
+        raise
+    finally:
+        timer.cancel()
+        if watch.watcher is not None:
+            watch.watcher.cancel()

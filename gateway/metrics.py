@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -64,6 +65,16 @@ def _engine_counters(s: EngineStats) -> Iterator[Metric]:
     yield CounterMetricFamily("smolgate_engine_preemptions", "Sequences preempted", value=s.num_preemptions)
 
 
+@dataclass(frozen=True)
+class _Series:
+    requests: Counter
+    latency: Histogram
+    ttft: Histogram
+    prompt_tokens: Counter
+    completion_tokens: Counter
+    cached_tokens: Counter
+
+
 class GatewayMetrics:
     """Per-request counters and histograms, plus the engine collector, in a private registry."""
 
@@ -99,17 +110,33 @@ class GatewayMetrics:
         )
         if engine_stats is not None:
             r.register(EngineCollector(engine_stats))
+        self._cache: dict[tuple[str, str, int], _Series] = {}
 
     def observe(self, rec: RequestRecord) -> None:
-        model = rec.model or "none"
-        self.requests.labels(rec.route, model, str(rec.status)).inc()
-        self.latency.labels(rec.route, model).observe(rec.latency_s)
+        series = self._series(rec.route, rec.model or "none", rec.status)
+        series.requests.inc()
+        series.latency.observe(rec.latency_s)
         if rec.ttft_s is not None:
-            self.ttft.labels(rec.route, model).observe(rec.ttft_s)
+            series.ttft.observe(rec.ttft_s)
         if rec.prompt_tokens or rec.completion_tokens:
-            self.prompt_tokens.labels(model).inc(rec.prompt_tokens)
-            self.completion_tokens.labels(model).inc(rec.completion_tokens)
-            self.cached_tokens.labels(model).inc(rec.cached_tokens)
+            series.prompt_tokens.inc(rec.prompt_tokens)
+            series.completion_tokens.inc(rec.completion_tokens)
+            series.cached_tokens.inc(rec.cached_tokens)
+
+    def _series(self, route: str, model: str, status: int) -> _Series:
+        """Labelled children, cached: labels() is the slow part of prometheus_client."""
+        key = (route, model, status)
+        series = self._cache.get(key)
+        if series is None:
+            series = self._cache[key] = _Series(
+                requests=self.requests.labels(route, model, str(status)),
+                latency=self.latency.labels(route, model),
+                ttft=self.ttft.labels(route, model),
+                prompt_tokens=self.prompt_tokens.labels(model),
+                completion_tokens=self.completion_tokens.labels(model),
+                cached_tokens=self.cached_tokens.labels(model),
+            )
+        return series
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import hmac
 import re
 import time
-import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.access_log import log_request
 from gateway.context import GatewayContext
 from gateway.errors import AuthenticationFailed, PayloadTooLarge, error_response, to_gateway_error
+from gateway.ids import IdGenerator
 from gateway.record import SCOPE_KEY, RequestRecord
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -24,9 +24,9 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
     return {k: v for k, v in scope["headers"] if k in wanted}
 
 
-def _request_id(headers: dict[bytes, bytes]) -> str:
+def _request_id(headers: dict[bytes, bytes], ids: IdGenerator) -> str:
     given = headers.get(b"x-request-id", b"").decode("latin-1")
-    return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+    return given if _REQUEST_ID.fullmatch(given) else ids.new()
 
 
 class GatewayMiddleware:
@@ -40,7 +40,9 @@ class GatewayMiddleware:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
-        rec = RequestRecord(_request_id(headers), scope["method"], scope["path"], time.perf_counter())
+        rec = RequestRecord(
+            _request_id(headers, self.ctx.ids), scope["method"], scope["path"], time.perf_counter()
+        )
         scope[SCOPE_KEY] = rec
         started = False
         id_header = (b"x-request-id", rec.request_id.encode())
