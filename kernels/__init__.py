@@ -39,7 +39,7 @@ def use_interpreter() -> None:
 
     os.environ["TRITON_INTERPRET"] = "1"
     std = sys.modules.get("triton.language.standard")
-    if std is not None and type(std.sum).__name__ != "InterpretedFunction":
+    if std is not None and type(std.sum).__name__ != "InterpretedFunction":  # built for the compiler
         for name in ("triton.language.standard", "triton.language.math", "triton.language.random",
                      "triton.language"):
             if name in sys.modules:

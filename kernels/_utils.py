@@ -19,6 +19,11 @@ def is_interpreted(kernel) -> bool:
     return type(kernel).__name__ == "InterpretedFunction"
 
 
+def triton_stdlib_interpreted() -> bool:
+    """Whether triton's own jit helpers (tl.sum, tl.max, ...) were built for the interpreter."""
+    return is_interpreted(tl.standard.sum)
+
+
 def dot_upcast(kernel, dtype: torch.dtype) -> bool:
     return is_interpreted(kernel) and dtype == torch.bfloat16
 
@@ -27,7 +32,12 @@ def check_device(kernel, *tensors: torch.Tensor) -> None:
     dev = tensors[0].device
     for t in tensors:
         assert t.device == dev, f"all tensors must be on one device, got {t.device} and {dev}"
-    if not is_interpreted(kernel):
+    if is_interpreted(kernel):
+        assert triton_stdlib_interpreted(), (
+            "triton was imported before TRITON_INTERPRET=1 was set, so tl.sum/tl.max cannot run in the "
+            "interpreter: set it before the first `import triton`, or call kernels.use_interpreter()"
+        )
+    else:
         assert dev.type == "cuda", (
             "compiled Triton kernels need CUDA tensors; on the CPU set TRITON_INTERPRET=1 before importing "
             "kernels (or call kernels.use_interpreter())"

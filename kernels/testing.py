@@ -16,7 +16,7 @@ import importlib
 
 import torch
 
-from ._utils import is_interpreted
+from ._utils import is_interpreted, triton_stdlib_interpreted
 
 # Tolerances (atol, rtol) for outputs compared with a float32 reference computed from the same inputs.
 TOL = {
@@ -29,8 +29,8 @@ TOL = {
 def ready(module) -> None:
     """Ensure ``module``'s kernels can run here: on a CPU-only machine, switch to the interpreter if the
     module (or triton) was imported before ``TRITON_INTERPRET=1`` was set."""
-    kernel_names = [n for n in dir(module) if n.startswith("_") and n.endswith("_kernel")]
-    interpreted = all(is_interpreted(getattr(module, n)) for n in kernel_names)
+    names = [n for n in dir(module) if n.startswith("_") and n.endswith("_kernel")]
+    interpreted = triton_stdlib_interpreted() and all(is_interpreted(getattr(module, n)) for n in names)
     if not interpreted and not torch.cuda.is_available():
         import kernels
 
