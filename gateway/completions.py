@@ -41,13 +41,15 @@ def make_echo(
     logprobs: Sequence[TokenLogprob | None] | None,
     want_logprobs: bool,
 ) -> Echo:
+    """The echoed prompt; token ids come from the engine's first output, else from tokenizing."""
     text = prompt if isinstance(prompt, str) else engine.detokenize(list(prompt))
     if not want_logprobs:
         return Echo(text, [])
-    lps = logprobs if logprobs is not None else [None] * len(ids)
-    return Echo(
-        text, [(lp.token if lp else engine.detokenize([tid]), lp) for tid, lp in zip(ids, lps, strict=False)]
-    )
+    ids = ids or (engine.tokenize(prompt) if isinstance(prompt, str) else prompt)
+    lps = list(logprobs or ())
+    lps += [None] * (len(ids) - len(lps))  # the first prompt token never has one
+    items = [(lp.token if lp else engine.detokenize([tid]), lp) for tid, lp in zip(ids, lps, strict=False)]
+    return Echo(text, items)
 
 
 def completion_choice(
@@ -82,8 +84,8 @@ class CompletionChunks:
             "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
             "choices": choices,
         }  # fmt: skip
-        if self.include_usage:
-            obj["usage"] = usage_json(usage) if usage is not None else None
+        if usage is not None:
+            obj["usage"] = usage_json(usage)
         return sse_data(obj)
 
     def delta(self, prompt_index: int, d: CompletionDelta) -> bytes | None:

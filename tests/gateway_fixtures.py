@@ -226,3 +226,15 @@ def assert_schema(schema_name: str, instance: Any) -> None:
     """Validate a response body (dict) against components/schemas/<schema_name>."""
     errors = sorted(_validator(schema_name).iter_errors(instance), key=lambda e: list(e.path))
     assert not errors, f"{schema_name}: " + "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
+
+
+def assert_completion_chunk(chunk: dict[str, Any]) -> None:
+    """A streamed text_completion chunk. OpenAI sends `finish_reason: null` until a choice ends,
+    which the spec's CreateCompletionResponse (written for the final object) does not allow;
+    check that and validate the rest against the spec."""
+    finished = copy.deepcopy(chunk)
+    for choice in finished["choices"]:
+        assert "finish_reason" in choice
+        if choice["finish_reason"] is None:
+            choice["finish_reason"] = "length"
+    assert_schema("CreateCompletionResponse", finished)

@@ -40,7 +40,7 @@ def _error_of(exc: openai.APIStatusError) -> dict:
 )
 def test_bad_values_are_400_naming_the_param(client: openai.OpenAI, kwargs: dict, param: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="gpt-4o-mini", messages=MSG, max_tokens=2, **kwargs)
+        client.chat.completions.create(model="gpt-4o-mini", messages=MSG, **{"max_tokens": 2, **kwargs})
     error = _error_of(info.value)
     assert error["type"] == "invalid_request_error" and error["param"] == param
 
@@ -84,12 +84,13 @@ def test_invalid_json_is_400(live: LiveStack) -> None:
 
 
 def test_missing_or_wrong_api_key_is_401(live: LiveStack) -> None:
-    for key in ("wrong-key", ""):
-        with pytest.raises(openai.AuthenticationError) as info:
-            live.client(api_key=key).chat.completions.create(model="gpt-4o-mini", messages=MSG, max_tokens=2)
-        assert _error_of(info.value)["code"] == "invalid_api_key"
-    r = httpx.get(f"{live.url}/v1/models")
-    assert r.status_code == 401
+    with pytest.raises(openai.AuthenticationError) as info:
+        live.client(api_key="wrong-key").models.list()
+    assert _error_of(info.value)["code"] == "invalid_api_key"
+    for headers in ({}, {"authorization": "Basic abc"}, {"authorization": "Bearer"}):
+        r = httpx.get(f"{live.url}/v1/models", headers=headers)
+        assert r.status_code == 401
+        assert_schema("ErrorResponse", r.json())
 
 
 def test_unknown_model_and_route_are_404(client: openai.OpenAI, live: LiveStack) -> None:
