@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -113,6 +112,7 @@ class LLMEngine:
         return self.scheduler.has_work
 
     # ---- one step ----------------------------------------------------------------------------
+    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         logits = self.runner.run(out) if out.num_tokens else None

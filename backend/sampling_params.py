@@ -55,7 +55,8 @@ class SamplingParams:
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]", "presence_penalty")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]", "frequency_penalty")
         _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty must be in (0, 2]", "repetition_penalty")
-        _check(all(-100.0 <= b <= 100.0 for b in self.logit_bias.values()), "logit_bias values must be in [-100, 100]", "logit_bias")
+        bias_ok = all(-100.0 <= b <= 100.0 for b in self.logit_bias.values())
+        _check(bias_ok, "logit_bias values must be in [-100, 100]", "logit_bias")
         _check(len(self.stop) <= 16 and all(self.stop), "stop must be at most 16 non-empty strings", "stop")
         _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be between 0 and 20", "logprobs")
         _check(

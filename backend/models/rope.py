@@ -40,7 +40,9 @@ class RotaryEmbedding(torch.nn.Module):
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q: (tokens, heads, head_dim), k: (tokens, kv_heads, head_dim)."""
     cos, sin = cos_sin
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

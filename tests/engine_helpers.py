@@ -1,0 +1,104 @@
+"""Shared pieces of the engine tests: the real model, prompts, and the HF reference."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from backend.config import EngineConfig, default_model_path
+from backend.engine import LLMEngine
+from backend.outputs import RequestOutput
+from backend.tokenizer import apply_chat_template
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain gravity in one sentence.",
+    "List three fruits.",
+    "What is 12 times 7?",
+    "Translate 'good morning' into Spanish.",
+    "Who wrote Romeo and Juliet?",
+    "Give me a tip for learning to code.",
+    "What colour is the sky on a clear day?",
+    "Name a famous painting.",
+    "How many legs does a spider have?",
+    "What is the boiling point of water in Celsius?",
+    "Describe a cat in five words.",
+    "Why do leaves change colour in autumn?",
+    "Suggest a name for a pet goldfish.",
+    "What is photosynthesis?",
+    "Tell me a fun fact about octopuses.",
+    "What is the largest planet in our solar system?",
+    "Write one sentence about friendship.",
+    "How do I boil an egg?",
+    "Summarise the plot of Cinderella in two sentences.",
+    "What does CPU stand for?",
+]
+
+
+def model_path() -> Path:
+    return default_model_path()
+
+
+def make_engine(**overrides: object) -> LLMEngine:
+    return LLMEngine(EngineConfig(**overrides))  # type: ignore[arg-type]
+
+
+@cache
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path())
+
+
+def chat_ids(question: str, system: str | None = None) -> list[int]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    return apply_chat_template(tokenizer(), messages)
+
+
+@cache
+def hf_model() -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    torch.set_flush_denormal(True)  # as the engine does; denormals only cost time, not accuracy here
+    return AutoModelForCausalLM.from_pretrained(model_path(), dtype=torch.float32).eval()
+
+
+@torch.inference_mode()
+def hf_greedy(prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Reference: greedy decoding with HF transformers' own forward and its KV cache."""
+    out = hf_model().generate(
+        torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=[], pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def run_to_completion(engine: LLMEngine, arrivals: dict[int, list[tuple]] | None = None) -> dict[str, list[RequestOutput]]:
+    """Step the engine until idle; `arrivals` maps step number -> add_request args to submit then."""
+    arrivals = dict(arrivals or {})
+    outputs: dict[str, list[RequestOutput]] = {}
+    step = 0
+    while engine.has_work or arrivals:
+        for args in arrivals.pop(step, []):
+            engine.add_request(*args)
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+        step += 1
+    return outputs
+
+
+def token_ids(outputs: list[RequestOutput], index: int = 0) -> list[int]:
+    return [t for o in outputs for d in o.deltas if d.index == index for t in d.token_ids]
+
+
+def text(outputs: list[RequestOutput], index: int = 0) -> str:
+    return "".join(d.text for o in outputs for d in o.deltas if d.index == index)
+
+
+def assert_no_leaks(engine: LLMEngine) -> None:
+    pool = engine.kv.pool
+    assert pool.num_free == pool.num_blocks, f"{pool.num_blocks - pool.num_free} KV blocks leaked"
+    assert all(b.ref_cnt == 0 for b in pool.blocks)
+    assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
