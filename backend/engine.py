@@ -120,14 +120,37 @@ class LLMEngine:
 
     def postprocess(self, out: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
         sampling = [c for c in out.scheduled if c.samples]
+        rows = self._split_logit_rows(out, logits)
         for chunk in out.scheduled:
             chunk.seq.num_computed_tokens += chunk.num_new_tokens
             self.kv.cache_full_blocks(chunk.seq)
         if logits is not None and sampling:
             seqs = [c.seq for c in sampling]
-            self._append_tokens(seqs, self.sampler(logits, seqs))
+            self._append_tokens(seqs, self.sampler(logits[rows], seqs))
         touched = {c.seq.request_id for c in sampling}
         return [o for rid in touched if (o := self._collect(rid)) is not None]
+
+    def _split_logit_rows(self, out: SchedulerOutput, logits: torch.Tensor | None) -> list[int]:
+        """Record prompt logprobs from their rows; return the rows to sample from, one per sampling chunk."""
+        sample_rows, row = [], 0
+        for chunk in out.scheduled:
+            if chunk.wants_prompt_logprobs and logits is not None:
+                self._record_prompt_logprobs(chunk.seq, chunk.seq.num_computed_tokens, logits[row : row + chunk.num_new_tokens])
+            row += chunk.num_logit_rows
+            if chunk.samples:
+                sample_rows.append(row - 1)
+        return sample_rows
+
+    def _record_prompt_logprobs(self, seq: Sequence, start: int, logits: torch.Tensor) -> None:
+        """Row j (position start+j) predicts the prompt token at start+j+1. Idempotent across preemptions."""
+        if not seq.prompt_logprobs:
+            seq.prompt_logprobs.append(None)  # the first prompt token has no logprob
+        logprobs = torch.log_softmax(logits, dim=-1)
+        k = seq.params.prompt_logprobs or 0
+        for j in range(logprobs.shape[0]):
+            target = start + j + 1
+            if target == len(seq.prompt_logprobs) and target < seq.num_prompt_tokens:
+                seq.prompt_logprobs.append(self._token_logprob(logprobs[j], seq.token_ids[target], k))
 
     def _append_tokens(self, seqs: list[Sequence], sampled: SamplerOutput) -> None:
         for row, (seq, token) in enumerate(zip(seqs, sampled.token_ids, strict=True)):
@@ -176,7 +199,12 @@ class LLMEngine:
             completion_tokens=sum(s.num_output_tokens for s in seqs),
             cached_tokens=max(seqs[0].num_cached_tokens, 0),
         )
-        return RequestOutput(request_id, deltas, usage, finished)
+        first = seqs[0]
+        if first.prompt_reported:
+            return RequestOutput(request_id, deltas, usage, finished)
+        first.prompt_reported = True
+        prompt_lps = tuple(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None
+        return RequestOutput(request_id, deltas, usage, finished, tuple(first.token_ids[: first.num_prompt_tokens]), prompt_lps)
 
     def _delta(self, seq: Sequence) -> CompletionDelta:
         include = seq.stop_reason if seq.params.include_stop_str_in_output and isinstance(seq.stop_reason, str) else ""

@@ -34,6 +34,8 @@ class KVCacheManager:
     def find_cached_prefix(self, seq: Sequence) -> list[KVBlock]:
         """Longest run of cached full blocks at the start of seq (never its last token)."""
         hits: list[KVBlock] = []
+        if seq.params.prompt_logprobs is not None:
+            return hits  # every prompt position must be computed to get its logprob
         for i in range((seq.num_tokens - 1) // self.block_size):
             block = self.pool.lookup(self._hash_of(seq, i))
             if block is None:

@@ -77,8 +77,7 @@ class ModelRunner:
             ids.extend(seq.token_ids[start : start + chunk.num_new_tokens])
             positions.extend(span)
             slots.extend(self.kv.slot(seq, p) for p in span)
-            if chunk.samples:
-                logits_rows.append(len(ids) - 1)
+            logits_rows.extend(range(len(ids) - chunk.num_logit_rows, len(ids)))
         num_decodes = len(out.decodes)
         return ForwardBatch(
             input_ids=self._tensor(ids),
@@ -92,5 +91,5 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> torch.Tensor:
-        """(num_sampled, vocab) fp32 logits, in the order of out.scheduled's sampling chunks."""
+        """(num_logit_rows, vocab) fp32 logits: each scheduled chunk's `num_logit_rows` rows, in order."""
         return self.model(self.prepare(out), self.kv_cache)

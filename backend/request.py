@@ -47,6 +47,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     finish_reported: bool = False
+    prompt_reported: bool = False
     # Not yet reported to the caller:
     pending_token_ids: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)

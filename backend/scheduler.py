@@ -27,6 +27,16 @@ class ScheduledSeq:
         """True when this chunk reaches the end of the sequence, so a next token is sampled."""
         return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        seq = self.seq
+        return seq.params.prompt_logprobs is not None and seq.index == 0 and seq.num_computed_tokens < seq.num_prompt_tokens
+
+    @property
+    def num_logit_rows(self) -> int:
+        """Rows of this chunk the LM head must compute: every token for prompt logprobs, else the last if it samples."""
+        return self.num_new_tokens if self.wants_prompt_logprobs else int(self.samples)
+
 
 @dataclass(frozen=True)
 class SchedulerOutput:

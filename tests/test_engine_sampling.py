@@ -145,3 +145,25 @@ def test_invalid_sampling_values(kwargs: dict) -> None:
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(**kwargs)
     assert info.value.param == next(iter(kwargs))
+
+
+def test_prompt_logprobs_match_a_full_forward(engine: LLMEngine) -> None:
+    """Echo + logprobs: each prompt token's logprob, computed even across chunked prefill."""
+    import torch
+
+    from tests.engine_helpers import hf_model
+
+    prompt = chat_ids("Name three colours.")
+    engine.scheduler.max_num_batched_tokens = 8  # force a chunked prefill
+    try:
+        outs = generate(engine, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2), prompt="Name three colours.")
+    finally:
+        engine.scheduler.max_num_batched_tokens = engine.config.max_num_batched_tokens
+    assert outs[0].prompt_token_ids == tuple(prompt)
+    lps = outs[0].prompt_logprobs
+    assert lps is not None and len(lps) == len(prompt) and lps[0] is None
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf_model()(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    for pos in (1, len(prompt) // 2, len(prompt) - 1):
+        assert lps[pos] is not None and lps[pos].token_id == prompt[pos]
+        assert abs(lps[pos].logprob - float(ref[pos - 1, prompt[pos]])) < 1e-3
