@@ -1,0 +1,81 @@
+"""The asyncio API: concurrent streams, abort on early exit, queue limits, typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from backend.async_engine import AsyncEngine
+from backend.config import EngineConfig
+from backend.engine import LLMEngine
+from backend.errors import ContextLengthError, QueueFullError
+from backend.sampling_params import SamplingParams
+from tests.engine_helpers import assert_no_leaks
+
+
+@pytest.fixture(scope="module")
+async def engine():
+    eng = AsyncEngine(LLMEngine(EngineConfig(max_waiting=4)))
+    await eng.start()
+    yield eng
+    await eng.shutdown()
+    assert_no_leaks(eng.engine)
+
+
+async def collect(engine: AsyncEngine, prompt: str, params: SamplingParams, rid: str) -> tuple[str, int]:
+    text, outputs = "", 0
+    async for out in engine.generate(prompt, params, rid):
+        text += "".join(d.text for d in out.deltas)
+        outputs += 1
+    return text, outputs
+
+
+async def test_concurrent_streams_equal_sequential_greedy(engine: AsyncEngine) -> None:
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = [f"The number {i} is" for i in range(4)]
+    alone = [await collect(engine, p, params, f"a{i}") for i, p in enumerate(prompts)]
+    together = await asyncio.gather(*(collect(engine, p, params, f"b{i}") for i, p in enumerate(prompts)))
+    assert [t for t, _ in together] == [t for t, _ in alone]
+    assert all(n > 1 for _, n in together), "outputs are streamed step by step, not in one piece"
+
+
+async def test_leaving_the_stream_aborts_and_frees_blocks(engine: AsyncEngine) -> None:
+    stream = engine.generate("Once upon a time", SamplingParams(max_tokens=500, ignore_eos=True), "leave")
+    async for _ in stream:
+        break
+    await stream.aclose()
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        stats = engine.stats()
+        if stats.kv_blocks_used == 0 and stats.num_running == 0:
+            break
+    assert engine.stats().kv_blocks_used == 0 and "leave" not in engine.engine.requests
+
+
+async def test_cancelled_task_aborts(engine: AsyncEngine) -> None:
+    task = asyncio.create_task(collect(engine, "Tell me a story", SamplingParams(max_tokens=500, ignore_eos=True), "cancel"))
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if engine.stats().kv_blocks_used == 0:
+            break
+    assert engine.stats().kv_blocks_used == 0
+
+
+async def test_full_queue_raises(engine: AsyncEngine) -> None:
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    streams = [engine.generate("Hello", params, f"q{i}") for i in range(12)]
+    results = await asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True)
+    assert any(isinstance(r, QueueFullError) for r in results)
+    for s in streams:
+        await s.aclose()
+
+
+async def test_bad_request_raises_before_streaming(engine: AsyncEngine) -> None:
+    with pytest.raises(ContextLengthError):
+        await collect(engine, "Hi", replace(SamplingParams(), max_tokens=10**6), "too-long")
