@@ -1,8 +1,8 @@
 FROM python:3.11-slim
 WORKDIR /app
 ENV PIP_NO_CACHE_DIR=1 SMOLGATE_CACHE=/models
-# The CPU build of torch (the default index would pull a multi-GB CUDA build).
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# torch comes from PyPI with `pip install .` below (its Linux wheel carries CUDA libraries, so the
+# same image uses a GPU when one is passed through, and the CPU otherwise).
 COPY pyproject.toml README.md ./
 COPY gateway gateway
 COPY backend backend
