@@ -44,6 +44,7 @@ def log_request(logger: Any, rec: RequestRecord) -> None:
         model=rec.model or None,
         status=rec.status,
         stream=rec.stream,
+        user=rec.user,
         prompt_tokens=rec.prompt_tokens,
         completion_tokens=rec.completion_tokens,
         cached_tokens=rec.cached_tokens,

@@ -96,6 +96,7 @@ class ChatCompletions:
         req = parse_chat(await read_json(request, self.ctx.config.max_body_bytes))
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
+        rec.user = req.user
         prompt = self.ctx.engine.apply_chat_template(req.messages, add_generation_prompt=True)
         completion_id = f"chatcmpl-{self.ctx.ids.new()}"
         stream = self.ctx.engine.generate(prompt, req.params, completion_id)

@@ -131,6 +131,7 @@ class Completions:
         req = parse_completion(await read_json(request, self.ctx.config.max_body_bytes))
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
+        rec.user = req.user
         completion_id = f"cmpl-{self.ctx.ids.new()}"
         streams = [
             self.ctx.engine.generate(p, req.params, f"{completion_id}-{i}") for i, p in enumerate(req.prompts)

@@ -28,6 +28,7 @@ class Embeddings:
             raise ModelNotFound("Embeddings are not enabled on this server.", param="model")
         model = self.ctx.catalog.resolve(req.model, "embedding")
         rec.model = model.id
+        rec.user = req.user
         if len(req.inputs) > MAX_INPUTS:
             raise InvalidRequest(f"'input' may hold at most {MAX_INPUTS} items.", param="input")
         if req.dimensions is not None and req.dimensions != embedder.dimensions:

@@ -8,6 +8,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from starlette.types import Receive
+
 from backend.outputs import CompletionDelta, RequestOutput, TokenLogprob, Usage
 from gateway.errors import GatewayError
 
@@ -94,35 +96,36 @@ async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]
             async for item in streams[0]:
                 yield 0, item
         return
-    queue: asyncio.Queue[tuple[int, T | None, BaseException | None, bool]] = asyncio.Queue()
+    # (stream index, item, or the exception that ended the stream, or None when it ended cleanly)
+    queue: asyncio.Queue[tuple[int, tuple[T] | BaseException | None]] = asyncio.Queue()
 
     async def pump(i: int, stream: AsyncIterator[T]) -> None:
         try:
             async with aclosing(stream):  # type: ignore[type-var]
                 async for item in stream:
-                    queue.put_nowait((i, item, None, False))
-            queue.put_nowait((i, None, None, True))
+                    queue.put_nowait((i, (item,)))
+            queue.put_nowait((i, None))
         except Exception as exc:
-            queue.put_nowait((i, None, exc, True))
+            queue.put_nowait((i, exc))
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     try:
         remaining = len(tasks)
         while remaining:
-            i, item, exc, done = await queue.get()
-            if exc is not None:
-                raise exc
-            if done:
+            i, news = await queue.get()
+            if isinstance(news, BaseException):
+                raise news
+            if news is None:
                 remaining -= 1
             else:
-                yield i, item  # type: ignore[misc]
+                yield i, news[0]
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _wait_disconnect(receive: Callable[[], Awaitable[dict[str, object]]]) -> None:
+async def _wait_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -133,9 +136,7 @@ class _Watch:
     disconnected: bool = False
 
 
-async def unless_disconnected(
-    receive: Callable[[], Awaitable[dict[str, object]]], work: Awaitable[T], grace_s: float = 0.05
-) -> T:
+async def unless_disconnected(receive: Receive, work: Awaitable[T], grace_s: float = 0.05) -> T:
     """Await `work` in this task; if the client disconnects, cancel it (aborting engine requests).
 
     Call only after the request body has been read. Work that ends within `grace_s` never

@@ -54,6 +54,7 @@ class ChatRequest:
     params: SamplingParams
     stream: StreamOptions
     logprobs: bool
+    user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class CompletionRequest:
     params: SamplingParams
     stream: StreamOptions
     echo: bool
+    user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class EmbeddingRequest:
     inputs: list[str]
     encoding_format: Literal["float", "base64"]
     dimensions: int | None
+    user: str | None = None
 
 
 def _stream_options(body: Body) -> StreamOptions:
@@ -112,6 +115,7 @@ def parse_chat(body: Body) -> ChatRequest:
         params=sampling_params(body, max_tokens=max_tokens, logprobs=(top or 0) if logprobs else None),
         stream=_stream_options(body),
         logprobs=logprobs,
+        user=f.opt_str(body, "user"),
     )
 
 
@@ -139,6 +143,7 @@ def parse_completion(body: Body) -> CompletionRequest:
         params=params,
         stream=_stream_options(body),
         echo=echo,
+        user=f.opt_str(body, "user"),
     )
 
 
@@ -175,6 +180,7 @@ def parse_embedding(body: Body) -> EmbeddingRequest:
         inputs=_embedding_inputs(body.get("input")),
         encoding_format="base64" if fmt == "base64" else "float",
         dimensions=f.opt_int(body, "dimensions", lo=1),
+        user=f.opt_str(body, "user"),
     )
 
 

@@ -22,6 +22,7 @@ class RequestRecord:
     model: str = ""
     status: int = 0
     stream: bool = False
+    user: str | None = None  # the client's end-user id (OpenAI's `user`), for abuse tracing
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

@@ -119,6 +119,15 @@ class LiveStack:
     def log_lines(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
 
+    def log_lines_of(self, request_id: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """This request's log lines; the line is written just after the response, so wait for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = [line for line in self.log_lines() if line.get("request_id") == request_id]
+            if lines or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.02)
+
     def wait_idle(self, timeout: float = 10.0) -> Any:
         """Poll engine.stats() until nothing runs and no KV block is held; return the stats."""
         deadline = time.monotonic() + timeout

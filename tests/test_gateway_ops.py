@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gateway_fixtures
 import httpx
 import openai
@@ -36,15 +38,16 @@ def test_request_id_is_echoed_and_logged_once(live: LiveStack, client: openai.Op
         model="gpt-4o-mini",
         messages=[{"role": "user", "content": "Hi"}],
         max_tokens=3,
+        user="end-user-7",
         extra_headers={"x-request-id": rid},
     )
     assert raw.headers["x-request-id"] == rid
     resp = raw.parse()
-    lines = [line for line in live.log_lines() if line.get("request_id") == rid]
+    lines = live.log_lines_of(rid)
     assert len(lines) == 1
     line = lines[0]
     assert line["event"] == "request" and line["status"] == 200 and line["model"] == "SmolLM2-135M-Instruct"
-    assert line["route"] == "/v1/chat/completions"
+    assert line["route"] == "/v1/chat/completions" and line["user"] == "end-user-7"
     assert line["prompt_tokens"] == resp.usage.prompt_tokens
     assert line["completion_tokens"] == resp.usage.completion_tokens
     assert line["ttft_ms"] > 0 and line["latency_ms"] >= line["ttft_ms"]
@@ -71,15 +74,18 @@ def test_streaming_request_logged_with_ttft(live: LiveStack, client: openai.Open
     )
     n = sum(1 for _ in stream)
     assert n > 0
-    (line,) = [line for line in live.log_lines() if line.get("request_id") == rid]
+    (line,) = live.log_lines_of(rid)
     assert line["stream"] is True and line["completion_tokens"] > 0 and line["ttft_ms"] > 0
 
 
 def test_metrics(live: LiveStack, client: openai.OpenAI) -> None:
-    client.chat.completions.create(
-        model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
-    )
+    client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    wanted = 'smolgate_requests_total{model="SmolLM2-135M-Instruct",route="/v1/chat/completions",status="200"}'
+    deadline = time.monotonic() + 5
     text = httpx.get(f"{live.url}/metrics").text
+    while wanted not in text and time.monotonic() < deadline:  # recorded just after the response
+        time.sleep(0.02)
+        text = httpx.get(f"{live.url}/metrics").text
     for name in (
         'smolgate_requests_total{model="SmolLM2-135M-Instruct",route="/v1/chat/completions",status="200"}',
         "smolgate_request_duration_seconds_bucket",
