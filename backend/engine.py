@@ -57,7 +57,10 @@ class LLMEngine:
     def _model_max_len(model_dir: Any) -> int:
         from backend.weights import load_config
 
-        return int(load_config(model_dir).max_position_embeddings)
+        config = load_config(model_dir)
+        # Sliding-window attention is not implemented: within the window, full attention is exact.
+        window = getattr(config, "sliding_window", None) or config.max_position_embeddings
+        return int(min(config.max_position_embeddings, window))
 
     # ---- requests in ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:

@@ -84,5 +84,4 @@ def load_model(path: Path, dtype: torch.dtype, device: str, max_positions: int) 
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model.rope = model.rope.__class__(config, model.head_dim, max_positions)  # buffers, built on the CPU
     return model.to(device=device, dtype=dtype).eval()

@@ -29,9 +29,10 @@ class RotaryEmbedding(torch.nn.Module):
 
     def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
-        inv_freq, scaling = inverse_frequencies(config, head_dim)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (max_positions, head_dim)
+        with torch.device("cpu"):  # real tables even when the model is built on the meta device
+            inv_freq, scaling = inverse_frequencies(config, head_dim)
+            freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)  # (max_positions, head_dim)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
