@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -52,6 +54,7 @@ class LLMEngine:
         self.requests: dict[str, list[Sequence]] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self._rate_window: deque[tuple[float, int]] = deque()
 
     @staticmethod
     def _model_max_len(model_dir: Any) -> int:
@@ -219,8 +222,18 @@ class LLMEngine:
         seq.finish_reported = seq.is_finished
         return delta
 
+    def _tokens_per_s(self) -> float:
+        """Generation throughput over the last ~10 s of stats() calls (the loop calls it every step)."""
+        now = time.monotonic()
+        self._rate_window.append((now, self.generation_tokens_total))
+        while len(self._rate_window) > 2 and now - self._rate_window[0][0] > 10.0:
+            self._rate_window.popleft()
+        (t0, n0), (t1, n1) = self._rate_window[0], self._rate_window[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
     def stats(self) -> EngineStats:
         pool = self.kv.pool
+        hit_rate = self.kv.hits / self.kv.queries if self.kv.queries else 0.0
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
@@ -231,4 +244,5 @@ class LLMEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             num_preemptions=self.scheduler.num_preemptions,
+            extra={"generation_tokens_per_s": self._tokens_per_s(), "prefix_cache_hit_rate": hit_rate},
         )
