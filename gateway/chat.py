@@ -61,9 +61,7 @@ class ChunkMaker:
             out.append(self.chunk([choice]))
         if d.finish_reason is not None:
             reason = finish_reason(d.finish_reason)
-            out.append(
-                self.chunk([{"index": d.index, "delta": {}, "logprobs": None, "finish_reason": reason}])
-            )
+            out.append(self.chunk([{"index": d.index, "delta": {}, "logprobs": None, "finish_reason": reason}]))
         return out
 
 
@@ -118,7 +116,5 @@ class ChatCompletions:
     ) -> Response:
         (first,) = await unless_disconnected(request.receive, prime([stream]))
         events = chat_events(maker, req.params.n, chain(first, stream), rec)
-        safe = guarded(
-            events, lambda exc, err: self.ctx.report_error(rec, exc, err), self.ctx.config.retry_after_s
-        )
-        return SSEStream(safe, [stream], self.ctx.config.sse_ping_s)
+        safe = guarded(events, lambda exc, err: self.ctx.report_error(rec, exc, err), self.ctx.config.retry_after_s)
+        return SSEStream(safe, [stream], self.ctx.config.sse_ping_s, rec.client_disconnected)

@@ -28,13 +28,9 @@ class EngineClient(Protocol):
 
     def detokenize(self, token_ids: list[int]) -> str: ...
 
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
-    ) -> list[int]: ...
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]: ...
 
-    def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
+    def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
         """Deltas for every choice; raises EngineError subclasses on first iteration.
 
         Stopping the iteration (aclose or cancellation) aborts the request.

@@ -52,9 +52,7 @@ def make_echo(
     return Echo(text, items)
 
 
-def completion_choice(
-    index: int, state: ChoiceState, echo: Echo | None, want_logprobs: bool
-) -> dict[str, Any]:
+def completion_choice(index: int, state: ChoiceState, echo: Echo | None, want_logprobs: bool) -> dict[str, Any]:
     logprobs = None
     if want_logprobs:
         logprobs = completion_logprobs((echo.items if echo else []) + generated_items(state.logprobs))
@@ -133,14 +131,10 @@ class Completions:
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user
         completion_id = f"cmpl-{self.ctx.ids.new()}"
-        streams = [
-            self.ctx.engine.generate(p, req.params, f"{completion_id}-{i}") for i, p in enumerate(req.prompts)
-        ]
+        streams = [self.ctx.engine.generate(p, req.params, f"{completion_id}-{i}") for i, p in enumerate(req.prompts)]
         if req.stream.stream:
             return await self._stream(request, req, completion_id, model.id, streams, rec)
-        gens = await unless_disconnected(
-            request.receive, gather_or_cancel([collect(s, rec.first_token) for s in streams])
-        )
+        gens = await unless_disconnected(request.receive, gather_or_cancel([collect(s, rec.first_token) for s in streams]))
         usage = _total(g.usage for g in gens)
         rec.set_usage(usage)
         want = req.params.logprobs is not None
@@ -173,8 +167,7 @@ class Completions:
     ) -> Response:
         firsts = await unless_disconnected(request.receive, prime(streams))
         echoes = [
-            self._echo(req, p, f.prompt_token_ids or (), f.prompt_logprobs)
-            for p, f in zip(req.prompts, firsts, strict=True)
+            self._echo(req, p, f.prompt_token_ids or (), f.prompt_logprobs) for p, f in zip(req.prompts, firsts, strict=True)
         ]
         chunks = CompletionChunks(
             completion_id,
@@ -187,7 +180,5 @@ class Completions:
         )
         merged = merge([chain(f, s) for f, s in zip(firsts, streams, strict=True)])
         events = completion_events(chunks, merged, rec)
-        safe = guarded(
-            events, lambda exc, err: self.ctx.report_error(rec, exc, err), self.ctx.config.retry_after_s
-        )
-        return SSEStream(safe, streams, self.ctx.config.sse_ping_s)
+        safe = guarded(events, lambda exc, err: self.ctx.report_error(rec, exc, err), self.ctx.config.retry_after_s)
+        return SSEStream(safe, streams, self.ctx.config.sse_ping_s, rec.client_disconnected)

@@ -138,9 +138,7 @@ def _str_tuple(name: str, value: object) -> tuple[str, ...]:
 
 
 def _str_mapping(name: str, value: object) -> Mapping[str, str]:
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise ConfigError(f"{name} must map strings to strings")
     return MappingProxyType(dict(value))
 
@@ -159,9 +157,7 @@ def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
         changes["model_aliases"] = _parse_aliases(env[f"{ENV_PREFIX}MODEL_ALIASES"])
     for name, suffix in _SCALAR_ENV.items():
         if f"{ENV_PREFIX}{suffix}" in env:
-            changes[name] = _parse_env(
-                f"{ENV_PREFIX}{suffix}", env[f"{ENV_PREFIX}{suffix}"], getattr(cfg, name)
-            )
+            changes[name] = _parse_env(f"{ENV_PREFIX}{suffix}", env[f"{ENV_PREFIX}{suffix}"], getattr(cfg, name))
     changes["engine"] = engine_config_from_env(cfg.engine, dict(env))
     return replace(cfg, **changes)
 

@@ -109,9 +109,7 @@ def to_gateway_error(exc: BaseException, *, retry_after_s: int = 1) -> GatewayEr
     if isinstance(exc, InvalidRequestError):
         return InvalidRequest(str(exc), param=exc.param)
     if isinstance(exc, QueueFullError):
-        return RateLimited(
-            "The server is busy: its request queue is full. Retry later.", retry_after_s=retry_after_s
-        )
+        return RateLimited("The server is busy: its request queue is full. Retry later.", retry_after_s=retry_after_s)
     if isinstance(exc, EngineDeadError):
         return ServiceUnavailable("The inference engine is not running.")
     if isinstance(exc, HTTPException):
@@ -137,6 +135,4 @@ def error_bytes(err: GatewayError) -> bytes:
 
 
 def error_response(err: GatewayError) -> Response:
-    return Response(
-        error_bytes(err), status_code=err.status, headers=err.headers(), media_type="application/json"
-    )
+    return Response(error_bytes(err), status_code=err.status, headers=err.headers(), media_type="application/json")

@@ -16,18 +16,14 @@ Body = Mapping[str, Any]
 
 def _type_error(param: str, expected: str, value: object) -> InvalidRequest:
     got = "null" if value is None else type(value).__name__
-    return InvalidRequest(
-        f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param=param
-    )
+    return InvalidRequest(f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param=param)
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def opt_int(
-    body: Body, key: str, *, lo: int | None = None, hi: int | None = None, param: str = ""
-) -> int | None:
+def opt_int(body: Body, key: str, *, lo: int | None = None, hi: int | None = None, param: str = "") -> int | None:
     value = body.get(key)
     name = param or key
     if value is None:
@@ -116,9 +112,7 @@ def logit_bias(body: Body) -> dict[int, float]:
         try:
             token = int(key)
         except ValueError:
-            raise InvalidRequest(
-                f"Invalid key in 'logit_bias': {key!r} is not a token id.", param="logit_bias"
-            ) from None
+            raise InvalidRequest(f"Invalid key in 'logit_bias': {key!r} is not a token id.", param="logit_bias") from None
         if not isinstance(bias, int | float) or isinstance(bias, bool):
             raise _type_error("logit_bias", "numbers as values", bias)
         out[token] = float(bias)

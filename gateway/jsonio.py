@@ -23,9 +23,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
     try:
         body = orjson.loads(b"".join(chunks))
     except orjson.JSONDecodeError:
-        raise InvalidRequest(
-            "We could not parse the JSON body of your request. The body must be a valid JSON object."
-        ) from None
+        raise InvalidRequest("We could not parse the JSON body of your request. The body must be a valid JSON object.") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     return body

@@ -31,9 +31,7 @@ def chat_logprobs(items: Sequence[TokenLogprob]) -> dict[str, Any]:
     return {"content": [chat_token(lp) for lp in items], "refusal": None}
 
 
-def completion_logprobs(
-    items: Sequence[tuple[str, TokenLogprob | None]], start_offset: int = 0
-) -> dict[str, Any]:
+def completion_logprobs(items: Sequence[tuple[str, TokenLogprob | None]], start_offset: int = 0) -> dict[str, Any]:
     """`items` are (token text, logprob or None for the first prompt token when echoing)."""
     tokens: list[str] = []
     values: list[float | None] = []

@@ -53,9 +53,7 @@ def _content(where: str, role: str, content: object) -> str:
         return content
     if isinstance(content, list):
         return "\n".join(_text_part(f"{where}.content[{j}]", part) for j, part in enumerate(content))
-    raise InvalidRequest(
-        f"'{where}.content' must be a string or an array of content parts.", param=f"{where}.content"
-    )
+    raise InvalidRequest(f"'{where}.content' must be a string or an array of content parts.", param=f"{where}.content")
 
 
 def _text_part(where: str, part: object) -> str:
@@ -63,9 +61,7 @@ def _text_part(where: str, part: object) -> str:
         raise InvalidRequest(f"'{where}' must be an object.", param=where)
     kind = part.get("type")
     if kind != "text":
-        raise InvalidRequest(
-            f"Content part type {kind!r} is not supported: this model only reads text.", param=f"{where}.type"
-        )
+        raise InvalidRequest(f"Content part type {kind!r} is not supported: this model only reads text.", param=f"{where}.type")
     text = part.get("text")
     if not isinstance(text, str):
         raise InvalidRequest(f"'{where}.text' must be a string.", param=f"{where}.text")

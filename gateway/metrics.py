@@ -31,16 +31,10 @@ class EngineCollector(Collector):
             yield GaugeMetricFamily("smolgate_engine_up", "1 when the engine answers stats()", value=0)
             return
         yield GaugeMetricFamily("smolgate_engine_up", "1 when the engine answers stats()", value=1)
-        yield GaugeMetricFamily(
-            "smolgate_engine_waiting_requests", "Queue depth: requests waiting", value=s.num_waiting
-        )
+        yield GaugeMetricFamily("smolgate_engine_waiting_requests", "Queue depth: requests waiting", value=s.num_waiting)
         yield GaugeMetricFamily("smolgate_engine_running_requests", "Requests running", value=s.num_running)
-        yield GaugeMetricFamily(
-            "smolgate_kv_cache_blocks_used", "KV cache blocks in use", value=s.kv_blocks_used
-        )
-        yield GaugeMetricFamily(
-            "smolgate_kv_cache_blocks_total", "KV cache blocks in the pool", value=s.kv_blocks_total
-        )
+        yield GaugeMetricFamily("smolgate_kv_cache_blocks_used", "KV cache blocks in use", value=s.kv_blocks_used)
+        yield GaugeMetricFamily("smolgate_kv_cache_blocks_total", "KV cache blocks in the pool", value=s.kv_blocks_total)
         usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
         yield GaugeMetricFamily("smolgate_kv_cache_usage_ratio", "Fraction of KV blocks in use", value=usage)
         yield from _engine_counters(s)
@@ -50,18 +44,10 @@ class EngineCollector(Collector):
 
 
 def _engine_counters(s: EngineStats) -> Iterator[Metric]:
-    yield CounterMetricFamily(
-        "smolgate_prefix_cache_queries", "Prefix-cache block lookups", value=s.prefix_cache_queries
-    )
-    yield CounterMetricFamily(
-        "smolgate_prefix_cache_hits", "Prefix-cache block hits", value=s.prefix_cache_hits
-    )
-    yield CounterMetricFamily(
-        "smolgate_engine_prompt_tokens", "Prompt tokens the engine processed", value=s.prompt_tokens_total
-    )
-    yield CounterMetricFamily(
-        "smolgate_engine_generation_tokens", "Tokens the engine generated", value=s.generation_tokens_total
-    )
+    yield CounterMetricFamily("smolgate_prefix_cache_queries", "Prefix-cache block lookups", value=s.prefix_cache_queries)
+    yield CounterMetricFamily("smolgate_prefix_cache_hits", "Prefix-cache block hits", value=s.prefix_cache_hits)
+    yield CounterMetricFamily("smolgate_engine_prompt_tokens", "Prompt tokens the engine processed", value=s.prompt_tokens_total)
+    yield CounterMetricFamily("smolgate_engine_generation_tokens", "Tokens the engine generated", value=s.generation_tokens_total)
     yield CounterMetricFamily("smolgate_engine_preemptions", "Sequences preempted", value=s.num_preemptions)
 
 
@@ -81,9 +67,7 @@ class GatewayMetrics:
     def __init__(self, engine_stats: Callable[[], EngineStats] | None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.requests = Counter(
-            "smolgate_requests", "HTTP requests", ["route", "model", "status"], registry=r
-        )
+        self.requests = Counter("smolgate_requests", "HTTP requests", ["route", "model", "status"], registry=r)
         self.latency = Histogram(
             "smolgate_request_duration_seconds",
             "End-to-end request latency",
@@ -99,9 +83,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.prompt_tokens = Counter("smolgate_prompt_tokens", "Prompt tokens (input)", ["model"], registry=r)
-        self.completion_tokens = Counter(
-            "smolgate_completion_tokens", "Completion tokens (output)", ["model"], registry=r
-        )
+        self.completion_tokens = Counter("smolgate_completion_tokens", "Completion tokens (output)", ["model"], registry=r)
         self.cached_tokens = Counter(
             "smolgate_cached_prompt_tokens",
             "Prompt tokens served from the prefix cache",

@@ -40,9 +40,7 @@ class GatewayMiddleware:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
-        rec = RequestRecord(
-            _request_id(headers, self.ctx.ids), scope["method"], scope["path"], time.perf_counter()
-        )
+        rec = RequestRecord(_request_id(headers, self.ctx.ids), scope["method"], scope["path"], time.perf_counter())
         scope[SCOPE_KEY] = rec
         started = False
         id_header = (b"x-request-id", rec.request_id.encode())
@@ -71,15 +69,11 @@ class GatewayMiddleware:
             self._check_key(headers.get(b"authorization"))
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.ctx.config.max_body_bytes:
-            raise PayloadTooLarge(
-                f"Request body too large: the limit is {self.ctx.config.max_body_bytes} bytes."
-            )
+            raise PayloadTooLarge(f"Request body too large: the limit is {self.ctx.config.max_body_bytes} bytes.")
 
     def _check_key(self, authorization: bytes | None) -> None:
         if not authorization:
-            raise AuthenticationFailed(
-                "You didn't provide an API key. Send it in the Authorization header: 'Bearer YOUR_KEY'."
-            )
+            raise AuthenticationFailed("You didn't provide an API key. Send it in the Authorization header: 'Bearer YOUR_KEY'.")
         scheme, _, key = authorization.partition(b" ")
         ok = scheme.lower() == b"bearer" and any(hmac.compare_digest(key.strip(), k) for k in self._keys)
         if not ok:

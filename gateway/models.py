@@ -10,6 +10,7 @@ from gateway.errors import ModelNotFound
 
 ModelKind = Literal["chat", "embedding"]
 OWNER = "smolgate"
+_ARTICLE: dict[ModelKind, str] = {"chat": "a chat", "embedding": "an embedding"}
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,11 @@ class ModelCatalog:
     def resolve(self, name: str, kind: ModelKind) -> ServedModel:
         model = self._models.get(self._aliases.get(name, name))
         if model is None:
-            raise ModelNotFound(
-                f"The model `{name}` does not exist or you do not have access to it.", param="model"
-            )
+            raise ModelNotFound(f"The model `{name}` does not exist or you do not have access to it.", param="model")
         if model.kind != kind:
             raise ModelNotFound(
-                f"The model `{name}` is a {model.kind} model and cannot serve this endpoint.", param="model"
+                f"The model `{name}` is {_ARTICLE[model.kind]} model and cannot serve this endpoint.",
+                param="model",
             )
         return model
 
@@ -45,9 +45,7 @@ class ModelCatalog:
         """The Model object for GET /v1/models/{id}; an alias is shown under its own name."""
         model = self._models.get(self._aliases.get(name, name))
         if model is None:
-            raise ModelNotFound(
-                f"The model `{name}` does not exist or you do not have access to it.", param="model"
-            )
+            raise ModelNotFound(f"The model `{name}` does not exist or you do not have access to it.", param="model")
         return model.to_json(shown_id=name)
 
     def listing(self) -> list[dict[str, Any]]:

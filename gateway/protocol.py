@@ -80,9 +80,7 @@ def _stream_options(body: Body) -> StreamOptions:
     stream = bool(f.opt_bool(body, "stream"))
     opts = f.opt_object(body, "stream_options")
     if opts is not None and not stream:
-        raise InvalidRequest(
-            "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options"
-        )
+        raise InvalidRequest("The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options")
     opts = opts or {}
     f.reject_unknown(opts, {"include_usage", "include_obfuscation"})
     include = f.opt_bool(opts, "include_usage", param="stream_options.include_usage")
@@ -122,9 +120,7 @@ def parse_chat(body: Body) -> ChatRequest:
 def parse_completion(body: Body) -> CompletionRequest:
     f.reject_unknown(body, _COMPLETION_KEYS)
     if body.get("suffix"):
-        raise InvalidRequest(
-            "'suffix' is not supported: this model has no fill-in-the-middle mode.", param="suffix"
-        )
+        raise InvalidRequest("'suffix' is not supported: this model has no fill-in-the-middle mode.", param="suffix")
     best_of = f.opt_int(body, "best_of")
     if best_of is not None and best_of != (f.opt_int(body, "n") or 1):
         raise InvalidRequest("'best_of' other than n is not supported.", param="best_of")

@@ -40,6 +40,9 @@ class RequestRecord:
         self.completion_tokens = usage.completion_tokens
         self.cached_tokens = usage.cached_tokens
 
+    def client_disconnected(self) -> None:
+        self.error_type = "client_disconnected"
+
     def finish(self) -> None:
         self.latency_s = time.perf_counter() - self.start
 

@@ -85,10 +85,7 @@ def encode_vector(vector: list[float], fmt: str) -> list[float] | str:
 def embedding_list(model: str, vectors: list[list[float]], prompt_tokens: int, fmt: str) -> dict[str, Any]:
     return {
         "object": "list",
-        "data": [
-            {"object": "embedding", "index": i, "embedding": encode_vector(v, fmt)}
-            for i, v in enumerate(vectors)
-        ],
+        "data": [{"object": "embedding", "index": i, "embedding": encode_vector(v, fmt)} for i, v in enumerate(vectors)],
         "model": model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import orjson
 from sse_starlette import EventSourceResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.errors import GatewayError, error_bytes, to_gateway_error
 
@@ -56,9 +56,16 @@ class SSEStream(EventSourceResponse):
     """An EventSourceResponse that closes its generators (aborting engine requests) when done."""
 
     def __init__(
-        self, events: AsyncIterator[bytes], engine_streams: Sequence[AsyncIterator[Any]], ping_s: float
+        self,
+        events: AsyncIterator[bytes],
+        engine_streams: Sequence[AsyncIterator[Any]],
+        ping_s: float,
+        on_disconnect: Callable[[], None],
     ) -> None:
-        super().__init__(events, ping=ping_s, sep="\n")
+        async def client_closed(message: Message) -> None:
+            on_disconnect()
+
+        super().__init__(events, ping=ping_s, sep="\n", client_close_handler_callable=client_closed)
         self._events = events
         self._engine_streams = engine_streams
 

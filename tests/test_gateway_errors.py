@@ -174,7 +174,7 @@ def test_client_disconnect_mid_stream_frees_kv_blocks(live: LiveStack) -> None:
         "ignore_eos": True,
         "stream": True,
     }
-    headers = {"authorization": f"Bearer {API_KEY}"}
+    headers = {"authorization": f"Bearer {API_KEY}", "x-request-id": "disconnect-mid-stream"}
     with httpx.stream("POST", f"{live.url}/v1/chat/completions", json=body, headers=headers) as r:
         lines = r.iter_lines()
         data: list[str] = []
@@ -188,6 +188,8 @@ def test_client_disconnect_mid_stream_frees_kv_blocks(live: LiveStack) -> None:
     stats = live.wait_idle()
     assert stats.kv_blocks_used == 0 and stats.num_running == 0
     assert time.monotonic() - started < 5
+    (line,) = live.log_lines_of("disconnect-mid-stream")
+    assert line["error"] == "client_disconnected" and 0 < line["completion_tokens"] < 400
 
 
 def test_client_timeout_on_non_streaming_request_frees_kv_blocks(live: LiveStack) -> None:
@@ -196,8 +198,10 @@ def test_client_timeout_on_non_streaming_request_frees_kv_blocks(live: LiveStack
         httpx.post(
             f"{live.url}/v1/chat/completions",
             json=body,
-            headers={"authorization": f"Bearer {API_KEY}"},
+            headers={"authorization": f"Bearer {API_KEY}", "x-request-id": "disconnect-non-streaming"},
             timeout=1.0,
         )
     stats = live.wait_idle()
     assert stats.kv_blocks_used == 0 and stats.num_running == 0
+    (line,) = live.log_lines_of("disconnect-non-streaming")
+    assert line["status"] == 499 and line["error"] == "client_closed_request"
