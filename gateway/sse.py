@@ -62,12 +62,21 @@ class SSEStream(EventSourceResponse):
         ping_s: float,
         on_disconnect: Callable[[], None],
     ) -> None:
-        async def client_closed(message: Message) -> None:
-            on_disconnect()
+        self._complete = False
 
-        super().__init__(events, ping=ping_s, sep="\n", client_close_handler_callable=client_closed)
-        self._events = events
+        async def client_closed(message: Message) -> None:
+            if not self._complete:  # uvicorn also reports "disconnect" once a response is complete
+                on_disconnect()
+
+        self._events = self._until_complete(events)
         self._engine_streams = engine_streams
+        super().__init__(self._events, ping=ping_s, sep="\n", client_close_handler_callable=client_closed)
+
+    async def _until_complete(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async with aclosing(events):  # type: ignore[type-var]
+            async for event in events:
+                yield event
+        self._complete = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

@@ -76,6 +76,7 @@ def test_streaming_request_logged_with_ttft(live: LiveStack, client: openai.Open
     assert n > 0
     (line,) = live.log_lines_of(rid)
     assert line["stream"] is True and line["completion_tokens"] > 0 and line["ttft_ms"] > 0
+    assert line["status"] == 200 and line["error"] is None
 
 
 def test_metrics(live: LiveStack, client: openai.OpenAI) -> None:
