@@ -75,6 +75,7 @@ def test_n_choices_streaming_and_not(client: openai.OpenAI) -> None:
     )
     per_index: dict[int, int] = {}
     for chunk in chunks:
+        assert_schema("CreateChatCompletionStreamResponse", _dump(chunk))
         for ch in chunk.choices:
             per_index[ch.index] = per_index.get(ch.index, 0) + (ch.finish_reason is not None)
     assert per_index == {0: 1, 1: 1}
@@ -126,7 +127,10 @@ def test_logprobs_and_top_logprobs(client: openai.OpenAI) -> None:
         top_logprobs=1,
         stream=True,
     )
-    streamed = [t for c in stream for ch in c.choices if ch.logprobs for t in ch.logprobs.content]
+    chunks = list(stream)
+    for chunk in chunks:
+        assert_schema("CreateChatCompletionStreamResponse", _dump(chunk))
+    streamed = [t for c in chunks for ch in c.choices if ch.logprobs for t in ch.logprobs.content]
     assert [t.token for t in streamed] == [t.token for t in content[:3]]
 
 
