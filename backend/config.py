@@ -37,6 +37,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # per-step token budget (chunked prefill)
     max_waiting: int = 1024  # waiting-queue limit; beyond it submit raises QueueFullError
     enable_prefix_caching: bool = True
+    kernel_backend: str = "auto"  # auto (Triton on CUDA, torch elsewhere) | torch | triton (interpreter on CPU)
     num_threads: int = 0  # torch intra-op threads; 0 -> all cores
     seed: int = 0
 

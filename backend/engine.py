@@ -19,6 +19,7 @@ from backend.detokenizer import IncrementalDetokenizer
 from backend.errors import ContextLengthError, InvalidRequestError
 from backend.kv_cache import KVCacheManager
 from backend.model_runner import ModelRunner, num_kv_blocks
+from backend.ops import select_ops
 from backend.outputs import CompletionDelta, EngineStats, RequestOutput, TokenLogprob, Usage
 from backend.request import Sequence
 from backend.sampler import Sampler, SamplerOutput
@@ -43,7 +44,8 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(model_dir)
         hf_max = self._model_max_len(model_dir)
         self.max_model_len = min(config.max_model_len or hf_max, hf_max)
-        model = load_model(model_dir, dtype, self.device, self.max_model_len)
+        ops = select_ops(config.kernel_backend, self.device, config.block_size)
+        model = load_model(model_dir, dtype, self.device, self.max_model_len, ops)
         pool = BlockPool(num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, dtype), config.enable_prefix_caching)
         self.kv = KVCacheManager(pool, config.block_size)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting)

@@ -15,6 +15,8 @@ from transformers import AutoConfig, PretrainedConfig
 
 from backend.config import cache_dir
 from backend.models.llama import LlamaForCausalLM
+from backend.models.rope import RotaryEmbedding
+from backend.ops import Ops
 
 SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "smollm3"}
 FUSED = {  # our parameter -> the HF parameters concatenated along the output dimension
@@ -70,11 +72,11 @@ def to_our_names(hf: dict[str, torch.Tensor], num_layers: int) -> dict[str, torc
     return ours
 
 
-def load_model(path: Path, dtype: torch.dtype, device: str, max_positions: int) -> LlamaForCausalLM:
+def load_model(path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None) -> LlamaForCausalLM:
     model_dir = resolve_model_dir(path)
     config = load_config(model_dir)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_positions)
+        model = LlamaForCausalLM(config, max_positions, ops)
     state = to_our_names(read_hf_tensors(model_dir), config.num_hidden_layers)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -84,4 +86,6 @@ def load_model(path: Path, dtype: torch.dtype, device: str, max_positions: int) 
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    model.rope = RotaryEmbedding(config, model.head_dim, max_positions).to(device=device)  # angles stay fp32
+    return model

@@ -102,3 +102,24 @@ def assert_no_leaks(engine: LLMEngine) -> None:
     assert pool.num_free == pool.num_blocks, f"{pool.num_blocks - pool.num_free} KV blocks leaked"
     assert all(b.ref_cnt == 0 for b in pool.blocks)
     assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def save_random_model(config: object, path: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(path)
+    write_tokenizer(path, config.vocab_size)
+    return model
+
+
+def write_tokenizer(path: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over a synthetic vocabulary: enough for the engine's detokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="w1").save_pretrained(path)

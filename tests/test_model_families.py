@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 from backend.config import EngineConfig
 from backend.engine import LLMEngine
 from backend.sampling_params import SamplingParams
-from tests.engine_helpers import assert_no_leaks, run_to_completion, token_ids
+from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model, token_ids
 
 SMALL = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -33,27 +33,6 @@ CONFIGS = {
     "qwen2": Qwen2Config(**SMALL, tie_word_embeddings=False),  # q/k/v carry biases
     "mistral": MistralConfig(**SMALL, sliding_window=None, head_dim=16),
 }
-
-
-def save_random_model(config: object, path: Path) -> torch.nn.Module:
-    from transformers import PreTrainedTokenizerFast  # noqa: F401  (tokenizer below needs the fast backend)
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    model.save_pretrained(path)
-    write_tokenizer(path, config.vocab_size)
-    return model
-
-
-def write_tokenizer(path: Path, vocab_size: int) -> None:
-    """A word-level tokenizer over a synthetic vocabulary: enough for the engine's detokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="w1").save_pretrained(path)
 
 
 @pytest.mark.parametrize("family", list(CONFIGS))

@@ -3,6 +3,8 @@
 One forward runs every scheduled token of every sequence as one packed batch: linear layers
 see (num_tokens, hidden); only attention knows about sequences, through ForwardBatch.
 q/k/v and gate/up projections are fused into one matmul each (fewer, larger GEMMs on CPU).
+Norms, rotary and attention go through `ops` (torch or Triton, see backend/ops.py); the
+residual stream is carried beside the hidden state so a norm can fuse the residual add.
 """
 
 from __future__ import annotations
@@ -12,11 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from backend.attention import paged_attention
 from backend.forward_batch import ForwardBatch
-from backend.models.rope import RotaryEmbedding, apply_rotary
-
-CosSin = tuple[torch.Tensor, torch.Tensor]
+from backend.models.rope import RotaryEmbedding
+from backend.ops import Ops, TorchOps
 
 
 class RMSNorm(nn.Module):
@@ -25,11 +25,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Computed in fp32 whatever the model dtype, as the reference implementation does.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, ops: Ops) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual)."""
+        return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 class Attention(nn.Module):
@@ -44,13 +42,13 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, cos_sin: CosSin, cache: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, cache: torch.Tensor, batch: ForwardBatch, ops: Ops) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)  # (num_tokens, num_heads, head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)  # (num_tokens, num_kv_heads, head_dim)
-        q, k = apply_rotary(q, k, cos_sin)
-        out = paged_attention(q, k, v.view(n, self.num_kv_heads, self.head_dim), cache, batch, self.scale)
+        q, k = ops.rotary(q, k, batch.positions, cos_sin)
+        out = ops.attention(q, k, v.view(n, self.num_kv_heads, self.head_dim), cache, batch, self.scale)
         return self.o_proj(out.reshape(n, self.q_size))
 
 
@@ -74,15 +72,21 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos_sin: CosSin, cache: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, cache, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: torch.Tensor, cache: torch.Tensor,
+        batch: ForwardBatch, ops: Ops,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: this layer's input delta, residual: the stream so far. Returns (mlp output, stream)."""
+        h, residual = self.input_layernorm(x, residual, ops)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, cos_sin, cache, batch, ops), residual, ops)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: PretrainedConfig, max_positions: int) -> None:
+    def __init__(self, config: PretrainedConfig, max_positions: int, ops: Ops | None = None) -> None:
         super().__init__()
         self.config = config
+        self.ops: Ops = ops or TorchOps()
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, self.head_dim) for _ in range(config.num_hidden_layers))
@@ -93,10 +97,10 @@ class LlamaForCausalLM(nn.Module):
         self.rope = RotaryEmbedding(config, self.head_dim, max_positions)
 
     def forward(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
-        """kv_cache: (num_layers, 2, num_slots, kv_heads, head_dim). Returns (num_sampled, vocab) fp32 logits."""
-        x = self.embed_tokens(batch.input_ids)  # (num_tokens, hidden)
-        cos_sin = self.rope(batch.positions, x.dtype)
+        """kv_cache: (num_layers, 2, num_slots, kv_heads, head_dim). Returns (num_logit_rows, vocab) fp32 logits."""
+        x, residual = self.embed_tokens(batch.input_ids), None  # (num_tokens, hidden)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos_sin, kv_cache[i], batch)
-        x = self.norm(x[batch.logits_index])  # only rows whose next token is sampled
+            x, residual = layer(x, residual, self.rope.cos_sin, kv_cache[i], batch, self.ops)
+        rows = batch.logits_index  # only rows whose logits are needed
+        x, _ = self.norm(x[rows], residual[rows], self.ops)
         return self.lm_head(x).float()

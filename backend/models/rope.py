@@ -25,30 +25,16 @@ def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """cos/sin tables for every position, applied "rotate_half" style (HF Llama layout)."""
+    """A (max_positions, head_dim) fp32 table: cos in the first half, sin in the second (rotate-half layout).
+
+    The table stays fp32 whatever the model dtype (the loader moves it without casting), as the
+    reference model computes its angles in fp32.
+    """
 
     def __init__(self, config: PretrainedConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
         with torch.device("cpu"):  # real tables even when the model is built on the meta device
             inv_freq, scaling = inverse_frequencies(config, head_dim)
-            freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-            emb = torch.cat((freqs, freqs), dim=-1)  # (max_positions, head_dim)
-        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for these positions, each (tokens, 1, head_dim): looked up once per forward."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
-
-
-def apply_rotary(
-    q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: (tokens, heads, head_dim), k: (tokens, kv_heads, head_dim)."""
-    cos, sin = cos_sin
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+            freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # (max_positions, d/2)
+            table = torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
+        self.register_buffer("cos_sin", table, persistent=False)
