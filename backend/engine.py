@@ -17,6 +17,7 @@ from backend.block_pool import BlockPool
 from backend.config import EngineConfig
 from backend.detokenizer import IncrementalDetokenizer
 from backend.errors import ContextLengthError, InvalidRequestError
+from backend.guided import GrammarCache, advance
 from backend.kv_cache import KVCacheManager
 from backend.model_runner import ModelRunner, num_kv_blocks
 from backend.ops import select_ops
@@ -53,6 +54,7 @@ class LLMEngine:
         self.eos_token_id = self.tokenizer.eos_token_id
         self.vocab_size = model.config.vocab_size
         self.sampler = Sampler(self.eos_token_id, config.seed, self.device)
+        self.grammars = GrammarCache(self.tokenizer, self.vocab_size)
         self.requests: dict[str, list[Sequence]] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -82,6 +84,8 @@ class LLMEngine:
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
             first = seqs[0] if seqs and self.config.enable_prefix_caching else None
             seqs.append(Sequence(request_id, index, list(prompt_token_ids), len(prompt_token_ids), params, detok, gen, first))
+        for seq in seqs:  # n>1 siblings each get their own matcher
+            seq.guide = self.grammars.new_matcher(params)
         self.scheduler.add(seqs)
         self.requests[request_id] = seqs
         self.prompt_tokens_total += len(prompt_token_ids)
@@ -95,6 +99,7 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
         if any(not 0 <= t < self.vocab_size for t in [*params.logit_bias, *params.stop_token_ids]):
             raise InvalidRequestError(f"token ids must be in [0, {self.vocab_size})", param="logit_bias")
+        self.grammars.validate(params)  # compiles (and caches) the grammar; unsupported schemas fail here
         total = len(prompt) + (params.max_tokens or 1)
         if total > self.max_model_len:
             raise ContextLengthError(
@@ -171,6 +176,7 @@ class LLMEngine:
 
     def _check_stop(self, seq: Sequence, token: int) -> None:
         stop_str = seq.detokenizer.append(token)
+        grammar_done = seq.guide is not None and advance(seq.guide, token)
         p = seq.params
         if seq.num_output_tokens < p.min_tokens:
             return
@@ -180,6 +186,8 @@ class LLMEngine:
             self.scheduler.finish(seq, "stop", None)
         elif token in p.stop_token_ids:
             self.scheduler.finish(seq, "stop", token)
+        elif grammar_done:
+            self.scheduler.finish(seq, "stop", None)
         elif seq.num_output_tokens >= (p.max_tokens or 0) or seq.num_tokens >= self.max_model_len:
             self.scheduler.finish(seq, "length")
 

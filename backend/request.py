@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from backend.outputs import TokenLogprob
 from backend.sampling_params import SamplingParams
@@ -38,6 +38,7 @@ class Sequence:
     generator: torch.Generator | None = None  # per-request RNG when a seed is given
     first_sibling: Sequence | None = None  # siblings wait for it to compute the prompt
     arrival_time: float = field(default_factory=time.monotonic)
+    guide: Any = None  # llguidance.LLMatcher when the output is constrained (backend/guided.py)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = -1  # prefix-cache hit tokens at first admission (-1: not yet admitted)

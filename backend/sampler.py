@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.guided import apply_masks
 from backend.request import Sequence
 
 
@@ -88,6 +89,7 @@ class Sampler:
         apply_logit_bias(logits, seqs)
         apply_min_tokens(logits, seqs, self.eos_token_id)
         apply_penalties(logits, seqs)
+        apply_masks(logits, seqs)  # constrained decoding: after every bias, before greedy/sampling
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if sampled:

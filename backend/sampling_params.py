@@ -38,6 +38,10 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # for completions' echo + logprobs
     include_stop_str_in_output: bool = False
+    # Constrained decoding (backend/guided.py): at most one of these; plain data, so the gateway can build it.
+    guided_json: str | None = None  # a JSON schema (text) the output must validate against
+    guided_json_object: bool = False  # the output is any JSON object
+    guided_grammar: str | None = None  # a llguidance Lark grammar (the gateway builds these for tool calls)
 
     def __post_init__(self) -> None:
         _check(1 <= self.n <= 128, "n must be between 1 and 128", "n")
@@ -64,10 +68,16 @@ class SamplingParams:
             "prompt_logprobs must be between 0 and 20",
             "prompt_logprobs",
         )
+        modes = (self.guided_json is not None) + self.guided_json_object + (self.guided_grammar is not None)
+        _check(modes <= 1, "at most one of guided_json, guided_json_object and guided_grammar", "response_format")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def guided(self) -> bool:
+        return self.guided_json is not None or self.guided_json_object or self.guided_grammar is not None
 
     @property
     def uses_penalties(self) -> bool:

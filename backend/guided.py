@@ -1,0 +1,115 @@
+"""Constrained decoding with llguidance: grammars compiled per request (cached), one matcher per sequence.
+
+    validate(params)      # at submission: a bad or unsupported schema is an InvalidRequestError (HTTP 400)
+    new_matcher(params)   # per sequence (n>1 siblings get their own), a copy of the cached compiled grammar
+    apply_masks(logits, seqs)   # in the sampling step, before greedy/sampling: forbidden tokens -> -inf
+    advance(matcher, token)     # after the token is chosen; True once the grammar is complete
+
+Why llguidance: see bench/README.md ("Structured outputs"). The grammar text is the engine's
+only input: a JSON schema (`guided_json`), "any JSON object" (`guided_json_object`), or a
+llguidance Lark grammar (`guided_grammar`, used by the gateway for tool calls).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import torch
+
+from backend.errors import InvalidRequestError
+from backend.request import Sequence
+from backend.sampling_params import SamplingParams
+
+CACHE_SIZE = 256
+# Compact JSON: no whitespace between tokens, so a small model cannot wander into endless blanks.
+JSON_DEFAULTS = {"whitespace_flexible": False}
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def grammar_text(params: SamplingParams) -> str | None:
+    """The llguidance grammar for these params, or None when the request is unconstrained."""
+    if params.guided_grammar is not None:
+        return params.guided_grammar
+    if params.guided_json is not None:
+        return _json_grammar(params.guided_json)
+    if params.guided_json_object:
+        return _json_grammar('{"type": "object"}')
+    return None
+
+
+def _json_grammar(schema: str) -> str:
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS)
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise InvalidRequestError(f"invalid JSON schema: {exc}", param="response_format") from exc
+
+
+class GrammarCache:
+    """Compiled grammars (template matchers) by grammar text, LRU; safe to call from any thread."""
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int) -> None:
+        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
+        self._templates: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compile_s_total = 0.0
+        self.compiles = 0
+
+    def template(self, grammar: str) -> llguidance.LLMatcher:
+        with self._lock:
+            found = self._templates.get(grammar)
+            if found is not None:
+                self._templates.move_to_end(grammar)
+                return found
+        t0 = time.perf_counter()
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar)
+        if matcher.is_error():
+            raise InvalidRequestError(f"unsupported schema or grammar: {matcher.get_error()}", param="response_format")
+        with self._lock:
+            self.compile_s_total += time.perf_counter() - t0
+            self.compiles += 1
+            self._templates[grammar] = matcher
+            while len(self._templates) > CACHE_SIZE:
+                self._templates.popitem(last=False)
+        return matcher
+
+    def validate(self, params: SamplingParams) -> None:
+        grammar = grammar_text(params)
+        if grammar is not None:
+            self.template(grammar)
+
+    def new_matcher(self, params: SamplingParams) -> llguidance.LLMatcher | None:
+        grammar = grammar_text(params)
+        return None if grammar is None else self.template(grammar).deep_copy()
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(rows, words) int32 bitmask -> (rows, vocab) bool, True where the token is allowed."""
+    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def apply_masks(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """Set the logits of every token a row's grammar forbids to -inf (one batched masked_fill)."""
+    rows = [i for i, s in enumerate(seqs) if s.guide is not None]
+    if not rows:
+        return
+    vocab = logits.shape[1]
+    bitmask = torch.full(((len(rows)), (vocab + 31) // 32), -1, dtype=torch.int32)
+    for j, row in enumerate(rows):
+        mask_row = bitmask[j]
+        seqs[row].guide.unsafe_compute_mask_ptr(mask_row.data_ptr(), mask_row.numel() * 4)
+    allowed = unpack_bitmask(bitmask, vocab).to(logits.device)
+    index = torch.tensor(rows, device=logits.device)
+    logits[index] = logits[index].masked_fill(~allowed, -float("inf"))
+
+
+def advance(matcher: llguidance.LLMatcher, token: int) -> bool:
+    """Feed the chosen token; True when the sequence must end (grammar complete, or violated)."""
+    matcher.consume_token(token)
+    return bool(matcher.is_stopped() or matcher.is_error())
