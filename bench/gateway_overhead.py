@@ -102,13 +102,15 @@ def serve(kind: str, port: int) -> None:
     import uvicorn
 
     from gateway.app import build_context, create_app
+    from gateway.cache.config import CacheConfig
     from gateway.config import GatewayConfig
 
     if kind == "bare":
         app: Any = _bare_app()
     else:
         sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
-        ctx = build_context(GatewayConfig(api_keys=(API_KEY,)), TrivialEngine(), None, log_sink=sink)
+        config = GatewayConfig(api_keys=(API_KEY,), cache=CacheConfig(backend="off"))  # measure the uncached path
+        ctx = build_context(config, TrivialEngine(), None, log_sink=sink)
         app = create_app(ctx)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 

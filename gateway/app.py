@@ -20,6 +20,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.access_log import make_logger
+from gateway.cache.metrics import CacheMetrics
+from gateway.cache.service import build_cache
+from gateway.cache.stores import CacheStore
 from gateway.chat import ChatCompletions
 from gateway.client import EmbeddingClient, EngineClient
 from gateway.completions import Completions
@@ -27,6 +30,7 @@ from gateway.config import GatewayConfig
 from gateway.context import GatewayContext
 from gateway.embeddings import Embeddings
 from gateway.errors import error_response, to_gateway_error
+from gateway.ids import IdGenerator
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import GatewayMiddleware
 from gateway.models import ModelCatalog, ServedModel
@@ -38,18 +42,26 @@ def build_context(
     engine: EngineClient,
     embedder: EmbeddingClient | None = None,
     log_sink: TextIO | None = None,
+    cache_store: CacheStore | None = None,
 ) -> GatewayContext:
+    """`cache_store` replaces the configured response-cache backend (tests inject faults with it)."""
     created = int(time.time())
     models = [ServedModel(engine.model_name, "chat", created)]
     if embedder is not None:
         models.append(ServedModel(embedder.model_name, "embedding", created))
+    metrics = GatewayMetrics(engine.stats)
+    logger = make_logger(log_sink or sys.stderr, config.log_level)
+    ids = IdGenerator()
+    cache = build_cache(config, engine.model_name, embedder, CacheMetrics(metrics.registry), logger, ids, cache_store)
     return GatewayContext(
         config=config,
         engine=engine,
         embedder=embedder,
         catalog=ModelCatalog(models, config.model_aliases),
-        metrics=GatewayMetrics(engine.stats),
-        logger=make_logger(log_sink or sys.stderr, config.log_level),
+        metrics=metrics,
+        logger=logger,
+        cache=cache,
+        ids=ids,
     )
 
 
@@ -85,6 +97,7 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
             yield
         finally:
             ctx.readiness.ready = False
+            await ctx.cache.close()
             if manage_engine:
                 await ctx.engine.shutdown()
 

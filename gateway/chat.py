@@ -91,20 +91,27 @@ class ChatCompletions:
 
     async def handle(self, request: Request) -> Response:
         rec = record_of(request)
-        req = parse_chat(await read_json(request, self.ctx.config.max_body_bytes))
+        raw = await read_json(request, self.ctx.config.max_body_bytes)
+        ticket = self.ctx.cache.ticket("chat", request.headers, raw)  # takes the `cache` extension out
+        req = parse_chat(raw)
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user
         prompt = self.ctx.engine.apply_chat_template(req.messages, add_generation_prompt=True)
+        cached = await ticket.lookup(rec, raw, req.params, req.messages, prompt, req.stream, req.messages)
+        if cached is not None:
+            return cached
         completion_id = f"chatcmpl-{self.ctx.ids.new()}"
         stream = self.ctx.engine.generate(prompt, req.params, completion_id)
         maker = ChunkMaker(completion_id, int(time.time()), model.id, req.stream.include_usage, req.logprobs)
         if req.stream.stream:
-            return await self._stream(request, req, maker, stream, rec)
+            build = lambda g: chat_completion(maker.id, maker.created, model.id, g.ordered(), g.usage, req.logprobs)  # noqa: E731
+            return ticket.mark(await self._stream(request, req, maker, ticket.tap(stream, build), rec))
         gen: Generation = await unless_disconnected(request.receive, collect(stream, rec.first_token))
         rec.set_usage(gen.usage)
         body = chat_completion(maker.id, maker.created, model.id, gen.ordered(), gen.usage, req.logprobs)
-        return json_response(body)
+        await ticket.store(body)
+        return ticket.mark(json_response(body))
 
     async def _stream(
         self,

@@ -126,14 +126,19 @@ class Completions:
 
     async def handle(self, request: Request) -> Response:
         rec = record_of(request)
-        req = parse_completion(await read_json(request, self.ctx.config.max_body_bytes))
+        raw = await read_json(request, self.ctx.config.max_body_bytes)
+        ticket = self.ctx.cache.ticket("completions", request.headers, raw)  # takes the `cache` extension out
+        req = parse_completion(raw)
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user
+        cached = await ticket.lookup(rec, raw, req.params, req.prompts, None, req.stream)
+        if cached is not None:
+            return cached
         completion_id = f"cmpl-{self.ctx.ids.new()}"
         streams = [self.ctx.engine.generate(p, req.params, f"{completion_id}-{i}") for i, p in enumerate(req.prompts)]
         if req.stream.stream:
-            return await self._stream(request, req, completion_id, model.id, streams, rec)
+            return ticket.mark(await self._stream(request, req, completion_id, model.id, streams, rec))
         gens = await unless_disconnected(request.receive, gather_or_cancel([collect(s, rec.first_token) for s in streams]))
         usage = _total(g.usage for g in gens)
         rec.set_usage(usage)
@@ -143,7 +148,9 @@ class Completions:
             echo = self._echo(req, prompt, gen.prompt_token_ids, gen.prompt_logprobs)
             for state in gen.ordered():
                 choices.append(completion_choice(i * req.params.n + state.index, state, echo, want))
-        return json_response(text_completion(completion_id, int(time.time()), model.id, choices, usage))
+        body = text_completion(completion_id, int(time.time()), model.id, choices, usage)
+        await ticket.store(body)
+        return ticket.mark(json_response(body))
 
     def _echo(
         self,

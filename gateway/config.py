@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from backend.config import EngineConfig, engine_config_from_env
+from gateway.cache.config import CacheConfig
 
 ENV_PREFIX = "SMOLGATE_"
 
@@ -51,6 +52,7 @@ class GatewayConfig:
     embeddings: bool = True  # serve /v1/embeddings with all-MiniLM-L6-v2
     embedding_model: str = ""  # HF directory; "" means the default fetched model
     sse_ping_s: float = 15.0
+    cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (gateway/cache/)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 
@@ -94,6 +96,8 @@ def from_mapping(data: Mapping[str, Any]) -> GatewayConfig:
     for name, value in data.items():
         if name == "engine":
             changes[name] = _engine_from_mapping(value)
+        elif name == "cache":
+            changes[name] = _cache_from_mapping(value)
         elif name == "api_keys":
             changes[name] = _str_tuple(name, value)
         elif name == "model_aliases":
@@ -112,6 +116,33 @@ def _engine_from_mapping(value: object) -> EngineConfig:
     if unknown:
         raise ConfigError(f"unknown engine config keys: {sorted(unknown)}")
     return replace(base, **{k: _coerce(f"engine.{k}", v, getattr(base, k)) for k, v in value.items()})
+
+
+def _cache_from_mapping(value: object) -> CacheConfig:
+    if not isinstance(value, dict):
+        raise ConfigError("cache must be a mapping of CacheConfig fields")
+    base = CacheConfig()
+    unknown = set(value) - {f.name for f in fields(base)}
+    if unknown:
+        raise ConfigError(f"unknown cache config keys: {sorted(unknown)}")
+    return _valid_cache(base, {k: _coerce(f"cache.{k}", v, getattr(base, k)) for k, v in value.items()})
+
+
+def _valid_cache(base: CacheConfig, changes: dict[str, Any]) -> CacheConfig:
+    try:
+        return replace(base, **changes)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _cache_from_env(cfg: CacheConfig, env: Mapping[str, str]) -> CacheConfig:
+    """SMOLGATE_CACHE_<FIELD> (e.g. SMOLGATE_CACHE_BACKEND=redis, SMOLGATE_CACHE_REDIS_URL)."""
+    changes: dict[str, Any] = {}
+    for f in fields(cfg):
+        name = f"{ENV_PREFIX}CACHE_{f.name.upper()}"
+        if name in env:
+            changes[f.name] = _parse_env(name, env[name], getattr(cfg, f.name))
+    return _valid_cache(cfg, changes) if changes else cfg
 
 
 def _coerce(name: str, value: object, like: object) -> Any:
@@ -158,6 +189,7 @@ def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
     for name, suffix in _SCALAR_ENV.items():
         if f"{ENV_PREFIX}{suffix}" in env:
             changes[name] = _parse_env(f"{ENV_PREFIX}{suffix}", env[f"{ENV_PREFIX}{suffix}"], getattr(cfg, name))
+    changes["cache"] = _cache_from_env(cfg.cache, env)
     changes["engine"] = engine_config_from_env(cfg.engine, dict(env))
     return replace(cfg, **changes)
 

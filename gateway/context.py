@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.cache.service import ResponseCache
 from gateway.client import EmbeddingClient, EngineClient
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, InternalError
@@ -29,6 +30,7 @@ class GatewayContext:
     catalog: ModelCatalog
     metrics: GatewayMetrics
     logger: Any
+    cache: ResponseCache
     readiness: Readiness = field(default_factory=Readiness)
     ids: IdGenerator = field(default_factory=IdGenerator)
 

@@ -1,0 +1,37 @@
+"""CacheConfig: the `cache:` section of the gateway configuration (frozen, validated at startup)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKENDS = ("memory", "redis", "off")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    backend: str = "memory"  # memory (in-process) | redis (shared by replicas) | off
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_timeout_s: float = 0.25  # per Redis command; beyond it the request goes on uncached
+    redis_retry_s: float = 1.0  # after a Redis error, skip Redis this long (requests stay uncached)
+    key_prefix: str = "smolgate"  # Redis key prefix
+    ttl_s: int = 3600  # default entry lifetime; a request may ask for another
+    max_ttl_s: int = 86400  # the longest TTL a request may ask for
+    max_entries: int = 10000  # in-process LRU size (and per-scope vector index size)
+    only_deterministic: bool = True  # cache only temperature 0 or seeded requests
+    semantic: bool = True  # match paraphrases of the last user message
+    similarity_threshold: float = 0.86  # cosine (all-MiniLM-L6-v2) at or above which a guarded match hits
+    near_miss_margin: float = 0.1  # candidates this far below the threshold are counted as near misses
+    semantic_multi_turn: bool = False  # allow semantic hits for conversations (earlier turns stay in the key)
+    fingerprint: str = ""  # extra model fingerprint: change it when weights change under the same path
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"cache.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not 0.0 < self.similarity_threshold <= 1.0:
+            raise ValueError("cache.similarity_threshold must be in (0, 1]")
+        if self.ttl_s < 1 or self.max_ttl_s < 1 or self.max_entries < 1:
+            raise ValueError("cache.ttl_s, cache.max_ttl_s and cache.max_entries must be positive")
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend != "off"

@@ -1,0 +1,100 @@
+"""Cache keys: a hash over everything that shapes the output, one namespace per API key.
+
+- `namespace`: the tenant; entries written under one API key are never seen under another.
+- `model_fingerprint`: model id, weights (path, size, mtime), dtype, kernels, operator salt.
+- `exact_key`: namespace + fingerprint + endpoint + every output-affecting request field
+  + the prompt token ids (so the chat template is part of the key).
+- `semantic_scope`: the same, minus the last user message; semantic matches happen only
+  inside one scope, so a different system prompt, history or parameter never matches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from backend.config import EngineConfig, default_model_path
+from backend.sampling_params import SamplingParams
+
+# Request fields that change nothing in the generated output (transport, bookkeeping).
+NON_OUTPUT_FIELDS = frozenset(
+    {
+        "model", "messages", "prompt", "stream", "stream_options", "user", "metadata", "store", "service_tier",
+        "safety_identifier", "prompt_cache_key", "cache",
+        # folded into SamplingParams, hashed from there (so 0 and 0.0 are one key)
+        "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
+        "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
+        "include_stop_str_in_output", "max_tokens", "max_completion_tokens",
+    }
+)  # fmt: skip
+_FINGERPRINT_FIELDS = ("model", "served_model_name", "dtype", "max_model_len", "kernel_backend")
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)).hexdigest()
+
+
+def namespace(authorization: str | None) -> str:
+    """A tenant id derived from the bearer key (never the key itself); "public" without one."""
+    if not authorization:
+        return "public"
+    return hashlib.sha256(authorization.strip().encode()).hexdigest()[:24]
+
+
+def _weights_stat(model: str) -> list[Any]:
+    path = Path(model).expanduser() if model else default_model_path()
+    files = [path] if path.is_file() else sorted(path.glob("*.safetensors")) + sorted(path.glob("*.gguf"))
+    stats = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        stats.append([f.name, st.st_size, st.st_mtime_ns])
+    return stats
+
+
+def model_fingerprint(model_id: str, engine: EngineConfig, salt: str = "") -> str:
+    """Changes whenever the weights, their precision or the kernels that run them change."""
+    fields = {name: getattr(engine, name, None) for name in _FINGERPRINT_FIELDS}
+    return _digest({"id": model_id, "engine": fields, "weights": _weights_stat(engine.model), "salt": salt})[:32]
+
+
+def _params(params: SamplingParams) -> dict[str, Any]:
+    out = asdict(params)
+    out["logit_bias"] = sorted(params.logit_bias.items())
+    return out
+
+
+def _extras(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in NON_OUTPUT_FIELDS}
+
+
+def exact_key(
+    ns: str,
+    fingerprint: str,
+    endpoint: str,
+    body: Mapping[str, Any],
+    params: SamplingParams,
+    prompt: object,
+    prompt_ids: Sequence[int] | None,
+) -> str:
+    """The exact-match key: identical only when the engine would see an identical request."""
+    material = {
+        "ns": ns, "fp": fingerprint, "ep": endpoint, "params": _params(params), "extras": _extras(body),
+        "prompt": prompt, "ids": list(prompt_ids or ()),
+    }  # fmt: skip
+    return _digest(material)
+
+
+def semantic_scope(
+    ns: str, fingerprint: str, endpoint: str, body: Mapping[str, Any], params: SamplingParams, context: object
+) -> str:
+    """Where a semantic match may come from: same tenant, model, parameters and earlier messages."""
+    material = {"ns": ns, "fp": fingerprint, "ep": endpoint, "params": _params(params), "extras": _extras(body), "ctx": context}
+    return _digest(material)[:32]

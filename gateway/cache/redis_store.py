@@ -1,0 +1,71 @@
+"""RedisStore: entries and semantic vectors shared by every gateway replica.
+
+- Entries: `{prefix}:e:{key}` = the response bytes, with `SET ... EX ttl` (Redis expires them;
+  configure `maxmemory-policy allkeys-lru` on the server for LRU eviction under memory pressure).
+- Vectors: one Redis stream per semantic scope, `{prefix}:v:{scope}`, of {key, text, vec} records
+  (vec = float32 bytes), capped at about `max_entries` records. Each replica mirrors the streams it
+  queries into a local SemanticIndex and reads only the records added since its last read (one
+  XRANGE per lookup), so a replica that joins sees everything others wrote, and searches at
+  in-process speed. A vector whose entry expired is skipped at lookup (its GET misses).
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from redis.asyncio import Redis
+
+from gateway.cache.index import Candidate, SemanticIndex
+
+_BATCH = 5000
+
+
+class RedisStore:
+    def __init__(self, url: str, prefix: str, max_entries: int, timeout_s: float) -> None:
+        self.redis = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self.prefix = prefix
+        self.max_entries = max_entries
+        self._mirrors: dict[str, tuple[SemanticIndex | None, str]] = {}  # scope -> (index, last stream id)
+
+    def _entry(self, key: str) -> str:
+        return f"{self.prefix}:e:{key}"
+
+    def _stream(self, scope: str) -> str:
+        return f"{self.prefix}:v:{scope}"
+
+    async def get(self, key: str) -> bytes | None:
+        value = await self.redis.get(self._entry(key))
+        return bytes(value) if value is not None else None
+
+    async def put(self, key: str, value: bytes, ttl_s: int) -> None:
+        await self.redis.set(self._entry(key), value, ex=ttl_s)
+
+    async def add_vector(self, scope: str, key: str, text: str, vector: list[float], ttl_s: int) -> None:
+        record = {"key": key, "text": text.encode(), "vec": array("f", vector).tobytes()}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(self._stream(scope), record, maxlen=self.max_entries, approximate=True)  # type: ignore[arg-type]
+            pipe.expire(self._stream(scope), ttl_s)
+            await pipe.execute()
+
+    async def search(self, scope: str, vector: list[float], k: int, floor: float) -> list[Candidate]:
+        index = await self._sync(scope, len(vector))
+        return index.search(vector, k, floor) if index is not None else []
+
+    async def _sync(self, scope: str, dimensions: int) -> SemanticIndex | None:
+        """Pull the records written (by any replica) since this replica last read the scope."""
+        index, last = self._mirrors.get(scope, (None, "0-0"))
+        while True:
+            records = await self.redis.xrange(self._stream(scope), min=f"({last}", count=_BATCH)
+            for record_id, fields in records:
+                if index is None:
+                    index = SemanticIndex(dimensions, self.max_entries)
+                vec = array("f")
+                vec.frombytes(fields[b"vec"])
+                index.add(fields[b"key"].decode(), fields[b"text"].decode(), vec)
+                last = record_id.decode()
+            self._mirrors[scope] = (index, last)
+            if len(records) < _BATCH:
+                return index
+
+    async def close(self) -> None:
+        await self.redis.aclose()

@@ -1,0 +1,84 @@
+"""ResponseCache: built once per app from the configuration; hands each request a Ticket."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.cache.config import CacheConfig
+from gateway.cache.keys import model_fingerprint
+from gateway.cache.metrics import CacheMetrics
+from gateway.cache.policy import take_control
+from gateway.cache.stores import CacheStore, MemoryStore, SafeStore, describe
+from gateway.cache.ticket import Ticket
+from gateway.client import EmbeddingClient
+from gateway.config import GatewayConfig
+from gateway.ids import IdGenerator
+
+_WARN_EVERY_S = 10.0
+
+
+class ResponseCache:
+    def __init__(
+        self,
+        cfg: CacheConfig,
+        store: CacheStore | None,
+        embedder: EmbeddingClient | None,
+        metrics: CacheMetrics,
+        logger: Any,
+        ids: IdGenerator,
+        fingerprint: str,
+        sse_ping_s: float,
+    ) -> None:
+        self.cfg = cfg
+        self.store = SafeStore(store, self.backend_error, cfg.redis_retry_s) if store is not None else None
+        self.embedder = embedder if cfg.semantic else None
+        self.metrics = metrics
+        self.logger = logger
+        self.ids = ids
+        self.fingerprint = fingerprint
+        self.sse_ping_s = sse_ping_s
+        self._last_warning = -_WARN_EVERY_S
+
+    def ticket(self, endpoint: str, headers: Mapping[str, str], body: dict[str, Any]) -> Ticket:
+        """Takes the `cache` extension out of `body` (always, so the parser never sees it)."""
+        control = take_control(body, headers, self.cfg.max_ttl_s)
+        return Ticket(self, endpoint, control, headers.get("authorization"))
+
+    def backend_error(self, op: str, exc: BaseException | None) -> None:
+        self.metrics.backend_errors.labels(op).inc()
+        now = time.monotonic()
+        if exc is not None and now - self._last_warning >= _WARN_EVERY_S:
+            self._last_warning = now
+            self.logger.warning("cache_backend_unavailable", op=op, backend=self.cfg.backend, **describe(exc))
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.store.close()
+
+
+def make_store(cfg: CacheConfig) -> CacheStore | None:
+    if cfg.backend == "memory":
+        return MemoryStore(cfg.max_entries)
+    if cfg.backend == "redis":
+        from gateway.cache.redis_store import RedisStore  # only deployments that use Redis import it
+
+        return RedisStore(cfg.redis_url, cfg.key_prefix, cfg.max_entries, cfg.redis_timeout_s)
+    return None
+
+
+def build_cache(
+    config: GatewayConfig,
+    model_id: str,
+    embedder: EmbeddingClient | None,
+    metrics: CacheMetrics,
+    logger: Any,
+    ids: IdGenerator,
+    store: CacheStore | None = None,
+) -> ResponseCache:
+    """`store` overrides the configured backend (tests wrap a real store to inject faults)."""
+    cfg = config.cache
+    fingerprint = model_fingerprint(model_id, config.engine, cfg.fingerprint)
+    chosen = store if store is not None else make_store(cfg)
+    return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, config.sse_ping_s)

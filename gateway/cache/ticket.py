@@ -1,0 +1,159 @@
+"""Ticket: one request's path through the cache — lookup (exact, then semantic), replay on a hit,
+and on a miss a store of the finished answer (from the JSON body, or tapped from the stream)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.responses import Response
+
+from backend.outputs import RequestOutput
+from backend.sampling_params import SamplingParams
+from gateway.cache import replay
+from gateway.cache.keys import exact_key, namespace, semantic_scope
+from gateway.cache.policy import CacheControl, exact_allowed, semantic_allowed
+from gateway.cache.semantic import NearMiss, embed_query, match
+from gateway.generation import Generation
+from gateway.jsonio import json_response
+from gateway.protocol import StreamOptions
+from gateway.record import RequestRecord
+from gateway.sse import SSEStream
+
+if TYPE_CHECKING:
+    from gateway.cache.service import ResponseCache
+
+_ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-"}
+_HEADER_VALUE = {"hit": "hit", "semantic-hit": "semantic-hit", "miss": "miss", "bypass": "miss"}
+
+
+class Ticket:
+    """status: none (cache off) | bypass (not cacheable / lookup skipped) | miss | hit | semantic-hit."""
+
+    def __init__(self, cache: ResponseCache, endpoint: str, control: CacheControl, authorization: str | None) -> None:
+        self.cache = cache
+        self.endpoint = endpoint
+        self.control = control
+        self.namespace = namespace(authorization)
+        self.status = "none" if cache.store is None else "bypass"
+        self.key: str | None = None
+        self.scope: str | None = None
+        self.query = ""
+        self.vector: list[float] | None = None
+        self.similarity: float | None = None
+        self.near_miss: NearMiss | None = None  # extension point: a draft for speculative decoding
+
+    async def lookup(
+        self,
+        rec: RequestRecord,
+        body: dict[str, Any],
+        params: SamplingParams,
+        prompt: object,
+        prompt_ids: Sequence[int] | None,
+        stream: StreamOptions,
+        messages: list[dict[str, Any]] | None = None,
+    ) -> Response | None:
+        """A replayed response on a hit; None on a miss (generate, then `store` or `tap`)."""
+        store, cfg = self.cache.store, self.cache.cfg
+        if store is None or not exact_allowed(cfg, params):
+            return self._done(rec)
+        fp = self.cache.fingerprint
+        self.key = exact_key(self.namespace, fp, self.endpoint, body, params, prompt, prompt_ids)
+        semantic = messages is not None and self.control.semantic and self.cache.embedder is not None
+        if semantic and messages and semantic_allowed(cfg, body, messages, params):
+            self.scope = semantic_scope(self.namespace, fp, self.endpoint, body, params, messages[:-1])
+            self.query = messages[-1]["content"]
+        if not self.control.lookup:
+            return self._done(rec)
+        self.status = "miss"
+        entry = await store.get(self.key)
+        if entry is not None:
+            return self._hit(rec, "hit", entry, stream)
+        entry = await self._semantic()
+        if entry is not None:
+            return self._hit(rec, "semantic-hit", entry, stream)
+        return self._done(rec)
+
+    async def _semantic(self) -> bytes | None:
+        store, cfg, embedder = self.cache.store, self.cache.cfg, self.cache.embedder
+        if store is None or self.scope is None or embedder is None:
+            return None
+        self.vector = await embed_query(embedder, self.query, self.cache.logger)
+        if self.vector is None:
+            return None
+        found = await match(store, self.scope, self.query, self.vector, cfg.similarity_threshold, cfg.near_miss_margin)
+        self.near_miss = found.near_miss
+        if found.near_miss is not None:
+            self.cache.metrics.near_misses.labels(found.near_miss.reason).inc()
+        if found.hit is None:
+            return None
+        self.similarity = found.hit.similarity
+        return found.entry
+
+    def _done(self, rec: RequestRecord) -> None:
+        rec.cache = self.status
+        if self.status != "none":
+            self.cache.metrics.lookup(self.endpoint, self.status)
+        return None
+
+    def _hit(self, rec: RequestRecord, status: str, entry: bytes, stream: StreamOptions) -> Response:
+        self.status = rec.cache = status
+        self.cache.metrics.lookup(self.endpoint, status)
+        stored = orjson.loads(entry)["body"]
+        body = replay.rebrand(stored, _ID_PREFIX[self.endpoint] + self.cache.ids.new())
+        usage = stored["usage"]
+        self.cache.metrics.saved(usage["prompt_tokens"], usage["completion_tokens"])
+        rec.first_token()
+        if not stream.stream:
+            return self.mark(json_response(body))
+        chunker = replay.chat_chunks if self.endpoint == "chat" else replay.completion_chunks
+        events = replay.events(chunker(body, stream.include_usage))
+        return self.mark(SSEStream(events, [], self.cache.sse_ping_s, rec.client_disconnected))
+
+    def mark(self, response: Response) -> Response:
+        """x-cache (hit | semantic-hit | miss) and, for semantic hits, x-cache-similarity."""
+        if self.status != "none":
+            response.headers["x-cache"] = _HEADER_VALUE[self.status]
+            if self.similarity is not None:
+                response.headers["x-cache-similarity"] = f"{self.similarity:.4f}"
+        return response
+
+    @property
+    def storing(self) -> bool:
+        return self.key is not None and self.control.store and self.status in ("miss", "bypass")
+
+    async def store(self, body: dict[str, Any]) -> None:
+        """Keep a finished answer (and its question's vector, for semantic lookups)."""
+        store = self.cache.store
+        if store is None or self.key is None or not self.storing or not replay.replayable(body):
+            return
+        ttl = self.control.ttl_s or self.cache.cfg.ttl_s
+        await store.put(self.key, orjson.dumps({"v": 1, "query": self.query, "body": body}), ttl)
+        self.cache.metrics.stores.labels(self.endpoint).inc()
+        if self.scope is None or self.cache.embedder is None:
+            return
+        if self.vector is None:
+            self.vector = await embed_query(self.cache.embedder, self.query, self.cache.logger)
+        if self.vector is not None:
+            await store.add_vector(self.scope, self.key, self.query, self.vector, ttl)
+
+    async def tap(
+        self, outputs: AsyncIterator[RequestOutput], build: Callable[[Generation], dict[str, Any]]
+    ) -> AsyncIterator[RequestOutput]:
+        """Pass a live stream through; once it has finished cleanly (no abort), store the answer."""
+        if not self.storing:
+            async with aclosing(outputs):  # type: ignore[type-var]
+                async for out in outputs:
+                    yield out
+            return
+        gen, aborted, finished = Generation(), False, False
+        async with aclosing(outputs):  # type: ignore[type-var]
+            async for out in outputs:
+                gen.absorb(out)
+                aborted = aborted or any(d.finish_reason == "abort" for d in out.deltas)
+                finished = out.finished
+                yield out
+        if finished and not aborted:
+            await self.store(build(gen))
