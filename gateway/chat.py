@@ -20,6 +20,7 @@ from gateway.protocol import ChatRequest, parse_chat
 from gateway.record import RequestRecord, record_of
 from gateway.responses import chat_completion, usage_json
 from gateway.sse import SSEStream, chain, guarded, sse_data
+from gateway.tool_output import ToolStream, with_tool_calls
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class ChunkMaker:
     model: str
     include_usage: bool
     with_logprobs: bool
+    tools: ToolStream | None = None  # set when the text may hold tool calls
 
     def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
         obj: dict[str, Any] = {
@@ -49,6 +51,8 @@ class ChunkMaker:
         return self.chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
 
     def deltas(self, d: CompletionDelta) -> list[bytes]:
+        if self.tools is not None:
+            return [self.chunk([choice]) for choice in self.tools.choices(d)]
         out = []
         if d.text or d.logprobs:
             logprobs = chat_logprobs(d.logprobs or ()) if self.with_logprobs else None
@@ -103,15 +107,23 @@ class ChatCompletions:
             return cached
         completion_id = f"chatcmpl-{self.ctx.ids.new()}"
         stream = self.ctx.engine.generate(prompt, req.params, completion_id)
-        maker = ChunkMaker(completion_id, int(time.time()), model.id, req.stream.include_usage, req.logprobs)
+        tools = ToolStream(self._call_id) if req.tools is not None else None
+        maker = ChunkMaker(completion_id, int(time.time()), model.id, req.stream.include_usage, req.logprobs, tools)
         if req.stream.stream:
-            build = lambda g: chat_completion(maker.id, maker.created, model.id, g.ordered(), g.usage, req.logprobs)  # noqa: E731
+            build = lambda g: self._body(maker, req, g)  # noqa: E731
             return ticket.mark(await self._stream(request, req, maker, ticket.tap(stream, build), rec))
         gen: Generation = await unless_disconnected(request.receive, collect(stream, rec.first_token))
         rec.set_usage(gen.usage)
-        body = chat_completion(maker.id, maker.created, model.id, gen.ordered(), gen.usage, req.logprobs)
+        body = self._body(maker, req, gen)
         await ticket.store(body)
         return ticket.mark(json_response(body))
+
+    def _body(self, maker: ChunkMaker, req: ChatRequest, gen: Generation) -> dict[str, Any]:
+        body = chat_completion(maker.id, maker.created, maker.model, gen.ordered(), gen.usage, req.logprobs)
+        return body if req.tools is None else with_tool_calls(body, self._call_id)
+
+    def _call_id(self) -> str:
+        return f"call_{self.ctx.ids.new()[-24:]}"
 
     async def _stream(
         self,

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.errors import InvalidRequest
+from gateway.tool_messages import assistant_calls_text, tool_result_message
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-_TOOL_ROLES = {"tool", "function"}
-_TOOL_KEYS = ("tool_calls", "function_call", "tool_call_id", "audio")
+_UNSUPPORTED_KEYS = ("function_call", "audio")
+_TOOL_KEYS = ("tool_calls", "tool_call_id", *_UNSUPPORTED_KEYS)
 _KNOWN_KEYS = {"role", "content", "name", "refusal", *_TOOL_KEYS}
 
 
@@ -27,17 +28,19 @@ def _message(i: int, msg: object) -> dict[str, Any]:
         if key not in _KNOWN_KEYS:
             raise InvalidRequest(f"Unrecognized argument in '{where}': {key}", param=f"{where}.{key}")
     role = msg.get("role")
-    if role in _TOOL_ROLES:
-        raise InvalidRequest(
-            f"'{where}.role' {role!r} is not supported: tool calling is not available yet.",
-            param=f"{where}.role",
-        )
+    if role == "function":
+        raise InvalidRequest(f"'{where}.role' 'function' is deprecated: use 'tool'.", param=f"{where}.role")
+    if role == "tool":
+        return tool_result_message(where, msg, _content(where, role, msg.get("content")))
     if role not in _ROLES:
         raise InvalidRequest(f"Invalid value for '{where}.role': {role!r}.", param=f"{where}.role")
-    for key in _TOOL_KEYS:
+    for key in (*_UNSUPPORTED_KEYS, "tool_call_id") if role == "assistant" else _TOOL_KEYS:
         if msg.get(key) not in (None, []):
             raise InvalidRequest(f"'{where}.{key}' is not supported by this server.", param=f"{where}.{key}")
-    out: dict[str, Any] = {"role": _ROLES[role], "content": _content(where, role, msg.get("content"))}
+    content = _content(where, role, msg.get("content"))
+    if role == "assistant" and msg.get("tool_calls"):
+        content += assistant_calls_text(where, msg["tool_calls"])
+    out: dict[str, Any] = {"role": _ROLES[role], "content": content}
     name = msg.get("name")
     if name is not None:
         if not isinstance(name, str):

@@ -11,18 +11,19 @@ from gateway.errors import InvalidRequest
 from gateway.fields import Body
 from gateway.messages import template_messages
 from gateway.sampling import SAMPLING_KEYS, sampling_params
+from gateway.structured import constrain, parse_response_format
+from gateway.tool_messages import with_system_text
+from gateway.tools import ToolConfig, parse_tools, tool_prompt
 
 _COMMON_KEYS = SAMPLING_KEYS | {"model", "stream", "stream_options", "max_tokens", "user"}
 _CHAT_IGNORED = {
     "metadata",
-    "parallel_tool_calls",
     "safety_identifier",
     "prompt_cache_key",
     "service_tier",
     "store",
 }
 _CHAT_UNSUPPORTED = {
-    "tools": "tool calling is not available yet.",
     "functions": "function calling is not available yet.",
     "audio": "this model produces text only.",
     "prediction": "predicted outputs are not available.",
@@ -33,7 +34,7 @@ _CHAT_UNSUPPORTED = {
 }
 _CHAT_KEYS = _COMMON_KEYS | _CHAT_IGNORED | set(_CHAT_UNSUPPORTED) | {
     "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tool_choice",
-    "function_call", "modalities",
+    "function_call", "modalities", "tools", "parallel_tool_calls",
 }  # fmt: skip
 _COMPLETION_KEYS = _COMMON_KEYS | {"prompt", "echo", "logprobs", "suffix", "best_of"}
 _EMBEDDING_KEYS = {"model", "input", "encoding_format", "dimensions", "user"}
@@ -55,6 +56,7 @@ class ChatRequest:
     stream: StreamOptions
     logprobs: bool
     user: str | None = None
+    tools: ToolConfig | None = None  # set when the output may hold tool calls
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,8 @@ def _check_choice(body: Body, key: str, allowed: tuple[object, ...], why: str) -
 def parse_chat(body: Body) -> ChatRequest:
     f.reject_unknown(body, _CHAT_KEYS)
     f.reject_unsupported(body, _CHAT_UNSUPPORTED)
-    _check_choice(body, "tool_choice", ("none", "auto"), "tool calling is not available yet.")
     _check_choice(body, "function_call", ("none", "auto"), "function calling is not available yet.")
     _check_choice(body, "modalities", (["text"],), "this model produces text only.")
-    _check_choice(body, "response_format", ({"type": "text"},), "structured output is not available yet.")
     _check_choice(body, "store", (False,), "stored completions are not available.")
     logprobs = bool(f.opt_bool(body, "logprobs"))
     top = f.opt_int(body, "top_logprobs", lo=0, hi=20)
@@ -107,13 +107,17 @@ def parse_chat(body: Body) -> ChatRequest:
         raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
     max_tokens = f.opt_int(body, "max_completion_tokens")
     max_tokens = max_tokens if max_tokens is not None else f.opt_int(body, "max_tokens")
+    tools = parse_tools(body)
+    messages = template_messages(body.get("messages"))
+    params = sampling_params(body, max_tokens=max_tokens, logprobs=(top or 0) if logprobs else None)
     return ChatRequest(
         model=f.req_str(body, "model"),
-        messages=template_messages(body.get("messages")),
-        params=sampling_params(body, max_tokens=max_tokens, logprobs=(top or 0) if logprobs else None),
+        messages=messages if tools is None else with_system_text(messages, tool_prompt(tools)),
+        params=constrain(params, parse_response_format(body), tools),
         stream=_stream_options(body),
         logprobs=logprobs,
         user=f.opt_str(body, "user"),
+        tools=tools,
     )
 
 

@@ -32,8 +32,9 @@ def _error_of(exc: openai.APIStatusError) -> dict:
         ({"temperature": "hot"}, "temperature"),
         ({"logit_bias": {"not-a-token": 1}}, "logit_bias"),
         ({"top_logprobs": 3}, "top_logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools[0].function.name"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"extra_body": {"frobnicate": True}}, "frobnicate"),
         ({"extra_body": {"top_k": -5}}, "top_k"),
     ],
@@ -49,7 +50,8 @@ def test_bad_values_are_400_naming_the_param(client: openai.OpenAI, kwargs: dict
     ("messages", "param"),
     [
         ([], "messages"),
-        ([{"role": "tool", "content": "x", "tool_call_id": "1"}], "messages[0].role"),
+        ([{"role": "tool", "content": "x"}], "messages[0].tool_call_id"),
+        ([{"role": "function", "content": "x", "name": "f"}], "messages[0].role"),
         ([{"role": "wizard", "content": "x"}], "messages[0].role"),
         (
             [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
