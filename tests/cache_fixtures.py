@@ -1,0 +1,186 @@
+"""Fixtures for the response-cache tests: a real redis-server on a free port, and the real engine +
+embedder behind live uvicorn servers — one with the in-process cache, two Redis replicas sharing one
+server, and one whose Redis is down (a port where nothing listens: every call fails for real).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from gateway_fixtures import API_KEY, gateway_test_config
+
+from gateway.app import build_context, create_app
+from gateway.cache.config import CacheConfig
+
+OTHER_KEY = "sk-test-other-tenant"
+REDIS_SKIP = "redis-server is not installed (make test installs it with apt-get when it can)"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RedisServer:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
+def start_redis() -> RedisServer | None:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return None
+    port = free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return RedisServer(f"redis://127.0.0.1:{port}/0", process)
+        except OSError:
+            time.sleep(0.05)
+    process.terminate()
+    raise RuntimeError("redis-server did not start")
+
+
+@dataclass
+class CacheStack:
+    """name -> live server URL: memory, redis1, redis2 (replicas), redis_down."""
+
+    log_path: Path
+    redis: RedisServer | None
+    urls: dict[str, str] = field(default_factory=dict)
+    _servers: list[uvicorn.Server] = field(default_factory=list)
+    _thread: threading.Thread | None = None
+
+    def client(self, name: str = "memory", key: str = API_KEY) -> openai.OpenAI:
+        if name not in self.urls:
+            pytest.skip(REDIS_SKIP)
+        return openai.OpenAI(base_url=f"{self.urls[name]}/v1", api_key=key, max_retries=0, timeout=120)
+
+    def metrics(self, name: str) -> str:
+        return httpx.get(f"{self.urls[name]}/metrics").text
+
+    def metric(self, name: str, series: str) -> float:
+        """One sample's value from /metrics (0 when absent)."""
+        for line in self.metrics(name).splitlines():
+            if line.startswith(series + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+
+    def log_of(self, request_id: str, timeout: float = 5.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = [x for x in self.log_lines() if x.get("request_id") == request_id and x.get("event") == "request"]
+            if lines or time.monotonic() > deadline:
+                assert lines, f"no log line for {request_id}"
+                return lines[0]
+            time.sleep(0.02)
+
+    def start(self) -> None:
+        from backend.async_engine import AsyncEngine
+        from backend.embeddings import Embedder
+
+        base = gateway_test_config()
+        base = replace(base, api_keys=(API_KEY, OTHER_KEY))
+        configs = {"memory": base}
+        if self.redis is not None:
+            redis_cfg = CacheConfig(backend="redis", redis_url=self.redis.url, key_prefix=f"t{free_port()}")
+            configs["redis1"] = configs["redis2"] = replace(base, cache=redis_cfg)
+        dead = CacheConfig(backend="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_retry_s=0.0)
+        configs["redis_down"] = replace(base, cache=dead)
+        engine = AsyncEngine.from_config(base.engine)
+        embedder = Embedder()
+        log = self.log_path.open("a", buffering=1)
+        apps = [
+            create_app(build_context(cfg, engine, embedder, log_sink=log), manage_engine=(i == 0))
+            for i, cfg in enumerate(configs.values())
+        ]
+        self._serve(list(configs), apps)
+
+    def _serve(self, names: list[str], apps: list[Any]) -> None:
+        sockets = []
+        for _ in apps:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        self.urls = {n: f"http://127.0.0.1:{s.getsockname()[1]}" for n, s in zip(names, sockets, strict=True)}
+        config = {"log_level": "warning", "access_log": False, "timeout_graceful_shutdown": 2}
+        self._servers = [uvicorn.Server(uvicorn.Config(app, **config)) for app in apps]  # type: ignore[arg-type]
+
+        async def serve() -> None:
+            await asyncio.gather(*(s.serve(sockets=[k]) for s, k in zip(self._servers, sockets, strict=True)))
+
+        self._thread = threading.Thread(target=asyncio.run, args=(serve(),), name="uvicorn-cache", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 120
+        while not all(s.started for s in self._servers):
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the cache test servers did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+
+@cache
+def _redis() -> RedisServer | None:
+    return start_redis()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = _redis()
+    if server is None:
+        pytest.skip(REDIS_SKIP)
+    yield server
+    server.stop()
+
+
+@cache
+def _stack(log_dir: Path) -> CacheStack:
+    stack = CacheStack(log_path=log_dir / "cache-gateway.log", redis=_redis())
+    stack.start()
+    return stack
+
+
+@pytest.fixture(scope="session")
+def cache_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CacheStack]:
+    stack = _stack(tmp_path_factory.getbasetemp())
+    yield stack
+    stack.stop()
+    if stack.redis is not None:
+        stack.redis.stop()
