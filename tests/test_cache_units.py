@@ -1,0 +1,125 @@
+"""Response-cache parts without a server: the labelled paraphrase / hard-negative set scored with the
+real embedder at the default threshold, key-term guards, the LRU store, controls and configuration."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from backend.sampling_params import SamplingParams
+from bench.cache_pairs import PairScore, load_pairs, score_with
+from gateway.cache.config import CacheConfig
+from gateway.cache.guards import same_key_terms
+from gateway.cache.keys import exact_key, namespace
+from gateway.cache.policy import CacheControl, from_body, from_header
+from gateway.cache.stores import MemoryStore
+from gateway.config import ConfigError, load_config
+from gateway.errors import InvalidRequest
+
+
+@cache
+def _score() -> PairScore:
+    from backend.embeddings import Embedder
+
+    return score_with(Embedder().embed_sync, CacheConfig().similarity_threshold)
+
+
+def test_labelled_set_is_large_and_balanced() -> None:
+    pairs = load_pairs()
+    kinds = {p.kind for p in pairs if p.label == "negative"}
+    assert len(pairs) >= 200 and {"number", "entity", "negation"} <= kinds
+    assert sum(p.label == "paraphrase" for p in pairs) >= 100 and sum(p.label == "negative" for p in pairs) >= 100
+
+
+def test_default_threshold_hits_paraphrases_and_never_hard_negatives() -> None:
+    score = _score()
+    assert score.false_hit_rate <= 0.01, score.false_examples
+    assert score.paraphrase_hit_rate >= 0.70, score.missed_examples
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("What is the capital of France?", "What is the capital of Germany?"),
+        ("what is the capital of france", "what is the capital of germany"),
+        ("What is 2+3?", "What is 2+4?"),
+        ("What is 10 divided by 2?", "What is 2 divided by 10?"),
+        ("Is coffee good for you?", "Is coffee not good for you?"),
+        ("Why do penguins fly?", "Why don't penguins fly?"),
+        ("What is the largest ocean?", "What is the smallest ocean?"),
+        ("Give me three tips.", "Give me five tips."),
+    ],
+)
+def test_guards_reject_classic_false_hits(a: str, b: str) -> None:
+    assert not same_key_terms(a, b)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("What is the capital of France?", "Tell me France's capital."),
+        ("Give me three tips.", "Give me 3 tips."),
+        ("Why don't penguins fly?", "Why can't penguins fly?"),
+        ("How do I reverse a list in Python?", "How can I reverse a Python list?"),
+    ],
+)
+def test_guards_keep_paraphrases(a: str, b: str) -> None:
+    assert same_key_terms(a, b)
+
+
+def test_memory_store_is_an_lru_with_ttls() -> None:
+    now = [0.0]
+    store = MemoryStore(max_entries=2, clock=lambda: now[0])
+
+    async def run() -> None:
+        await store.put("a", b"1", 10)
+        await store.put("b", b"2", 10)
+        await store.add_vector("s", "a", "question a", [1.0, 0.0], 10)
+        assert await store.get("a") == b"1"  # a is now the most recent
+        await store.put("c", b"3", 10)  # evicts b
+        assert (await store.get("b"), len(store)) == (None, 2)
+        assert [c.key for c in await store.search("s", [1.0, 0.0], 4, 0.5)] == ["a"]
+        now[0] = 11.0
+        assert await store.get("a") is None  # expired, and its vector is gone with it
+        assert await store.search("s", [1.0, 0.0], 4, 0.5) == []
+
+    asyncio.run(run())
+
+
+def test_keys_separate_tenants_and_parameters() -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    key = lambda ns, p, body: exact_key(ns, "fp", "chat", body, p, [{"role": "user", "content": "hi"}], [1, 2])  # noqa: E731
+    base = key(namespace("Bearer a"), params, {"model": "gpt-4o-mini", "stream": True})
+    assert base == key(namespace("Bearer a"), params, {"model": "other-alias", "user": "u1"})
+    assert base != key(namespace("Bearer b"), params, {})
+    assert base != key(namespace("Bearer a"), SamplingParams(temperature=0.0, max_tokens=9), {})
+    assert base != key(namespace("Bearer a"), params, {"response_format": {"type": "json_object"}})
+
+
+def test_request_controls() -> None:
+    assert from_body(None, 100) == CacheControl()
+    assert from_body({"lookup": False, "ttl": 500}, 100) == CacheControl(lookup=False, ttl_s=100)
+    assert from_header("no-store, ttl=5", CacheControl(), 100) == CacheControl(store=False, ttl_s=5)
+    with pytest.raises(InvalidRequest):
+        from_body({"lookup": "no"}, 100)
+    with pytest.raises(InvalidRequest):
+        from_body({"forever": True}, 100)
+
+
+def test_cache_configuration_from_yaml_and_env(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text("cache: {backend: redis, redis_url: 'redis://cache:6379/1', similarity_threshold: 0.9}\n")
+    cfg = load_config(path, environ={"SMOLGATE_CACHE_TTL_S": "60"})
+    assert (cfg.cache.backend, cfg.cache.redis_url, cfg.cache.similarity_threshold, cfg.cache.ttl_s) == (
+        "redis", "redis://cache:6379/1", 0.9, 60,
+    )  # fmt: skip
+    assert load_config(None, environ={"SMOLGATE_CACHE_BACKEND": "off"}).cache.enabled is False
+    path.write_text("cache: {backend: memcached}\n")
+    with pytest.raises(ConfigError, match=r"cache\.backend"):
+        load_config(path, environ={})
+    path.write_text("cache: {size: 3}\n")
+    with pytest.raises(ConfigError, match="unknown cache config keys"):
+        load_config(path, environ={})
