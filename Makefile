@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install models lint bench clean
+.PHONY: serve test install models lint bench clean redis
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -24,7 +24,19 @@ models: install
 serve: models
 	$(PY) -m gateway --host $(HOST) --port $(PORT)
 
-test: models
+# The Redis-backed cache tests need a redis-server binary (Debian's package); installed here when
+# missing and possible (root + apt-get). Otherwise those tests skip, saying why.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) || \
+	      echo "make: could not install redis-server; the Redis cache tests will be skipped"; \
+	  else \
+	    echo "make: redis-server not found and apt-get unavailable (or not root); the Redis cache tests will be skipped"; \
+	  fi; \
+	}
+
+test: models redis
 	$(PY) -m ruff check gateway backend kernels bench tests
 	$(PY) -m pytest -q -x --durations=15
 
