@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from backend.sampling_params import SamplingParams
 from gateway.errors import InvalidRequest
 from gateway.fields import Body
+from gateway.json_schema import close_objects
 from gateway.tools import ToolConfig, tool_grammar
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -67,7 +68,7 @@ def _json_schema(spec: object) -> str:
     schema = spec.get("schema", {})
     if not isinstance(schema, dict):
         raise InvalidRequest(f"Invalid type for '{param}.schema': expected an object.", param=f"{param}.schema")
-    return json.dumps(schema)
+    return json.dumps(close_objects(schema))
 
 
 def constrain(params: SamplingParams, guided: Guided, tools: ToolConfig | None) -> SamplingParams:

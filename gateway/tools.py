@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from gateway.errors import InvalidRequest
 from gateway.fields import Body
+from gateway.json_schema import close_objects
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -118,7 +119,7 @@ def _call_schema(tools: tuple[Tool, ...]) -> dict[str, Any]:
     variants = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+            "properties": {"name": {"const": t.name}, "arguments": close_objects(t.parameters)},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
