@@ -6,6 +6,7 @@ zeroed (it can never score above a positive threshold) and reclaimed by compacti
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,16 @@ class Candidate:
     key: str  # the exact-cache key of the entry holding the answer
     text: str  # the question that was cached
     similarity: float
+
+
+OFFLOAD_ROWS = 16384  # beyond this many rows a search runs in a worker thread (numpy releases the GIL)
+
+
+async def search_off_loop(index: SemanticIndex, vector: Sequence[float], k: int, floor: float) -> list[Candidate]:
+    """Small indexes are searched inline (microseconds); big ones off the event loop."""
+    if len(index) < OFFLOAD_ROWS:
+        return index.search(vector, k, floor)
+    return await asyncio.to_thread(index.search, vector, k, floor)
 
 
 class SemanticIndex:
@@ -53,17 +64,23 @@ class SemanticIndex:
             self._keys[row] = None
 
     def search(self, vector: Sequence[float] | np.ndarray, k: int, floor: float) -> list[Candidate]:
-        """Up to k entries with cosine >= floor, best first."""
-        n = len(self._keys)
+        """Up to k entries with cosine >= floor, best first.
+
+        Safe to run in a worker thread while the event loop adds or removes entries: it reads a
+        snapshot (add appends beyond it or reallocates, compaction builds new lists, remove only
+        blanks a row, and a blanked row is skipped).
+        """
+        matrix, keys, texts = self._matrix, self._keys, self._texts
+        n = len(keys)
         if n == 0:
             return []
-        sims = self._matrix[:n] @ np.asarray(vector, dtype=np.float32)
+        sims = matrix[:n] @ np.asarray(vector, dtype=np.float32)
         top = np.argpartition(-sims, k - 1)[:k] if n > k else np.arange(n)
         out = []
         for row in sorted(top.tolist(), key=lambda r: -sims[r]):
-            key = self._keys[row]
+            key = keys[row]
             if key is not None and sims[row] >= floor:
-                out.append(Candidate(key, self._texts[row], float(sims[row])))
+                out.append(Candidate(key, texts[row], float(sims[row])))
         return out
 
     def _drop_oldest(self, count: int) -> None:

@@ -15,7 +15,7 @@ from array import array
 
 from redis.asyncio import Redis
 
-from gateway.cache.index import Candidate, SemanticIndex
+from gateway.cache.index import Candidate, SemanticIndex, search_off_loop
 
 _BATCH = 5000
 
@@ -49,7 +49,7 @@ class RedisStore:
 
     async def search(self, scope: str, vector: list[float], k: int, floor: float) -> list[Candidate]:
         index = await self._sync(scope, len(vector))
-        return index.search(vector, k, floor) if index is not None else []
+        return await search_off_loop(index, vector, k, floor) if index is not None else []
 
     async def _sync(self, scope: str, dimensions: int) -> SemanticIndex | None:
         """Pull the records written (by any replica) since this replica last read the scope."""

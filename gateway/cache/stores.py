@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from gateway.cache.index import Candidate, SemanticIndex
+from gateway.cache.index import Candidate, SemanticIndex, search_off_loop
 
 T = TypeVar("T")
 
@@ -65,7 +65,7 @@ class MemoryStore:
 
     async def search(self, scope: str, vector: list[float], k: int, floor: float) -> list[Candidate]:
         index = self._indexes.get(scope)
-        return index.search(vector, k, floor) if index is not None else []
+        return await search_off_loop(index, vector, k, floor) if index is not None else []
 
     async def close(self) -> None:
         self._entries.clear()

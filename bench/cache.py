@@ -1,0 +1,185 @@
+"""The response cache, measured: labelled-set quality, lookup cost at scale, and hit/miss latency
+through the full HTTP path with the real engine and embedder.
+
+    python -m bench.cache [--hits 200] [--misses 10]
+
+1. quality: tests/data/semantic_cache_pairs.tsv scored with all-MiniLM-L6-v2 at the default
+   threshold (paraphrase hit rate; false hits as a share of all hits);
+2. lookup: exact get and semantic match (search + guards + get) in an in-process store holding
+   10k and 100k entries in one scope (random unit vectors: the worst case, one matrix product);
+3. HTTP: a real gateway (real engine, embedder, in-process cache) in a subprocess, driven over one
+   keep-alive connection: an exact hit, a semantic hit (a paraphrase), and a miss (a fresh question,
+   64 generated tokens: ignore_eos).
+The last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench.cache_pairs import score_with
+from gateway.cache.config import CacheConfig
+from gateway.cache.semantic import match
+from gateway.cache.stores import MemoryStore
+
+API_KEY = "sk-bench-cache"
+DIM = 384
+PARAPHRASES = ["What's the capital of France?", "Tell me the capital city of France.", "What is France's capital?"]
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return {"p50_ms": round(statistics.median(ordered) * 1000, 3), "p99_ms": round(p99 * 1000, 3), "n": len(ordered)}
+
+
+def quality() -> dict[str, Any]:
+    from backend.embeddings import Embedder
+
+    threshold = CacheConfig().similarity_threshold
+    score = score_with(Embedder().embed_sync, threshold)
+    return {
+        "threshold": threshold, "pairs": score.pairs, "paraphrases": score.paraphrases,
+        "paraphrase_hit_rate": round(score.paraphrase_hit_rate, 4), "hits": score.hits,
+        "false_hits": score.false_hits, "false_hit_rate": round(score.false_hit_rate, 4),
+    }  # fmt: skip
+
+
+async def _lookup_at(entries: int, queries: int = 200) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((entries, DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    store = MemoryStore(max_entries=entries)
+    for i in range(entries):
+        await store.put(f"k{i}", b"answer", 3600)
+        await store.add_vector("scope", f"k{i}", f"question number {i}", vectors[i].tolist(), 3600)
+    exact, semantic = [], []
+    for q in range(queries):
+        i = int(rng.integers(entries))
+        noisy = vectors[i] + 0.01 * rng.standard_normal(DIM).astype(np.float32)
+        query = (noisy / np.linalg.norm(noisy)).tolist()
+        t0 = time.perf_counter()
+        await store.get(f"k{i}")
+        t1 = time.perf_counter()
+        found = await match(store, "scope", f"question number {i}", query, 0.86, 0.1)
+        t2 = time.perf_counter()
+        assert found.hit is not None and found.hit.key == f"k{i}", q
+        exact.append(t1 - t0)
+        semantic.append(t2 - t1)
+    return {"entries": entries, "exact_get": _pct(exact), "semantic_match": _pct(semantic)}
+
+
+def lookups() -> list[dict[str, Any]]:
+    return [asyncio.run(_lookup_at(n)) for n in (10_000, 100_000)]
+
+
+# ---- the HTTP path -------------------------------------------------------------------------------
+
+
+def serve(port: int) -> None:
+    import uvicorn
+
+    from backend.async_engine import AsyncEngine
+    from backend.config import EngineConfig, engine_config_from_env
+    from backend.embeddings import Embedder
+    from gateway.app import build_context, create_app
+    from gateway.config import GatewayConfig
+
+    engine_cfg = engine_config_from_env(EngineConfig(max_model_len=2048, kv_cache_memory_mb=256), dict(os.environ))
+    config = GatewayConfig(api_keys=(API_KEY,), engine=engine_cfg)
+    sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
+    app = create_app(build_context(config, AsyncEngine.from_config(engine_cfg), Embedder(), log_sink=sink))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def _body(question: str, max_tokens: int = 64, **kw: Any) -> dict[str, Any]:
+    messages = [{"role": "user", "content": question}]
+    return {"model": "gpt-4o-mini", "messages": messages, "max_tokens": max_tokens, "temperature": 0, **kw}
+
+
+def _timed(client: httpx.Client, body: dict[str, Any], expect: str) -> float:
+    t0 = time.perf_counter()
+    resp = client.post("/v1/chat/completions", json=body)
+    elapsed = time.perf_counter() - t0
+    resp.raise_for_status()
+    if resp.headers["x-cache"] != expect:
+        raise RuntimeError(f"expected x-cache {expect}, got {resp.headers['x-cache']} for {body['messages']}")
+    return elapsed
+
+
+def http_path(port: int, hits: int, misses: int) -> dict[str, Any]:
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=300) as client:
+        for _ in range(3):  # warm-up: model, embedder, connection
+            _timed(client, _body(f"Warm up {uuid.uuid4().int % 10**6}", 8), "miss")
+        _timed(client, _body("What is the capital of France?"), "miss")
+        exact = [_timed(client, _body("What is the capital of France?"), "hit") for _ in range(hits)]
+        semantic = [_timed(client, _body(PARAPHRASES[i % 3]), "semantic-hit") for i in range(hits)]
+        fresh = [_body(f"Write a story about the number {uuid.uuid4().int % 10**9}.", ignore_eos=True) for _ in range(misses)]
+        miss = [_timed(client, body, "miss") for body in fresh]
+    out = {"exact_hit": _pct(exact), "semantic_hit": _pct(semantic), "miss_64_tokens": _pct(miss)}
+    out["hit_over_generation_p50"] = round(out["semantic_hit"]["p50_ms"] / out["miss_64_tokens"]["p50_ms"], 4)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the gateway server exited")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("the gateway server did not become ready")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.cache")
+    parser.add_argument("--hits", type=int, default=200)
+    parser.add_argument("--misses", type=int, default=10)
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.serve)
+        return
+    result: dict[str, Any] = {"quality": quality()}
+    print("quality:", result["quality"], flush=True)
+    result["lookup"] = lookups()
+    for row in result["lookup"]:
+        print("lookup:", row, flush=True)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cache", "--serve", str(port)])
+    try:
+        _wait_ready(port, proc)
+        result["http"] = http_path(port, args.hits, args.misses)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    print("http:", result["http"], flush=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
