@@ -1,0 +1,340 @@
+"""Generation throughput and latency: this engine at 1 and 32 concurrent streams vs HF `generate`.
+
+    python -m bench.throughput [--streams 1,32] [--new-tokens 128] [--hf-requests 3] [--dtype float32]
+    python -m bench.throughput --quick        # a tiny run (4 prompts, 8 new tokens, 1 HF request)
+
+Every request is a chat prompt from QUESTIONS (built with the model's chat template) that generates
+exactly --new-tokens tokens (greedy, ignore_eos). Per concurrency level a fresh engine is loaded,
+warmed up with one request, then `max(streams, --min-requests)` requests run with at most `streams`
+in flight. Per request it records TTFT (submit -> first token) and inter-token latencies (the gap
+between successive deltas, divided evenly when a delta carries several tokens). The baseline is HF
+transformers `generate` on the same weights, one request at a time. The last line printed is one
+JSON object with every figure; it is also written to bench/results/throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from backend.async_engine import AsyncEngine
+from backend.config import EngineConfig
+from backend.sampling_params import SamplingParams
+from backend.weights import resolve_model_dir
+
+# External reference measurements (not produced by this script): llama.cpp's own server with this
+# model (Q4_1 GGUF) on the 2-core dev machine, aggregate tokens/s by concurrent streams (issue 2).
+LLAMA_CPP_SERVER_TOK_S = {1: 111.0, 32: 206.0}
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "throughput.json"
+QUICK_PROMPTS = 4
+WARMUP_QUESTION = "Say hello."
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "Explain how a rainbow forms.",
+    "Give me three tips for a good night's sleep.",
+    "What is the difference between a virus and a bacterium?",
+    "Write a short story opening about a lighthouse keeper.",
+    "How does a bicycle stay upright?",
+    "Summarise the water cycle for a ten-year-old.",
+    "What are the main causes of inflation?",
+    "Translate 'Where is the train station?' into French and German.",
+    "Write a Python function that reverses a string.",
+    "Why is the sky blue?",
+    "Suggest a vegetarian dinner recipe.",
+    "What were the main achievements of the Roman Empire?",
+    "Explain recursion with an example.",
+    "What should I pack for a weekend hiking trip?",
+    "Describe the taste of a lemon to someone who has never had one.",
+    "How do vaccines train the immune system?",
+    "Write a limerick about a cat who loves coffee.",
+    "What is the Pythagorean theorem and where is it used?",
+    "Compare renewable and fossil energy sources.",
+    "How can I improve my public speaking?",
+    "Explain what an API is to a non-programmer.",
+    "What is the tallest mountain on Earth, and how tall is it?",
+    "Write a polite email declining a meeting invitation.",
+    "How do plants make their food?",
+    "What are black holes?",
+    "Give me a weekly plan to start running.",
+    "Why do we have seasons?",
+    "Explain the rules of chess in a few sentences.",
+    "What is machine learning?",
+    "Write a motivational quote and explain it.",
+]
+
+
+# ---- measurements ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RequestTiming:
+    ttft_s: float
+    itls_s: list[float]
+    wall_s: float
+    new_tokens: int
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    streams: int
+    timings: list[RequestTiming]
+    wall_s: float
+    cpu_s: float  # this process's CPU time over the level (all threads)
+    preemptions: int
+
+    @property
+    def tokens(self) -> int:
+        return sum(t.new_tokens for t in self.timings)
+
+    def summary(self) -> dict[str, Any]:
+        ttfts = [t.ttft_s for t in self.timings]
+        itls = [x for t in self.timings for x in t.itls_s]
+        return {
+            "streams": self.streams,
+            "requests": len(self.timings),
+            "tokens": self.tokens,
+            "wall_s": round(self.wall_s, 3),
+            "tok_s": round(self.tokens / self.wall_s, 2),
+            "cpu_cores_used": round(self.cpu_s / self.wall_s, 2),
+            "ttft_p50_ms": _ms(ttfts, 50),
+            "ttft_p99_ms": _ms(ttfts, 99),
+            "itl_p50_ms": _ms(itls, 50),
+            "itl_p99_ms": _ms(itls, 99),
+            "preemptions": self.preemptions,
+        }
+
+
+def _ms(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)) * 1000, 2) if values else None
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b > 0 else float("nan")
+
+
+# ---- prompts -----------------------------------------------------------------------------------
+def questions_for(count: int) -> list[str]:
+    """`count` prompts from the fixed set, cycling if more are needed."""
+    return [QUESTIONS[i % len(QUESTIONS)] for i in range(count)]
+
+
+def chat(engine: AsyncEngine, question: str) -> list[int]:
+    return engine.apply_chat_template([{"role": "user", "content": question}])
+
+
+# ---- this engine -------------------------------------------------------------------------------
+def greedy_params(new_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+
+
+async def time_request(
+    engine: AsyncEngine, prompt: list[int], params: SamplingParams, request_id: str
+) -> RequestTiming:
+    start = last = time.perf_counter()
+    ttft: float | None = None
+    itls: list[float] = []
+    tokens = 0
+    async for out in engine.generate(prompt, params, request_id):
+        n = sum(len(d.token_ids) for d in out.deltas)
+        if n == 0:
+            continue
+        now = time.perf_counter()
+        if ttft is None:
+            ttft = now - start  # tokens beyond the first in this delta have no gap of their own
+        else:
+            itls.extend([(now - last) / n] * n)
+        last = now
+        tokens += n
+    if ttft is None or tokens != params.max_tokens:
+        raise RuntimeError(f"{request_id}: expected {params.max_tokens} new tokens, got {tokens}")
+    return RequestTiming(ttft, itls, last - start, tokens)
+
+
+async def run_level(
+    engine: AsyncEngine, prompts: list[list[int]], streams: int, new_tokens: int
+) -> LevelResult:
+    """All prompts with at most `streams` requests in flight; wall time from first submit to last token."""
+    params = greedy_params(new_tokens)
+    gate = asyncio.Semaphore(streams)
+
+    async def one(i: int, prompt: list[int]) -> RequestTiming:
+        async with gate:
+            return await time_request(engine, prompt, params, f"bench-{streams}-{i}")
+
+    preempted = engine.stats().num_preemptions
+    start, cpu_start = time.perf_counter(), time.process_time()
+    timings = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return LevelResult(streams, list(timings), wall, cpu, engine.stats().num_preemptions - preempted)
+
+
+async def bench_engine(config: EngineConfig, streams: int, requests: int, new_tokens: int) -> LevelResult:
+    """A fresh engine (so earlier levels leave no prompts in the prefix cache), warmed up, then timed."""
+    engine = AsyncEngine.from_config(config)
+    await engine.start()
+    try:
+        await time_request(engine, chat(engine, WARMUP_QUESTION), greedy_params(8), f"warmup-{streams}")
+        prompts = [chat(engine, q) for q in questions_for(requests)]
+        return await run_level(engine, prompts, streams, new_tokens)
+    finally:
+        await engine.shutdown()
+        del engine
+        gc.collect()
+
+
+# ---- HF transformers baseline ------------------------------------------------------------------
+@torch.inference_mode()
+def bench_hf(
+    model_dir: Path, dtype: str, device: str, questions: list[str], new_tokens: int
+) -> dict[str, Any]:
+    """HF `generate`, greedy, exactly `new_tokens` per request, one request at a time."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_flush_denormal(True)  # as the engine does: a fair comparison
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
+
+    def generate(question: str, n: int) -> int:
+        messages = [{"role": "user", "content": question}]
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        ids = {k: v.to(device) for k, v in ids.items()}
+        out = model.generate(
+            **ids, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=tokenizer.eos_token_id
+        )
+        return out.shape[1] - ids["input_ids"].shape[1]
+
+    generate(WARMUP_QUESTION, 8)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    tokens = sum(generate(q, new_tokens) for q in questions)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return {
+        "requests": len(questions),
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tok_s": round(tokens / wall, 2),
+        "cpu_cores_used": round(cpu / wall, 2),
+    }
+
+
+# ---- report ------------------------------------------------------------------------------------
+def ratios(levels: list[LevelResult], hf_tok_s: float) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for level in levels:
+        tok_s = level.tokens / level.wall_s
+        out[f"ratio_{level.streams}_vs_hf"] = _ratio(tok_s, hf_tok_s)
+        if level.streams in LLAMA_CPP_SERVER_TOK_S:
+            out[f"ratio_{level.streams}_vs_llama_cpp"] = _ratio(tok_s, LLAMA_CPP_SERVER_TOK_S[level.streams])
+    return out
+
+
+COLUMNS = (  # (header, JSON key, width, format of a float)
+    ("reqs", "requests", 5, ""),
+    ("tokens", "tokens", 8, ""),
+    ("wall s", "wall_s", 8, ".1f"),
+    ("tok/s", "tok_s", 8, ".1f"),
+    ("TTFT p50", "ttft_p50_ms", 10, ".1f"),
+    ("TTFT p99", "ttft_p99_ms", 10, ".1f"),
+    ("ITL p50", "itl_p50_ms", 9, ".1f"),
+    ("ITL p99", "itl_p99_ms", 9, ".1f"),
+    ("CPU", "cpu_cores_used", 6, ".2f"),
+)
+
+
+def _row(name: str, figures: dict[str, Any]) -> str:
+    cells = "".join(
+        ("-" if figures.get(key) is None else format(figures[key], fmt)).rjust(width)
+        for _, key, width, fmt in COLUMNS
+    )
+    return f"{name:<22}{cells}" + (f"  preemptions {figures['preemptions']}" if figures.get("preemptions") else "")
+
+
+def format_table(result: dict[str, Any], streams: list[int]) -> str:
+    lines = [
+        f"throughput: {result['model']} {result['dtype']} on {result['device']} "
+        f"({result['threads']} threads), {result['new_tokens']} new tokens per request, greedy, ignore_eos",
+        f"{'run':<22}" + "".join(h.rjust(w) for h, _, w, _ in COLUMNS) + "   (latencies in ms)",
+        *(_row(f"engine, {n} stream{'s' * (n > 1)}", result[f"engine_{n}"]) for n in streams),
+        _row("HF generate, 1 by 1", result["hf_sequential"]),
+        f"(CPU: cores this process kept busy, of {result['threads']}; well below that means other load)",
+        "",
+    ]
+    for n in streams:
+        lines.append(f"engine {n:>2} streams / HF sequential   x{result[f'ratio_{n}_vs_hf']:.2f}")
+        if n in LLAMA_CPP_SERVER_TOK_S:
+            lines.append(
+                f"engine {n:>2} streams / llama.cpp server x{result[f'ratio_{n}_vs_llama_cpp']:.3f}"
+                f"   (external reference: {LLAMA_CPP_SERVER_TOK_S[n]:.0f} tok/s)"
+            )
+    return "\n".join(lines)
+
+
+# ---- main --------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n")[0])
+    p.add_argument("--streams", default="1,32", help="comma-separated concurrency levels (default 1,32)")
+    p.add_argument("--new-tokens", type=int, default=128, help="new tokens per request (default 128)")
+    p.add_argument("--hf-requests", type=int, default=3, help="HF generate requests, one by one (default 3)")
+    p.add_argument("--min-requests", type=int, default=4, help="requests per level: max(streams, this)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--model", default="", help="HF model dir or .gguf (default: the fetched SmolLM2)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON result")
+    p.add_argument("--quick", action="store_true", help="tiny run: 4 prompts, 8 new tokens, 1 HF request")
+    args = p.parse_args(argv)
+    args.streams = sorted({int(s) for s in args.streams.split(",") if s.strip()})
+    if args.quick:
+        args.streams = sorted({min(s, QUICK_PROMPTS) for s in args.streams})
+        args.new_tokens, args.hf_requests, args.min_requests = 8, 1, 2
+    if not args.streams or min(args.streams) < 1 or args.new_tokens < 1 or args.hf_requests < 1:
+        p.error("--streams, --new-tokens and --hf-requests must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    load_at_start = os.getloadavg()[0]  # the dev machine is shared: a busy start explains noisy figures
+    config = EngineConfig(model=args.model, dtype=args.dtype)
+    device = config.resolved_device()
+    levels = [
+        asyncio.run(bench_engine(config, s, max(s, args.min_requests), args.new_tokens)) for s in args.streams
+    ]
+    model_dir = resolve_model_dir(config.resolved_model())
+    hf = bench_hf(model_dir, args.dtype, device, questions_for(args.hf_requests), args.new_tokens)
+    result: dict[str, Any] = {
+        "bench": "throughput",
+        "model": model_dir.name,
+        "dtype": args.dtype,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "new_tokens": args.new_tokens,
+        "load_avg_1m_at_start": round(load_at_start, 2),
+        **{f"engine_{lv.streams}": lv.summary() for lv in levels},
+        "hf_sequential": hf,
+        **ratios(levels, hf["tok_s"]),
+        "llama_cpp_server_reference_tok_s": {
+            "note": "external reference measurement (llama.cpp server, Q4_1, 2-core dev machine)",
+            **{str(k): v for k, v in LLAMA_CPP_SERVER_TOK_S.items()},
+        },
+    }
+    print(format_table(result, args.streams))
+    line = json.dumps(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(line + "\n")
+    print(line, flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
