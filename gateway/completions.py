@@ -138,6 +138,11 @@ class Completions:
         completion_id = f"cmpl-{self.ctx.ids.new()}"
         streams = [self.ctx.engine.generate(p, req.params, f"{completion_id}-{i}") for i, p in enumerate(req.prompts)]
         if req.stream.stream:
+            if len(streams) == 1 and not req.echo:  # stored from the stream: one prompt, nothing echoed
+                want = req.params.logprobs is not None
+                streams = [ticket.tap(streams[0], lambda g: text_completion(
+                    completion_id, int(time.time()), model.id, [completion_choice(c.index, c, None, want) for c in g.ordered()],
+                    g.usage))]  # fmt: skip
             return ticket.mark(await self._stream(request, req, completion_id, model.id, streams, rec))
         gens = await unless_disconnected(request.receive, gather_or_cancel([collect(s, rec.first_token) for s in streams]))
         usage = _total(g.usage for g in gens)

@@ -188,6 +188,11 @@ def test_completions_exact_hit_json_and_stream(cache_stack: CacheStack) -> None:
         assert_completion_chunk(chunk.model_dump(exclude_unset=True))
     assert "".join(c.choices[0].text for c in chunks[:-1]) == a["choices"][0]["text"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == a["usage"]["completion_tokens"]
+    # a live stream is stored too, and serves a JSON request
+    other = {**req, "prompt": _unique("The sea is")}
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **other))
+    again = client.completions.with_raw_response.create(**other)
+    assert again.headers["x-cache"] == "hit" and again.http_response.json()["choices"][0]["text"] == streamed
 
 
 def test_metrics_count_hits_and_tokens_saved(cache_stack: CacheStack) -> None:

@@ -92,6 +92,18 @@ class Ticket:
         self.similarity = found.hit.similarity
         return found.entry
 
+    async def near_miss_answer(self) -> str | None:
+        """Extension point for speculative decoding (not wired yet: the engine has none). The answer
+        cached for the nearest rejected question — a draft the engine could verify, never served as is."""
+        store = self.cache.store
+        if self.near_miss is None or store is None:
+            return None
+        entry = await store.get(self.near_miss.candidate.key)
+        if entry is None:
+            return None
+        choice = orjson.loads(entry)["body"]["choices"][0]
+        return str(choice["message"]["content"] if "message" in choice else choice["text"])
+
     def _done(self, rec: RequestRecord) -> None:
         rec.cache = self.status
         if self.status != "none":
