@@ -29,7 +29,7 @@ class RequestRecord:
     ttft_s: float | None = None
     latency_s: float = 0.0
     error_type: str | None = None
-    cache: str = "none"  # gateway response cache: none (not configured) | hit | miss
+    cache: str = "none"  # response cache: none (off) | bypass (not cacheable) | miss | hit | semantic-hit
 
     def first_token(self) -> None:
         if self.ttft_s is None:
