@@ -14,7 +14,8 @@ from bench.cache_pairs import PairScore, load_pairs, score_with
 from gateway.cache.config import CacheConfig
 from gateway.cache.guards import same_key_terms
 from gateway.cache.keys import exact_key, namespace
-from gateway.cache.policy import CacheControl, from_body, from_header
+from gateway.cache.policy import CacheControl, from_body, from_header, semantic_allowed
+from gateway.cache.replay import replayable
 from gateway.cache.stores import MemoryStore
 from gateway.config import ConfigError, load_config
 from gateway.errors import InvalidRequest
@@ -123,3 +124,25 @@ def test_cache_configuration_from_yaml_and_env(tmp_path: Path) -> None:
     path.write_text("cache: {size: 3}\n")
     with pytest.raises(ConfigError, match="unknown cache config keys"):
         load_config(path, environ={})
+
+
+def test_semantic_policy_is_conservative() -> None:
+    cfg, greedy = CacheConfig(), SamplingParams(temperature=0.0)
+    user = [{"role": "user", "content": "hi"}]
+    assert semantic_allowed(cfg, {}, user, greedy)
+    assert not semantic_allowed(cfg, {}, user, SamplingParams(temperature=0.7))
+    assert not semantic_allowed(cfg, {"tools": [{"type": "function"}]}, user, greedy)
+    assert not semantic_allowed(cfg, {"response_format": {"type": "json_object"}}, user, greedy)
+    tool_result = {"messages": [{"role": "tool", "tool_call_id": "c1", "content": "42"}]}
+    assert not semantic_allowed(cfg, tool_result, user, greedy)
+    turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, *user]
+    assert not semantic_allowed(cfg, {}, turns, greedy)
+    assert semantic_allowed(CacheConfig(semantic_multi_turn=True), {}, turns, greedy)
+
+
+def test_only_plain_text_answers_are_stored() -> None:
+    message = {"role": "assistant", "content": "hi", "refusal": None}
+    body = {"object": "chat.completion", "choices": [{"index": 0, "message": message}]}
+    assert replayable(body) and replayable({**body, "choices": [{"index": 0, "message": {**message, "tool_calls": None}}]})
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    assert not replayable({**body, "choices": [{"index": 0, "message": {**message, "tool_calls": calls}}]})

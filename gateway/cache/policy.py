@@ -86,10 +86,16 @@ def exact_allowed(cfg: CacheConfig, params: SamplingParams) -> bool:
     return not cfg.only_deterministic or deterministic(params)
 
 
+def _tool_message(m: object) -> bool:
+    return isinstance(m, dict) and (m.get("role") in ("tool", "function") or any(m.get(k) for k in _TOOL_MESSAGE_KEYS))
+
+
 def _uses_tools(body: Mapping[str, Any], messages: list[dict[str, Any]]) -> bool:
+    """Tools offered, a forced format, or a tool call / tool result anywhere in the conversation."""
     if any(body.get(k) not in (None, "none", {"type": "text"}) for k in _TOOL_FIELDS):
         return True
-    return any(m.get("role") in ("tool", "function") or any(m.get(k) for k in _TOOL_MESSAGE_KEYS) for m in messages)
+    raw = body.get("messages")
+    return any(map(_tool_message, messages)) or (isinstance(raw, list) and any(map(_tool_message, raw)))
 
 
 def semantic_allowed(cfg: CacheConfig, body: Mapping[str, Any], messages: list[dict[str, Any]], params: SamplingParams) -> bool:

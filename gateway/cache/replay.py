@@ -19,7 +19,8 @@ def replayable(body: dict[str, Any]) -> bool:
     if not choices:
         return False
     if body.get("object") == "chat.completion":
-        return all(set(c.get("message", {})) <= _CHAT_MESSAGE_KEYS for c in choices)
+        messages = [c.get("message", {}) for c in choices]
+        return all(k in _CHAT_MESSAGE_KEYS or v in (None, []) for m in messages for k, v in m.items())
     return True
 
 
