@@ -1,0 +1,134 @@
+"""Int4Linear: y = x @ W.T + b with W held as 4-bit integers (W4A16), the engine's layer for AWQ checkpoints.
+
+It is built on the meta device with AWQ's tensors (qweight / qzeros / scales, see awq_format.py), filled by
+the loader, then `prepare()` runs once on the final device:
+
+- CPU: repack into torch's int4 layout for `_weight_int4pack_mm_for_cpu` (bf16 activations, a (scale,
+  zero) pair per group). That kernel dequantizes its weight tile again for every 4 rows of x, so it wins
+  for decode (few rows: it reads a quarter of the bf16 bytes) but loses for prefill; a call with at least
+  DENSE_ROWS rows instead dequantizes the whole weight to bf16 once and runs a dense bf16 GEMM.
+- CUDA: keep the AWQ layout and call the Triton W4A16 GEMM (kernels/awq_gemm.py).
+
+torch's layout stores w = (q - 8) * scale + zero_f; AWQ's w = (q - z) * scale, so zero_f = (8 - z) * scale.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backend.quant.awq_format import QuantizedWeight, pack, quantize, unpack
+
+DENSE_ROWS = 128  # from this many rows on, dequantize-to-bf16 + GEMM beats the int4 kernel (measured ~96)
+CPU_BLOCK_N = 64  # torch's AVX-512 int4 layout: blocks of 64 output rows, byte j = rows j (low), j + 32 (high)
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        groups = in_features // group_size
+
+        def frozen(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+        # Parameters (not buffers) so the loader's "anything left on the meta device?" check covers them.
+        self.qweight = frozen(in_features, out_features // 8, dtype=torch.int32)
+        self.qzeros = frozen(groups, out_features // 8, dtype=torch.int32)
+        self.scales = frozen(groups, out_features, dtype=torch.float16)
+        self.bias = frozen(out_features, dtype=torch.float32) if bias else None
+        self.mode = "awq"  # after prepare(): "int4pack" (CPU), "dense" (CPU fallback), "triton" (CUDA)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int) -> Int4Linear:
+        """Round-to-nearest INT4 of a float weight (the lm_head's low-bit copy), prepared on its device."""
+        out_features, in_features = weight.shape
+        layer = cls(in_features, out_features, group_size, bias is not None).to(weight.device)
+        for name, t in pack(quantize(weight.detach().float().cpu(), group_size)).items():
+            getattr(layer, name).data = t.to(weight.device)
+        if bias is not None:
+            layer.bias.data = bias.detach().float()
+        layer.prepare()
+        return layer
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, group={self.group_size}, mode={self.mode}"
+
+    # ---- one-time repacking ---------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Repack the loaded AWQ tensors for this device (once, at load time)."""
+        if self.qweight.is_meta:
+            raise ValueError("Int4Linear.prepare() before its AWQ tensors were loaded")
+        if self.qweight.device.type == "cuda":
+            self.scales.data = self.scales.data.half()
+            self.mode = "triton"
+            return
+        qw = unpack(self.qweight.data, self.qzeros.data, self.scales.data.half())
+        scale = qw.scales.float()  # (out, groups)
+        zero_f = (8 - qw.zeros.float()) * scale
+        del self.qweight, self.qzeros, self.scales  # the repacked copy replaces them
+        self.scales_zeros = torch.stack([scale.T, zero_f.T], dim=-1).to(torch.bfloat16).contiguous()
+        if self.out_features % 16 == 0:
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(qw.q.to(torch.int32), 1)
+            self.mode = "int4pack"
+            self.dense_ok = self._unpack_int4pack().equal(qw.q)  # layout known -> large calls may dequantize
+        else:  # torch's packer needs out_features % 16 == 0: keep a bf16 copy instead (rare shapes)
+            self.weight_bf16 = self._dequantize_bf16(qw.q)
+            del self.scales_zeros
+            self.mode = "dense"
+
+    def _unpack_int4pack(self) -> torch.Tensor:
+        """(out, in) uint8 values back out of torch's AVX-512 int4 layout (checked against the source in prepare)."""
+        n, k = self.out_features, self.in_features
+        if n % CPU_BLOCK_N or self.packed.shape != (n, k // 2):
+            return torch.empty(0, dtype=torch.uint8)
+        v = self.packed.view(n // CPU_BLOCK_N, k, CPU_BLOCK_N // 2)
+        return torch.cat([v & 15, v >> 4], dim=-1).permute(0, 2, 1).reshape(n, k)
+
+    def _dequantize_bf16(self, q: torch.Tensor | None = None) -> torch.Tensor:
+        q = self._unpack_int4pack() if q is None else q
+        scale, zero_f = self.scales_zeros.float().permute(1, 0, 2).unbind(-1)  # (out, groups) each
+        offset = (zero_f - 8 * scale).to(torch.bfloat16).contiguous()[..., None]  # w = q * scale + offset
+        g = q.reshape(self.out_features, -1, self.group_size).to(torch.bfloat16)
+        w = torch.addcmul(offset, g, scale.to(torch.bfloat16).contiguous()[..., None])
+        return w.reshape(self.out_features, self.in_features)
+
+    # ---- forward -------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if self.mode == "triton":
+            y = self._forward_triton(rows)
+        elif self.mode == "dense":
+            y = F.linear(rows.to(torch.bfloat16), self.weight_bf16)
+        elif self.mode == "int4pack" and (rows.shape[0] < DENSE_ROWS or not self.dense_ok):
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                rows.to(torch.bfloat16).contiguous(), self.packed, self.group_size, self.scales_zeros
+            )
+        elif self.mode == "int4pack":
+            y = F.linear(rows.to(torch.bfloat16), self._dequantize_bf16())
+        else:
+            raise RuntimeError("Int4Linear used before prepare()")
+        y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _forward_triton(self, rows: torch.Tensor) -> torch.Tensor:
+        from kernels.awq_gemm import awq_gemm
+
+        act = rows if rows.dtype in (torch.float16, torch.bfloat16) else rows.to(torch.float16)
+        return awq_gemm(act.contiguous(), self.qweight, self.qzeros, self.scales.to(act.dtype), self.group_size)
+
+    def weight_bytes(self) -> int:
+        """Bytes this layer's weight occupies as prepared (integers + scales/zeros)."""
+        names = ("packed", "scales_zeros", "qweight", "qzeros", "scales", "weight_bf16")
+        return sum(t.numel() * t.element_size() for n in names if isinstance(t := getattr(self, n, None), torch.Tensor))
+
+
+def dequantized_weight(layer: Int4Linear) -> torch.Tensor:
+    """The float32 (out, in) weight an unprepared (AWQ-layout) layer stands for; tests compare against it."""
+    from backend.quant.awq_format import dequantize
+
+    qw: QuantizedWeight = unpack(layer.qweight.data, layer.qzeros.data, layer.scales.data)
+    return dequantize(qw)

@@ -1,0 +1,89 @@
+"""Int4Linear (the engine's W4A16 layer) against a float32 matmul with the dequantized weight.
+
+The layer computes with bf16 activations (the CPU int4 kernel's input type), so the reference rounds x to
+bf16 too; what is left is the kernel's arithmetic and its bf16 (scale, zero) pairs, well under 1%.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.quant.awq_format import pack, quantize
+from backend.quant.int4_linear import DENSE_ROWS, Int4Linear, dequantized_weight
+
+TOL = 6e-3  # max |error| relative to max |reference|, int4 kernel (bf16 scale and zero per group)
+DENSE_TOL = 1e-2  # the prefill path rounds the dequantized weight to bf16 too
+
+
+def make_layer(out_f: int, in_f: int, group: int, bias: bool, seed: int = 0) -> tuple[Int4Linear, torch.Tensor]:
+    """An Int4Linear loaded the way the loader loads one (AWQ tensors assigned), and its float32 weight."""
+    g = torch.Generator().manual_seed(seed)
+    layer = Int4Linear(in_f, out_f, group, bias)
+    for name, t in pack(quantize(torch.randn(out_f, in_f, generator=g) * 0.05, group)).items():
+        getattr(layer, name).data = t
+    if bias:
+        layer.bias.data = torch.randn(out_f, generator=g)
+    return layer, dequantized_weight(layer)
+
+
+def check(layer: Int4Linear, weight: torch.Tensor, rows: int, bias: torch.Tensor | None = None) -> None:
+    x = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows))
+    ref = x.bfloat16().float() @ weight.T
+    if bias is not None:
+        ref = ref + bias
+    y = layer(x)
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    err = ((y - ref).abs().max() / ref.abs().max()).item()
+    dense = layer.mode == "dense" or (rows >= DENSE_ROWS and layer.dense_ok)
+    assert err < (DENSE_TOL if dense else TOL), f"{layer.mode} rows={rows}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 7, 32, DENSE_ROWS + 3])  # decode, odd, 32 streams, prefill (dense path)
+def test_int4pack_layer_matches_dequantized_matmul(group: int, rows: int) -> None:
+    layer, weight = make_layer(192, 384, group, bias=False)
+    layer.prepare()
+    assert layer.mode == "int4pack" and layer.dense_ok
+    check(layer, weight, rows)
+
+
+def test_bias_and_3d_input() -> None:
+    layer, weight = make_layer(128, 256, 64, bias=True)
+    bias = layer.bias.data.clone()
+    layer.prepare()
+    check(layer, weight, 5, bias)
+    x = torch.randn(2, 3, 256)
+    assert torch.allclose(layer(x).view(6, -1), layer(x.view(6, 256)))
+
+
+def test_layout_probe_falls_back_for_unknown_layout() -> None:
+    """96 output rows: torch packs it, but not in the 64-row blocks we know how to unpack -> never dequantize."""
+    layer, weight = make_layer(96, 128, 32, bias=False)
+    layer.prepare()
+    assert layer.mode == "int4pack" and not layer.dense_ok
+    check(layer, weight, DENSE_ROWS + 1)
+
+
+def test_shapes_torch_cannot_pack_use_a_dense_copy() -> None:
+    layer, weight = make_layer(40, 64, 32, bias=False)
+    layer.prepare()
+    assert layer.mode == "dense"
+    check(layer, weight, 3)
+
+
+def test_from_float_is_round_to_nearest() -> None:
+    w = torch.randn(128, 64, generator=torch.Generator().manual_seed(5))
+    layer = Int4Linear.from_float(w, None, 64)
+    ref_layer, _ = make_layer(128, 64, 64, bias=False)
+    for name, t in pack(quantize(w, 64)).items():
+        getattr(ref_layer, name).data = t
+    check(layer, dequantized_weight(ref_layer), 4)
+    assert layer.weight_bytes() <= w.numel() * 2 * 0.3  # group 64: 4 bits + 2 bf16 per 64 weights
+
+
+def test_prepare_refuses_unloaded_layer() -> None:
+    with torch.device("meta"):
+        layer = Int4Linear(64, 64, 32, bias=False)
+    with pytest.raises(ValueError):
+        layer.prepare()
