@@ -17,6 +17,7 @@ from backend.config import cache_dir
 from backend.models.llama import LlamaForCausalLM
 from backend.models.rope import RotaryEmbedding
 from backend.ops import Ops
+from backend.quant.config import AWQ_TENSORS, awq_config_of
 
 SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "smollm3"}
 FUSED = {  # our parameter -> the HF parameters concatenated along the output dimension
@@ -65,9 +66,10 @@ def to_our_names(hf: dict[str, torch.Tensor], num_layers: int) -> dict[str, torc
         prefix = f"layers.{i}."
         layer = {k.removeprefix(prefix): v for k, v in hf.items() if k.startswith(prefix)}
         for fused, parts in FUSED.items():
-            for kind in ("weight", "bias"):
+            for kind in ("weight", "bias", *AWQ_TENSORS):  # AWQ tensors are (in, out): fuse along dim 1
                 if f"{parts[0]}.{kind}" in layer:
-                    layer[f"{fused}.{kind}"] = torch.cat([layer.pop(f"{p}.{kind}") for p in parts])
+                    dim = 1 if kind in AWQ_TENSORS else 0
+                    layer[f"{fused}.{kind}"] = torch.cat([layer.pop(f"{p}.{kind}") for p in parts], dim=dim)
         ours.update({prefix + k: v for k, v in layer.items()})
     return ours
 
@@ -75,8 +77,13 @@ def to_our_names(hf: dict[str, torch.Tensor], num_layers: int) -> dict[str, torc
 def load_model(path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None) -> LlamaForCausalLM:
     model_dir = resolve_model_dir(path)
     config = load_config(model_dir)
+    awq = awq_config_of(config)  # an AWQ checkpoint swaps in INT4 layers (backend/quant)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, max_positions, ops)
+        if awq is not None:
+            from backend.quant.convert import swap_in_int4
+
+            swap_in_int4(model, awq)
     state = to_our_names(read_hf_tensors(model_dir), config.num_hidden_layers)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -87,5 +94,9 @@ def load_model(path: Path, dtype: torch.dtype, device: str, max_positions: int, 
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model = model.to(device=device, dtype=dtype).eval()
+    if awq is not None:
+        from backend.quant.convert import prepare_int4
+
+        prepare_int4(model)
     model.rope = RotaryEmbedding(config, model.head_dim, max_positions).to(device=device)  # angles stay fp32
     return model
