@@ -50,7 +50,7 @@ def quality() -> dict[str, Any]:
     from backend.embeddings import Embedder
 
     threshold = CacheConfig().similarity_threshold
-    score = score_with(Embedder().embed_sync, threshold)
+    score = score_with(Embedder(batch_size=256).embed_sync, threshold)
     return {
         "threshold": threshold, "pairs": score.pairs, "paraphrases": score.paraphrases,
         "paraphrase_hit_rate": round(score.paraphrase_hit_rate, 4), "hits": score.hits,

@@ -25,7 +25,7 @@ from gateway.errors import InvalidRequest
 def _score() -> PairScore:
     from backend.embeddings import Embedder
 
-    return score_with(Embedder().embed_sync, CacheConfig().similarity_threshold)
+    return score_with(Embedder(batch_size=256).embed_sync, CacheConfig().similarity_threshold)  # few, short texts
 
 
 def test_labelled_set_is_large_and_balanced() -> None:
