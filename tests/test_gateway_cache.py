@@ -245,3 +245,28 @@ def test_redis_down_requests_succeed_uncached(cache_stack: CacheStack) -> None:
     warnings = [x for x in cache_stack.log_lines() if x.get("event") == "cache_backend_unavailable"]
     assert warnings and warnings[0]["level"] == "warning"
     assert httpx.get(f"{cache_stack.urls['redis_down']}/ready").status_code == 200
+
+
+def test_a_replica_that_joins_sees_earlier_entries(cache_stack: CacheStack) -> None:
+    """Store-level: a RedisStore created after the writes (a new replica) finds entries and vectors."""
+    import asyncio
+
+    from gateway.cache.redis_store import RedisStore
+
+    if cache_stack.redis is None:
+        pytest.skip(cache_fixtures.REDIS_SKIP)
+    url, prefix = cache_stack.redis.url, f"join{uuid.uuid4().hex[:6]}"
+
+    async def run() -> None:
+        writer = RedisStore(url, prefix, max_entries=100, timeout_s=1.0)
+        for i in range(30):
+            await writer.put(f"k{i}", f"answer {i}".encode(), 60)
+            await writer.add_vector("scope", f"k{i}", f"question {i}", [1.0 if j == i else 0.0 for j in range(32)], 60)
+        await writer.close()
+        joiner = RedisStore(url, prefix, max_entries=100, timeout_s=1.0)
+        found = await joiner.search("scope", [1.0 if j == 7 else 0.0 for j in range(32)], 3, 0.5)
+        assert [c.key for c in found] == ["k7"] and found[0].text == "question 7"
+        assert await joiner.get("k7") == b"answer 7"
+        await joiner.close()
+
+    asyncio.run(run())
