@@ -16,10 +16,12 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from functools import cache
 from typing import Any
 
 import llguidance
 import llguidance.hf
+import numpy as np
 import torch
 
 from backend.errors import InvalidRequestError
@@ -29,7 +31,6 @@ from backend.sampling_params import SamplingParams
 CACHE_SIZE = 256
 # Compact JSON: no whitespace between tokens, so a small model cannot wander into endless blanks.
 JSON_DEFAULTS = {"whitespace_flexible": False}
-_BITS = torch.arange(32, dtype=torch.int32)
 
 
 def grammar_text(params: SamplingParams) -> str | None:
@@ -88,10 +89,15 @@ class GrammarCache:
         return None if grammar is None else self.template(grammar).deep_copy()
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(rows, words) int32 bitmask -> (rows, vocab) bool, True where the token is allowed."""
-    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+def forbidden_tokens(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
+    """(rows, words) int32 bitmask (bit i of word w: token 32w+i allowed) -> (rows, vocab) bool, True where forbidden."""
+    bits = np.unpackbits(bitmask.view(np.uint8), axis=-1, count=vocab_size, bitorder="little")
+    return bits == 0
+
+
+@cache
+def _executor() -> llguidance.LLExecutor:
+    return llguidance.LLExecutor()
 
 
 def apply_masks(logits: torch.Tensor, seqs: list[Sequence]) -> None:
@@ -100,13 +106,21 @@ def apply_masks(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     if not rows:
         return
     vocab = logits.shape[1]
-    bitmask = torch.full(((len(rows)), (vocab + 31) // 32), -1, dtype=torch.int32)
-    for j, row in enumerate(rows):
-        mask_row = bitmask[j]
-        seqs[row].guide.unsafe_compute_mask_ptr(mask_row.data_ptr(), mask_row.numel() * 4)
-    allowed = unpack_bitmask(bitmask, vocab).to(logits.device)
+    bitmask = np.full((len(rows), (vocab + 31) // 32), -1, dtype=np.int32)
+    if len(rows) == 1:
+        seqs[rows[0]].guide.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
+    else:  # llguidance's thread pool fills the rows in parallel, without the GIL
+        matchers = [(seqs[row].guide, j) for j, row in enumerate(rows)]
+        _executor().unsafe_compute_mask_ptr(matchers, bitmask.ctypes.data, bitmask[0].nbytes, len(rows))
+    forbidden = forbidden_tokens(bitmask, vocab)
+    if logits.device.type == "cpu":  # numpy: single-threaded, no intra-op thread pool woken for a small write
+        dense = logits.numpy()
+        for j, row in enumerate(rows):
+            np.copyto(dense[row], -np.inf, where=forbidden[j])
+        return
     index = torch.tensor(rows, device=logits.device)
-    logits[index] = logits[index].masked_fill(~allowed, -float("inf"))
+    mask = torch.from_numpy(forbidden).to(logits.device, non_blocking=True)
+    logits[index] = logits[index].masked_fill(mask, -float("inf"))
 
 
 def advance(matcher: llguidance.LLMatcher, token: int) -> bool:

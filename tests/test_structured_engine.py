@@ -73,7 +73,15 @@ def test_unconstrained_greedy_is_unchanged_by_a_guided_neighbour(engine: LLMEngi
 
 
 def test_lark_grammar(engine: LLMEngine) -> None:
-    schema = '{"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}'
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["x"],
+            "additionalProperties": False,
+            "x-guidance": {"whitespace_flexible": False},
+        }
+    )
     grammar = f'start: "<tool_call>" call "</tool_call>"\ncall: %json {schema}'
     params = SamplingParams(max_tokens=40, temperature=0, guided_grammar=grammar)
     out = text(run_to_completion(engine, {0: [("g", chat_ids("Call it."), params)]})["g"])
