@@ -37,6 +37,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # per-step token budget (chunked prefill)
     max_waiting: int = 1024  # waiting-queue limit; beyond it submit raises QueueFullError
     enable_prefix_caching: bool = True
+    num_speculative_tokens: int = 0  # n-gram speculation: draft tokens per step (0 = off)
+    speculative_max_batch: int = 8  # no speculation while more sequences than this are running
     kernel_backend: str = "auto"  # auto (Triton on CUDA, torch elsewhere) | torch | triton (interpreter on CPU)
     num_threads: int = 0  # torch intra-op threads; 0 -> all cores
     seed: int = 0

@@ -23,9 +23,10 @@ from backend.model_runner import ModelRunner, num_kv_blocks
 from backend.ops import select_ops
 from backend.outputs import CompletionDelta, EngineStats, RequestOutput, TokenLogprob, Usage
 from backend.request import Sequence
-from backend.sampler import Sampler, SamplerOutput
+from backend.sampler import Sampler
 from backend.sampling_params import SamplingParams
-from backend.scheduler import Scheduler, SchedulerOutput
+from backend.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from backend.spec.speculator import Speculator
 from backend.tokenizer import load_tokenizer
 from backend.weights import load_model, resolve_model_dir
 
@@ -55,6 +56,7 @@ class LLMEngine:
         self.vocab_size = model.config.vocab_size
         self.sampler = Sampler(self.eos_token_id, config.seed, self.device)
         self.grammars = GrammarCache(self.tokenizer, self.vocab_size)
+        self.speculator = Speculator(self.kv, config.num_speculative_tokens, config.speculative_max_batch, self.max_model_len)
         self.requests: dict[str, list[Sequence]] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -83,7 +85,10 @@ class LLMEngine:
                 gen = torch.Generator(device=self.device).manual_seed(params.seed + index)
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
             first = seqs[0] if seqs and self.config.enable_prefix_caching else None
-            seqs.append(Sequence(request_id, index, list(prompt_token_ids), len(prompt_token_ids), params, detok, gen, first))
+            seq = Sequence(request_id, index, list(prompt_token_ids), len(prompt_token_ids), params, detok, gen, first)
+            if params.spec_reference:
+                seq.reference_ids = self.tokenizer.encode(params.spec_reference, add_special_tokens=False)
+            seqs.append(seq)
         for seq in seqs:  # n>1 siblings each get their own matcher
             seq.guide = self.grammars.new_matcher(params)
         self.scheduler.add(seqs)
@@ -127,32 +132,53 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         logits = self.runner.run(out) if out.num_tokens else None
         return self.postprocess(out, logits)
 
     def postprocess(self, out: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
-        sampling = [c for c in out.scheduled if c.samples]
-        rows = self._split_logit_rows(out, logits)
-        for chunk in out.scheduled:
+        plan = self._plan_logit_rows(out)  # read before num_computed_tokens moves
+        for chunk, rows, _ in plan:
+            if chunk.wants_prompt_logprobs and logits is not None:
+                self._record_prompt_logprobs(chunk.seq, chunk.seq.num_computed_tokens, logits[rows])
             chunk.seq.num_computed_tokens += chunk.num_new_tokens
-            self.kv.cache_full_blocks(chunk.seq)
-        if logits is not None and sampling:
-            seqs = [c.seq for c in sampling]
-            self._append_tokens(seqs, self.sampler(logits[rows], seqs))
-        touched = {c.seq.request_id for c in sampling}
+        if logits is not None:
+            self._sample([(c.seq, r.stop - 1) for c, r, samples in plan if samples and not c.seq.num_draft], logits)
+            for chunk, rows, _ in plan:
+                if chunk.seq.num_draft:
+                    self._verify_draft(chunk.seq, logits[rows])
+        for chunk, _, _ in plan:
+            if not chunk.seq.is_finished:
+                self.kv.cache_full_blocks(chunk.seq)
+        touched = {c.seq.request_id for c, _, samples in plan if samples}
         return [o for rid in touched if (o := self._collect(rid)) is not None]
 
-    def _split_logit_rows(self, out: SchedulerOutput, logits: torch.Tensor | None) -> list[int]:
-        """Record prompt logprobs from their rows; return the rows to sample from, one per sampling chunk."""
-        sample_rows, row = [], 0
+    @staticmethod
+    def _plan_logit_rows(out: SchedulerOutput) -> list[tuple[ScheduledSeq, slice, bool]]:
+        """(chunk, its logits rows, whether it samples): chunks own `num_logit_rows` consecutive rows."""
+        plan, row = [], 0
         for chunk in out.scheduled:
-            if chunk.wants_prompt_logprobs and logits is not None:
-                self._record_prompt_logprobs(chunk.seq, chunk.seq.num_computed_tokens, logits[row : row + chunk.num_new_tokens])
+            plan.append((chunk, slice(row, row + chunk.num_logit_rows), chunk.samples))
             row += chunk.num_logit_rows
-            if chunk.samples:
-                sample_rows.append(row - 1)
-        return sample_rows
+        return plan
+
+    def _sample(self, rows: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
+        """One batched sampler call over the last row of every sampling chunk without a draft."""
+        if not rows:
+            return
+        seqs = [seq for seq, _ in rows]
+        sampled = self.sampler(logits[[row for _, row in rows]], seqs)
+        for i, (seq, token) in enumerate(zip(seqs, sampled.token_ids, strict=True)):
+            self._append_token(seq, token, None if sampled.logprobs is None else sampled.logprobs[i])
+
+    def _verify_draft(self, seq: Sequence, logits: torch.Tensor) -> None:
+        """Emit the accepted draft tokens plus one from the target; stop early if a stop condition hits."""
+        raw = torch.log_softmax(logits, dim=-1) if seq.params.logprobs is not None else None
+        for i, token in enumerate(self.speculator.verify(seq, logits, self.sampler.generator)):
+            self._append_token(seq, token, None if raw is None else raw[i])
+            if seq.is_finished:
+                break
 
     def _record_prompt_logprobs(self, seq: Sequence, start: int, logits: torch.Tensor) -> None:
         """Row j (position start+j) predicts the prompt token at start+j+1. Idempotent across preemptions."""
@@ -165,14 +191,14 @@ class LLMEngine:
             if target == len(seq.prompt_logprobs) and target < seq.num_prompt_tokens:
                 seq.prompt_logprobs.append(self._token_logprob(logprobs[j], seq.token_ids[target], k))
 
-    def _append_tokens(self, seqs: list[Sequence], sampled: SamplerOutput) -> None:
-        for row, (seq, token) in enumerate(zip(seqs, sampled.token_ids, strict=True)):
-            seq.token_ids.append(token)
-            seq.pending_token_ids.append(token)
-            self.generation_tokens_total += 1
-            if sampled.logprobs is not None and seq.params.logprobs is not None:
-                seq.pending_logprobs.append(self._token_logprob(sampled.logprobs[row], token, seq.params.logprobs))
-            self._check_stop(seq, token)
+    def _append_token(self, seq: Sequence, token: int, logprobs: torch.Tensor | None) -> None:
+        """logprobs: (vocab,) raw-model log-probabilities at this position, when the request wants them."""
+        seq.token_ids.append(token)
+        seq.pending_token_ids.append(token)
+        self.generation_tokens_total += 1
+        if logprobs is not None and seq.params.logprobs is not None:
+            seq.pending_logprobs.append(self._token_logprob(logprobs, token, seq.params.logprobs))
+        self._check_stop(seq, token)
 
     def _check_stop(self, seq: Sequence, token: int) -> None:
         stop_str = seq.detokenizer.append(token)
@@ -254,5 +280,11 @@ class LLMEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             num_preemptions=self.scheduler.num_preemptions,
-            extra={"generation_tokens_per_s": self._tokens_per_s(), "prefix_cache_hit_rate": hit_rate},
+            extra={
+                "generation_tokens_per_s": self._tokens_per_s(),
+                "prefix_cache_hit_rate": hit_rate,
+                "spec_proposed_tokens": float(self.speculator.stats.proposed),
+                "spec_accepted_tokens": float(self.speculator.stats.accepted),
+                "spec_mean_acceptance_length": self.speculator.stats.accepted / max(self.speculator.stats.verifications, 1),
+            },
         )

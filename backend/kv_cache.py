@@ -74,5 +74,11 @@ class KVCacheManager:
         seq.num_computed_tokens = 0
         seq.num_registered_blocks = 0
 
+    def trim(self, seq: Sequence) -> None:
+        """Free whole blocks past the computed tokens (after rejected draft tokens were cut off)."""
+        keep = -(-seq.num_computed_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            self.pool.free(seq.block_table.pop())
+
     def slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size].block_id * self.block_size + position % self.block_size

@@ -48,6 +48,8 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     finish_reported: bool = False
+    num_draft: int = 0  # unverified draft tokens at the end of token_ids
+    reference_ids: list[int] = field(default_factory=list)  # speculation source besides the sequence itself
     prompt_reported: bool = False
     # Not yet reported to the caller:
     pending_token_ids: list[int] = field(default_factory=list)
@@ -74,6 +76,12 @@ class Sequence:
     def is_prefill(self) -> bool:
         """Still computing tokens it already has (the prompt, or everything after a preemption)."""
         return self.num_tokens - self.num_computed_tokens > 1
+
+    def drop_draft(self) -> None:
+        """Forget unverified draft tokens (e.g. when preempted: they must never be recomputed as real)."""
+        if self.num_draft:
+            del self.token_ids[len(self.token_ids) - self.num_draft :]
+            self.num_draft = 0
 
     @property
     def ready_to_admit(self) -> bool:

@@ -42,6 +42,8 @@ class SamplingParams:
     guided_json: str | None = None  # a JSON schema (text) the output must validate against
     guided_json_object: bool = False  # the output is any JSON object
     guided_grammar: str | None = None  # a llguidance Lark grammar (the gateway builds these for tool calls)
+    speculate: bool = True  # let the engine speculate for this request when it is configured to
+    spec_reference: str | None = None  # text the n-gram proposer may copy from (e.g. a near-miss cached answer)
 
     def __post_init__(self) -> None:
         _check(1 <= self.n <= 128, "n must be between 1 and 128", "n")

@@ -34,8 +34,8 @@ class ScheduledSeq:
 
     @property
     def num_logit_rows(self) -> int:
-        """Rows of this chunk the LM head must compute: every token for prompt logprobs, else the last if it samples."""
-        return self.num_new_tokens if self.wants_prompt_logprobs else int(self.samples)
+        """Rows the LM head computes: all for prompt logprobs or a draft to verify, else the last if it samples."""
+        return self.num_new_tokens if self.wants_prompt_logprobs or self.seq.num_draft else int(self.samples)
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,8 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0 or seq not in self.running:
                 continue
+            if seq.num_draft and seq.num_tokens - seq.num_computed_tokens > budget:
+                seq.drop_draft()  # a draft is verified whole or not at all
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.kv.allocate_slots(seq, n):
                 victim = self.running[-1]
@@ -115,6 +117,7 @@ class Scheduler:
             budget -= n
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        seq.drop_draft()
         self.running.remove(seq)
         self.kv.free(seq)
         seq.status = SequenceStatus.WAITING

@@ -1,0 +1,31 @@
+"""N-gram prompt lookup: propose what followed the latest earlier occurrence of the current suffix.
+
+No draft model: the proposal is copied from the sequence itself (prompt + output so far) or from a
+reference text (e.g. a near-miss answer from the gateway's semantic cache). Summaries, RAG answers
+and code edits repeat long spans of their input, so the copies are often right.
+"""
+
+from __future__ import annotations
+
+
+def _find(haystack: list[int], needle: list[int], end: int) -> int:
+    """Start of the last occurrence of `needle` in haystack[:end], or -1."""
+    n = len(needle)
+    for start in range(end - n, -1, -1):
+        if haystack[start : start + n] == needle:
+            return start
+    return -1
+
+
+def propose_ngram(tokens: list[int], k: int, reference: list[int] = (), max_n: int = 3, min_n: int = 1) -> list[int]:  # type: ignore[assignment]
+    """Up to k tokens continuing `tokens`; the longest matching suffix (max_n..min_n tokens) wins.
+
+    The reference is searched first (anywhere in it), then the sequence itself (excluding the suffix).
+    """
+    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+        suffix = tokens[-n:]
+        for source, end in ((list(reference), len(reference)), (tokens, len(tokens) - 1)):
+            start = _find(source, suffix, end)
+            if start >= 0 and start + n < len(source):
+                return source[start + n : start + n + k]
+    return []

@@ -1,0 +1,118 @@
+"""N-gram / reference-text speculation: greedy output stays token-identical, sampling keeps its distribution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from backend.config import EngineConfig
+from backend.engine import LLMEngine
+from backend.sampling_params import SamplingParams
+from backend.spec.ngram import propose_ngram
+from tests.engine_helpers import (
+    QUESTIONS,
+    assert_no_leaks,
+    chat_ids,
+    hf_greedy,
+    make_engine,
+    run_to_completion,
+    save_random_model,
+    token_ids,
+)
+
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. The dog was not amused, and the fox ran away into the "
+    "forest, where it met an old owl who told it stories about the moon and the stars."
+)
+PROMPTS = [f"Repeat the following text exactly:\n{TEXT}", *QUESTIONS[:7]]
+MAX_NEW = 40
+
+
+def test_ngram_proposer() -> None:
+    assert propose_ngram([1, 2, 3, 9, 1, 2], k=3) == [3, 9, 1]  # longest suffix [1, 2] seen before
+    assert propose_ngram([5, 6, 7], k=2) == []
+    assert propose_ngram([4, 5], k=2, reference=[9, 5, 8, 7]) == [8, 7]  # the reference is searched too
+    assert propose_ngram([1, 2, 3, 1], k=5, max_n=1) == [2, 3, 1]
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return [chat_ids(p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def reference(prompts: list[list[int]]) -> list[list[int]]:
+    return [hf_greedy(p, MAX_NEW) for p in prompts]
+
+
+CONSTRAINED = {"max_num_batched_tokens": 20, "kv_cache_memory_mb": 16}
+
+
+@pytest.mark.parametrize("overrides", [{}, CONSTRAINED], ids=["plain", "chunked+preempted"])
+def test_greedy_speculation_is_exact(prompts: list[list[int]], reference: list[list[int]], overrides: dict) -> None:
+    engine = make_engine(num_speculative_tokens=4, **overrides)
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    arrivals = {i: [(f"r{i}", p, params)] for i, p in enumerate(prompts)}
+    outs = run_to_completion(engine, arrivals)
+    for i in range(len(prompts)):
+        assert token_ids(outs[f"r{i}"]) == reference[i], f"prompt {i} diverged"
+    stats = engine.speculator.stats
+    assert stats.accepted > 0 and stats.proposed > stats.accepted
+    assert_no_leaks(engine)
+
+
+def test_reference_text_drafts_are_mostly_accepted(prompts: list[list[int]], reference: list[list[int]]) -> None:
+    engine = make_engine(num_speculative_tokens=6)
+    answer = engine.tokenizer.decode(reference[1])  # e.g. a near-miss cached answer from the gateway
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, spec_reference=answer)
+    outs = run_to_completion(engine, {0: [("r", prompts[1], params)]})
+    assert token_ids(outs["r"]) == reference[1]
+    stats = engine.speculator.stats
+    assert stats.accepted >= 0.8 * stats.proposed and stats.accepted >= MAX_NEW // 2
+    steps_saved = stats.accepted
+    assert steps_saved > 0
+    off = run_to_completion(engine, {0: [("s", prompts[1], SamplingParams(temperature=0, max_tokens=8, speculate=False))]})
+    assert token_ids(off["s"]) == reference[1][:8] and engine.speculator.stats.proposed == stats.proposed
+    assert_no_leaks(engine)
+
+
+TINY = LlamaConfig(
+    vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+)
+
+
+def second_token_distribution(engine: LLMEngine, prompt: list[int], n: int, reference: str | None) -> torch.Tensor:
+    """Empirical P(second token); reference=None turns speculation off for these requests."""
+    spec = {"spec_reference": reference, "speculate": reference is not None}
+    params = [SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True, seed=s, **spec) for s in range(n)]
+    outs = run_to_completion(engine, {0: [(f"r{s}", prompt, p) for s, p in enumerate(params)]})
+    seconds = torch.tensor([token_ids(outs[f"r{s}"])[1] for s in range(n)])
+    return torch.bincount(seconds, minlength=TINY.vocab_size).float() / n
+
+
+def test_sampled_speculation_keeps_the_target_distribution(tmp_path: Path) -> None:
+    """Rejection sampling must reproduce P(second token) exactly; compare both paths with the exact value."""
+    hf = save_random_model(TINY, tmp_path)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(8.0)  # a peaked distribution, so a wrong acceptance rule shows
+    hf.save_pretrained(tmp_path)
+    prompt = [3, 5, 7]
+    with torch.inference_mode():
+        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+        both = torch.tensor([[*prompt, t] for t in range(TINY.vocab_size)])
+        p2_given = torch.softmax(hf(both).logits[:, -1], -1)
+    exact = p1 @ p2_given  # P(second token)
+    every_token = " ".join(f"w{i}" for i in range(TINY.vocab_size))  # any last token finds a draft here
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), num_speculative_tokens=3, speculative_max_batch=10**6,
+                                    max_num_seqs=256, max_num_batched_tokens=2048))
+    n = 4000
+    spec = second_token_distribution(engine, prompt, n, every_token)
+    assert engine.speculator.stats.proposed >= n and 0 < engine.speculator.stats.accepted < engine.speculator.stats.proposed
+    plain = second_token_distribution(engine, prompt, n, None)
+    tv_spec, tv_plain = (0.5 * (d - exact).abs().sum().item() for d in (spec, plain))
+    assert tv_spec < 0.05 and tv_plain < 0.05, (tv_spec, tv_plain)
+    assert_no_leaks(engine)
