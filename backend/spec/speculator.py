@@ -30,7 +30,7 @@ class SpecStats:
 def eligible(seq: Sequence) -> bool:
     """Position-dependent processors (penalties, min_tokens, grammars) are not speculated through yet."""
     p = seq.params
-    return p.speculate and not p.uses_penalties and seq.num_output_tokens >= p.min_tokens
+    return p.speculate and not p.uses_penalties and seq.guide is None and seq.num_output_tokens >= p.min_tokens
 
 
 class Speculator:
