@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -106,7 +106,10 @@ class ChatCompletions:
         if cached is not None:
             return cached
         completion_id = f"chatcmpl-{self.ctx.ids.new()}"
-        stream = self.ctx.engine.generate(prompt, req.params, completion_id)
+        # A near-miss cached answer is never served, but the engine may copy drafts from it (verified).
+        near = await ticket.near_miss_answer()
+        params = req.params if near is None else replace(req.params, spec_reference=near)
+        stream = self.ctx.engine.generate(prompt, params, completion_id)
         tools = ToolStream(self._call_id) if req.tools is not None else None
         maker = ChunkMaker(completion_id, int(time.time()), model.id, req.stream.include_usage, req.logprobs, tools)
         if req.stream.stream:

@@ -93,8 +93,8 @@ class Ticket:
         return found.entry
 
     async def near_miss_answer(self) -> str | None:
-        """Extension point for speculative decoding (not wired yet: the engine has none). The answer
-        cached for the nearest rejected question — a draft the engine could verify, never served as is."""
+        """The answer cached for the nearest rejected question: chat hands it to the engine as the
+        speculative-decoding reference (drafts it verifies token by token), never serves it as is."""
         store = self.cache.store
         if self.near_miss is None or store is None:
             return None
@@ -102,7 +102,8 @@ class Ticket:
         if entry is None:
             return None
         choice = orjson.loads(entry)["body"]["choices"][0]
-        return str(choice["message"]["content"] if "message" in choice else choice["text"])
+        text = choice["message"].get("content") if "message" in choice else choice.get("text")
+        return text or None
 
     def _done(self, rec: RequestRecord) -> None:
         rec.cache = self.status
