@@ -66,8 +66,12 @@ def other_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def quantize_model(model_dir: Path, out_dir: Path, group_size: int = 128, method: str = "awq",
-                   n_samples: int = DEFAULT_SAMPLES, seq_len: int = DEFAULT_SEQ_LEN, progress: bool = True) -> Path:
-    """Write an AWQ checkpoint of `model_dir` to `out_dir` (method "awq" or "rtn") and return out_dir."""
+                   n_samples: int = DEFAULT_SAMPLES, seq_len: int = DEFAULT_SEQ_LEN, progress: bool = True,
+                   calibration: torch.Tensor | None = None) -> Path:
+    """Write an AWQ checkpoint of `model_dir` to `out_dir` (method "awq" or "rtn") and return out_dir.
+
+    calibration: (n, seq_len) token ids to use instead of the shipped text (a model whose tokenizer cannot
+    read English, e.g. a test's synthetic one)."""
     from transformers import AutoTokenizer
 
     model = load_hf_model(model_dir)
@@ -76,7 +80,8 @@ def quantize_model(model_dir: Path, out_dir: Path, group_size: int = 128, method
     group_size = pick_group_size([cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads * head_dim], group_size)
     hidden = pos_emb = None
     if method == "awq":
-        ids = calibration_batch(AutoTokenizer.from_pretrained(model_dir), n_samples, seq_len)
+        ids = calibration if calibration is not None else calibration_batch(
+            AutoTokenizer.from_pretrained(model_dir), n_samples, seq_len)
         hidden, pos_emb = layer_inputs(model, ids)
     elif method != "rtn":
         raise ValueError(f"unknown method {method!r}: awq or rtn")
