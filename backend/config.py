@@ -18,6 +18,12 @@ def default_model_path() -> Path:
     return cache_dir() / "models" / "SmolLM2-135M-Instruct"
 
 
+def default_awq_model_path() -> Path:
+    """The default chat model quantized once to AWQ INT4 by `python -m backend.fetch`. Same folder name as the
+    full-precision copy, so the served model name does not change with the quantization."""
+    return cache_dir() / "models" / "awq" / "SmolLM2-135M-Instruct"
+
+
 def default_embedding_model_path() -> Path:
     return cache_dir() / "models" / "all-MiniLM-L6-v2"
 
@@ -27,6 +33,9 @@ class EngineConfig:
     """Everything the engine needs to know; defaults fit SmolLM2-135M on a 2-core CPU."""
 
     model: str = ""  # HF directory or .gguf file; "" means the default fetched model
+    # Which copy of the default model "" serves: awq (INT4 weights, backend/quant) | none (full precision).
+    # An explicit `model` loads as its checkpoint says (AWQ checkpoints are detected from config.json).
+    quantization: str = "awq"
     served_model_name: str = ""  # "" -> the directory name
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "auto"  # auto -> cuda when available, else cpu
@@ -44,7 +53,11 @@ class EngineConfig:
     seed: int = 0
 
     def resolved_model(self) -> Path:
-        return Path(self.model).expanduser() if self.model else default_model_path()
+        if self.model:
+            return Path(self.model).expanduser()
+        if self.quantization not in {"awq", "none"}:
+            raise ValueError(f"unknown quantization {self.quantization!r}: use awq or none")
+        return default_awq_model_path() if self.quantization == "awq" else default_model_path()
 
     def resolved_device(self) -> str:
         if self.device != "auto":

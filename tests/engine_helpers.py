@@ -43,7 +43,8 @@ def model_path() -> Path:
 
 
 def make_engine(**overrides: object) -> LLMEngine:
-    return LLMEngine(EngineConfig(**overrides))  # type: ignore[arg-type]
+    """The full-precision default model (greedy output is compared with HF's fp32 reference)."""
+    return LLMEngine(EngineConfig(**{"quantization": "none", **overrides}))  # type: ignore[arg-type]
 
 
 @cache
