@@ -204,7 +204,7 @@ class LLMEngine:
         stop_str = seq.detokenizer.append(token)
         grammar_done = seq.guide is not None and advance(seq.guide, token)
         p = seq.params
-        if seq.num_output_tokens < p.min_tokens:
+        if seq.num_output_tokens < p.min_tokens and not grammar_done:  # a complete grammar allows nothing more
             return
         if stop_str is not None:
             self.scheduler.finish(seq, "stop", stop_str)

@@ -106,3 +106,10 @@ def test_compiled_grammars_are_cached(engine: LLMEngine) -> None:
     engine.grammars.validate(params)
     engine.grammars.validate(params)
     assert engine.grammars.compiles - before <= 1
+
+
+def test_grammar_completion_ends_the_output_even_before_min_tokens(engine: LLMEngine) -> None:
+    params = SamplingParams(max_tokens=48, min_tokens=40, temperature=0, guided_json=json.dumps(PERSON))
+    outs = run_to_completion(engine, {0: [("m", chat_ids("Describe Bob, 40, as JSON."), params)]})["m"]
+    Draft202012Validator(PERSON).validate(json.loads(text(outs)))
+    assert [d.finish_reason for o in outs for d in o.deltas if d.finish_reason] == ["stop"]
