@@ -72,17 +72,24 @@ class Int4Linear(nn.Module):
         if self.out_features % 16 == 0:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(qw.q.to(torch.int32), 1)
             self.mode = "int4pack"
-            self.dense_ok = self._unpack_int4pack().equal(qw.q)  # layout known -> large calls may dequantize
+            self.dense_ok = self._layout_known(qw.q)  # then large calls may dequantize the packed weight
         else:  # torch's packer needs out_features % 16 == 0: keep a bf16 copy instead (rare shapes)
             self.weight_bf16 = self._dequantize_bf16(qw.q)
             del self.scales_zeros
             self.mode = "dense"
 
+    def _layout_known(self, q: torch.Tensor) -> bool:
+        """Whether torch packed this weight in the 64-row blocks `_unpack_int4pack` reads (checked on the first
+        block: the layout is per block, and the whole weight would cost seconds per model load)."""
+        n, k = self.out_features, self.in_features
+        if n % CPU_BLOCK_N or self.packed.shape != (n, k // 2):
+            return False
+        v = self.packed[:CPU_BLOCK_N].view(1, k, CPU_BLOCK_N // 2)
+        return torch.cat([v & 15, v >> 4], dim=-1).permute(0, 2, 1).reshape(CPU_BLOCK_N, k).equal(q[:CPU_BLOCK_N])
+
     def _unpack_int4pack(self) -> torch.Tensor:
         """(out, in) uint8 values back out of torch's AVX-512 int4 layout (checked against the source in prepare)."""
         n, k = self.out_features, self.in_features
-        if n % CPU_BLOCK_N or self.packed.shape != (n, k // 2):
-            return torch.empty(0, dtype=torch.uint8)
         v = self.packed.view(n // CPU_BLOCK_N, k, CPU_BLOCK_N // 2)
         return torch.cat([v & 15, v >> 4], dim=-1).permute(0, 2, 1).reshape(n, k)
 
