@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install models lint bench clean redis
+.PHONY: serve test install models test-models lint bench clean redis
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -20,6 +20,11 @@ install: $(STAMP)
 
 models: install
 	$(PY) -m backend.fetch
+
+# The tests run the full-precision model (greedy output is checked against HF's fp32 reference) and the
+# quantizer on real layers, so they don't need the AWQ copy that `make serve` builds once.
+test-models: install
+	$(PY) -m backend.fetch --no-awq
 
 serve: models
 	$(PY) -m gateway --host $(HOST) --port $(PORT)
@@ -36,9 +41,9 @@ redis:
 	  fi; \
 	}
 
-test: models redis
+test: test-models redis
 	$(PY) -m ruff check gateway backend kernels bench tests
-	$(PY) -m pytest -q -x --durations=15
+	SMOLGATE_QUANTIZATION=none $(PY) -m pytest -q -x --durations=15
 
 bench: models
 	$(PY) -m bench.throughput

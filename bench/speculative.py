@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=64)
     args = parser.parse_args(argv)
-    plain = LLMEngine(EngineConfig())
-    spec = LLMEngine(EngineConfig(num_speculative_tokens=args.k))
+    plain = LLMEngine(EngineConfig(quantization="none"))
+    spec = LLMEngine(EngineConfig(quantization="none", num_speculative_tokens=args.k))
     params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
     chat = {name: apply_chat_template(plain.tokenizer, [{"role": "user", "content": q}]) for name, q in CASES.items()}
     run(plain, [chat["open"]], SamplingParams(max_tokens=4))  # warm-up
