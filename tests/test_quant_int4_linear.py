@@ -11,6 +11,7 @@ import torch
 
 from backend.quant.awq_format import pack, quantize
 from backend.quant.int4_linear import DENSE_ROWS, Int4Linear, dequantized_weight
+from backend.quant.lm_head import INT8_MAX_ROWS, LowBitHead
 
 TOL = 6e-3  # max |error| relative to max |reference|, int4 kernel (bf16 scale and zero per group)
 DENSE_TOL = 1e-2  # the prefill path rounds the dequantized weight to bf16 too
@@ -72,14 +73,23 @@ def test_shapes_torch_cannot_pack_use_a_dense_copy() -> None:
     check(layer, weight, 3)
 
 
-def test_from_float_is_round_to_nearest() -> None:
-    w = torch.randn(128, 64, generator=torch.Generator().manual_seed(5))
-    layer = Int4Linear.from_float(w, None, 64)
-    ref_layer, _ = make_layer(128, 64, 64, bias=False)
-    for name, t in pack(quantize(w, 64)).items():
-        getattr(ref_layer, name).data = t
-    check(layer, dequantized_weight(ref_layer), 4)
-    assert layer.weight_bytes() <= w.numel() * 2 * 0.3  # group 64: 4 bits + 2 bf16 per 64 weights
+def test_weight_bytes_under_a_third_of_fp16() -> None:
+    layer, _ = make_layer(128, 256, 64, bias=False)
+    layer.prepare()
+    assert layer.weight_bytes() <= 128 * 256 * 2 * 0.3  # group 64: 4 bits + a bf16 (scale, zero) per 64 weights
+
+
+def test_lm_head_copy_int8_rows_and_bf16_batches() -> None:
+    w = torch.randn(256, 64, generator=torch.Generator().manual_seed(5))
+    head = LowBitHead(w, None)
+    scale = w.abs().amax(1, keepdim=True) / 127
+    w8 = (w / scale).round().clamp(-127, 127) * scale.bfloat16().float()
+    for rows, weight in ((1, w8), (INT8_MAX_ROWS - 1, w8), (INT8_MAX_ROWS, w.bfloat16().float()), (40, w.bfloat16().float())):
+        x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
+        ref = x.bfloat16().float() @ weight.T
+        err = ((head(x) - ref).abs().max() / ref.abs().max()).item()
+        assert err < TOL, f"rows={rows}: relative error {err:.2e}"
+    assert head.weight_bytes() == {"bf16": 256 * 64 * 2, "int8": 256 * 64 + 256 * 2}
 
 
 def test_prepare_refuses_unloaded_layer() -> None:

@@ -1,7 +1,7 @@
 """Quantize a tiny random Llama with AWQ, save it in the AutoAWQ layout, load it through the engine.
 
 The reference is HF transformers' model with each projection set to the weight the checkpoint stands for
-(dequantized) and the lm_head set to the engine's low-bit copy: the engine must produce the same prompt
+(dequantized) and the lm_head rounded as the engine's serving copy rounds it: the engine must produce the same prompt
 log-probabilities up to bf16 activation rounding. A checkpoint written by an independent packer (the
 kernels' AutoAWQ-style reference, separate q/k/v/gate/up tensors, two shards) must load the same way.
 """
@@ -21,11 +21,11 @@ from transformers import LlamaConfig
 from backend.config import EngineConfig
 from backend.engine import LLMEngine
 from backend.quant.awq import quantize_model
-from backend.quant.awq_format import dequantize, fake_quantize, unpack
+from backend.quant.awq_format import dequantize, unpack
 from backend.quant.awq_search import LINEARS
 from backend.quant.config import AwqConfig
-from backend.quant.convert import LM_HEAD_GROUP_SIZE
 from backend.quant.int4_linear import Int4Linear
+from backend.quant.lm_head import LowBitHead
 from backend.sampling_params import SamplingParams
 from kernels.awq_gemm import awq_dequantize, awq_quantize
 from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model, token_ids
@@ -65,7 +65,7 @@ def reference_logprobs(hf: nn.Module, weights: dict[str, torch.Tensor]) -> list[
     """HF's forward with the given (out, in) projection weights and the engine's lm_head rounding."""
     state = {k: v.float() for k, v in weights.items()}
     hf.load_state_dict(state, strict=False)
-    head = fake_quantize(hf.model.embed_tokens.weight.data, LM_HEAD_GROUP_SIZE)
+    head = hf.model.embed_tokens.weight.data.bfloat16().float()  # the head copy's bf16 path (40 rows at once)
     hf.lm_head.weight = nn.Parameter(head)  # unties: the embedding lookup keeps full precision
     logits = hf(torch.tensor([PROMPT])).logits[0].float().log_softmax(-1)
     return [logits[i, PROMPT[i + 1]].item() for i in range(len(PROMPT) - 1)]
@@ -94,7 +94,7 @@ def test_awq_checkpoint_round_trip_through_engine(tmp_path: Path, group: int) ->
     engine, got = engine_prompt_logprobs(out)
     model = engine.runner.model
     assert isinstance(model.layers[0].self_attn.qkv_proj, Int4Linear)
-    assert isinstance(model.layers[1].mlp.down_proj, Int4Linear) and isinstance(model.lm_head, Int4Linear)
+    assert isinstance(model.layers[1].mlp.down_proj, Int4Linear) and isinstance(model.lm_head, LowBitHead)
     assert not isinstance(model.embed_tokens.weight, Int4Linear) and model.embed_tokens.weight.dtype == torch.float32
     ref = reference_logprobs(hf, dequantized_checkpoint(out))
     assert max(abs(a - b) for a, b in zip(got, ref, strict=True)) < LOGPROB_ATOL

@@ -5,8 +5,8 @@
 
 The lm_head (49152 x 576 for SmolLM2, tied to the embedding table) is a quarter of the weights a decode step
 reads, so INT4 projections alone would cap the speedup near 1.6x. AWQ checkpoints keep it in fp16 (that is
-the format), so the engine makes a round-to-nearest INT4 copy at load time; the full-precision embedding
-table stays for the token lookup.
+the format), so the engine makes a low-bit serving copy at load time (lm_head.py: int8 rows for decode,
+bf16 for batches); the full-precision embedding table stays for the token lookup.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from torch import nn
 
 from backend.quant.config import AwqConfig
 from backend.quant.int4_linear import Int4Linear
+from backend.quant.lm_head import LowBitHead
 
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-LM_HEAD_GROUP_SIZE = 32  # the RTN copy has no activation-aware help; small groups keep its logits close
 
 
 def swap_in_int4(model: nn.Module, awq: AwqConfig) -> None:
@@ -37,10 +37,10 @@ def prepare_int4(model: nn.Module, quantize_lm_head: bool = True) -> None:
         if isinstance(module, Int4Linear):
             module.prepare()
     head = model.lm_head
-    if quantize_lm_head and isinstance(head, nn.Linear) and head.in_features % LM_HEAD_GROUP_SIZE == 0:
-        model.lm_head = Int4Linear.from_float(head.weight, head.bias, LM_HEAD_GROUP_SIZE)
+    if quantize_lm_head and isinstance(head, nn.Linear):
+        model.lm_head = LowBitHead(head.weight, head.bias)
 
 
 def int4_weight_bytes(model: nn.Module) -> int:
-    """Bytes held by the INT4 layers (projections and the lm_head copy) as prepared."""
+    """Bytes held by the INT4 projections as prepared."""
     return sum(m.weight_bytes() for m in model.modules() if isinstance(m, Int4Linear))

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.quant.awq_format import QuantizedWeight, pack, quantize, unpack
+from backend.quant.awq_format import QuantizedWeight, unpack
 
 DENSE_ROWS = 128  # from this many rows on, dequantize-to-bf16 + GEMM beats the int4 kernel (measured ~96)
 CPU_BLOCK_N = 64  # torch's AVX-512 int4 layout: blocks of 64 output rows, byte j = rows j (low), j + 32 (high)
@@ -39,18 +39,6 @@ class Int4Linear(nn.Module):
         self.scales = frozen(groups, out_features, dtype=torch.float16)
         self.bias = frozen(out_features, dtype=torch.float32) if bias else None
         self.mode = "awq"  # after prepare(): "int4pack" (CPU), "dense" (CPU fallback), "triton" (CUDA)
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int) -> Int4Linear:
-        """Round-to-nearest INT4 of a float weight (the lm_head's low-bit copy), prepared on its device."""
-        out_features, in_features = weight.shape
-        layer = cls(in_features, out_features, group_size, bias is not None).to(weight.device)
-        for name, t in pack(quantize(weight.detach().float().cpu(), group_size)).items():
-            getattr(layer, name).data = t.to(weight.device)
-        if bias is not None:
-            layer.bias.data = bias.detach().float()
-        layer.prepare()
-        return layer
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, group={self.group_size}, mode={self.mode}"
