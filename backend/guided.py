@@ -55,11 +55,20 @@ class GrammarCache:
     """Compiled grammars (template matchers) by grammar text, LRU; safe to call from any thread."""
 
     def __init__(self, hf_tokenizer: Any, vocab_size: int) -> None:
-        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
+        self._hf_tokenizer, self._vocab_size = hf_tokenizer, vocab_size
+        self._tokenizer: llguidance.LLTokenizer | None = None  # built on first use: not every tokenizer converts
         self._templates: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
         self.compile_s_total = 0.0
         self.compiles = 0
+
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:
+            try:
+                self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size)
+            except ValueError as exc:
+                raise InvalidRequestError(f"this model's tokenizer does not support constrained decoding: {exc}") from exc
+        return self._tokenizer
 
     def template(self, grammar: str) -> llguidance.LLMatcher:
         with self._lock:
@@ -68,7 +77,7 @@ class GrammarCache:
                 self._templates.move_to_end(grammar)
                 return found
         t0 = time.perf_counter()
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar)
+        matcher = llguidance.LLMatcher(self.tokenizer(), grammar)
         if matcher.is_error():
             raise InvalidRequestError(f"unsupported schema or grammar: {matcher.get_error()}", param="response_format")
         with self._lock:

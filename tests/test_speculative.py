@@ -88,7 +88,7 @@ TINY = LlamaConfig(
 def second_token_distribution(engine: LLMEngine, prompt: list[int], n: int, reference: str | None) -> torch.Tensor:
     """Empirical P(second token); reference=None turns speculation off for these requests."""
     spec = {"spec_reference": reference, "speculate": reference is not None}
-    params = [SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True, seed=s, **spec) for s in range(n)]
+    params = [SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, seed=s, **spec) for s in range(n)]
     outs = run_to_completion(engine, {0: [(f"r{s}", prompt, p) for s, p in enumerate(params)]})
     seconds = torch.tensor([token_ids(outs[f"r{s}"])[1] for s in range(n)])
     return torch.bincount(seconds, minlength=TINY.vocab_size).float() / n
@@ -108,10 +108,10 @@ def test_sampled_speculation_keeps_the_target_distribution(tmp_path: Path) -> No
     exact = p1 @ p2_given  # P(second token)
     every_token = " ".join(f"w{i}" for i in range(TINY.vocab_size))  # any last token finds a draft here
     engine = LLMEngine(EngineConfig(model=str(tmp_path), num_speculative_tokens=3, speculative_max_batch=10**6,
-                                    max_num_seqs=256, max_num_batched_tokens=2048))
+                                    max_num_seqs=256, max_num_batched_tokens=2048, max_waiting=10**5))
     n = 4000
     spec = second_token_distribution(engine, prompt, n, every_token)
-    assert engine.speculator.stats.proposed >= n and 0 < engine.speculator.stats.accepted < engine.speculator.stats.proposed
+    assert engine.speculator.stats.proposed >= n // 2 and 0 < engine.speculator.stats.accepted < engine.speculator.stats.proposed
     plain = second_token_distribution(engine, prompt, n, None)
     tv_spec, tv_plain = (0.5 * (d - exact).abs().sum().item() for d in (spec, plain))
     assert tv_spec < 0.05 and tv_plain < 0.05, (tv_spec, tv_plain)
