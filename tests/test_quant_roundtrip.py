@@ -38,19 +38,6 @@ PROMPT = [(7 * j) % 500 + 2 for j in range(40)]
 LOGPROB_ATOL = 0.05  # bf16 activations through two layers
 
 
-def random_model(path: Path) -> nn.Module:
-    """save_random_model, with a ByteLevel decoder on the synthetic tokenizer (the engine's grammar support,
-    llguidance, refuses tokenizers without a byte-level or byte-fallback decoder)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    hf = save_random_model(CONFIG, path)
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(CONFIG.vocab_size)}, unk_token="w0"))
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Whitespace(), decoders.ByteLevel()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="w1").save_pretrained(path)
-    return hf
-
-
 def engine_prompt_logprobs(model_dir: Path) -> tuple[LLMEngine, list[float]]:
     engine = LLMEngine(EngineConfig(model=str(model_dir), kv_cache_memory_mb=4))
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
@@ -84,7 +71,7 @@ def dequantized_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("group", [32, 64])
 def test_awq_checkpoint_round_trip_through_engine(tmp_path: Path, group: int) -> None:
     src, out = tmp_path / "fp", tmp_path / "awq"
-    hf = random_model(src)
+    hf = save_random_model(CONFIG, src)
     calib = torch.randint(2, 512, (4, 64), generator=torch.Generator().manual_seed(0))
     quantize_model(src, out, group_size=group, calibration=calib, progress=False)
     cfg = json.loads((out / "config.json").read_text())
@@ -108,7 +95,7 @@ def test_awq_checkpoint_round_trip_through_engine(tmp_path: Path, group: int) ->
 def test_awq_keeps_the_float_function_before_rounding(tmp_path: Path) -> None:
     """Folding the scales is exact: the quantized model stays close to the original random model."""
     src, out = tmp_path / "fp", tmp_path / "awq"
-    hf = random_model(src)
+    hf = save_random_model(CONFIG, src)
     with torch.no_grad():
         fp = hf(torch.tensor([PROMPT])).logits[0].log_softmax(-1)
     calib = torch.randint(2, 512, (4, 64), generator=torch.Generator().manual_seed(1))
@@ -121,7 +108,7 @@ def test_awq_keeps_the_float_function_before_rounding(tmp_path: Path) -> None:
 def test_third_party_autoawq_layout_loads(tmp_path: Path) -> None:
     """Separate q/k/v/gate/up tensors packed by an independent AutoAWQ-style quantizer, split over two shards."""
     src, out = tmp_path / "fp", tmp_path / "third"
-    hf = random_model(src)
+    hf = save_random_model(CONFIG, src)
     shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors"))
     state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
     shards: list[dict[str, torch.Tensor]] = [{}, {}]
