@@ -20,7 +20,7 @@ import gc
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from backend.async_engine import AsyncEngine
-from backend.config import EngineConfig
+from backend.config import EngineConfig, engine_config_from_env
 from backend.sampling_params import SamplingParams
 from backend.weights import resolve_model_dir
 
@@ -263,7 +263,8 @@ def _row(name: str, figures: dict[str, Any]) -> str:
 
 def format_table(result: dict[str, Any], streams: list[int]) -> str:
     lines = [
-        f"throughput: {result['model']} {result['dtype']} on {result['device']} "
+        f"throughput: {result['model']} {result['dtype']} (engine weights: {result['engine_quantization']}) "
+        f"on {result['device']} "
         f"({result['threads']} threads), {result['new_tokens']} new tokens per request, greedy, ignore_eos",
         f"{'run':<22}" + "".join(h.rjust(w) for h, _, w, _ in COLUMNS) + "   (latencies in ms)",
         *(_row(f"engine, {n} stream{'s' * (n > 1)}", result[f"engine_{n}"]) for n in streams),
@@ -288,6 +289,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=128, help="new tokens per request (default 128)")
     p.add_argument("--hf-requests", type=int, default=3, help="HF generate requests, one by one (default 3)")
     p.add_argument("--min-requests", type=int, default=4, help="requests per level: max(streams, this)")
+    p.add_argument(
+        "--quantization",
+        choices=["awq", "none"],
+        help="the engine's copy of the default model: awq (INT4) or none (full precision, the weights HF runs); "
+        "default: the engine's own default (SMOLGATE_QUANTIZATION, else awq)",
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch threads for both engine and HF (0: all cores)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--model", default="", help="HF model dir or .gguf (default: the fetched SmolLM2)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON result")
@@ -302,20 +310,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The serving configuration (SMOLGATE_* variables apply) with this run's model, dtype and quantization."""
+    base = engine_config_from_env(EngineConfig())
+    config = replace(
+        base,
+        model=args.model or base.model,
+        dtype=args.dtype,
+        quantization=args.quantization or base.quantization,
+        num_threads=args.threads or base.num_threads,
+    )
+    if not config.resolved_model().exists():
+        raise SystemExit(
+            f"{config.resolved_model()} is missing: run `python -m backend.fetch` (it builds the AWQ INT4 copy) "
+            "or pass --quantization none"
+        )
+    return config
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     load_at_start = os.getloadavg()[0]  # the dev machine is shared: a busy start explains noisy figures
-    config = EngineConfig(model=args.model, dtype=args.dtype)
+    config = engine_config(args)
     device = config.resolved_device()
     levels = [
         asyncio.run(bench_engine(config, s, max(s, args.min_requests), args.new_tokens)) for s in args.streams
     ]
-    model_dir = resolve_model_dir(config.resolved_model())
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)  # the engine set it already; HF runs with the same
+    model_dir = resolve_model_dir(replace(config, quantization="none").resolved_model())  # full precision
     hf = bench_hf(model_dir, args.dtype, device, questions_for(args.hf_requests), args.new_tokens)
     result: dict[str, Any] = {
         "bench": "throughput",
         "model": model_dir.name,
         "dtype": args.dtype,
+        "engine_quantization": "as in the checkpoint" if config.model else config.quantization,
         "device": device,
         "threads": torch.get_num_threads(),
         "new_tokens": args.new_tokens,
