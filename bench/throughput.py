@@ -1,15 +1,18 @@
 """Generation throughput and latency: this engine at 1 and 32 concurrent streams vs HF `generate`.
 
     python -m bench.throughput [--streams 1,32] [--new-tokens 128] [--hf-requests 3] [--dtype float32]
+                               [--quantization awq|none] [--threads N]
     python -m bench.throughput --quick        # a tiny run (4 prompts, 8 new tokens, 1 HF request)
 
 Every request is a chat prompt from QUESTIONS (built with the model's chat template) that generates
-exactly --new-tokens tokens (greedy, ignore_eos). Per concurrency level a fresh engine is loaded,
-warmed up with one request, then `max(streams, --min-requests)` requests run with at most `streams`
-in flight. Per request it records TTFT (submit -> first token) and inter-token latencies (the gap
-between successive deltas, divided evenly when a delta carries several tokens). The baseline is HF
-transformers `generate` on the same weights, one request at a time. The last line printed is one
-JSON object with every figure; it is also written to bench/results/throughput.json.
+exactly --new-tokens tokens (greedy, ignore_eos). The engine runs its serving configuration (SMOLGATE_*
+variables apply; by default the AWQ INT4 copy of the default model). Per concurrency level a fresh
+engine is loaded, warmed up with one request, then `max(streams, --min-requests)` requests run with at
+most `streams` in flight. Per request it records TTFT (submit -> first token) and inter-token latencies
+(the gap between successive deltas, divided evenly when a delta carries several tokens). The baseline
+is HF transformers `generate` on the full-precision weights, one request at a time. The CPU column is
+the cores this process kept busy (process time / wall): the dev machine is shared. The last line
+printed is one JSON object with every figure; it is also written to bench/results/throughput.json.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ LLAMA_CPP_SERVER_TOK_S = {1: 111.0, 32: 206.0}
 DEFAULT_OUT = Path(__file__).parent / "results" / "throughput.json"
 QUICK_PROMPTS = 4
 WARMUP_QUESTION = "Say hello."
+WARMUP_TOKENS = 2  # one prefill and one decode step: enough to warm the kernels, cheap in --quick
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -184,7 +188,7 @@ async def bench_engine(config: EngineConfig, streams: int, requests: int, new_to
     engine = AsyncEngine.from_config(config)
     await engine.start()
     try:
-        await time_request(engine, chat(engine, WARMUP_QUESTION), greedy_params(8), f"warmup-{streams}")
+        await time_request(engine, chat(engine, WARMUP_QUESTION), greedy_params(WARMUP_TOKENS), f"warmup-{streams}")
         prompts = [chat(engine, q) for q in questions_for(requests)]
         return await run_level(engine, prompts, streams, new_tokens)
     finally:
@@ -216,7 +220,7 @@ def bench_hf(
         )
         return out.shape[1] - ids["input_ids"].shape[1]
 
-    generate(WARMUP_QUESTION, 8)
+    generate(WARMUP_QUESTION, WARMUP_TOKENS)
     start, cpu_start = time.perf_counter(), time.process_time()
     tokens = sum(generate(q, new_tokens) for q in questions)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
