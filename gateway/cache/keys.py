@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from backend.config import EngineConfig, default_model_path
+from backend.config import EngineConfig
 from backend.sampling_params import SamplingParams
 
 # Request fields that change nothing in the generated output (transport, bookkeeping).
@@ -46,8 +46,7 @@ def namespace(authorization: str | None) -> str:
     return hashlib.sha256(authorization.strip().encode()).hexdigest()[:24]
 
 
-def _weights_stat(model: str) -> list[Any]:
-    path = Path(model).expanduser() if model else default_model_path()
+def _weights_stat(path: Path) -> list[Any]:
     files = [path] if path.is_file() else sorted(path.glob("*.safetensors")) + sorted(path.glob("*.gguf"))
     stats = []
     for f in files:
@@ -62,7 +61,7 @@ def _weights_stat(model: str) -> list[Any]:
 def model_fingerprint(model_id: str, engine: EngineConfig, salt: str = "") -> str:
     """Changes whenever the weights, their precision or the kernels that run them change."""
     fields = {name: getattr(engine, name, None) for name in _FINGERPRINT_FIELDS}
-    return _digest({"id": model_id, "engine": fields, "weights": _weights_stat(engine.model), "salt": salt})[:32]
+    return _digest({"id": model_id, "engine": fields, "weights": _weights_stat(engine.resolved_model()), "salt": salt})[:32]
 
 
 def _params(params: SamplingParams) -> dict[str, Any]:
