@@ -20,15 +20,26 @@ def store_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping
     cache[1].index_copy_(0, slot_mapping, v)
 
 
+def gather_context(cache_half: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """K or V of every context token: cache_half (num_slots, kv_heads, head_dim), slots (n, ctx)
+    -> (n, kv_heads, ctx, head_dim), a transposed view. index_select on the flattened slots is ~2.5x
+    faster than advanced indexing with the 2-D slot tensor (measured on CPU, bench/README: engine profile)."""
+    n, ctx = slots.shape
+    rows = cache_half.index_select(0, slots.view(-1))  # (n * ctx, kv_heads, head_dim)
+    return rows.view(n, ctx, *cache_half.shape[1:]).transpose(1, 2)
+
+
 def decode_attention(q: torch.Tensor, cache: torch.Tensor, meta: DecodeMetadata, scale: float) -> torch.Tensor:
-    """q: (num_decodes, num_heads, head_dim) -> (num_decodes, num_heads, head_dim)."""
+    """q: (num_decodes, num_heads, head_dim) -> (num_decodes, num_heads, head_dim).
+
+    The query heads sharing a KV head are laid out as that head's queries (GQA without repeating K/V):
+    one SDPA call over (n, kv_heads, group, head_dim) queries against (n, kv_heads, ctx, head_dim) keys."""
     n, num_heads, head_dim = q.shape
     kv_heads = cache.shape[2]
-    k = cache[0][meta.context_slots].transpose(1, 2)  # (n, kv_heads, ctx, head_dim)
-    v = cache[1][meta.context_slots].transpose(1, 2)
-    q = q.view(n, kv_heads, num_heads // kv_heads, head_dim)  # query heads grouped per KV head
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale + meta.mask  # (n, kv_heads, group, ctx)
-    out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype), v)
+    k = gather_context(cache[0], meta.context_slots)  # (n, kv_heads, ctx, head_dim)
+    v = gather_context(cache[1], meta.context_slots)
+    q = q.view(n, kv_heads, num_heads // kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.mask, scale=scale)  # (n, kv_heads, group, d)
     return out.reshape(n, num_heads, head_dim)
 
 
@@ -37,8 +48,8 @@ def prefill_attention(q: torch.Tensor, cache: torch.Tensor, meta: PrefillMetadat
     num_heads, head_dim = q.shape[1:]
     padded_q = q.new_zeros(*meta.query_index.shape, num_heads, head_dim)
     padded_q[meta.query_valid] = q
-    k = cache[0][meta.context_slots].transpose(1, 2)  # (p, kv_heads, ctx, head_dim)
-    v = cache[1][meta.context_slots].transpose(1, 2)
+    k = gather_context(cache[0], meta.context_slots)  # (p, kv_heads, ctx, head_dim)
+    v = gather_context(cache[1], meta.context_slots)
     out = F.scaled_dot_product_attention(
         padded_q.transpose(1, 2), k, v, attn_mask=meta.mask, scale=scale, enable_gqa=True
     )  # (p, num_heads, max_query, head_dim)

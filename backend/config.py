@@ -36,6 +36,9 @@ class EngineConfig:
     # Which copy of the default model "" serves: awq (INT4 weights, backend/quant) | none (full precision).
     # An explicit `model` loads as its checkpoint says (AWQ checkpoints are detected from config.json).
     quantization: str = "awq"
+    # INT4 on CPU: also keep a bf16 copy of the weights for batched steps (2x faster from ~10 rows on, 2 more
+    # bytes per weight); off serves every call from the int4 kernel (smallest memory).
+    int4_dense_copy: bool = True
     served_model_name: str = ""  # "" -> the directory name
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "auto"  # auto -> cuda when available, else cpu

@@ -74,7 +74,9 @@ def to_our_names(hf: dict[str, torch.Tensor], num_layers: int) -> dict[str, torc
     return ours
 
 
-def load_model(path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None) -> LlamaForCausalLM:
+def load_model(
+    path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None, int4_dense_copy: bool = True
+) -> LlamaForCausalLM:
     model_dir = resolve_model_dir(path)
     config = load_config(model_dir)
     awq = awq_config_of(config)  # an AWQ checkpoint swaps in INT4 layers (backend/quant)
@@ -97,6 +99,6 @@ def load_model(path: Path, dtype: torch.dtype, device: str, max_positions: int, 
     if awq is not None:
         from backend.quant.convert import prepare_int4
 
-        prepare_int4(model)
+        prepare_int4(model, dense_copy=int4_dense_copy)
     model.rope = RotaryEmbedding(config, model.head_dim, max_positions).to(device=device)  # angles stay fp32
     return model

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from backend.quant.awq_format import pack, quantize
-from backend.quant.int4_linear import DENSE_ROWS, Int4Linear, dequantized_weight
+from backend.quant.int4_linear import DENSE_COPY_ROWS, DENSE_ROWS, Int4Linear, dequantized_weight
 from backend.quant.lm_head import INT8_MAX_ROWS, LowBitHead
 
 TOL = 6e-3  # max |error| relative to max |reference|, int4 kernel (bf16 scale and zero per group)
@@ -36,7 +36,8 @@ def check(layer: Int4Linear, weight: torch.Tensor, rows: int, bias: torch.Tensor
     y = layer(x)
     assert y.dtype == x.dtype and y.shape == ref.shape
     err = ((y - ref).abs().max() / ref.abs().max()).item()
-    dense = layer.mode == "dense" or (rows >= DENSE_ROWS and layer.dense_ok)
+    copy = layer.mode == "int4pack" and layer.weight_bf16 is not None and rows >= DENSE_COPY_ROWS
+    dense = layer.mode == "dense" or copy or (rows >= DENSE_ROWS and layer.dense_ok)
     assert err < (DENSE_TOL if dense else TOL), f"{layer.mode} rows={rows}: relative error {err:.2e}"
 
 
@@ -61,9 +62,20 @@ def test_bias_and_3d_input() -> None:
 def test_layout_probe_falls_back_for_unknown_layout() -> None:
     """96 output rows: torch packs it, but not in the 64-row blocks we know how to unpack -> never dequantize."""
     layer, weight = make_layer(96, 128, 32, bias=False)
-    layer.prepare()
+    layer.prepare(dense_copy=False)
     assert layer.mode == "int4pack" and not layer.dense_ok
     check(layer, weight, DENSE_ROWS + 1)
+
+
+@pytest.mark.parametrize("dense_copy", [True, False])
+def test_dense_copy_serves_batches(dense_copy: bool) -> None:
+    """With the bf16 copy, calls from DENSE_COPY_ROWS rows on use it; without, no copy is held."""
+    layer, weight = make_layer(128, 256, 64, bias=False)
+    layer.prepare(dense_copy=dense_copy)
+    assert (layer.weight_bf16 is not None) == dense_copy
+    assert layer.dense_copy_bytes() == (128 * 256 * 2 if dense_copy else 0)
+    for rows in (DENSE_COPY_ROWS - 1, DENSE_COPY_ROWS, 32):
+        check(layer, weight, rows)
 
 
 def test_shapes_torch_cannot_pack_use_a_dense_copy() -> None:

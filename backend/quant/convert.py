@@ -31,11 +31,12 @@ def swap_in_int4(model: nn.Module, awq: AwqConfig) -> None:
             setattr(parent, name, int4)
 
 
-def prepare_int4(model: nn.Module, quantize_lm_head: bool = True) -> None:
-    """Repack every Int4Linear for its device; give the lm_head a low-bit copy (embeddings untouched)."""
+def prepare_int4(model: nn.Module, quantize_lm_head: bool = True, dense_copy: bool = True) -> None:
+    """Repack every Int4Linear for its device (`dense_copy`: plus a bf16 copy for batched calls on CPU);
+    give the lm_head a low-bit copy (embeddings untouched)."""
     for module in model.modules():
         if isinstance(module, Int4Linear):
-            module.prepare()
+            module.prepare(dense_copy)
     head = model.lm_head
     if quantize_lm_head and isinstance(head, nn.Linear):
         model.lm_head = LowBitHead(head.weight, head.bias)

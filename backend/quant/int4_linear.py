@@ -5,8 +5,11 @@ the loader, then `prepare()` runs once on the final device:
 
 - CPU: repack into torch's int4 layout for `_weight_int4pack_mm_for_cpu` (bf16 activations, a (scale,
   zero) pair per group). That kernel dequantizes its weight tile again for every 4 rows of x, so it wins
-  for decode (few rows: it reads a quarter of the bf16 bytes) but loses for prefill; a call with at least
-  DENSE_ROWS rows instead dequantizes the whole weight to bf16 once and runs a dense bf16 GEMM.
+  for decode (few rows: it reads a quarter of the bf16 bytes) but loses for batches. With `dense_copy`
+  (the default) prepare() also keeps the dequantized weight in bf16 and calls with at least
+  DENSE_COPY_ROWS rows run a dense bf16 GEMM on it (AVX-512 BF16 / AMX): 2x faster than the int4 kernel at
+  32 rows, for 2 more bytes per weight. Without the copy, calls with at least DENSE_ROWS rows dequantize
+  the whole weight on the fly (only worth it for prefill-sized calls).
 - CUDA: keep the AWQ layout and call the Triton W4A16 GEMM (kernels/awq_gemm.py).
 
 torch's layout stores w = (q - 8) * scale + zero_f; AWQ's w = (q - z) * scale, so zero_f = (8 - z) * scale.
@@ -21,6 +24,7 @@ from torch import nn
 from backend.quant.awq_format import QuantizedWeight, unpack
 
 DENSE_ROWS = 128  # from this many rows on, dequantize-to-bf16 + GEMM beats the int4 kernel (measured ~96)
+DENSE_COPY_ROWS = 10  # from this many rows on, a kept bf16 copy beats the int4 kernel (measured ~9, weights cache-cold)
 CPU_BLOCK_N = 64  # torch's AVX-512 int4 layout: blocks of 64 output rows, byte j = rows j (low), j + 32 (high)
 
 
@@ -44,8 +48,9 @@ class Int4Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, group={self.group_size}, mode={self.mode}"
 
     # ---- one-time repacking ---------------------------------------------------------------------
-    def prepare(self) -> None:
-        """Repack the loaded AWQ tensors for this device (once, at load time)."""
+    def prepare(self, dense_copy: bool = True) -> None:
+        """Repack the loaded AWQ tensors for this device (once, at load time); `dense_copy`: also keep a bf16
+        copy for batched calls (CPU)."""
         if self.qweight.is_meta:
             raise ValueError("Int4Linear.prepare() before its AWQ tensors were loaded")
         if self.qweight.device.type == "cuda":
@@ -61,6 +66,7 @@ class Int4Linear(nn.Module):
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(qw.q.to(torch.int32), 1)
             self.mode = "int4pack"
             self.dense_ok = self._layout_known(qw.q)  # then large calls may dequantize the packed weight
+            self.weight_bf16 = self._dequantize_bf16(qw.q) if dense_copy else None
         else:  # torch's packer needs out_features % 16 == 0: keep a bf16 copy instead (rare shapes)
             self.weight_bf16 = self._dequantize_bf16(qw.q)
             del self.scales_zeros
@@ -94,7 +100,7 @@ class Int4Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.mode == "triton":
             y = self._forward_triton(rows)
-        elif self.mode == "dense":
+        elif self._use_dense_copy(rows.shape[0]):
             y = F.linear(rows.to(torch.bfloat16), self.weight_bf16)
         elif self.mode == "int4pack" and (rows.shape[0] < DENSE_ROWS or not self.dense_ok):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -109,6 +115,10 @@ class Int4Linear(nn.Module):
             y = y + self.bias.to(y.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
+    def _use_dense_copy(self, rows: int) -> bool:
+        """A kept bf16 weight: the only copy (shapes torch cannot pack), or the faster one for batches."""
+        return self.mode == "dense" or (self.mode == "int4pack" and self.weight_bf16 is not None and rows >= DENSE_COPY_ROWS)
+
     def _forward_triton(self, rows: torch.Tensor) -> torch.Tensor:
         from kernels.awq_gemm import awq_gemm
 
@@ -116,9 +126,17 @@ class Int4Linear(nn.Module):
         return awq_gemm(act.contiguous(), self.qweight, self.qzeros, self.scales.to(act.dtype), self.group_size)
 
     def weight_bytes(self) -> int:
-        """Bytes this layer's weight occupies as prepared (integers + scales/zeros)."""
-        names = ("packed", "scales_zeros", "qweight", "qzeros", "scales", "weight_bf16")
-        return sum(t.numel() * t.element_size() for n in names if isinstance(t := getattr(self, n, None), torch.Tensor))
+        """Bytes this layer's weight occupies as prepared (integers + scales/zeros, or the bf16 weight of a
+        shape torch cannot pack); the optional bf16 copy for batched calls is `dense_copy_bytes`."""
+        names = ("packed", "scales_zeros", "qweight", "qzeros", "scales") + (("weight_bf16",) if self.mode == "dense" else ())
+        return sum(_nbytes(getattr(self, n, None)) for n in names)
+
+    def dense_copy_bytes(self) -> int:
+        return _nbytes(getattr(self, "weight_bf16", None)) if self.mode == "int4pack" else 0
+
+
+def _nbytes(t: object) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
 def dequantized_weight(layer: Int4Linear) -> torch.Tensor:
