@@ -1,7 +1,8 @@
 """Composition root: `python -m gateway [--config FILE] [--host H] [--port P]`.
 
 The only place that builds the embedded engine and the embedder (both import torch,
-lazily, inside functions), hands them to the app, and runs uvicorn.
+lazily, inside functions), hands them to the app, and runs uvicorn. A gateway whose
+`models` section has no deployment of kind embedded never loads the engine.
 """
 
 from __future__ import annotations
@@ -15,17 +16,20 @@ import uvicorn
 from gateway.app import build_context, create_app
 from gateway.client import EmbeddingClient, EngineClient
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.routing_config import RoutingConfig
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m gateway", description="OpenAI-compatible LLM gateway")
+def parse_args(argv: list[str] | None, prog: str = "python -m gateway") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible LLM gateway")
     parser.add_argument("--config", help="YAML config file (default: $SMOLGATE_CONFIG)")
     parser.add_argument("--host", help="bind address (overrides $HOST and the file)")
     parser.add_argument("--port", type=int, help="port (overrides $PORT and the file)")
     return parser.parse_args(argv)
 
 
-def build_engine(cfg: GatewayConfig) -> EngineClient:
+def build_engine(cfg: GatewayConfig) -> EngineClient | None:
+    if cfg.routing.enabled and not cfg.routing.needs_engine:
+        return None  # a pure router: no torch in this process
     from backend.async_engine import AsyncEngine
 
     engine: EngineClient = AsyncEngine.from_config(cfg.engine)
@@ -40,13 +44,16 @@ def build_embedder(cfg: GatewayConfig) -> EmbeddingClient | None:
     return Embedder(cfg.embedding_model or None)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, *, embedded_only: bool = False, prog: str = "python -m gateway") -> None:
+    """`embedded_only`: ignore any routing sections and serve the embedded engine (the backend service)."""
+    args = parse_args(argv, prog)
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
         sys.exit(f"configuration error: {exc}")
     cfg = dataclasses.replace(cfg, host=args.host or cfg.host, port=args.port or cfg.port)
+    if embedded_only:
+        cfg = dataclasses.replace(cfg, routing=RoutingConfig())
     app = create_app(build_context(cfg, build_engine(cfg), build_embedder(cfg)))
     uvicorn.run(
         app,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TextIO
 
@@ -24,7 +24,7 @@ from gateway.cache.metrics import CacheMetrics
 from gateway.cache.service import build_cache
 from gateway.cache.stores import CacheStore
 from gateway.chat import ChatCompletions
-from gateway.client import EmbeddingClient, EngineClient
+from gateway.client import EmbeddingClient, EngineClient, NoEngine
 from gateway.completions import Completions
 from gateway.config import GatewayConfig
 from gateway.context import GatewayContext
@@ -35,21 +35,28 @@ from gateway.metrics import GatewayMetrics
 from gateway.middleware import GatewayMiddleware
 from gateway.models import ModelCatalog, ServedModel
 from gateway.ops import Operations
+from gateway.router import Router
 
 
 def build_context(
     config: GatewayConfig,
-    engine: EngineClient,
+    engine: EngineClient | None,
     embedder: EmbeddingClient | None = None,
     log_sink: TextIO | None = None,
     cache_store: CacheStore | None = None,
 ) -> GatewayContext:
-    """`cache_store` replaces the configured response-cache backend (tests inject faults with it)."""
+    """`cache_store` replaces the configured response-cache backend (tests inject faults with it).
+
+    `engine` None: a gateway that only routes to upstreams (config.routing with no embedded deployment)."""
     created = int(time.time())
-    models = [ServedModel(engine.model_name, "chat", created)]
+    routed = [m.name for m in config.routing.models] + (["auto"] if config.routing.auto.enabled else [])
+    models = [ServedModel(name, "chat", created) for name in routed] if routed else []
+    if engine is not None and not routed:
+        models.append(ServedModel(engine.model_name, "chat", created))
     if embedder is not None:
         models.append(ServedModel(embedder.model_name, "embedding", created))
-    metrics = GatewayMetrics(engine.stats)
+    metrics = GatewayMetrics(engine.stats if engine is not None else None)
+    engine = engine if engine is not None else NoEngine()
     logger = make_logger(log_sink or sys.stderr, config.log_level)
     ids = IdGenerator()
     cache = build_cache(config, engine.model_name, embedder, CacheMetrics(metrics.registry), logger, ids, cache_store)
@@ -65,11 +72,29 @@ def build_context(
     )
 
 
-def routes(ctx: GatewayContext) -> list[Route]:
+def build_router(ctx: GatewayContext) -> Router | None:
+    """The router over config.routing.models; None without a `models` section (embedded engine only)."""
+    if not ctx.config.routing.enabled:
+        return None
+    local = {"chat": ChatCompletions(ctx).handle, "completions": Completions(ctx).handle}
+    return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder)  # type: ignore[arg-type]
+
+
+def routes(ctx: GatewayContext, router: Router | None = None) -> list[Route]:
     ops = Operations(ctx)
+    chat: Callable[[Request], Awaitable[Response]] = ChatCompletions(ctx).handle
+    completions: Callable[[Request], Awaitable[Response]] = Completions(ctx).handle
+    if router is not None:  # Starlette needs real coroutine functions (a lambda would run in a thread)
+
+        async def chat(request: Request) -> Response:
+            return await router.handle("chat", request)
+
+        async def completions(request: Request) -> Response:
+            return await router.handle("completions", request)
+
     return [
-        Route("/v1/chat/completions", ChatCompletions(ctx).handle, methods=["POST"]),
-        Route("/v1/completions", Completions(ctx).handle, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", Embeddings(ctx).handle, methods=["POST"]),
         Route("/v1/models", ops.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", ops.get_model, methods=["GET"]),
@@ -86,6 +111,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
     """The ASGI app. With manage_engine, the lifespan starts and shuts down the engine."""
+    router = build_router(ctx)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -98,11 +124,13 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
         finally:
             ctx.readiness.ready = False
             await ctx.cache.close()
+            if router is not None:
+                await router.close()
             if manage_engine:
                 await ctx.engine.shutdown()
 
     app = Starlette(
-        routes=routes(ctx),
+        routes=routes(ctx, router),
         middleware=[Middleware(GatewayMiddleware, ctx=ctx)],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from backend.outputs import EngineStats, RequestOutput
 from backend.sampling_params import SamplingParams
+from gateway.errors import ServiceUnavailable
 
 
 class EngineClient(Protocol):
@@ -51,3 +52,32 @@ class EmbeddingClient(Protocol):
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         """L2-normalised vectors, one per text, and the number of prompt tokens."""
         ...
+
+
+class NoEngine:
+    """The engine of a gateway that only routes to upstreams (no deployment of kind embedded)."""
+
+    model_name = ""
+    max_model_len = 0
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def tokenize(self, text: str) -> list[int]:
+        raise ServiceUnavailable("This gateway has no embedded engine.")
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        raise ServiceUnavailable("This gateway has no embedded engine.")
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        raise ServiceUnavailable("This gateway has no embedded engine.")
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+        raise ServiceUnavailable("This gateway has no embedded engine.")
+        yield  # an async generator, like the real engine's
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats:
+        raise ServiceUnavailable("This gateway has no embedded engine.")

@@ -124,9 +124,10 @@ class Completions:
     def __init__(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
 
-    async def handle(self, request: Request) -> Response:
+    async def handle(self, request: Request, raw: dict[str, Any] | None = None) -> Response:
+        """`raw`: the body, when the router has read it already (a deployment of kind embedded)."""
         rec = record_of(request)
-        raw = await read_json(request, self.ctx.config.max_body_bytes)
+        raw = raw if raw is not None else await read_json(request, self.ctx.config.max_body_bytes)
         ticket = self.ctx.cache.ticket("completions", request.headers, raw)  # takes the `cache` extension out
         req = parse_completion(raw)
         model = self.ctx.catalog.resolve(req.model, "chat")

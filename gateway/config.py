@@ -17,6 +17,7 @@ import yaml
 
 from backend.config import EngineConfig, engine_config_from_env
 from gateway.cache.config import CacheConfig
+from gateway.routing_config import KeyPolicy, RoutingConfig, RoutingConfigError, parse_key, parse_routing
 
 ENV_PREFIX = "SMOLGATE_"
 
@@ -54,6 +55,12 @@ class GatewayConfig:
     sse_ping_s: float = 15.0
     cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (gateway/cache/)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # Routing (gateway/router.py): empty `routing.models` = serve the embedded engine only, as always.
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    key_policies: tuple[KeyPolicy, ...] = field(default=(), repr=False)  # api_keys given as mappings
+
+    def accepted_keys(self) -> tuple[str, ...]:
+        return self.api_keys + tuple(p.key for p in self.key_policies)
 
 
 _SCALAR_ENV = {
@@ -71,7 +78,7 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
     """Defaults, then the YAML file (`path` or $SMOLGATE_CONFIG), then environment overrides."""
     env = os.environ if environ is None else environ
     path = path or env.get(f"{ENV_PREFIX}CONFIG") or None
-    cfg = from_mapping(_read_yaml(Path(path))) if path else GatewayConfig()
+    cfg = from_mapping(_read_yaml(Path(path)), env) if path else GatewayConfig()
     return apply_env(cfg, env)
 
 
@@ -85,21 +92,33 @@ def _read_yaml(path: Path) -> Mapping[str, Any]:
     return data
 
 
-def from_mapping(data: Mapping[str, Any]) -> GatewayConfig:
-    """Build a GatewayConfig from parsed YAML, checking every key and type."""
+_ROUTING_KEYS = {"models", "fallbacks", "router", "auto"}
+
+
+def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Build a GatewayConfig from parsed YAML, checking every key and type.
+
+    `env` supplies the secrets the routing sections name (api_key_env, key_env)."""
+    env = {} if env is None else env
     base = GatewayConfig()
-    known = {f.name for f in fields(base)}
+    known = ({f.name for f in fields(base)} - {"routing", "key_policies"}) | _ROUTING_KEYS
     unknown = set(data) - known
     if unknown:
         raise ConfigError(f"unknown config keys: {sorted(unknown)}")
     changes: dict[str, Any] = {}
+    try:
+        changes["routing"] = parse_routing({k: v for k, v in data.items() if k in _ROUTING_KEYS}, env)
+    except RoutingConfigError as exc:
+        raise ConfigError(str(exc)) from exc
     for name, value in data.items():
-        if name == "engine":
+        if name in _ROUTING_KEYS:
+            continue
+        if name == "api_keys":
+            changes["api_keys"], changes["key_policies"] = _api_keys(value, env)
+        elif name == "engine":
             changes[name] = _engine_from_mapping(value)
         elif name == "cache":
             changes[name] = _cache_from_mapping(value)
-        elif name == "api_keys":
-            changes[name] = _str_tuple(name, value)
         elif name == "model_aliases":
             changes[name] = _str_mapping(name, value)
         else:
@@ -160,6 +179,19 @@ def _coerce(name: str, value: object, like: object) -> Any:
     return value
 
 
+def _api_keys(value: object, env: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[KeyPolicy, ...]]:
+    """Plain strings (every model, no limits) and mappings (KeyPolicy: models, rpm, tpm)."""
+    items = [value] if isinstance(value, str | dict) else value
+    if not isinstance(items, list):
+        raise ConfigError("api_keys must be a list of keys or key mappings")
+    plain = [k for k in items if not isinstance(k, dict)]
+    try:
+        policies = tuple(parse_key(f"api_keys[{i}]", k, env) for i, k in enumerate(items) if isinstance(k, dict))
+    except RoutingConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+    return (_str_tuple("api_keys", plain) if plain else ()), policies
+
+
 def _str_tuple(name: str, value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
@@ -190,6 +222,9 @@ def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
         if f"{ENV_PREFIX}{suffix}" in env:
             changes[name] = _parse_env(f"{ENV_PREFIX}{suffix}", env[f"{ENV_PREFIX}{suffix}"], getattr(cfg, name))
     changes["cache"] = _cache_from_env(cfg.cache, env)
+    if f"{ENV_PREFIX}ROUTER_REDIS_URL" in env:  # rate-limit counters shared by replicas
+        router = replace(cfg.routing.router, redis_url=env[f"{ENV_PREFIX}ROUTER_REDIS_URL"])
+        changes["routing"] = replace(cfg.routing, router=router)
     changes["engine"] = engine_config_from_env(cfg.engine, dict(env))
     return replace(cfg, **changes)
 

@@ -33,7 +33,7 @@ class GatewayMiddleware:
     def __init__(self, app: ASGIApp, ctx: GatewayContext) -> None:
         self.app = app
         self.ctx = ctx
-        self._keys = tuple(k.encode() for k in ctx.config.api_keys)
+        self._keys = tuple(k.encode() for k in ctx.config.accepted_keys())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

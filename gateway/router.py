@@ -1,0 +1,317 @@
+"""The router: one client request -> a model (alias, `auto`, fallbacks) -> a deployment, with retries.
+
+Per request: the API key's policy (allowed models, rpm/tpm) is checked; the model's deployments are
+tried by gateway/balancer.py's choice, an attempt failing with a connect error, a timeout, a 429 or a
+5xx is retried on another deployment (or the same one later) after an exponential, jittered backoff;
+a deployment's Retry-After keeps traffic away from it that long. When every deployment of a model has
+failed, the next fallback model is tried; when those fail too, the client gets one OpenAI-style error
+(503, or 429 with Retry-After when limits were the cause). Nothing waits without a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway.auto import AutoRouter
+from gateway.balancer import Balancer, Choice, DeploymentState, affinity_key
+from gateway.client import EmbeddingClient
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, RateLimited, ServiceUnavailable
+from gateway.jsonio import read_json
+from gateway.proxy import Outcome, call_json, call_stream
+from gateway.ratelimit import Limit, OverLimit, build_limiter
+from gateway.record import RequestRecord, record_of
+from gateway.router_metrics import RouterMetrics
+from gateway.routing_config import DeploymentConfig
+from gateway.token_count import load_counter
+from gateway.upstream import HttpEmbedder, Upstream, UpstreamError
+
+Endpoint = Literal["chat", "completions"]
+LocalHandler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
+_PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
+
+
+class AllFailed(ServiceUnavailable):
+    default_code = "all_deployments_failed"
+
+
+@dataclass
+class Attempted:
+    """What one model's deployments did for this request."""
+
+    last: BaseException | None = None
+    limited: OverLimit | None = None
+    cooling_s: float = 0.0  # every deployment cools down this long yet
+    cooling_429: bool = False  # ...because the upstreams said 429
+
+
+class Tracked:
+    """Runs a response, then closes its attempt (outstanding count, health) and spends its tokens."""
+
+    def __init__(self, response: Response, on_done: Callable[[bool], Awaitable[None]], outcome: Outcome, rec: RequestRecord):
+        self.response, self.on_done, self.outcome, self.rec = response, on_done, outcome, rec
+        self.headers = response.headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            failed = self.outcome.failed or self.rec.error_type not in (None, "client_disconnected")
+            await self.on_done(not failed)
+
+
+class Router:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        local: dict[Endpoint, LocalHandler],
+        metrics_registry: Any,
+        logger: Any,
+        embedder: EmbeddingClient | None,
+    ) -> None:
+        rc = config.routing
+        self.cfg, self.rcfg, self.local, self.logger = config, rc.router, local, logger
+        self.balancers = {m.name: Balancer(m.deployments, rc.router) for m in rc.models}
+        self.upstreams = {
+            (m.name, i): Upstream.open(d) for m in rc.models for i, d in enumerate(m.deployments) if d.kind != "embedded"
+        }
+        self.aliases = {a: t for a, t in config.model_aliases.items() if t in self.balancers}
+        self.keys = {p.key: p for p in config.key_policies}
+        self.metrics = RouterMetrics(metrics_registry, lambda: self.balancers)
+        self.limiter = build_limiter(rc.router.redis_url, rc.router.redis_prefix, self._limiter_error)
+        self.auto = AutoRouter(rc.auto.small, rc.auto.large, rc.auto.threshold, self._auto_embedder(embedder))
+        self.auto_enabled = rc.auto.enabled
+        self.count = load_counter(rc.router.tokenizer)
+        self._last_warning = 0.0
+
+    def _auto_embedder(self, local: EmbeddingClient | None) -> EmbeddingClient | None:
+        auto = self.cfg.routing.auto
+        if not auto.use_embeddings:
+            return None
+        if auto.embedding_base_url:  # a torch-free gateway borrows a backend's embedder
+            dep = DeploymentConfig(kind="openai", base_url=auto.embedding_base_url.rstrip("/"), timeout_s=5.0, max_connections=8)
+            self.upstreams[("", -1)] = upstream = Upstream.open(dep)
+            return HttpEmbedder(upstream, auto.embedding_model)
+        return local
+
+    def model_names(self) -> list[str]:
+        return [*self.balancers, *(["auto"] if self.auto_enabled else [])]
+
+    async def close(self) -> None:
+        await asyncio.gather(*(u.close() for u in self.upstreams.values()), return_exceptions=True)
+        await self.limiter.close()
+
+    def _limiter_error(self, exc: BaseException) -> None:
+        if time.monotonic() - self._last_warning > 10:
+            self._last_warning = time.monotonic()
+            self.logger.warning("rate_limit_store_unavailable", error=type(exc).__name__)
+
+    async def handle(self, endpoint: Endpoint, request: Request) -> Response:
+        rec = record_of(request)
+        raw = await read_json(request, self.cfg.max_body_bytes)
+        name = raw.get("model")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("you must provide a model parameter", param="model")
+        headers: dict[str, str] = {}
+        if name == "auto" and self.auto_enabled:
+            choice = await self.auto.choose(raw)
+            self.metrics.auto.labels(choice.tier, choice.model).inc()
+            headers = {"x-smolgate-auto-tier": choice.tier, "x-smolgate-auto-score": str(choice.score)}
+            name = choice.model
+        model = self.aliases.get(name, name)
+        policy = self.keys.get(_bearer(request))
+        if model not in self.balancers or (policy is not None and policy.models and model not in policy.models):
+            raise ModelNotFound(f"The model `{name}` does not exist or you do not have access to it.", param="model")
+        key_limit = Limit(f"key:{policy.name}", policy.rpm, policy.tpm) if policy else Limit("", 0, 0)
+        try:
+            await self.limiter.admit(key_limit)
+        except OverLimit as exc:
+            self.metrics.rate_limited.labels("key").inc()
+            raise RateLimited(
+                f"Rate limit reached for your API key: {exc.what} per minute.", retry_after_s=exc.retry_after_s
+            ) from None
+        rec.model = model
+        response = await self._route(endpoint, request, raw, [model, *self.rcfg_fallbacks(model)], rec, key_limit)
+        response.headers.update(headers)
+        return response  # type: ignore[return-value]
+
+    def rcfg_fallbacks(self, model: str) -> tuple[str, ...]:
+        return self.cfg.routing.fallbacks.get(model, ())
+
+    async def _route(
+        self, endpoint: Endpoint, request: Request, raw: dict[str, Any], chain: list[str], rec: RequestRecord, key_limit: Limit
+    ) -> Any:
+        tried: list[Attempted] = []
+        for i, model in enumerate(chain):
+            if i:
+                self.metrics.fallbacks.labels(chain[0], model).inc()
+            attempted = Attempted()
+            response = await self._try_model(endpoint, request, raw, model, rec, key_limit, attempted)
+            if response is not None:
+                response.headers["x-smolgate-model"] = model
+                return response
+            tried.append(attempted)
+        self.metrics.exhausted.labels(chain[0]).inc()
+        raise _final_error(chain, tried)
+
+    async def _try_model(
+        self,
+        endpoint: Endpoint,
+        request: Request,
+        raw: dict[str, Any],
+        model: str,
+        rec: RequestRecord,
+        key_limit: Limit,
+        attempted: Attempted,
+    ) -> Any:
+        balancer = self.balancers[model]
+        key = self._affinity(model, raw) if any(s.cfg.prefix_affinity for s in balancer.states) else ""
+        failed: set[int] = set()
+        limited: set[int] = set()
+        attempts = 0
+        while attempts <= self.rcfg.num_retries:
+            started = time.perf_counter()
+            choice = balancer.pick(key, failed | limited) or (balancer.pick(key, limited) if failed else None)
+            self.metrics.decision.observe(time.perf_counter() - started)
+            if choice is None:
+                wait = _soonest(balancer, limited)
+                if wait is None or wait > self.rcfg.max_retry_after_s:
+                    attempted.cooling_s = wait or 0.0
+                    attempted.cooling_429 = all(s.last_status == 429 for s in balancer.states if s.index not in limited)
+                    return None
+                attempts += 1
+                await asyncio.sleep(wait)
+                continue
+            state = choice.state
+            dep_limit = Limit(f"deployment:{model}/{state.name}", state.cfg.rpm, state.cfg.tpm)
+            try:
+                await self.limiter.admit(dep_limit)
+            except OverLimit as exc:
+                balancer.release(state)
+                self.metrics.rate_limited.labels("deployment").inc()
+                limited.add(state.index)
+                attempted.limited = exc
+                continue
+            if attempts:
+                self.metrics.retries.labels(model).inc()
+            try:
+                return await self._attempt(endpoint, request, raw, model, choice, rec, key_limit, dep_limit)
+            except Exception as exc:
+                if not _retryable(exc):
+                    balancer.release(state)
+                    raise _client_error(exc) from None
+                self._failed(balancer, model, state, exc)
+                attempted.last = exc
+                failed.add(state.index)
+                attempts += 1
+                delay = min(self.rcfg.backoff_max_s, self.rcfg.backoff_base_s * 2 ** (attempts - 1))
+                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+        return None
+
+    def _failed(self, balancer: Balancer, model: str, state: DeploymentState, exc: BaseException) -> None:
+        retry_after = getattr(exc, "retry_after_s", None)
+        state.last_status = getattr(exc, "status", 0)
+        self.metrics.attempts.labels(model, state.name, "failure").inc()
+        if balancer.done(state, False, float(retry_after) if retry_after else None):
+            self.metrics.cooldowns.labels(model, state.name).inc()
+            self.logger.warning("deployment_cooldown", model=model, deployment=state.name, error=str(exc))
+
+    async def _attempt(
+        self,
+        endpoint: Endpoint,
+        request: Request,
+        raw: dict[str, Any],
+        model: str,
+        choice: Choice,
+        rec: RequestRecord,
+        key_limit: Limit,
+        dep_limit: Limit,
+    ) -> Any:
+        state = choice.state
+        if choice.affinity:
+            self.metrics.prefix.labels(choice.affinity).inc()
+        body = {**raw, "model": state.cfg.model or model}
+        outcome = Outcome()
+        if state.cfg.kind == "embedded":
+            response = await self.local[endpoint](request, body)
+        else:
+            upstream = self.upstreams[(model, state.index)]
+            if raw.get("stream"):
+                response = await call_stream(upstream, _PATHS[endpoint], body, rec, self.count, self.cfg.sse_ping_s, outcome)
+            else:
+                response = await call_json(upstream, _PATHS[endpoint], body, rec, self.count)
+        rec.model = model
+        balancer = self.balancers[model]
+
+        async def done(ok: bool) -> None:
+            self.metrics.attempts.labels(model, state.name, "success" if ok else "failure").inc()
+            balancer.done(state, ok)
+            tokens = rec.prompt_tokens + rec.completion_tokens
+            await asyncio.gather(self.limiter.spend(key_limit, tokens), self.limiter.spend(dep_limit, tokens))
+
+        response.headers["x-smolgate-deployment"] = state.name
+        return Tracked(response, done, outcome, rec)
+
+    def _affinity(self, model: str, raw: dict[str, Any]) -> str:
+        messages = raw.get("messages")
+        if isinstance(messages, list):  # the conversation's start: system prompt and first user turn
+            head = [m for m in messages if isinstance(m, dict)][:2]
+            text = "\n".join(str(m.get("content", "")) for m in head)
+        else:
+            text = str(raw.get("prompt", ""))
+        return affinity_key(model, text, self.rcfg.affinity_prefix_chars)
+
+
+def _bearer(request: Request) -> str:
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    return key.strip() if scheme.lower() == "bearer" else ""
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, UpstreamError):
+        return exc.retryable and not exc.client_fault
+    return isinstance(exc, GatewayError) and exc.status in (429, 500, 502, 503)  # the embedded engine: queue full, dead
+
+
+def _client_error(exc: BaseException) -> BaseException:
+    """The upstream said the request itself is wrong: the client sees the upstream's message."""
+    if isinstance(exc, UpstreamError):
+        error = (exc.body or {}).get("error") or {}
+        return InvalidRequest(
+            str(error.get("message") or f"The upstream rejected the request ({exc.status})."), param=error.get("param")
+        )
+    return exc
+
+
+def _soonest(balancer: Balancer, skip: set[int]) -> float | None:
+    """Seconds until a cooling deployment (not rate-limited for this request) takes traffic again."""
+    now = time.monotonic()
+    waits = [s.cooldown_until - now for s in balancer.states if s.index not in skip and s.cooldown_until > now]
+    return max(0.0, min(waits)) if waits else None
+
+
+def _final_error(chain: list[str], tried: list[Attempted]) -> GatewayError:
+    names = " -> ".join(chain)
+    lasts = [a.last for a in tried if a.last is not None]
+    limits = [a.limited for a in tried if a.limited is not None]
+    retry_afters = [e.retry_after_s for e in lasts if isinstance(e, UpstreamError) and e.status == 429 and e.retry_after_s]
+    if not lasts and limits:
+        return RateLimited(
+            f"Every deployment of {names} is at its rate limit.", retry_after_s=min(e.retry_after_s for e in limits)
+        )
+    retry_afters += [a.cooling_s for a in tried if a.cooling_429 and a.cooling_s]
+    if all(isinstance(e, UpstreamError) and e.status == 429 for e in lasts) and all(a.cooling_429 or a.last for a in tried):
+        wait = max(1, math.ceil(min(retry_afters))) if retry_afters else 1
+        return RateLimited(f"Every deployment of {names} is rate limited upstream.", retry_after_s=wait)
+    detail = f" (last error: {lasts[-1]})" if lasts else " (every deployment is cooling down after failures)"
+    return AllFailed(f"No deployment of {names} could serve the request{detail}. Retry later.")

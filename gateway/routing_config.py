@@ -1,0 +1,245 @@
+"""Routing configuration: models -> deployments, fallbacks, per-key policies, router and `auto` knobs.
+
+Parsed from the `models`, `fallbacks`, `router`, `auto` sections and the mapping form of `api_keys`
+in the gateway's YAML file. With no `models` section there is no routing: the gateway serves its
+embedded engine exactly as before. Secrets are never in the file: `api_key_env` / `key_env` name
+environment variables, read here (the environment mapping is passed in, as in gateway/config.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+DeploymentKind = Literal["embedded", "openai", "backend"]
+_KINDS = ("embedded", "openai", "backend")
+
+
+class RoutingConfigError(ValueError):
+    """A routing section is invalid (gateway/config.py re-raises it as ConfigError)."""
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """One place a model runs: the embedded engine, or an OpenAI-compatible upstream.
+
+    `backend` is an upstream that is another replica of this project's backend: it holds a prefix KV
+    cache, so conversations stick to one replica (prefix affinity) unless it is overloaded.
+    """
+
+    kind: DeploymentKind = "openai"
+    base_url: str = ""  # e.g. http://backend-1:8000/v1 (ends in /v1)
+    api_key: str = field(default="", repr=False)  # read from api_key_env, never written in the file
+    model: str = ""  # the upstream's model name; "" = the routed model's name (embedded: the engine's)
+    name: str = ""  # for metrics and logs; default kind:base_url
+    weight: float = 1.0
+    timeout_s: float = 60.0  # whole non-streaming request
+    connect_timeout_s: float = 3.0
+    first_token_timeout_s: float = 30.0  # streaming: until the first event
+    idle_timeout_s: float = 30.0  # streaming: between two events
+    rpm: int = 0  # requests per minute through this deployment; 0 = unlimited
+    tpm: int = 0  # tokens per minute
+    max_connections: int = 64  # httpx pool size for this deployment
+    prefix_affinity: bool = False  # default: true for kind backend
+
+    @property
+    def label(self) -> str:
+        return self.name or (self.kind if self.kind == "embedded" else f"{self.kind}:{self.base_url}")
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    name: str
+    deployments: tuple[DeploymentConfig, ...]
+
+
+@dataclass(frozen=True)
+class KeyPolicy:
+    """What one API key may do. `models` empty: every model."""
+
+    name: str = ""
+    key: str = field(default="", repr=False)
+    models: tuple[str, ...] = ()
+    rpm: int = 0
+    tpm: int = 0
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    num_retries: int = 2  # per deployment list of one model (attempts = 1 + num_retries)
+    backoff_base_s: float = 0.1
+    backoff_max_s: float = 2.0
+    max_retry_after_s: float = 5.0  # honour an upstream's Retry-After up to this long, else move on
+    cooldown_failures: int = 3  # consecutive failures that cool a deployment down
+    cooldown_s: float = 15.0  # then one probe request is let through
+    affinity_overload: int = 4  # leave the affinity replica when it has this many more in flight than the least loaded
+    affinity_prefix_chars: int = 512  # how much of the conversation's start keys the affinity
+    redis_url: str = ""  # rate-limit counters shared by gateway replicas; "" = in process
+    redis_prefix: str = "smolgate:rl"
+    tokenizer: str = ""  # tokenizer.json to count usage upstreams omit; "" = the default model's
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    """`model: "auto"`: requests scored harder than `threshold` go to `large`, the rest to `small`."""
+
+    small: str = ""
+    large: str = ""
+    threshold: float = 0.5
+    use_embeddings: bool = True  # kNN over labelled examples when an embedder is available
+    embedding_base_url: str = ""  # an upstream's /v1 for the embeddings ("" = this gateway's embedder, if loaded)
+    embedding_model: str = "all-MiniLM-L6-v2"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.small and self.large)
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    models: tuple[ModelRoute, ...] = ()
+    fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    router: RouterConfig = field(default_factory=RouterConfig)
+    auto: AutoConfig = field(default_factory=AutoConfig)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.models)
+
+    def model(self, name: str) -> ModelRoute | None:
+        return next((m for m in self.models if m.name == name), None)
+
+    @property
+    def needs_engine(self) -> bool:
+        return any(d.kind == "embedded" for m in self.models for d in m.deployments)
+
+
+def _dataclass_from(cls: type, where: str, value: object, skip: tuple[str, ...] = ()) -> Any:
+    if not isinstance(value, dict):
+        raise RoutingConfigError(f"{where} must be a mapping")
+    base = cls()
+    known = {f.name for f in fields(base)} - set(skip)
+    unknown = set(value) - known
+    if unknown:
+        raise RoutingConfigError(f"unknown {where} keys: {sorted(unknown)}")
+    return replace(base, **{k: _typed(f"{where}.{k}", v, getattr(base, k)) for k, v in value.items()})
+
+
+def _typed(name: str, value: object, like: object) -> Any:
+    if isinstance(like, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(like, int):
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    elif isinstance(like, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+        value = float(value) if ok else value  # type: ignore[arg-type]
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        raise RoutingConfigError(f"{name} must be a non-negative {type(like).__name__}, got {value!r}")
+    return value
+
+
+def _secret(where: str, env_name: object, env: Mapping[str, str], required: bool) -> str:
+    if not isinstance(env_name, str) or not env_name:
+        raise RoutingConfigError(f"{where} must name an environment variable")
+    if required and not env.get(env_name):
+        raise RoutingConfigError(f"{where}: environment variable {env_name} is not set")
+    return env.get(env_name, "")
+
+
+def parse_deployment(where: str, value: object, env: Mapping[str, str]) -> DeploymentConfig:
+    if not isinstance(value, dict):
+        raise RoutingConfigError(f"{where} must be a mapping")
+    raw = dict(value)
+    env_name = raw.pop("api_key_env", None)
+    dep: DeploymentConfig = _dataclass_from(DeploymentConfig, where, raw, skip=("api_key",))
+    if dep.kind not in _KINDS:
+        raise RoutingConfigError(f"{where}.kind must be one of {list(_KINDS)}, got {dep.kind!r}")
+    if dep.kind != "embedded" and not dep.base_url.startswith(("http://", "https://")):
+        raise RoutingConfigError(f"{where}.base_url must be an http(s) URL ending in /v1")
+    if dep.weight <= 0:
+        raise RoutingConfigError(f"{where}.weight must be > 0")
+    changes: dict[str, Any] = {"base_url": dep.base_url.rstrip("/")}
+    if env_name is not None:
+        changes["api_key"] = _secret(f"{where}.api_key_env", env_name, env, required=False)
+    if dep.kind == "backend" and "prefix_affinity" not in raw:
+        changes["prefix_affinity"] = True
+    return replace(dep, **changes)
+
+
+def parse_models(value: object, env: Mapping[str, str]) -> tuple[ModelRoute, ...]:
+    if not isinstance(value, dict) or not value:
+        raise RoutingConfigError("models must map model names to {deployments: [...]}")
+    routes = []
+    for name, spec in value.items():
+        if not isinstance(name, str) or not name or name == "auto":
+            raise RoutingConfigError(f"models: invalid model name {name!r} ('auto' is reserved)")
+        if not isinstance(spec, dict) or set(spec) - {"deployments"} or not isinstance(spec.get("deployments"), list):
+            raise RoutingConfigError(f"models.{name} must be {{deployments: [...]}}")
+        deps = tuple(parse_deployment(f"models.{name}.deployments[{i}]", d, env) for i, d in enumerate(spec["deployments"]))
+        if not deps:
+            raise RoutingConfigError(f"models.{name} needs at least one deployment")
+        routes.append(ModelRoute(name, deps))
+    return tuple(routes)
+
+
+def parse_fallbacks(value: object) -> Mapping[str, tuple[str, ...]]:
+    if not isinstance(value, dict):
+        raise RoutingConfigError("fallbacks must map a model name to a list of model names")
+    out: dict[str, tuple[str, ...]] = {}
+    for name, targets in value.items():
+        if isinstance(targets, str):
+            targets = [targets]
+        if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
+            raise RoutingConfigError(f"fallbacks.{name} must be a list of model names")
+        out[str(name)] = tuple(targets)
+    return MappingProxyType(out)
+
+
+def parse_key(where: str, value: object, env: Mapping[str, str]) -> KeyPolicy:
+    """`{key_env: NAME}` or `{key: literal}`, optional name, models, rpm, tpm."""
+    if not isinstance(value, dict):
+        raise RoutingConfigError(f"{where} must be a string or a mapping")
+    raw = dict(value)
+    if "key_env" in raw:
+        key = _secret(f"{where}.key_env", raw.pop("key_env"), env, required=True)
+    elif isinstance(raw.get("key"), str) and raw["key"]:
+        key = raw.pop("key")
+    else:
+        raise RoutingConfigError(f"{where} needs key_env (preferred) or key")
+    models = raw.pop("models", [])
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise RoutingConfigError(f"{where}.models must be a list of model names")
+    name = raw.pop("name", "") or f"key{where.rsplit('[', 1)[-1].rstrip(']')}"
+    limits: KeyPolicy = _dataclass_from(KeyPolicy, where, raw, skip=("name", "key", "models"))
+    return replace(limits, name=str(name), key=key, models=tuple(models))
+
+
+def parse_routing(data: Mapping[str, Any], env: Mapping[str, str]) -> RoutingConfig:
+    """The routing sections of the YAML mapping (any may be absent)."""
+    cfg = RoutingConfig()
+    if "models" in data:
+        cfg = replace(cfg, models=parse_models(data["models"], env))
+    if "fallbacks" in data:
+        cfg = replace(cfg, fallbacks=parse_fallbacks(data["fallbacks"]))
+    if "router" in data:
+        cfg = replace(cfg, router=_dataclass_from(RouterConfig, "router", data["router"]))
+    if "auto" in data:
+        cfg = replace(cfg, auto=_dataclass_from(AutoConfig, "auto", data["auto"]))
+    _check_names(cfg)
+    return cfg
+
+
+def _check_names(cfg: RoutingConfig) -> None:
+    names = {m.name for m in cfg.models}
+    for source, targets in cfg.fallbacks.items():
+        for target in (source, *targets):
+            if target not in names:
+                raise RoutingConfigError(f"fallbacks name an unknown model {target!r} (models: {sorted(names)})")
+    if cfg.auto.small or cfg.auto.large:
+        for target in (cfg.auto.small, cfg.auto.large):
+            if target not in names:
+                raise RoutingConfigError(f"auto.small and auto.large must both name models, got {target!r}")
