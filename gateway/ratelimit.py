@@ -37,12 +37,13 @@ class Counters(Protocol):
 
 
 class MemoryCounters:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._values: dict[str, int] = {}
         self._window = -1
+        self._clock = clock
 
     def _roll(self) -> None:
-        window = int(time.time()) // WINDOW_S
+        window = int(self._clock()) // WINDOW_S
         if window != self._window:  # keys carry their window, so older ones are dead: drop them
             self._values = {k: v for k, v in self._values.items() if k.endswith(f":{window}")}
             self._window = window

@@ -122,16 +122,17 @@ class Router:
         name = raw.get("model")
         if not isinstance(name, str) or not name:
             raise InvalidRequest("you must provide a model parameter", param="model")
-        headers: dict[str, str] = {}
-        if name == "auto" and self.auto_enabled:
+        asked, headers = name, {}
+        policy = self.keys.get(_bearer(request))
+        allowed = set(policy.models) if policy is not None and policy.models else None  # None: every model
+        if name == "auto" and self.auto_enabled and (allowed is None or "auto" in allowed):
             choice = await self.auto.choose(raw)
             self.metrics.auto.labels(choice.tier, choice.model).inc()
             headers = {"x-smolgate-auto-tier": choice.tier, "x-smolgate-auto-score": str(choice.score)}
             name = choice.model
         model = self.aliases.get(name, name)
-        policy = self.keys.get(_bearer(request))
-        if model not in self.balancers or (policy is not None and policy.models and model not in policy.models):
-            raise ModelNotFound(f"The model `{name}` does not exist or you do not have access to it.", param="model")
+        if model not in self.balancers or (allowed is not None and model not in allowed and asked != "auto"):
+            raise ModelNotFound(f"The model `{asked}` does not exist or you do not have access to it.", param="model")
         key_limit = Limit(f"key:{policy.name}", policy.rpm, policy.tpm) if policy else Limit("", 0, 0)
         try:
             await self.limiter.admit(key_limit)
