@@ -26,7 +26,8 @@ from gateway.auto import AutoRouter
 from gateway.balancer import Balancer, Choice, DeploymentState, affinity_key
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, RateLimited, ServiceUnavailable
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, RateLimited, ServiceUnavailable, to_gateway_error
+from gateway.generation import unless_disconnected
 from gateway.jsonio import read_json
 from gateway.proxy import Outcome, call_json, call_stream
 from gateway.ratelimit import Limit, OverLimit, build_limiter
@@ -248,9 +249,10 @@ class Router:
         else:
             upstream = self.upstreams[(model, state.index)]
             if raw.get("stream"):
-                response = await call_stream(upstream, _PATHS[endpoint], body, rec, self.count, self.cfg.sse_ping_s, outcome)
+                call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, self.cfg.sse_ping_s, outcome)
             else:
-                response = await call_json(upstream, _PATHS[endpoint], body, rec, self.count)
+                call = call_json(upstream, _PATHS[endpoint], body, rec, self.count)
+            response = await unless_disconnected(request.receive, call)  # a client gone cancels the upstream call
         rec.model = model
         balancer = self.balancers[model]
 
@@ -281,7 +283,7 @@ def _bearer(request: Request) -> str:
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, UpstreamError):
         return exc.retryable and not exc.client_fault
-    return isinstance(exc, GatewayError) and exc.status in (429, 500, 502, 503)  # the embedded engine: queue full, dead
+    return to_gateway_error(exc).status in (429, 500, 502, 503)  # the embedded engine: queue full, dead, a bug
 
 
 def _client_error(exc: BaseException) -> BaseException:

@@ -1,0 +1,152 @@
+"""Load generation for bench.routing: closed-loop chat requests at a fixed concurrency, and the httpx pool test."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+MODEL = "SmolLM2-135M-Instruct"
+TOPICS = ["rivers", "volcanoes", "owls", "bread", "comets", "glaciers", "violins", "bridges", "tea", "maps", "bees", "clocks"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited early")
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{url} did not become ready")
+
+
+@dataclass(frozen=True)
+class Result:
+    start: float
+    end: float
+    ok: bool
+    tokens: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Load:
+    requests: int
+    concurrency: int
+    max_tokens: int
+
+    @staticmethod
+    def summary(results: list[Result]) -> dict[str, Any]:
+        wall = max(r.end for r in results) - min(r.start for r in results)
+        tokens = sum(r.tokens for r in results)
+        lat = sorted(r.end - r.start for r in results)
+        return {"requests": len(results), "failed": sum(not r.ok for r in results), "wall_s": round(wall, 2),
+                "tok_s": round(tokens / wall, 1), "req_s": round(len(results) / wall, 2),
+                "p50_s": round(lat[len(lat) // 2], 2)}  # fmt: skip
+
+
+async def run_load(url: str, load: Load, tag: str = "", duration_s: float | None = None) -> list[Result]:
+    """`load.requests` requests (or as many as fit in duration_s), `load.concurrency` at a time."""
+    counter = itertools.count()
+    results: list[Result] = []
+    stop_at = time.perf_counter() + duration_s if duration_s else None
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while True:
+            i = next(counter)
+            if i >= load.requests or (stop_at and time.perf_counter() >= stop_at):
+                return
+            topic = TOPICS[i % len(TOPICS)]
+            body = {"model": MODEL, "max_tokens": load.max_tokens, "temperature": 0,
+                    "messages": [{"role": "user", "content": f"Tell me a fact about {topic} ({tag}{i})."}]}  # fmt: skip
+            start = time.perf_counter()
+            try:
+                r = await client.post(f"{url}/v1/chat/completions", json=body)
+                ok = r.status_code == 200
+                tokens = r.json()["usage"]["completion_tokens"] if ok else 0
+                results.append(Result(start, time.perf_counter(), ok, tokens, "" if ok else str(r.status_code)))
+            except httpx.HTTPError as exc:
+                results.append(Result(start, time.perf_counter(), False, 0, type(exc).__name__))
+
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=load.concurrency)) as client:
+        await asyncio.gather(*(worker(client) for _ in range(load.concurrency)))
+    return results
+
+
+def echo_app() -> Any:
+    """A fast OpenAI-shaped upstream (a canned chat.completion) for the HTTP pool measurement."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    canned = (b'{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
+              b'"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],'
+              b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')  # fmt: skip
+
+    async def chat(request: Any) -> Response:
+        await request.body()
+        return Response(canned, media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+async def _pool_rate(clients: list[httpx.AsyncClient], urls: list[str], total: int, in_flight: int) -> float:
+    counter = itertools.count()
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+
+    async def worker() -> None:
+        while (i := next(counter)) < total:
+            k = i % len(urls)
+            (await clients[k % len(clients)].post(f"{urls[k]}/v1/chat/completions", content=body)).raise_for_status()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return round(total / (time.perf_counter() - started), 1)
+
+
+async def http_pool(total: int = 3000, in_flight: int = 64) -> dict[str, float]:
+    """Requests/s through httpx with `in_flight` concurrent requests over two upstreams, per pool layout."""
+    ports = [free_port(), free_port()]
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.routing", "--serve-echo", str(p)]) for p in ports]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        for url, proc in zip(urls, procs, strict=True):
+            while True:
+                try:
+                    httpx.post(f"{url}/v1/chat/completions", content=b"{}", timeout=1)
+                    break
+                except httpx.TransportError:
+                    if proc.poll() is not None:
+                        raise RuntimeError("the echo upstream did not start") from None
+                    time.sleep(0.1)
+        layouts = {"shared_client_128": [128], "client_per_deployment_64": [64, 64], "client_per_deployment_8": [8, 8]}
+        out: dict[str, float] = {}
+        for _ in range(2):  # two passes, best of: the machine is shared
+            for name, sizes in layouts.items():
+                clients = [httpx.AsyncClient(limits=httpx.Limits(max_connections=s, max_keepalive_connections=s)) for s in sizes]
+                rate = await _pool_rate(clients, urls, total, in_flight)
+                out[name] = max(out.get(name, 0.0), rate)
+                for c in clients:
+                    await c.aclose()
+        return out
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
