@@ -121,7 +121,7 @@ async def _pool_rate(clients: list[httpx.AsyncClient], urls: list[str], total: i
     return round(total / (time.perf_counter() - started), 1)
 
 
-async def http_pool(total: int = 3000, in_flight: int = 64) -> dict[str, float]:
+async def http_pool(total: int = 1000, in_flight: int = 64) -> dict[str, float]:
     """Requests/s through httpx with `in_flight` concurrent requests over two upstreams, per pool layout."""
     ports = [free_port(), free_port()]
     procs = [subprocess.Popen([sys.executable, "-m", "bench.routing", "--serve-echo", str(p)]) for p in ports]

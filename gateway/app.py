@@ -136,4 +136,5 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
         lifespan=lifespan,
     )
     app.state.ctx = ctx
+    app.state.router = router
     return app

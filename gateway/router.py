@@ -143,11 +143,11 @@ class Router:
                 f"Rate limit reached for your API key: {exc.what} per minute.", retry_after_s=exc.retry_after_s
             ) from None
         rec.model = model
-        response = await self._route(endpoint, request, raw, [model, *self.rcfg_fallbacks(model)], rec, key_limit)
+        response = await self._route(endpoint, request, raw, [model, *self._fallbacks(model)], rec, key_limit)
         response.headers.update(headers)
         return response  # type: ignore[return-value]
 
-    def rcfg_fallbacks(self, model: str) -> tuple[str, ...]:
+    def _fallbacks(self, model: str) -> tuple[str, ...]:
         return self.cfg.routing.fallbacks.get(model, ())
 
     async def _route(
@@ -216,8 +216,12 @@ class Router:
                 attempted.last = exc
                 failed.add(state.index)
                 attempts += 1
-                delay = min(self.rcfg.backoff_max_s, self.rcfg.backoff_base_s * 2 ** (attempts - 1))
-                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                if attempts <= self.rcfg.num_retries:  # no pause before a fallback model
+                    delay = min(self.rcfg.backoff_max_s, self.rcfg.backoff_base_s * 2 ** (attempts - 1))
+                    await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            except BaseException:  # cancelled (the server stops): the attempt counts for nothing
+                balancer.release(state)
+                raise
         return None
 
     def _failed(self, balancer: Balancer, model: str, state: DeploymentState, exc: BaseException) -> None:
