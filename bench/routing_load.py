@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 MODEL = "SmolLM2-135M-Instruct"
 TOPICS = ["rivers", "volcanoes", "owls", "bread", "comets", "glaciers", "violins", "bridges", "tea", "maps", "bees", "clocks"]
@@ -107,14 +111,17 @@ def echo_app() -> Any:
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
-async def _pool_rate(clients: list[httpx.AsyncClient], urls: list[str], total: int, in_flight: int) -> float:
+async def _pool_rate(clients: list[list[httpx.AsyncClient]], urls: list[str], total: int, in_flight: int) -> float:
+    """clients[k]: the clients (shards) for urls[k], taken in turn."""
     counter = itertools.count()
     body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
 
     async def worker() -> None:
         while (i := next(counter)) < total:
             k = i % len(urls)
-            (await clients[k % len(clients)].post(f"{urls[k]}/v1/chat/completions", content=body)).raise_for_status()
+            shards = clients[k]
+            client = shards[(i // len(urls)) % len(shards)]
+            (await client.post(f"{urls[k]}/v1/chat/completions", content=body)).raise_for_status()
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(in_flight)))
@@ -122,31 +129,69 @@ async def _pool_rate(clients: list[httpx.AsyncClient], urls: list[str], total: i
 
 
 async def http_pool(total: int = 1000, in_flight: int = 64) -> dict[str, float]:
-    """Requests/s through httpx with `in_flight` concurrent requests over two upstreams, per pool layout."""
+    """Requests/s with `in_flight` concurrent requests over two fast upstreams: httpx per pool layout, and
+    through a routing gateway (one subprocess, two deployments) against going straight to the upstreams."""
     ports = [free_port(), free_port()]
     procs = [subprocess.Popen([sys.executable, "-m", "bench.routing", "--serve-echo", str(p)]) for p in ports]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
         for url, proc in zip(urls, procs, strict=True):
-            while True:
-                try:
-                    httpx.post(f"{url}/v1/chat/completions", content=b"{}", timeout=1)
-                    break
-                except httpx.TransportError:
-                    if proc.poll() is not None:
-                        raise RuntimeError("the echo upstream did not start") from None
-                    time.sleep(0.1)
-        layouts = {"shared_client_128": [128], "client_per_deployment_64": [64, 64], "client_per_deployment_8": [8, 8]}
+            _wait_echo(url, proc)
+        layouts = {  # (shared by both upstreams?, shards per upstream, connections per shard)
+            "shared_client_128": (True, 1, 128),
+            "client_per_deployment_64": (False, 1, 64),
+            "sharded_4x16_per_deployment": (False, 4, 16),
+            "client_per_deployment_8": (False, 1, 8),
+        }
         out: dict[str, float] = {}
         for _ in range(2):  # two passes, best of: the machine is shared
-            for name, sizes in layouts.items():
-                clients = [httpx.AsyncClient(limits=httpx.Limits(max_connections=s, max_keepalive_connections=s)) for s in sizes]
-                rate = await _pool_rate(clients, urls, total, in_flight)
-                out[name] = max(out.get(name, 0.0), rate)
-                for c in clients:
-                    await c.aclose()
+            for name, (shared, shards, size) in layouts.items():
+                out[name] = max(out.get(name, 0.0), await _with_clients(shared, shards, size, urls, total, in_flight))
+        gw_port = free_port()
+        procs.append(_router_process(gw_port, urls))
+        wait_ready(f"http://127.0.0.1:{gw_port}", procs[-1])
+        for _ in range(2):
+            out["through_router"] = max(
+                out.get("through_router", 0.0),
+                await _with_clients(True, 4, 16, [f"http://127.0.0.1:{gw_port}"], total, in_flight),
+            )
         return out
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+async def _with_clients(shared: bool, shards: int, size: int, urls: list[str], total: int, in_flight: int) -> float:
+    def make() -> list[httpx.AsyncClient]:
+        return [
+            httpx.AsyncClient(limits=httpx.Limits(max_connections=size, max_keepalive_connections=size)) for _ in range(shards)
+        ]
+
+    one = make()
+    clients = [one if shared else make() for _ in urls]
+    try:
+        return await _pool_rate(clients, urls, total, in_flight)
+    finally:
+        for c in {id(c): c for row in clients for c in row}.values():
+            await c.aclose()
+
+
+def _wait_echo(url: str, proc: subprocess.Popen[bytes]) -> None:
+    while True:
+        try:
+            httpx.post(f"{url}/v1/chat/completions", content=b"{}", timeout=1)
+            return
+        except httpx.TransportError:
+            if proc.poll() is not None:
+                raise RuntimeError("the echo upstream did not start") from None
+            time.sleep(0.1)
+
+
+def _router_process(port: int, upstreams: list[str]) -> subprocess.Popen[bytes]:
+    deps = [{"kind": "openai", "name": f"echo{i}", "base_url": f"{u}/v1"} for i, u in enumerate(upstreams)]
+    cfg = {"embeddings": False, "cache": {"backend": "off"}, "access_log": False, "models": {"m": {"deployments": deps}}}
+    path = Path(tempfile.mkdtemp()) / "router.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "SMOLGATE_CONFIG": str(path), "SMOLGATE_API_KEYS": "", "SMOLGATE_LOG_LEVEL": "warning"}
+    return subprocess.Popen([sys.executable, "-m", "gateway", "--port", str(port)], env=env)

@@ -1,7 +1,7 @@
 """An OpenAI-compatible upstream over HTTP (httpx): JSON calls and SSE pass-through with timeouts.
 
-One httpx.AsyncClient per deployment, its pool sized by `max_connections` (bench/README.md,
-`## routing`: one client shared by every deployment queues all of them behind one pool).
+Each deployment has its own connection pool of `max_connections`, split over small httpx clients
+(gateway/http_pool.py; bench/README.md, `## routing`: one big shared client is the slowest layout).
 Failures become `UpstreamError`, which says whether another try (here or elsewhere) may succeed.
 """
 
@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import orjson
 
+from gateway.http_pool import ShardedClient
 from gateway.routing_config import DeploymentConfig
 
 DONE = b"[DONE]"
@@ -85,23 +87,26 @@ class Upstream:
     """One OpenAI-compatible server; `post` and `stream` take paths relative to base_url (…/v1)."""
 
     cfg: DeploymentConfig
-    client: httpx.AsyncClient
+    pool: ShardedClient
 
     @classmethod
     def open(cls, cfg: DeploymentConfig) -> Upstream:
         headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-        limits = httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections)
         timeout = httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s)
-        return cls(cfg, httpx.AsyncClient(base_url=cfg.base_url, headers=headers, limits=limits, timeout=timeout))
+        return cls(cfg, ShardedClient(cfg.base_url, headers, cfg.max_connections, timeout))
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.pool.aclose()
 
     async def post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], httpx.Headers]:
+        shard = self.pool.lease()
         try:
-            response = await asyncio.wait_for(self.client.post(path, content=orjson.dumps(body)), self.cfg.timeout_s)
+            call = self.pool.clients[shard].post(path, content=orjson.dumps(body))
+            response = await asyncio.wait_for(call, self.cfg.timeout_s)
         except (httpx.TransportError, TimeoutError) as exc:
             raise UpstreamError(f"upstream unreachable or too slow: {type(exc).__name__}") from exc
+        finally:
+            self.pool.release(shard)
         if response.status_code != 200:
             raise status_error(response, response.content)
         try:
@@ -117,9 +122,18 @@ class Upstream:
 
         The first payload must come within first_token_timeout_s, each next one within idle_timeout_s;
         a stream that ends without [DONE] raises (the upstream broke off)."""
-        request = self.client.build_request("POST", path, content=orjson.dumps(body))
+        shard = self.pool.lease()
         try:
-            response = await asyncio.wait_for(self.client.send(request, stream=True), self.cfg.first_token_timeout_s)
+            async with aclosing(self._stream(self.pool.clients[shard], path, body)) as payloads:
+                async for payload in payloads:
+                    yield payload
+        finally:
+            self.pool.release(shard)
+
+    async def _stream(self, client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        request = client.build_request("POST", path, content=orjson.dumps(body))
+        try:
+            response = await asyncio.wait_for(client.send(request, stream=True), self.cfg.first_token_timeout_s)
         except (httpx.TransportError, TimeoutError) as exc:
             raise UpstreamError(f"upstream unreachable or too slow: {type(exc).__name__}") from exc
         try:
