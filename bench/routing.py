@@ -67,6 +67,18 @@ def gateway(port: int, backends: dict[str, str], workdir: Path, cooldown_s: floa
     )
 
 
+def cpu_s(procs: list[subprocess.Popen[bytes]]) -> float:
+    """CPU seconds (user + system, all threads) the processes used so far, from /proc."""
+    total = 0.0
+    for proc in procs:
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 def decision_us(n: int = 20000) -> dict[str, float]:
     deps = [DeploymentConfig(kind="backend", name=f"r{i}", prefix_affinity=True) for i in range(4)]
     b = Balancer(deps, RouterConfig())
@@ -155,11 +167,17 @@ async def scenario(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for r in range(args.rounds):
             row = {}
             for setup in ("one", "two"):
+                cpu0 = cpu_s(list(procs.values()))
                 res = await run_load(gw_urls[setup], load, tag=f"r{r}{setup}")
                 row[setup] = Load.summary(res)
+                # how many cores the backends got while it ran (the machine is shared), and tokens per backend CPU second
+                used = cpu_s(list(procs.values())) - cpu0
+                row[setup]["backend_cores"] = round(used / row[setup]["wall_s"], 2)
+                row[setup]["tok_per_backend_cpu_s"] = round(row[setup]["tok_s"] * row[setup]["wall_s"] / max(used, 1e-9), 1)
                 print(f"round {r} {setup}: {row[setup]}", flush=True)
             rounds.append(row)
         ratio = statistics.median(x["two"]["tok_s"] / x["one"]["tok_s"] for x in rounds)
+        cores = statistics.median(x["two"]["backend_cores"] / max(x["one"]["backend_cores"], 1e-9) for x in rounds)
         overhead = {"decision_us": decision_us(), **(await hop_ms(gw_urls["one"], urls["b1"], args.hops))}
         print(f"overhead: {overhead}", flush=True)
         rec = await recovery(gw_urls["two"], procs["b2"], Load(10**6, args.concurrency, 16), args.recovery_s)
@@ -174,7 +192,8 @@ async def scenario(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 proc.terminate()
         for proc in [*procs.values(), *gws.values()]:
             proc.wait(timeout=30)
-    return {"rounds": rounds, "throughput_ratio_2_vs_1": round(ratio, 2), "overhead": overhead, "recovery": rec}
+    return {"rounds": rounds, "throughput_ratio_2_vs_1": round(ratio, 2), "backend_cores_ratio_2_vs_1": round(cores, 2),
+            "overhead": overhead, "recovery": rec}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
