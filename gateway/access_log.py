@@ -42,6 +42,7 @@ def log_request(logger: Any, rec: RequestRecord) -> None:
         path=rec.path,
         route=rec.route,
         model=rec.model or None,
+        deployment=rec.deployment or None,
         status=rec.status,
         stream=rec.stream,
         user=rec.user,

@@ -5,21 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.generation import ClientDisconnected
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
     """The body as a JSON object; 413 beyond `limit` bytes, 400 when it is not a JSON object."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"Request body too large: the limit is {limit} bytes.")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"Request body too large: the limit is {limit} bytes.")
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone before its body arrived: a 499 in the log, not a server error
+        raise ClientDisconnected("The client closed the connection before sending the whole body.") from None
     try:
         body = orjson.loads(b"".join(chunks))
     except orjson.JSONDecodeError:

@@ -29,6 +29,7 @@ class RequestRecord:
     ttft_s: float | None = None
     latency_s: float = 0.0
     error_type: str | None = None
+    deployment: str = ""  # the router's deployment that answered ("" without routing)
     cache: str = "none"  # response cache: none (off) | bypass (not cacheable) | miss | hit | semantic-hit
 
     def first_token(self) -> None:

@@ -266,7 +266,7 @@ class Router:
             tokens = rec.prompt_tokens + rec.completion_tokens
             await asyncio.gather(self.limiter.spend(key_limit, tokens), self.limiter.spend(dep_limit, tokens))
 
-        response.headers["x-smolgate-deployment"] = state.name
+        response.headers["x-smolgate-deployment"] = rec.deployment = state.name
         return Tracked(response, done, outcome, rec)
 
     def _affinity(self, model: str, raw: dict[str, Any]) -> str:
