@@ -33,6 +33,7 @@ KEY, LIMITED_KEY, LIMITED_RPM = "sk-topology", "sk-topology-limited", 4
 class Topology:
     backends: dict[str, subprocess.Popen[bytes]]
     gateways: list[str]
+    backend_urls: dict[str, str]
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def client(self, i: int = 0, key: str = KEY) -> openai.OpenAI:
@@ -93,7 +94,7 @@ def topo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     gateway_ports = [free_port(), free_port()]
     gw_env = {"SMOLGATE_CONFIG": str(config), "SMOLGATE_ACCESS_LOG": "false"}
     gateways = [_spawn(["-m", "gateway", "--port", str(p)], gw_env, logs / f"gw{i}.log") for i, p in enumerate(gateway_ports)]
-    topo = Topology(backends, [f"http://127.0.0.1:{p}" for p in gateway_ports], [*backends.values(), *gateways])
+    topo = Topology(backends, [f"http://127.0.0.1:{p}" for p in gateway_ports], urls, [*backends.values(), *gateways])
     try:
         for name, proc in backends.items():
             _wait_ready(urls[name], proc, logs / f"{name}.log")
@@ -122,7 +123,13 @@ def _chat(t: Topology, gateway: int, first: str, turns: int = 1, max_tokens: int
     return raw.headers["x-smolgate-deployment"], raw.parse().choices[0].message.content or ""
 
 
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return next(float(x.split()[-1]) for x in text.splitlines() if x.startswith(name + " "))
+
+
 def test_the_gateways_route_conversations_to_both_backends_and_keep_them_there(topo: Topology) -> None:
+    hits_before = sum(_metric(u, "smolgate_prefix_cache_hits_total") for u in topo.backend_urls.values())
     placed = {}
     for i in range(8):
         deployment, text = _chat(topo, i % 2, f"Name a fruit, conversation {i}.")
@@ -133,9 +140,9 @@ def test_the_gateways_route_conversations_to_both_backends_and_keep_them_there(t
         assert _chat(topo, i % 2, f"Name a fruit, conversation {i}.", turns=2)[0] == placed[i]
         assert _chat(topo, (i + 1) % 2, f"Name a fruit, conversation {i}.", turns=3)[0] == placed[i]
     for url in topo.gateways:  # each gateway counts the hits it saw itself (its own history of keys)
-        metrics = httpx.get(f"{url}/metrics").text
-        ratio = next(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith("smolgate_router_prefix_hit_ratio"))
-        assert ratio > 0
+        assert _metric(url, "smolgate_router_prefix_hit_ratio") > 0
+    # ...and the replicas' own prefix caches served the later turns' shared blocks
+    assert sum(_metric(u, "smolgate_prefix_cache_hits_total") for u in topo.backend_urls.values()) > hits_before
 
 
 def test_a_keys_rpm_is_shared_by_both_gateways_through_redis(topo: Topology) -> None:
