@@ -11,11 +11,9 @@ failed, the next fallback model is tried; when those fail too, the client gets o
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from starlette.requests import Request
@@ -26,34 +24,21 @@ from gateway.auto import AutoRouter
 from gateway.balancer import Balancer, Choice, DeploymentState, affinity_key
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, RateLimited, ServiceUnavailable, to_gateway_error
+from gateway.errors import InvalidRequest, ModelNotFound, RateLimited
 from gateway.generation import unless_disconnected
 from gateway.jsonio import read_json
 from gateway.proxy import Outcome, call_json, call_stream
 from gateway.ratelimit import Limit, OverLimit, build_limiter
 from gateway.record import RequestRecord, record_of
+from gateway.router_errors import Attempted, client_error, final_error, retryable
 from gateway.router_metrics import RouterMetrics
 from gateway.routing_config import DeploymentConfig
 from gateway.token_count import load_counter
-from gateway.upstream import HttpEmbedder, Upstream, UpstreamError
+from gateway.upstream import HttpEmbedder, Upstream
 
 Endpoint = Literal["chat", "completions"]
 LocalHandler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
 _PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
-
-
-class AllFailed(ServiceUnavailable):
-    default_code = "all_deployments_failed"
-
-
-@dataclass
-class Attempted:
-    """What one model's deployments did for this request."""
-
-    last: BaseException | None = None
-    limited: OverLimit | None = None
-    cooling_s: float = 0.0  # every deployment cools down this long yet
-    cooling_429: bool = False  # ...because the upstreams said 429
 
 
 class Tracked:
@@ -164,7 +149,7 @@ class Router:
                 return response
             tried.append(attempted)
         self.metrics.exhausted.labels(chain[0]).inc()
-        raise _final_error(chain, tried)
+        raise final_error(chain, tried)
 
     async def _try_model(
         self,
@@ -209,9 +194,9 @@ class Router:
             try:
                 return await self._attempt(endpoint, request, raw, model, choice, rec, key_limit, dep_limit)
             except Exception as exc:
-                if not _retryable(exc):
+                if not retryable(exc):
                     balancer.release(state)
-                    raise _client_error(exc) from None
+                    raise client_error(exc) from None
                 self._failed(balancer, model, state, exc)
                 attempted.last = exc
                 failed.add(state.index)
@@ -284,41 +269,8 @@ def _bearer(request: Request) -> str:
     return key.strip() if scheme.lower() == "bearer" else ""
 
 
-def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, UpstreamError):
-        return exc.retryable and not exc.client_fault
-    return to_gateway_error(exc).status in (429, 500, 502, 503)  # the embedded engine: queue full, dead, a bug
-
-
-def _client_error(exc: BaseException) -> BaseException:
-    """The upstream said the request itself is wrong: the client sees the upstream's message."""
-    if isinstance(exc, UpstreamError):
-        error = (exc.body or {}).get("error") or {}
-        return InvalidRequest(
-            str(error.get("message") or f"The upstream rejected the request ({exc.status})."), param=error.get("param")
-        )
-    return exc
-
-
 def _soonest(balancer: Balancer, skip: set[int]) -> float | None:
     """Seconds until a cooling deployment (not rate-limited for this request) takes traffic again."""
     now = time.monotonic()
     waits = [s.cooldown_until - now for s in balancer.states if s.index not in skip and s.cooldown_until > now]
     return max(0.0, min(waits)) if waits else None
-
-
-def _final_error(chain: list[str], tried: list[Attempted]) -> GatewayError:
-    names = " -> ".join(chain)
-    lasts = [a.last for a in tried if a.last is not None]
-    limits = [a.limited for a in tried if a.limited is not None]
-    retry_afters = [e.retry_after_s for e in lasts if isinstance(e, UpstreamError) and e.status == 429 and e.retry_after_s]
-    if not lasts and limits:
-        return RateLimited(
-            f"Every deployment of {names} is at its rate limit.", retry_after_s=min(e.retry_after_s for e in limits)
-        )
-    retry_afters += [a.cooling_s for a in tried if a.cooling_429 and a.cooling_s]
-    if all(isinstance(e, UpstreamError) and e.status == 429 for e in lasts) and all(a.cooling_429 or a.last for a in tried):
-        wait = max(1, math.ceil(min(retry_afters))) if retry_afters else 1
-        return RateLimited(f"Every deployment of {names} is rate limited upstream.", retry_after_s=wait)
-    detail = f" (last error: {lasts[-1]})" if lasts else " (every deployment is cooling down after failures)"
-    return AllFailed(f"No deployment of {names} could serve the request{detail}. Retry later.")
