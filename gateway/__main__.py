@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None, *, embedded_only: bool = False, prog: st
         port=cfg.port,
         access_log=False,
         log_level=cfg.log_level,
-        timeout_graceful_shutdown=5,
+        # SIGTERM: uvicorn stops accepting, then waits this long for in-flight requests (streams included:
+        # gateway/sse.py) before it cancels them and the lifespan stops the engine.
+        timeout_graceful_shutdown=cfg.drain_timeout_s,
     )
 
 

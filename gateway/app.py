@@ -28,6 +28,7 @@ from gateway.client import EmbeddingClient, EngineClient, NoEngine
 from gateway.completions import Completions
 from gateway.config import GatewayConfig
 from gateway.context import GatewayContext
+from gateway.dashboard import Dashboard
 from gateway.embeddings import Embeddings
 from gateway.errors import error_response, to_gateway_error
 from gateway.ids import IdGenerator
@@ -92,6 +93,7 @@ def routes(ctx: GatewayContext, router: Router | None = None) -> list[Route]:
         async def completions(request: Request) -> Response:
             return await router.handle("completions", request)
 
+    dashboard = Dashboard(ctx)
     return [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
@@ -101,6 +103,9 @@ def routes(ctx: GatewayContext, router: Router | None = None) -> list[Route]:
         Route("/health", ops.health, methods=["GET"]),
         Route("/ready", ops.ready, methods=["GET"]),
         Route("/metrics", ops.metrics, methods=["GET"]),
+        Route("/v1/stats", dashboard.stats, methods=["GET"]),
+        Route("/dashboard", dashboard.page, methods=["GET"]),
+        Route("/dashboard/dashboard.js", dashboard.script, methods=["GET"]),
     ]
 
 

@@ -19,7 +19,7 @@ from gateway.logprobs import chat_logprobs
 from gateway.protocol import ChatRequest, parse_chat
 from gateway.record import RequestRecord, record_of
 from gateway.responses import chat_completion, usage_json
-from gateway.sse import SSEStream, chain, guarded, sse_data
+from gateway.sse import SSEStream, StreamLimits, chain, guarded, sse_data
 from gateway.tool_output import ToolStream, with_tool_calls
 
 
@@ -140,4 +140,4 @@ class ChatCompletions:
         (first,) = await unless_disconnected(request.receive, prime([stream]))
         events = chat_events(maker, req.params.n, chain(first, stream), rec)
         safe = guarded(events, lambda exc, err: self.ctx.report_error(rec, exc, err), self.ctx.config.retry_after_s)
-        return SSEStream(safe, [stream], self.ctx.config.sse_ping_s, rec.client_disconnected)
+        return SSEStream(safe, [stream], StreamLimits.of(self.ctx.config), rec.client_disconnected)

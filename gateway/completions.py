@@ -21,7 +21,7 @@ from gateway.logprobs import completion_logprobs, generated_items
 from gateway.protocol import CompletionRequest, Prompt, parse_completion
 from gateway.record import RequestRecord, record_of
 from gateway.responses import add_usage, text_completion, usage_json
-from gateway.sse import SSEStream, chain, guarded, sse_data
+from gateway.sse import SSEStream, StreamLimits, chain, guarded, sse_data
 
 LogprobItems = list[tuple[str, TokenLogprob | None]]
 
@@ -194,4 +194,4 @@ class Completions:
         merged = merge([chain(f, s) for f, s in zip(firsts, streams, strict=True)])
         events = completion_events(chunks, merged, rec)
         safe = guarded(events, lambda exc, err: self.ctx.report_error(rec, exc, err), self.ctx.config.retry_after_s)
-        return SSEStream(safe, streams, self.ctx.config.sse_ping_s, rec.client_disconnected)
+        return SSEStream(safe, streams, StreamLimits.of(self.ctx.config), rec.client_disconnected)

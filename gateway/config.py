@@ -53,6 +53,11 @@ class GatewayConfig:
     embeddings: bool = True  # serve /v1/embeddings with all-MiniLM-L6-v2
     embedding_model: str = ""  # HF directory; "" means the default fetched model
     sse_ping_s: float = 15.0
+    # Operations (README: Operations): shutdown drain, admission and timeouts against stuck clients.
+    drain_timeout_s: float = 30.0  # on SIGTERM, in-flight requests get this long to finish
+    max_concurrent_requests: int = 1024  # /v1/ requests in progress; beyond it 429 + Retry-After (0: no limit)
+    body_timeout_s: float = 30.0  # a request body must arrive within this long (else 408)
+    stream_send_timeout_s: float = 60.0  # a stream whose client reads nothing this long is ended
     cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (gateway/cache/)
     engine: EngineConfig = field(default_factory=EngineConfig)
     # Routing (gateway/router.py): empty `routing.models` = serve the embedded engine only, as always.
@@ -71,6 +76,10 @@ _SCALAR_ENV = {
     "embeddings": "EMBEDDINGS",
     "embedding_model": "EMBEDDING_MODEL",
     "sse_ping_s": "SSE_PING_S",
+    "drain_timeout_s": "DRAIN_TIMEOUT_S",
+    "max_concurrent_requests": "MAX_CONCURRENT_REQUESTS",
+    "body_timeout_s": "BODY_TIMEOUT_S",
+    "stream_send_timeout_s": "STREAM_SEND_TIMEOUT_S",
 }
 
 

@@ -13,6 +13,7 @@ from gateway.ids import IdGenerator
 from gateway.metrics import GatewayMetrics
 from gateway.models import ModelCatalog
 from gateway.record import RequestRecord
+from gateway.stats import LiveStats
 
 
 @dataclass
@@ -33,6 +34,7 @@ class GatewayContext:
     cache: ResponseCache
     readiness: Readiness = field(default_factory=Readiness)
     ids: IdGenerator = field(default_factory=IdGenerator)
+    stats: LiveStats = field(default_factory=LiveStats)
 
     def report_error(self, rec: RequestRecord, exc: BaseException, err: GatewayError) -> None:
         """Note a failed request; unexpected exceptions are logged with their traceback."""

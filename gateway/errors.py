@@ -59,6 +59,12 @@ class MethodNotAllowed(GatewayError):
     error_type = "invalid_request_error"
 
 
+class RequestTimeout(GatewayError):
+    status = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
 class PayloadTooLarge(GatewayError):
     status = 413
     error_type = "invalid_request_error"

@@ -1,8 +1,9 @@
-"""The gateway's one ASGI middleware: request id, API-key check, body limit, error translation,
-and — when the response is over — the access-log line and the metrics."""
+"""The gateway's one ASGI middleware: request id, API-key check, body limit, admission limit, body-read
+deadline, error translation, and — when the response is over — the access-log line, metrics and stats."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import re
 import time
@@ -11,12 +12,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.access_log import log_request
 from gateway.context import GatewayContext
-from gateway.errors import AuthenticationFailed, PayloadTooLarge, error_response, to_gateway_error
+from gateway.errors import AuthenticationFailed, PayloadTooLarge, RateLimited, RequestTimeout, error_response, to_gateway_error
 from gateway.ids import IdGenerator
 from gateway.record import SCOPE_KEY, RequestRecord
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _PROTECTED_PREFIX = "/v1/"
+_STATS_PATH = "/v1/stats"  # the dashboard's polling: not counted in the traffic it shows
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -29,11 +31,40 @@ def _request_id(headers: dict[bytes, bytes], ids: IdGenerator) -> str:
     return given if _REQUEST_ID.fullmatch(given) else ids.new()
 
 
+def _key_label(key: bytes) -> str:
+    """How the dashboard names an API key: its last 4 characters, like OpenAI's key list."""
+    return "…" + key[-4:].decode("latin-1")
+
+
+def _body_deadline(receive: Receive, timeout_s: float) -> Receive:
+    """`receive`, but the whole request body must arrive within `timeout_s` (a slow-body client gets 408).
+
+    Later receives (the disconnect watchers of a streaming response) wait as long as they like.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    body_done = False
+
+    async def receive_in_time() -> Message:
+        nonlocal body_done
+        if body_done:
+            return await receive()
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError:
+            raise RequestTimeout(f"The request body did not arrive within {timeout_s:g} s.") from None
+        body_done = message["type"] != "http.request" or not message.get("more_body", False)
+        return message
+
+    return receive_in_time
+
+
 class GatewayMiddleware:
     def __init__(self, app: ASGIApp, ctx: GatewayContext) -> None:
         self.app = app
         self.ctx = ctx
         self._keys = tuple(k.encode() for k in ctx.config.accepted_keys())
+        self._limit = ctx.config.max_concurrent_requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -43,6 +74,7 @@ class GatewayMiddleware:
         rec = RequestRecord(_request_id(headers, self.ctx.ids), scope["method"], scope["path"], time.perf_counter())
         scope[SCOPE_KEY] = rec
         started = False
+        admitted = False
         id_header = (b"x-request-id", rec.request_id.encode())
 
         async def send_with_id(message: Message) -> None:
@@ -54,30 +86,52 @@ class GatewayMiddleware:
             await send(message)
 
         try:
-            self._guard(scope["path"], headers)
-            await self.app(scope, receive, send_with_id)
+            rec.key = self._guard(scope["path"], headers)
+            admitted = self._admit(scope)
+            await self.app(scope, _body_deadline(receive, self.ctx.config.body_timeout_s), send_with_id)
         except Exception as exc:
             err = to_gateway_error(exc, retry_after_s=self.ctx.config.retry_after_s)
             self.ctx.report_error(rec, exc, err)
             if not started:
                 await error_response(err)(scope, receive, send_with_id)
         finally:
+            if admitted:
+                self.ctx.stats.in_flight -= 1
             self._done(scope, rec)
 
-    def _guard(self, path: str, headers: dict[bytes, bytes]) -> None:
+    def _guard(self, path: str, headers: dict[bytes, bytes]) -> str:
+        """Check the key and the declared body size; the key's dashboard label."""
+        label = "anonymous"
         if self._keys and path.startswith(_PROTECTED_PREFIX):
-            self._check_key(headers.get(b"authorization"))
+            label = _key_label(self._check_key(headers.get(b"authorization")))
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.ctx.config.max_body_bytes:
             raise PayloadTooLarge(f"Request body too large: the limit is {self.ctx.config.max_body_bytes} bytes.")
+        return label
 
-    def _check_key(self, authorization: bytes | None) -> None:
+    def _admit(self, scope: Scope) -> bool:
+        """Count a POST /v1/ request in flight, or turn it away (429) when `max_concurrent_requests` are."""
+        if scope["method"] != "POST" or not scope["path"].startswith(_PROTECTED_PREFIX):
+            return False
+        stats = self.ctx.stats
+        if self._limit and stats.in_flight >= self._limit:
+            stats.rejected += 1
+            raise RateLimited(
+                f"The server is busy: {self._limit} requests are in progress. Retry later.",
+                retry_after_s=self.ctx.config.retry_after_s,
+            )
+        stats.in_flight += 1
+        return True
+
+    def _check_key(self, authorization: bytes | None) -> bytes:
         if not authorization:
             raise AuthenticationFailed("You didn't provide an API key. Send it in the Authorization header: 'Bearer YOUR_KEY'.")
         scheme, _, key = authorization.partition(b" ")
-        ok = scheme.lower() == b"bearer" and any(hmac.compare_digest(key.strip(), k) for k in self._keys)
+        key = key.strip()
+        ok = scheme.lower() == b"bearer" and any(hmac.compare_digest(key, k) for k in self._keys)
         if not ok:
             raise AuthenticationFailed("Incorrect API key provided.")
+        return key
 
     def _done(self, scope: Scope, rec: RequestRecord) -> None:
         route = scope.get("route")
@@ -85,5 +139,7 @@ class GatewayMiddleware:
             rec.route = getattr(route, "path", rec.route)
         rec.finish()
         self.ctx.metrics.observe(rec)
+        if rec.path != _STATS_PATH:
+            self.ctx.stats.observe(rec)
         if self.ctx.config.access_log:
             log_request(self.ctx.logger, rec)

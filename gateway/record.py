@@ -23,6 +23,7 @@ class RequestRecord:
     status: int = 0
     stream: bool = False
     user: str | None = None  # the client's end-user id (OpenAI's `user`), for abuse tracing
+    key: str = "anonymous"  # which API key sent it, as its last 4 characters (the dashboard's per-key traffic)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

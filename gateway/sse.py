@@ -5,16 +5,29 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing, suppress
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
 from sse_starlette import EventSourceResponse
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_bytes, to_gateway_error
 
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    ping_s: float  # keep-alive comment lines on idle streams
+    send_timeout_s: float  # a client that reads nothing this long loses its stream (its engine requests abort)
+    drain_s: float  # on shutdown, a running stream gets this long to finish before it is cut
+
+    @classmethod
+    def of(cls, cfg: GatewayConfig) -> StreamLimits:
+        return cls(cfg.sse_ping_s, cfg.stream_send_timeout_s, cfg.drain_timeout_s)
 
 
 def sse_data(obj: Any) -> bytes:
@@ -59,7 +72,7 @@ class SSEStream(EventSourceResponse):
         self,
         events: AsyncIterator[bytes],
         engine_streams: Sequence[AsyncIterator[Any]],
-        ping_s: float,
+        limits: StreamLimits,
         on_disconnect: Callable[[], None],
     ) -> None:
         self._complete = False
@@ -70,7 +83,15 @@ class SSEStream(EventSourceResponse):
 
         self._events = self._until_complete(events)
         self._engine_streams = engine_streams
-        super().__init__(self._events, ping=ping_s, sep="\n", client_close_handler_callable=client_closed)
+        super().__init__(
+            self._events,
+            ping=limits.ping_s,
+            sep="\n",
+            client_close_handler_callable=client_closed,
+            send_timeout=limits.send_timeout_s,
+            # sse-starlette ends streams as soon as uvicorn is asked to exit; give them the drain time instead
+            shutdown_grace_period=limits.drain_s,
+        )
 
     async def _until_complete(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         async with aclosing(events):  # type: ignore[type-var]

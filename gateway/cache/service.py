@@ -15,6 +15,7 @@ from gateway.cache.ticket import Ticket
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
 from gateway.ids import IdGenerator
+from gateway.sse import StreamLimits
 
 _WARN_EVERY_S = 10.0
 
@@ -29,7 +30,7 @@ class ResponseCache:
         logger: Any,
         ids: IdGenerator,
         fingerprint: str,
-        sse_ping_s: float,
+        stream_limits: StreamLimits,
     ) -> None:
         self.cfg = cfg
         self.store = SafeStore(store, self.backend_error, cfg.redis_retry_s) if store is not None else None
@@ -38,7 +39,7 @@ class ResponseCache:
         self.logger = logger
         self.ids = ids
         self.fingerprint = fingerprint
-        self.sse_ping_s = sse_ping_s
+        self.stream_limits = stream_limits
         self._last_warning = -_WARN_EVERY_S
 
     def ticket(self, endpoint: str, headers: Mapping[str, str], body: dict[str, Any]) -> Ticket:
@@ -81,4 +82,4 @@ def build_cache(
     cfg = config.cache
     fingerprint = model_fingerprint(model_id, config.engine, cfg.fingerprint)
     chosen = store if store is not None else make_store(cfg)
-    return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, config.sse_ping_s)
+    return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, StreamLimits.of(config))

@@ -123,7 +123,7 @@ class Ticket:
             return self.mark(json_response(body))
         chunker = replay.chat_chunks if self.endpoint == "chat" else replay.completion_chunks
         events = replay.events(chunker(body, stream.include_usage))
-        return self.mark(SSEStream(events, [], self.cache.sse_ping_s, rec.client_disconnected))
+        return self.mark(SSEStream(events, [], self.cache.stream_limits, rec.client_disconnected))
 
     def mark(self, response: Response) -> Response:
         """x-cache (hit | semantic-hit | miss) and, for semantic hits, x-cache-similarity."""
