@@ -1,0 +1,87 @@
+"""A real `python -m gateway` in a subprocess, for the benchmarks and tests that need a whole server
+(its own process to signal, its own RSS): soak, overload, the shutdown test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A small server: no embedder (the semantic cache is off without it), a short context, a small KV pool.
+SMALL_SERVER_ENV = {
+    "SMOLGATE_EMBEDDINGS": "false",
+    "SMOLGATE_MAX_MODEL_LEN": "1024",
+    "SMOLGATE_KV_CACHE_MEMORY_MB": "128",
+    "SMOLGATE_API_KEYS": "",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class GatewayProcess:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path  # stderr (uvicorn and the access log) goes to a file: a full pipe would stall the server
+
+    @classmethod
+    def start(cls, env: dict[str, str], timeout_s: float = 240.0) -> GatewayProcess:
+        port = free_port()
+        log = tempfile.NamedTemporaryFile(prefix="smolgate-", suffix=".log", delete=False)  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        server = cls(f"http://127.0.0.1:{port}", proc, Path(log.name))
+        try:
+            server.wait_ready(timeout_s)
+        except BaseException:
+            server.kill()
+            raise
+        return server
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"python -m gateway exited early:\n{self.log()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError("python -m gateway did not become ready")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self) -> None:
+        """SIGTERM: the graceful shutdown (README: Operations)."""
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout_s: float) -> int:
+        return self.proc.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self.log_path.unlink(missing_ok=True)
