@@ -227,7 +227,8 @@ def test_redis_restarting_under_traffic_loses_no_request(live: LiveStack) -> Non
         assert statuses and set(statuses) == {200}, statuses
         # The restarted (empty) Redis is used again: the answers are stored and hit once more.
         with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
-            body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say 1."}], "max_tokens": 3, "temperature": 0}
+            msg = {"role": "user", "content": "Say 1."}
+            body = {"model": "gpt-4o-mini", "messages": [msg], "max_tokens": 3, "temperature": 0}
             _wait(lambda: http.post(f"{server.url}/v1/chat/completions", json=body).headers["x-cache"] == "hit", 20, "a hit")
     finally:
         stop.set()
