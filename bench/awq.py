@@ -12,7 +12,7 @@ prompts; the clock starts once every stream has its first token (prefill done), 
 steps only. fp32 and INT4 engines are measured back to back, --rounds times; the speedup reported is the
 median of the per-round ratios (the machine is shared: compare ratios, not absolute numbers). On a busy
 2-core machine use --threads 1: with 2 threads every op waits for a descheduled thread. The last line
-printed is one JSON object.
+printed is one JSON object; it is also written to bench/results/awq.json.
 """
 
 from __future__ import annotations
@@ -168,6 +168,9 @@ def main(argv: list[str] | None = None) -> None:
         "int4_over_fp32_rounds": {str(s): [round(r, 3) for r in ratios[s]] for s in levels},
         "new_tokens": args.new_tokens, "rounds": args.rounds,
     }
+    out = Path(__file__).parent / "results" / "awq.json"  # bench/plots.py plots it
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result))
 
 

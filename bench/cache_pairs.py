@@ -1,5 +1,7 @@
 """The labelled semantic-cache set (tests/data/semantic_cache_pairs.tsv) and its scoring.
 
+`python -m bench.cache_pairs` sweeps the threshold (bench/results/cache_pairs.json; bench/plots.py plots it).
+
 Every distinct cached question goes into one index (one scope: the hardest case); every incoming
 question is looked up through the real matcher (cosine threshold + key-term guards). A hit is true
 only when it returns the question's labelled paraphrase (or the same text); any other hit —
@@ -99,3 +101,61 @@ def score_with(embed_sync: Callable[[list[str]], tuple[list[list[float]], int]],
         return embed_sync(texts)[0]
 
     return asyncio.run(score_pairs(load_pairs(), embed, threshold))
+
+
+# ---- python -m bench.cache_pairs: the hit rates across thresholds -----------------------------------
+
+SWEEP = tuple(round(0.70 + 0.02 * i, 2) for i in range(15))  # 0.70 .. 0.98
+
+
+def sweep(embed_sync: Callable[[list[str]], tuple[list[list[float]], int]], thresholds: tuple[float, ...]) -> list[dict]:
+    """Paraphrase hit rate and false-hit share at every threshold (each text embedded once)."""
+    memo: dict[str, list[float]] = {}
+
+    def embed_once(texts: list[str]) -> tuple[list[list[float]], int]:
+        fresh = [t for t in texts if t not in memo]
+        if fresh:
+            memo.update(zip(fresh, embed_sync(fresh)[0], strict=True))
+        return [memo[t] for t in texts], 0
+
+    rows = []
+    for threshold in thresholds:
+        score = score_with(embed_once, threshold)
+        rows.append(
+            {
+                "threshold": threshold,
+                "paraphrase_hit_rate": round(score.paraphrase_hit_rate, 4),
+                "false_hit_rate": round(score.false_hit_rate, 4),
+                "hits": score.hits,
+                "false_hits": score.false_hits,
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    import json
+
+    from backend.embeddings import Embedder
+    from gateway.cache.config import CacheConfig
+
+    rows = sweep(Embedder(batch_size=256).embed_sync, SWEEP)
+    for row in rows:
+        rates = f"paraphrase hits {row['paraphrase_hit_rate']:6.1%}  false hits {row['false_hit_rate']:6.1%}"
+        print(f"threshold {row['threshold']:.2f}  {rates}")
+    pairs = load_pairs()
+    result = {
+        "bench": "cache_pairs",
+        "pairs": len(pairs),
+        "paraphrases": sum(p.label == "paraphrase" for p in pairs),
+        "default_threshold": CacheConfig().similarity_threshold,
+        "sweep": rows,
+    }
+    out = Path(__file__).parent / "results" / "cache_pairs.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

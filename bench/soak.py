@@ -221,6 +221,7 @@ async def soak(url: str, api_key: str | None, duration_s: float, concurrency: in
         "leaked_kv_blocks": (after["engine"] or {}).get("kv_blocks_used"),
         "in_flight_after": after["requests"]["in_flight"],
         "rss": rss_summary(rss),
+        "rss_samples_mb": [[round(t, 1), round(r / 2**20, 1)] for t, r in rss],  # bench/plots.py draws them
     }
 
 
