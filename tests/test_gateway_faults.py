@@ -190,6 +190,27 @@ async def test_a_client_that_never_reads_its_stream_is_let_go(live: LiveStack) -
     assert live.wait_idle().kv_blocks_used == 0  # the abandoned request was aborted, its blocks freed
 
 
+def test_past_the_concurrency_limit_requests_get_429_with_retry_after(live: LiveStack) -> None:  # noqa: F811
+    server = AppServer(replace(gateway_test_config(), max_concurrent_requests=1, retry_after_s=2), live.engine)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": "gpt-4o-mini", "messages": STORY, "max_tokens": 24, "ignore_eos": True}
+    try:
+        url = f"{server.url}/v1/chat/completions"
+        first = threading.Thread(target=httpx.post, args=(url,), kwargs={"json": body, "headers": headers, "timeout": 60})
+        first.start()
+        _wait(lambda: server.stats.in_flight == 1, 30, "the first request")
+        turned_away = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers)
+        assert turned_away.status_code == 429 and turned_away.headers["retry-after"] == "2"
+        assert turned_away.json()["error"]["type"] == "rate_limit_error"
+        assert httpx.get(f"{server.url}/v1/models", headers=headers).status_code == 200  # reads are not limited
+        first.join(60)
+        again = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "max_tokens": 2}, headers=headers, timeout=60)
+        assert again.status_code == 200  # recovered
+        assert httpx.get(f"{server.url}/v1/stats", headers=headers).json()["requests"]["rejected_429"] == 1
+    finally:
+        server.stop()
+
+
 # ---- Redis restarting under traffic -----------------------------------------------------------------
 
 
