@@ -139,7 +139,7 @@ class GatewayMiddleware:
             rec.route = getattr(route, "path", rec.route)
         rec.finish()
         self.ctx.metrics.observe(rec)
-        if rec.path != _STATS_PATH:
+        if rec.path.startswith(_PROTECTED_PREFIX) and rec.path != _STATS_PATH:  # API traffic only
             self.ctx.stats.observe(rec)
         if self.ctx.config.access_log:
             log_request(self.ctx.logger, rec)

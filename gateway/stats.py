@@ -64,7 +64,7 @@ class LiveStats:
     errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_ERRORS))
 
     def observe(self, rec: RequestRecord) -> None:
-        """One finished request (any path; the dashboard's own polling is left out by the caller)."""
+        """One finished /v1/ request (the caller leaves out the dashboard's own polling, health checks, scrapes)."""
         now = time.monotonic()
         self.total += 1
         klass = f"{rec.status // 100}xx" if rec.status else "none"

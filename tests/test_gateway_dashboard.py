@@ -4,6 +4,8 @@ and logs no console error. /v1/stats itself is checked over HTTP."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 from collections.abc import Iterator
 from typing import Any
@@ -49,7 +51,16 @@ def browser() -> Iterator[Any]:
             browser.close()
 
 
+def _expect() -> Any:
+    """Playwright's locator assertions: they wait without evaluating strings (the page's CSP forbids eval)."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=60_000)  # the machine is shared: be patient with the browser
+    return expect
+
+
 def _watch_console(page: Any) -> list[str]:
+    page.set_default_timeout(60_000)  # the machine is shared: be patient with the browser
     problems: list[str] = []
     page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
     page.on("pageerror", lambda exc: problems.append(str(exc)))
@@ -60,10 +71,11 @@ def test_dashboard_shows_live_numbers_in_a_real_browser(live: LiveStack, browser
     page = browser.new_page()
     problems = _watch_console(page)
     page.goto(f"{live.url}/dashboard")
-    page.wait_for_function("document.getElementById('status').textContent === 'API key required'")
+    expect = _expect()
+    expect(page.locator("#status")).to_have_text("API key required")
     page.fill("#key", API_KEY)
     page.click("#auth button")
-    page.wait_for_function("document.getElementById('status').textContent.startsWith('live')")
+    expect(page.locator("#status")).to_have_text(re.compile(r"^live"))
     total = page.text_content('[data-stat="requests.total"]')
     client = live.client()
     client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "Count to five."}], max_tokens=8)
@@ -71,19 +83,22 @@ def test_dashboard_shows_live_numbers_in_a_real_browser(live: LiveStack, browser
         model="gpt-4o-mini", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8, stream=True
     ):
         pass
-    page.wait_for_function(
-        "total => document.querySelector('[data-stat=\"requests.total\"]').textContent !== total", arg=total, timeout=15_000
-    )
+    expect(page.locator('[data-stat="requests.total"]')).not_to_have_text(total)
     assert page.text_content('[data-stat="ttft_s.p50"]').endswith(" ms")
     assert page.text_content('[data-stat="engine.kv_blocks_total"]') not in ("", "–")
     assert "…" + API_KEY[-4:] in page.text_content("#keys")
     assert live.engine.model_name in page.text_content("#models")
     assert problems == []
+    if shot := os.environ.get("SMOLGATE_DASHBOARD_SCREENSHOT"):  # the README's picture: set it to a .png path
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.wait_for_timeout(1500)
+        page.screenshot(path=shot, full_page=True)
 
 
 def test_dashboard_with_a_wrong_key_asks_again(live: LiveStack, browser: Any) -> None:  # noqa: F811
     page = browser.new_page()
+    page.set_default_timeout(60_000)
     page.goto(f"{live.url}/dashboard#key=sk-wrong")
-    page.wait_for_function("document.getElementById('status').textContent === 'API key rejected'")
+    _expect()(page.locator("#status")).to_have_text("API key rejected")
     assert page.is_visible("#key")
     assert "#key" not in page.url  # the key never stays in the address bar
