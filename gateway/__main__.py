@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None, *, embedded_only: bool = False, prog: st
         # SIGTERM: uvicorn stops accepting, then waits this long for in-flight requests (streams included:
         # gateway/sse.py) before it cancels them and the lifespan stops the engine.
         timeout_graceful_shutdown=cfg.drain_timeout_s,
+        timeout_keep_alive=cfg.keep_alive_s,
     )
 
 

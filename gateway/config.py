@@ -58,6 +58,9 @@ class GatewayConfig:
     max_concurrent_requests: int = 1024  # /v1/ requests in progress; beyond it 429 + Retry-After (0: no limit)
     body_timeout_s: float = 30.0  # a request body must arrive within this long (else 408)
     stream_send_timeout_s: float = 60.0  # a stream whose client reads nothing this long is ended
+    # Idle keep-alive connections are closed after this long. Longer than clients' own idle expiry (httpx and
+    # so the OpenAI SDK: 5 s), so a client never sends a request on a connection the server is closing.
+    keep_alive_s: float = 65.0
     cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (gateway/cache/)
     engine: EngineConfig = field(default_factory=EngineConfig)
     # Routing (gateway/router.py): empty `routing.models` = serve the embedded engine only, as always.
@@ -80,6 +83,7 @@ _SCALAR_ENV = {
     "max_concurrent_requests": "MAX_CONCURRENT_REQUESTS",
     "body_timeout_s": "BODY_TIMEOUT_S",
     "stream_send_timeout_s": "STREAM_SEND_TIMEOUT_S",
+    "keep_alive_s": "KEEP_ALIVE_S",
 }
 
 
