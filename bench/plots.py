@@ -67,7 +67,7 @@ def latency(run: dict[str, Any]) -> Figure:
             values = [run[f"engine_{s}"][f"{metric}_{pct}_ms"] for s in levels]
             ax.bar([i + offset for i in x], values, width=0.4, label=pct, color=color)
         ax.set_xticks(list(x), [f"{s} stream{'s' * (s > 1)}" for s in levels])
-        ax.set(ylabel="ms", title=f"{title} ({_label(run)})")
+        ax.set(ylabel="ms", title=f"{title}, {_label(run)}")
         ax.legend(fontsize=8)
     return fig
 
@@ -149,7 +149,8 @@ def plot_all(results: Path, out: Path) -> list[Path]:
             runs[path.stem] = run
     if runs:
         jobs.append(("throughput", lambda: throughput(runs)))
-        main_run = runs.get("throughput") or next(iter(runs.values()))
+        default = results / "throughput.json"  # the latest default run (also saved under its own name)
+        main_run = _load(default) if default.exists() else next(iter(runs.values()))
         jobs.append(("throughput_latency", lambda: latency(main_run)))
     plotters: dict[str, Callable[[dict[str, Any]], Figure]] = {
         "cache_pairs": cache_pairs, "awq": awq, "overload": overload, "soak": soak,
