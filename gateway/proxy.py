@@ -19,7 +19,7 @@ from backend.outputs import Usage
 from gateway.errors import GatewayError
 from gateway.jsonio import json_response
 from gateway.record import RequestRecord
-from gateway.sse import SSEStream, guarded
+from gateway.sse import SSEStream, StreamLimits, guarded
 from gateway.token_count import completion_text, delta_text, usage_of
 from gateway.upstream import Upstream, UpstreamError
 
@@ -64,7 +64,7 @@ async def call_stream(
     body: dict[str, Any],
     rec: RequestRecord,
     count: Callable[[str], int],
-    ping_s: float,
+    limits: StreamLimits,
     outcome: Outcome,
 ) -> Response:
     want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -85,7 +85,7 @@ async def call_stream(
         outcome.failed = True
         rec.error_type = err.error_type
 
-    return SSEStream(guarded(relay, on_error, 1), [events], ping_s, rec.client_disconnected)
+    return SSEStream(guarded(relay, on_error, 1), [events], limits, rec.client_disconnected)
 
 
 async def _relay(

@@ -33,6 +33,7 @@ from gateway.record import RequestRecord, record_of
 from gateway.router_errors import Attempted, client_error, final_error, retryable
 from gateway.router_metrics import RouterMetrics
 from gateway.routing_config import DeploymentConfig
+from gateway.sse import StreamLimits
 from gateway.token_count import load_counter
 from gateway.upstream import HttpEmbedder, Upstream
 
@@ -238,7 +239,7 @@ class Router:
         else:
             upstream = self.upstreams[(model, state.index)]
             if raw.get("stream"):
-                call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, self.cfg.sse_ping_s, outcome)
+                call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, StreamLimits.of(self.cfg), outcome)
             else:
                 call = call_json(upstream, _PATHS[endpoint], body, rec, self.count)
             response = await unless_disconnected(request.receive, call)  # a client gone cancels the upstream call
