@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -28,7 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.server import SMALL_SERVER_ENV, GatewayProcess
+from bench.server import SMALL_SERVER_ENV, run_and_report
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "overload.json"
 RUNNING, WAITING = 8, 8
@@ -175,17 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key", help="Bearer key for --url")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    server = None if args.url else GatewayProcess.start(SERVER_ENV)
-    try:
-        url = args.url or server.url  # type: ignore[union-attr]
-        result = asyncio.run(overload(url, args.api_key, args.phase_s, args.max_tokens))
-    finally:
-        if server is not None:
-            server.kill()
-    result["load"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    run_and_report(args.url, SERVER_ENV, lambda url: overload(url, args.api_key, args.phase_s, args.max_tokens), args.out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import socket
@@ -10,8 +12,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -85,3 +89,21 @@ class GatewayProcess:
             self.proc.kill()
             self.proc.wait(timeout=30)
         self.log_path.unlink(missing_ok=True)
+
+
+def run_and_report(
+    url: str | None, env: dict[str, str], work: Callable[[str], Awaitable[dict[str, Any]]], out: Path
+) -> dict[str, Any]:
+    """Run `work(url)` against `url`, or against a `python -m gateway` started with `env` when url is None;
+    add the load average, write the result to `out` and print it as the last line."""
+    server = None if url else GatewayProcess.start(env)
+    try:
+        result = asyncio.run(work(url or server.url))  # type: ignore[union-attr]
+    finally:
+        if server is not None:
+            server.kill()
+    result["load"] = os.getloadavg()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return result

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import random
 import statistics
 import time
@@ -29,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from bench.server import SMALL_SERVER_ENV, GatewayProcess
+from bench.server import SMALL_SERVER_ENV, run_and_report
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "soak.json"
 CACHED_QUESTIONS = ["Name a colour.", "Name a fruit.", "Say hello.", "Count to three.", "Name a planet."]
@@ -233,17 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key", help="Bearer key for --url")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    server = None if args.url else GatewayProcess.start(SMALL_SERVER_ENV)
-    try:
-        url = args.url or server.url  # type: ignore[union-attr]
-        result = asyncio.run(soak(url, args.api_key, args.minutes * 60, args.concurrency))
-    finally:
-        if server is not None:
-            server.kill()
-    result["load"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    run_and_report(args.url, SMALL_SERVER_ENV, lambda url: soak(url, args.api_key, args.minutes * 60, args.concurrency), args.out)
 
 
 if __name__ == "__main__":

@@ -48,11 +48,12 @@ class RedisServer:
             self.process.wait(timeout=10)
 
 
-def start_redis() -> RedisServer | None:
+def start_redis(port: int | None = None) -> RedisServer | None:
+    """A redis-server on `port` (a free one by default; the same one again simulates a restart)."""
     binary = shutil.which("redis-server")
     if binary is None:
         return None
-    port = free_port()
+    port = port or free_port()
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10

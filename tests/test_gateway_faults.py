@@ -16,7 +16,7 @@ import openai
 import orjson
 import pytest
 import uvicorn
-from cache_fixtures import REDIS_SKIP, RedisServer, free_port, start_redis
+from cache_fixtures import REDIS_SKIP, free_port, start_redis
 from gateway_fixtures import API_KEY, LiveStack, gateway_test_config, live  # noqa: F401
 
 from gateway.app import build_context, create_app
@@ -240,7 +240,8 @@ def test_redis_restarting_under_traffic_loses_no_request(live: LiveStack) -> Non
         redis.stop()
         seen = len(statuses)
         _wait(lambda: len(statuses) >= seen + 4, 60, "traffic with Redis down")
-        redis = _restart_redis(port)
+        redis = start_redis(port)  # a restart: the same port, the data gone
+        assert redis is not None
         seen = len(statuses)
         _wait(lambda: len(statuses) >= seen + 8, 60, "traffic after the restart")
         stop.set()
@@ -257,24 +258,3 @@ def test_redis_restarting_under_traffic_loses_no_request(live: LiveStack) -> Non
         server.stop()
         redis.stop()
 
-
-def _restart_redis(port: int) -> RedisServer:
-    """A new redis-server on the same port (the old one's data is gone, as after a real restart)."""
-    import shutil
-    import subprocess
-
-    binary = shutil.which("redis-server")
-    assert binary is not None
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-                sock.sendall(b"PING\r\n")
-                if sock.recv(16).startswith(b"+PONG"):
-                    return RedisServer(f"redis://127.0.0.1:{port}/0", process)
-        except OSError:
-            time.sleep(0.05)
-    process.terminate()
-    raise RuntimeError("redis-server did not restart")
