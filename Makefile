@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install models test-models lint bench clean redis compose chromium
+.PHONY: serve test install models test-models lint bench clean system-deps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -29,43 +29,27 @@ test-models: install
 serve: models
 	$(PY) -m gateway --host $(HOST) --port $(PORT)
 
-# The Redis-backed cache tests need a redis-server binary (Debian's package); installed here when
-# missing and possible (root + apt-get). Otherwise those tests skip, saying why.
-redis:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	    (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) || \
-	      echo "make: could not install redis-server; the Redis cache tests will be skipped"; \
-	  else \
-	    echo "make: redis-server not found and apt-get unavailable (or not root); the Redis cache tests will be skipped"; \
-	  fi; \
-	}
+# System tools some tests need, Debian packages installed here when missing and possible (root + apt-get);
+# otherwise the tests that need them skip, saying why:
+#   redis-server    the Redis cache, shared rate limits and the multi-replica topology tests
+#   docker-compose  `docker compose config` of compose.yaml (when the docker client has no compose plugin;
+#                   no Docker engine is needed to validate)
+#   chromium        the dashboard test (Playwright drives the system browser: its own download needs internet)
+system-deps:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	{ docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; } || missing="$$missing docker-compose"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ]; then \
+	  echo "make: missing$$missing and apt-get unavailable (or not root); the tests needing them will be skipped"; exit 0; \
+	fi; \
+	apt-get update -qq || true; \
+	for pkg in $$missing; do \
+	  apt-get install -y -qq $$pkg >/dev/null || echo "make: could not install $$pkg; the tests needing it will be skipped"; \
+	done
 
-# `docker compose config` validates compose.yaml in the tests; with no compose plugin for the docker client,
-# Debian's docker-compose does (no Docker engine is needed for that). Otherwise that test skips, saying why.
-compose:
-	@docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 || { \
-	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	    (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null) || \
-	      echo "make: could not install docker-compose; the compose test will be skipped"; \
-	  else \
-	    echo "make: no docker compose and apt-get unavailable (or not root); the compose test will be skipped"; \
-	  fi; \
-	}
-
-# The dashboard test drives a real headless browser: Debian's chromium, through Playwright (whose own browser
-# download needs the internet). Installed here when missing and possible; otherwise that test skips, saying why.
-chromium:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
-	      echo "make: could not install chromium; the dashboard browser test will be skipped"; \
-	  else \
-	    echo "make: chromium not found and apt-get unavailable (or not root); the dashboard browser test will be skipped"; \
-	  fi; \
-	}
-
-test: test-models redis compose chromium
+test: test-models system-deps
 	$(PY) -m ruff check gateway backend kernels bench tests
 	SMOLGATE_QUANTIZATION=none $(PY) -m pytest -q -x --durations=15
 
