@@ -50,6 +50,7 @@ class EngineConfig:
     max_waiting: int = 1024  # waiting-queue limit; beyond it submit raises QueueFullError
     enable_prefix_caching: bool = True
     num_speculative_tokens: int = 0  # n-gram speculation: draft tokens per step (0 = off)
+    priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds (0: never)
     speculative_max_batch: int = 8  # no speculation while more sequences than this are running
     kernel_backend: str = "auto"  # auto (Triton on CUDA, torch elsewhere) | torch | triton (interpreter on CPU)
     num_threads: int = 0  # torch intra-op threads; 0 -> all cores
@@ -75,6 +76,8 @@ def _parse(value: str, like: object) -> object:
         return value.strip().lower() in {"1", "true", "yes", "on"}
     if isinstance(like, int):
         return int(value)
+    if isinstance(like, float):
+        return float(value)
     return value
 
 

@@ -50,7 +50,9 @@ class LLMEngine:
         model = load_model(model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy)
         pool = BlockPool(num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, dtype), config.enable_prefix_caching)
         self.kv = KVCacheManager(pool, config.block_size)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting)
+        self.scheduler = Scheduler(
+            self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, config.priority_aging_s
+        )
         self.runner = ModelRunner(model, self.kv, dtype, self.device)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.vocab_size = model.config.vocab_size

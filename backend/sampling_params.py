@@ -44,6 +44,8 @@ class SamplingParams:
     guided_grammar: str | None = None  # a llguidance Lark grammar (the gateway builds these for tool calls)
     speculate: bool = True  # let the engine speculate for this request when it is configured to
     spec_reference: str | None = None  # text the n-gram proposer may copy from (e.g. a near-miss cached answer)
+    # Scheduling (vLLM's extension field): lower = served earlier and preempted later; ages (backend/priority.py).
+    priority: int = 0
 
     def __post_init__(self) -> None:
         _check(1 <= self.n <= 128, "n must be between 1 and 128", "n")
@@ -70,6 +72,7 @@ class SamplingParams:
             "prompt_logprobs must be between 0 and 20",
             "prompt_logprobs",
         )
+        _check(-(2**31) <= self.priority < 2**31, "priority must be a 32-bit integer", "priority")
         modes = (self.guided_json is not None) + self.guided_json_object + (self.guided_grammar is not None)
         _check(modes <= 1, "at most one of guided_json, guided_json_object and guided_grammar", "response_format")
 

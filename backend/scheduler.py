@@ -1,19 +1,23 @@
 """Iteration-level scheduler with chunked prefill, prefix caching and preemption.
 
-Every step has a token budget. Running sequences go first, oldest first (a decode costs one
+Every step has a token budget. Running sequences go first, most urgent first (a decode costs one
 token, an unfinished prefill takes what is left of the budget), then waiting sequences are
-admitted in arrival order while budget, sequence slots and KV blocks last. When a running
-sequence cannot get a block, the most recently admitted one is preempted: its blocks are
-freed and it recomputes later (its full blocks usually survive in the prefix cache).
+admitted in priority order while budget, sequence slots and KV blocks last. When a running
+sequence cannot get a block, the least urgent one (lowest priority, then latest arrival) is
+preempted: its blocks are freed and it recomputes later (its full blocks usually survive in the
+prefix cache). "Urgent" is backend/priority.py's key: vLLM's `priority` (lower first) with ageing;
+with every priority equal it is plain arrival order.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from backend.errors import QueueFullError
 from backend.kv_cache import KVCacheManager
+from backend.priority import priority_key
 from backend.request import Sequence, SequenceStatus
 
 
@@ -56,8 +60,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_waiting: int) -> None:
+    def __init__(
+        self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_waiting: int,
+        priority_aging_s: float = 10.0,
+    ) -> None:
         self.kv = kv
+        self.priority_aging_s = priority_aging_s
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_waiting = max_waiting
@@ -76,9 +84,11 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        now = time.monotonic()
+        self.running.sort(key=lambda seq: priority_key(seq, now, self.priority_aging_s))  # stable: ties keep order
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:  # admitting new work right after preempting would just thrash
-            self._schedule_waiting(out, budget)
+            self._schedule_waiting(out, budget, now)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -89,7 +99,7 @@ class Scheduler:
                 seq.drop_draft()  # a draft is verified whole or not at all
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.kv.allocate_slots(seq, n):
-                victim = self.running[-1]
+                victim = self.running[-1]  # the least urgent
                 self._preempt(victim, out)
                 if victim is seq:
                     break
@@ -98,8 +108,8 @@ class Scheduler:
                 budget -= n
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        for seq in list(self.waiting):
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        for seq in sorted(self.waiting, key=lambda seq: priority_key(seq, now, self.priority_aging_s)):
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 return
             if not seq.ready_to_admit:
@@ -107,7 +117,7 @@ class Scheduler:
             cached = self.kv.find_cached_prefix(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens - len(cached) * self.kv.block_size, budget)
             if not self.kv.allocate_slots(seq, n, cached):
-                return  # first come, first served: don't let later requests jump the queue
+                return  # in order: don't let less urgent (smaller) requests jump the queue
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = len(cached) * self.kv.block_size
             self.waiting.remove(seq)

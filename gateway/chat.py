@@ -19,6 +19,7 @@ from gateway.logprobs import chat_logprobs
 from gateway.protocol import ChatRequest, parse_chat
 from gateway.record import RequestRecord, record_of
 from gateway.responses import chat_completion, usage_json
+from gateway.sampling import with_key_priority
 from gateway.sse import SSEStream, StreamLimits, chain, guarded, sse_data
 from gateway.tool_output import ToolStream, with_tool_calls
 
@@ -99,6 +100,8 @@ class ChatCompletions:
         raw = raw if raw is not None else await read_json(request, self.ctx.config.max_body_bytes)
         ticket = self.ctx.cache.ticket("chat", request.headers, raw)  # takes the `cache` extension out
         req = parse_chat(raw)
+        req = replace(req, params=with_key_priority(req.params, raw, request.headers.get("authorization"),
+                                                     self.ctx.config.api_key_priorities))
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any
 
@@ -21,6 +21,7 @@ from gateway.logprobs import completion_logprobs, generated_items
 from gateway.protocol import CompletionRequest, Prompt, parse_completion
 from gateway.record import RequestRecord, record_of
 from gateway.responses import add_usage, text_completion, usage_json
+from gateway.sampling import with_key_priority
 from gateway.sse import SSEStream, StreamLimits, chain, guarded, sse_data
 
 LogprobItems = list[tuple[str, TokenLogprob | None]]
@@ -130,6 +131,8 @@ class Completions:
         raw = raw if raw is not None else await read_json(request, self.ctx.config.max_body_bytes)
         ticket = self.ctx.cache.ticket("completions", request.headers, raw)  # takes the `cache` extension out
         req = parse_completion(raw)
+        req = replace(req, params=with_key_priority(req.params, raw, request.headers.get("authorization"),
+                                                     self.ctx.config.api_key_priorities))
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user

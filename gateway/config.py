@@ -45,6 +45,8 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no authentication
+    # API key -> default request priority (vLLM's convention: lower is served first; a request's own wins)
+    api_key_priorities: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}), repr=False)
     model_aliases: Mapping[str, str] = field(default_factory=lambda: DEFAULT_ALIASES)
     max_body_bytes: int = 8 * 1024 * 1024
     retry_after_s: int = 1
@@ -134,6 +136,8 @@ def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
             changes[name] = _cache_from_mapping(value)
         elif name == "model_aliases":
             changes[name] = _str_mapping(name, value)
+        elif name == "api_key_priorities":
+            changes[name] = _int_mapping(name, value)
         else:
             changes[name] = _coerce(name, value, getattr(base, name))
     return replace(base, **changes)
@@ -219,6 +223,24 @@ def _str_mapping(name: str, value: object) -> Mapping[str, str]:
     return MappingProxyType(dict(value))
 
 
+def _int_mapping(name: str, value: object) -> Mapping[str, int]:
+    ok = isinstance(value, dict) and all(
+        isinstance(k, str) and k and isinstance(v, int) and not isinstance(v, bool) for k, v in value.items()
+    )
+    if not ok:
+        raise ConfigError(f"{name} must map API keys to integer priorities")
+    return MappingProxyType(dict(value))  # type: ignore[arg-type]
+
+
+def _parse_priorities(raw: str) -> Mapping[str, int]:
+    """`key=priority,key2=priority2` (the keys themselves may not contain ',')."""
+    pairs = [p.strip() for p in raw.split(",") if p.strip()]
+    try:
+        return MappingProxyType({k.strip(): int(v) for k, v in (p.rsplit("=", 1) for p in pairs)})
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_PREFIX}API_KEY_PRIORITIES must look like 'key=0,key2=10'") from exc
+
+
 def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
     """HOST, PORT and SMOLGATE_* variables override the file; engine fields use backend's names."""
     changes: dict[str, Any] = {}
@@ -229,6 +251,8 @@ def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
     keys = env.get(f"{ENV_PREFIX}API_KEYS", env.get(f"{ENV_PREFIX}API_KEY"))
     if keys is not None:
         changes["api_keys"] = tuple(k.strip() for k in keys.split(",") if k.strip())
+    if f"{ENV_PREFIX}API_KEY_PRIORITIES" in env:
+        changes["api_key_priorities"] = _parse_priorities(env[f"{ENV_PREFIX}API_KEY_PRIORITIES"])
     if f"{ENV_PREFIX}MODEL_ALIASES" in env:
         changes["model_aliases"] = _parse_aliases(env[f"{ENV_PREFIX}MODEL_ALIASES"])
     for name, suffix in _SCALAR_ENV.items():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
+
 from backend.sampling_params import SamplingParams
 from gateway import fields as f
 from gateway.fields import Body
@@ -12,7 +15,7 @@ SAMPLING_KEYS = frozenset(
         "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
         # vLLM-style extensions
         "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
-        "include_stop_str_in_output",
+        "include_stop_str_in_output", "priority",
     }
 )  # fmt: skip
 
@@ -44,4 +47,16 @@ def sampling_params(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         include_stop_str_in_output=bool(_or(f.opt_bool(body, "include_stop_str_in_output"), False)),
+        priority=int(_or(f.opt_int(body, "priority", lo=-(2**31), hi=2**31 - 1), 0)),
     )
+
+
+def with_key_priority(
+    params: SamplingParams, body: Body, authorization: str | None, priorities: Mapping[str, int]
+) -> SamplingParams:
+    """The API key's default priority (config `api_key_priorities`) when the request sets none itself."""
+    if "priority" in body or not priorities or not authorization:
+        return params
+    scheme, _, key = authorization.partition(" ")
+    default = priorities.get(key.strip()) if scheme.lower() == "bearer" else None
+    return params if default is None else replace(params, priority=default)

@@ -30,6 +30,7 @@ NON_OUTPUT_FIELDS = frozenset(
         "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias",
         "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
         "include_stop_str_in_output", "max_tokens", "max_completion_tokens",
+        "priority",  # scheduling only: the same answer whatever the priority
     }
 )  # fmt: skip
 _FINGERPRINT_FIELDS = ("model", "served_model_name", "dtype", "max_model_len", "kernel_backend")
@@ -66,6 +67,7 @@ def model_fingerprint(model_id: str, engine: EngineConfig, salt: str = "") -> st
 
 def _params(params: SamplingParams) -> dict[str, Any]:
     out = asdict(params)
+    out.pop("priority", None)  # scheduling only, never changes the output
     out["logit_bias"] = sorted(params.logit_bias.items())
     return out
 
