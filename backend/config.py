@@ -33,8 +33,9 @@ class EngineConfig:
     """Everything the engine needs to know; defaults fit SmolLM2-135M on a 2-core CPU."""
 
     model: str = ""  # HF directory or .gguf file; "" means the default fetched model
-    # Which copy of the default model "" serves: awq (INT4 weights, backend/quant) | none (full precision).
-    # An explicit `model` loads as its checkpoint says (AWQ checkpoints are detected from config.json).
+    # Which copy of the default model "" serves: awq (INT4 weights, backend/quant) | none (full precision) |
+    # int8 (the full-precision copy, projections quantized to per-channel INT8 at load time).
+    # An explicit `model` loads as its checkpoint says (AWQ/GPTQ detected from config.json); int8 applies to it too.
     quantization: str = "awq"
     # INT4 on CPU: also keep a bf16 copy of the weights for batched steps (2x faster from ~10 rows on, 2 more
     # bytes per weight); off serves every call from the int4 kernel (smallest memory).
@@ -59,8 +60,8 @@ class EngineConfig:
     def resolved_model(self) -> Path:
         if self.model:
             return Path(self.model).expanduser()
-        if self.quantization not in {"awq", "none"}:
-            raise ValueError(f"unknown quantization {self.quantization!r}: use awq or none")
+        if self.quantization not in {"awq", "none", "int8"}:
+            raise ValueError(f"unknown quantization {self.quantization!r}: use awq, int8 or none")
         return default_awq_model_path() if self.quantization == "awq" else default_model_path()
 
     def resolved_device(self) -> str:

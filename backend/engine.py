@@ -47,7 +47,7 @@ class LLMEngine:
         hf_max = self._model_max_len(model_dir)
         self.max_model_len = min(config.max_model_len or hf_max, hf_max)
         ops = select_ops(config.kernel_backend, self.device, config.block_size)
-        model = load_model(model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy)
+        model = load_model(model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization)
         pool = BlockPool(num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, dtype), config.enable_prefix_caching)
         self.kv = KVCacheManager(pool, config.block_size)
         self.scheduler = Scheduler(

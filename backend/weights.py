@@ -17,7 +17,7 @@ from backend.config import cache_dir
 from backend.models.llama import LlamaForCausalLM
 from backend.models.rope import RotaryEmbedding
 from backend.ops import Ops
-from backend.quant.config import AWQ_TENSORS, awq_config_of
+from backend.quant.config import AWQ_TENSORS, AwqConfig, awq_config_of, gptq_config_of
 
 SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "smollm3"}
 FUSED = {  # our parameter -> the HF parameters concatenated along the output dimension
@@ -70,23 +70,41 @@ def to_our_names(hf: dict[str, torch.Tensor], num_layers: int) -> dict[str, torc
                 if f"{parts[0]}.{kind}" in layer:
                     dim = 1 if kind in AWQ_TENSORS else 0
                     layer[f"{fused}.{kind}"] = torch.cat([layer.pop(f"{p}.{kind}") for p in parts], dim=dim)
+            if f"{parts[0]}.in_perm" in layer:  # act-order GPTQ: the fused parts share one input, so one order
+                perms = [layer.pop(f"{p}.in_perm") for p in parts]
+                if not all(p.equal(perms[0]) for p in perms):
+                    raise ValueError(f"layer {i}: act-order GPTQ with different channel orders in {parts} cannot be fused")
+                layer[f"{fused}.in_perm"] = perms[0]
         ours.update({prefix + k: v for k, v in layer.items()})
     return ours
 
 
 def load_model(
-    path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None, int4_dense_copy: bool = True
+    path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None, int4_dense_copy: bool = True,
+    quantization: str = "none",
 ) -> LlamaForCausalLM:
+    """quantization "int8" quantizes a full-precision checkpoint's projections at load time; a quantized
+    checkpoint (AWQ, GPTQ) always loads as it says."""
     model_dir = resolve_model_dir(path)
     config = load_config(model_dir)
     awq = awq_config_of(config)  # an AWQ checkpoint swaps in INT4 layers (backend/quant)
+    gptq = gptq_config_of(config)  # GPTQ is converted to the same INT4 layout at load time
+    if gptq is not None:
+        awq = AwqConfig(group_size=gptq.group_size)
     with torch.device("meta"):
         model = LlamaForCausalLM(config, max_positions, ops)
         if awq is not None:
             from backend.quant.convert import swap_in_int4
 
             swap_in_int4(model, awq)
-    state = to_our_names(read_hf_tensors(model_dir), config.num_hidden_layers)
+    hf = read_hf_tensors(model_dir)
+    if gptq is not None:
+        from backend.quant.gptq_format import convert_gptq_tensors
+
+        hf = convert_gptq_tensors(hf, gptq)
+    state = to_our_names(hf, config.num_hidden_layers)
+    for name in [k for k in state if k.endswith(".in_perm")]:  # act-order: Int4Linear gathers its input columns
+        model.get_submodule(name.removesuffix(".in_perm")).register_buffer("in_perm", state.pop(name))
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     unexpected = model.load_state_dict(state, strict=False, assign=True).unexpected_keys
@@ -100,5 +118,9 @@ def load_model(
         from backend.quant.convert import prepare_int4
 
         prepare_int4(model, dense_copy=int4_dense_copy)
+    elif quantization == "int8":
+        from backend.quant.convert import quantize_int8
+
+        quantize_int8(model)
     model.rope = RotaryEmbedding(config, model.head_dim, max_positions).to(device=device)  # angles stay fp32
     return model

@@ -1,6 +1,9 @@
-"""AWQ settings as config.json states them, read without importing torch kernels (the loader checks every model).
+"""AWQ and GPTQ settings as config.json states them, read without importing torch kernels (the loader checks
+every model).
 
 quantization_config = {quant_method: "awq", bits: 4, group_size: 32 | 64 | 128, zero_point: true, version: "gemm"}
+quantization_config = {quant_method: "gptq", bits: 4, group_size: 32 | 64 | 128, desc_act, sym,
+                       checkpoint_format: "gptq" | "gptq_v2"}
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ def awq_config_of(config: PretrainedConfig) -> AwqConfig | None:
         return None
     q = q if isinstance(q, dict) else q.to_dict()
     method = q.get("quant_method")
+    if method == "gptq":
+        return None  # gptq_config_of reads it
     if method != "awq":
-        raise ValueError(f"unsupported quantization {method!r}: only AWQ (quant_method 'awq') checkpoints load")
+        raise ValueError(f"unsupported quantization {method!r}: only AWQ and GPTQ 4-bit checkpoints load")
     bits, group = q.get("bits", q.get("w_bit")), q.get("group_size", q.get("q_group_size"))
     version, zero_point = str(q.get("version", "gemm")).lower(), q.get("zero_point", True)
     if bits != 4 or version != "gemm" or not zero_point or group not in GROUP_SIZES:
@@ -54,3 +59,32 @@ def pick_group_size(in_features: Iterable[int], requested: int) -> int:
         if g <= requested and all(d % g == 0 for d in dims):
             return g
     raise ValueError(f"no group size in {GROUP_SIZES} divides the in_features {sorted(set(dims))}")
+
+
+@dataclass(frozen=True)
+class GptqConfig:
+    group_size: int = 128
+    desc_act: bool = False  # act-order: groups scattered over the input channels (g_idx)
+    sym: bool = True
+    v1: bool = True  # checkpoint_format "gptq" stores zero points minus one; "gptq_v2" stores them as they are
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "quant_method": "gptq", "bits": 4, "group_size": self.group_size, "desc_act": self.desc_act,
+            "sym": self.sym, "checkpoint_format": "gptq" if self.v1 else "gptq_v2",
+        }
+
+
+def gptq_config_of(config: PretrainedConfig) -> GptqConfig | None:
+    """The checkpoint's GPTQ settings, None when it is not a GPTQ checkpoint; variants the INT4 path cannot
+    serve are refused with the reason."""
+    q = getattr(config, "quantization_config", None)
+    if q is None:
+        return None
+    q = q if isinstance(q, dict) else q.to_dict()
+    if q.get("quant_method") != "gptq":
+        return None
+    fmt = str(q.get("checkpoint_format", "gptq")).lower()
+    if q.get("bits") != 4 or q.get("group_size") not in GROUP_SIZES or fmt not in {"gptq", "gptq_v2"}:
+        raise ValueError(f"unsupported GPTQ variant (need 4 bits, group 32/64/128, format gptq or gptq_v2): {q}")
+    return GptqConfig(int(q["group_size"]), bool(q.get("desc_act", False)), bool(q.get("sym", True)), fmt == "gptq")

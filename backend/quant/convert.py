@@ -2,6 +2,8 @@
 
     swap_in_int4(model, awq)   on the meta device, before load_state_dict: every projection -> Int4Linear
     prepare_int4(model)        after loading and moving to the device: repack, plus a low-bit lm_head copy
+    quantize_int8(model)       a full-precision model after loading (quantization: int8): projections ->
+                               Int8Linear (per-channel int8), plus the same lm_head copy
 
 The lm_head (49152 x 576 for SmolLM2, tied to the embedding table) is a quarter of the weights a decode step
 reads, so INT4 projections alone would cap the speedup near 1.6x. AWQ checkpoints keep it in fp16 (that is
@@ -15,6 +17,7 @@ from torch import nn
 
 from backend.quant.config import AwqConfig
 from backend.quant.int4_linear import Int4Linear
+from backend.quant.int8_linear import Int8Linear
 from backend.quant.lm_head import LowBitHead
 
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -45,3 +48,16 @@ def prepare_int4(model: nn.Module, quantize_lm_head: bool = True, dense_copy: bo
 def int4_weight_bytes(model: nn.Module) -> int:
     """Bytes held by the INT4 projections as prepared."""
     return sum(m.weight_bytes() for m in model.modules() if isinstance(m, Int4Linear))
+
+
+def quantize_int8(model: nn.Module) -> None:
+    """Weight-only INT8 at load time: every projection's weight -> int8 with one scale per output channel."""
+    for layer in model.layers:
+        for path in PROJECTIONS:
+            parent_name, name = path.split(".")
+            parent = getattr(layer, parent_name)
+            linear: nn.Linear = getattr(parent, name)
+            setattr(parent, name, Int8Linear(linear.weight, linear.bias))
+    head = model.lm_head
+    if isinstance(head, nn.Linear):
+        model.lm_head = LowBitHead(head.weight, head.bias)

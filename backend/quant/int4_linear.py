@@ -13,6 +13,8 @@ the loader, then `prepare()` runs once on the final device:
 - CUDA: keep the AWQ layout and call the Triton W4A16 GEMM (kernels/awq_gemm.py).
 
 torch's layout stores w = (q - 8) * scale + zero_f; AWQ's w = (q - z) * scale, so zero_f = (8 - z) * scale.
+An act-order GPTQ layer (gptq_format.py) also carries `in_perm`: its weight's input channels are stored sorted
+by group, so the input's columns are gathered in that order first.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Int4Linear(nn.Module):
         self.qzeros = frozen(groups, out_features // 8, dtype=torch.int32)
         self.scales = frozen(groups, out_features, dtype=torch.float16)
         self.bias = frozen(out_features, dtype=torch.float32) if bias else None
+        self.register_buffer("in_perm", None)  # (in,) long, act-order GPTQ only (set by the loader)
         self.mode = "awq"  # after prepare(): "int4pack" (CPU), "dense" (CPU fallback), "triton" (CUDA)
 
     def extra_repr(self) -> str:
@@ -98,6 +101,8 @@ class Int4Linear(nn.Module):
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
+        if self.in_perm is not None:
+            rows = rows.index_select(1, self.in_perm)
         if self.mode == "triton":
             y = self._forward_triton(rows)
         elif self._use_dense_copy(rows.shape[0]):

@@ -33,7 +33,7 @@ NON_OUTPUT_FIELDS = frozenset(
         "priority",  # scheduling only: the same answer whatever the priority
     }
 )  # fmt: skip
-_FINGERPRINT_FIELDS = ("model", "served_model_name", "dtype", "max_model_len", "kernel_backend")
+_FINGERPRINT_FIELDS = ("model", "quantization", "served_model_name", "dtype", "max_model_len", "kernel_backend")
 
 
 def _digest(obj: Any) -> str:
