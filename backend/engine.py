@@ -26,6 +26,7 @@ from backend.request import Sequence
 from backend.sampler import Sampler
 from backend.sampling_params import SamplingParams
 from backend.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from backend.sliding_window import freeable_window
 from backend.spec.speculator import Speculator
 from backend.tokenizer import load_tokenizer
 from backend.weights import load_model, resolve_model_dir
@@ -49,7 +50,7 @@ class LLMEngine:
         ops = select_ops(config.kernel_backend, self.device, config.block_size)
         model = load_model(model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization)
         pool = BlockPool(num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, dtype), config.enable_prefix_caching)
-        self.kv = KVCacheManager(pool, config.block_size)
+        self.kv = KVCacheManager(pool, config.block_size, freeable_window(model.config))
         self.scheduler = Scheduler(
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, config.priority_aging_s
         )
@@ -69,9 +70,7 @@ class LLMEngine:
         from backend.weights import load_config
 
         config = load_config(model_dir)
-        # Sliding-window attention is not implemented: within the window, full attention is exact.
-        window = getattr(config, "sliding_window", None) or config.max_position_embeddings
-        return int(min(config.max_position_embeddings, window))
+        return int(config.max_position_embeddings)  # sliding windows are attended exactly (backend/sliding_window.py)
 
     # ---- requests in ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:

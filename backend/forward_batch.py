@@ -7,7 +7,7 @@ prefill group, both batched (padded), so no Python loop runs per sequence inside
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -20,6 +20,7 @@ class DecodeMetadata:
     mask: torch.Tensor  # (num_decodes, 1, 1, max_context) float: 0 for valid keys, -inf for padding
     block_tables: torch.Tensor  # (num_decodes, max_blocks) int32, for paged kernels
     context_lens: torch.Tensor  # (num_decodes,) int32
+    window_mask: torch.Tensor | None = None  # like mask, also -inf outside the sliding window (windowed models)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class PrefillMetadata:
     block_tables: torch.Tensor  # (num_prefills, max_blocks) int32
     context_lens: torch.Tensor  # (num_prefills,) int32, computed + new tokens
     cu_seqlens_q: torch.Tensor  # (num_prefills + 1,) int32
+    window_mask: torch.Tensor | None = None  # like mask, also False outside the sliding window (windowed models)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,19 @@ class ForwardBatch:
     decode: DecodeMetadata | None
     prefill: PrefillMetadata | None
     logits_index: torch.Tensor  # (num_sampled,) long: rows whose next token is sampled
+    window: int = 0  # the sliding window the masks implement (0: full attention); see with_window
+
+    def with_window(self, window: int) -> ForwardBatch:
+        """The batch as a layer with this sliding window (0: full) sees it: window masks swapped in (torch path),
+        `window` set (the Triton kernels take it as an argument). The model runner built both masks."""
+        if window == self.window:
+            return self
+        decode, prefill = self.decode, self.prefill
+        if decode is not None:
+            decode = replace(decode, mask=decode.window_mask, window_mask=decode.mask)
+        if prefill is not None:
+            prefill = replace(prefill, mask=prefill.window_mask, window_mask=prefill.mask)
+        return replace(self, decode=decode, prefill=prefill, window=window)
 
     @property
     def num_tokens(self) -> int:

@@ -3,12 +3,17 @@
 A full block's hash chains its parent's hash with its own token ids, so equal hashes mean
 equal whole prefixes. Hits are capped so at least the prompt's last token is recomputed:
 its logits are needed to sample the first output token.
+
+With sliding-window attention in every layer (`window` > 0), blocks that fell out of the window are freed as
+soon as a step has computed past them; their block-table entries become `null_block`, a placeholder whose
+slots the attention masks out (backend/sliding_window.py).
 """
 
 from __future__ import annotations
 
 from backend.block_pool import BlockPool, KVBlock
 from backend.request import Sequence
+from backend.sliding_window import blocks_out_of_window
 
 
 def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
@@ -16,9 +21,11 @@ def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int) -> None:
+    def __init__(self, pool: BlockPool, block_size: int, window: int = 0) -> None:
         self.pool = pool
         self.block_size = block_size
+        self.window = window  # > 0: every layer sees only this many tokens back, so older blocks are freed
+        self.null_block = KVBlock(block_id=0, ref_cnt=1)  # stands for a freed block; never in the pool's lists
         self.queries = 0  # prompt tokens looked up in the prefix cache
         self.hits = 0  # ... of which found
 
@@ -65,11 +72,22 @@ class KVCacheManager:
         for i in range(seq.num_registered_blocks, num_full):
             self.pool.register(seq.block_table[i], self._hash_of(seq, i))
         seq.num_registered_blocks = max(seq.num_registered_blocks, num_full)
+        if self.window:
+            self.free_out_of_window(seq)
+
+    def free_out_of_window(self, seq: Sequence) -> None:
+        """Free the blocks no later query of seq can attend to (they stay findable in the prefix cache)."""
+        gone = blocks_out_of_window(seq.num_computed_tokens, self.window, self.block_size)
+        for i in range(min(gone, seq.num_registered_blocks)):
+            if seq.block_table[i] is not self.null_block:
+                self.pool.free(seq.block_table[i])
+                seq.block_table[i] = self.null_block
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks, tail first, so the tail is evicted before the shared prefix."""
         for block in reversed(seq.block_table):
-            self.pool.free(block)
+            if block is not self.null_block:
+                self.pool.free(block)
         seq.block_table.clear()
         seq.num_computed_tokens = 0
         seq.num_registered_blocks = 0

@@ -25,6 +25,7 @@ class ModelRunner:
         self.model = model
         self.kv = kv
         self.device = device
+        self.window = max(model.layer_windows, default=0)  # sliding window of the windowed layers (0: none)
         self.kv_cache = torch.zeros(kv_cache_shape(model, kv.pool.num_blocks, kv.block_size), dtype=dtype, device=device)
 
     def _tensor(self, data: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
@@ -48,8 +49,16 @@ class ModelRunner:
     def _decode_metadata(self, decodes: list[ScheduledSeq]) -> DecodeMetadata:
         slots, lens = self._context_slots(decodes)
         valid = torch.arange(slots.shape[1], device=self.device)[None, :] < self._tensor(lens)[:, None]
-        mask = torch.zeros(valid.shape, dtype=self.kv_cache.dtype, device=self.device).masked_fill(~valid, -float("inf"))
-        return DecodeMetadata(slots, mask[:, None, None, :], self._block_tables(decodes), self._tensor(lens, torch.int32))
+        zeros = torch.zeros(valid.shape, dtype=self.kv_cache.dtype, device=self.device)
+        mask = zeros.masked_fill(~valid, -float("inf"))
+        window_mask = None
+        if self.window:  # the query at position len - 1 sees keys >= len - window
+            first = self._tensor(lens)[:, None] - self.window
+            in_window = valid & (torch.arange(slots.shape[1], device=self.device)[None, :] >= first)
+            window_mask = zeros.masked_fill(~in_window, -float("inf"))[:, None, None, :]
+        return DecodeMetadata(
+            slots, mask[:, None, None, :], self._block_tables(decodes), self._tensor(lens, torch.int32), window_mask
+        )
 
     def _prefill_metadata(self, prefills: list[ScheduledSeq], first_row: int) -> PrefillMetadata:
         slots, lens = self._context_slots(prefills)
@@ -63,10 +72,15 @@ class ModelRunner:
         q_pos = self._tensor([c.seq.num_computed_tokens for c in prefills])[:, None] + col[None, :]
         k_pos = torch.arange(slots.shape[1], device=self.device)
         mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & query_valid[:, :, None]
+        window_mask = None
+        if self.window:  # and k > q - window; padded rows see key 0 (a finite softmax)
+            window_mask = mask & (k_pos[None, None, :] > q_pos[:, :, None] - self.window)
+            window_mask[:, :, 0] |= ~query_valid
+            window_mask = window_mask[:, None]
         mask[:, :, 0] = True  # padded query rows attend to something, so softmax stays finite
         return PrefillMetadata(
             query_index, query_valid, slots, mask[:, None], self._block_tables(prefills),
-            self._tensor(lens, torch.int32), self._tensor(cu, torch.int32),
+            self._tensor(lens, torch.int32), self._tensor(cu, torch.int32), window_mask,
         )
 
     def prepare(self, out: SchedulerOutput) -> ForwardBatch:

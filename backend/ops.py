@@ -88,12 +88,12 @@ class TritonOps:
         d = batch.num_decode_tokens
         if batch.decode is not None:
             m = batch.decode
-            self._decode(q[:d], k_cache, v_cache, m.block_tables, m.context_lens, scale=scale, out=out[:d])
+            self._decode(q[:d], k_cache, v_cache, m.block_tables, m.context_lens, scale=scale, out=out[:d], window=batch.window)
         if batch.prefill is not None:
             m = batch.prefill
             self._prefill(
                 q[d:], k_cache, v_cache, m.block_tables, m.cu_seqlens_q, m.context_lens,
-                max_query_len=m.query_index.shape[1], scale=scale, out=out[d:],
+                max_query_len=m.query_index.shape[1], scale=scale, out=out[d:], window=batch.window,
             )
         return out
 

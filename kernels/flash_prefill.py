@@ -24,9 +24,14 @@ Layout (the engine's)
     seq_lens:          (num_seqs,) int32, total tokens per sequence including the new ones (>= q_len).
 
 Limits
-    head_dim a power of two >= 16 (64, 128); no sliding window, ALiBi, soft-capping or fp8 cache; rows of q
+    head_dim a power of two >= 16 (64, 128); no ALiBi, soft-capping or fp8 cache; rows of q
     not covered by cu_seqlens_q are left untouched. ``max_query_len`` sizes the grid; pass it from the host
     (the scheduler knows it) to avoid a device-to-host sync.
+
+Sliding window
+    ``window`` > 0: the query at position p sees keys p - window < k <= p (HF's rule). Stage 1 is then empty
+    and stage 2 starts at the tile holding the first query's first visible key, masking both edges; a row
+    whose keys in a tile are all masked keeps m = -inf without producing NaNs.
 """
 
 import math
@@ -40,7 +45,7 @@ from ._utils import check_device, dot_upcast, mma
 
 @triton.jit
 def _attend(acc, m_i, l_i, q, qpos, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_off, stride_cb, stride_cs,
-            block_size, ctx_len, lo, hi, qk_scale,
+            block_size, ctx_len, lo, hi, qk_scale, window,
             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             UPCAST: tl.constexpr):
     d = tl.arange(0, HEAD_DIM)
@@ -52,8 +57,13 @@ def _attend(acc, m_i, l_i, q, qpos, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_off
         k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
         s = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST) * qk_scale
         if CAUSAL:
-            s = tl.where((n[None, :] <= qpos[:, None]) & n_ok[None, :], s, float("-inf"))
+            visible = (n[None, :] <= qpos[:, None]) & n_ok[None, :]
+            if window > 0:
+                visible = visible & (n[None, :] > qpos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if CAUSAL:  # a row with nothing visible yet (sliding window) keeps m = -inf: shift by 0, not by -inf
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -67,7 +77,7 @@ def _attend(acc, m_i, l_i, q, qpos, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_off
 def _flash_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr, out_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
-    qk_scale, block_size,
+    qk_scale, block_size, window,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -95,22 +105,26 @@ def _flash_prefill_kernel(
         first = prefix + tile * BLOCK_M
         last = tl.minimum(first + BLOCK_M, ctx_len) - 1
         full_end = (first + 1) // BLOCK_N * BLOCK_N
+        lo = full_end - full_end  # 0, as a tensor like the value the window branch assigns
+        if window > 0:  # no key is visible to every row; start at the first query's first visible key
+            lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
+            full_end = lo
         # 2. Keys every row of the tile sees (positions <= first): no mask.
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, qpos, k_cache_ptr, v_cache_ptr, bt_row, kv_off, stride_cb,
-                                stride_cs, block_size, ctx_len, 0, full_end, qk_scale,
+                                stride_cs, block_size, ctx_len, lo, full_end, qk_scale, window,
                                 HEAD_DIM, BLOCK_M, BLOCK_N, False, UPCAST)
         # 3. The diagonal band up to the last query's position, causally masked.
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, qpos, k_cache_ptr, v_cache_ptr, bt_row, kv_off, stride_cb,
-                                stride_cs, block_size, ctx_len, full_end, last + 1, qk_scale,
+                                stride_cs, block_size, ctx_len, full_end, last + 1, qk_scale, window,
                                 HEAD_DIM, BLOCK_M, BLOCK_N, True, UPCAST)
         # 4. Normalise and store the valid rows.
-        out = acc / l_i[:, None]
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l == 0 only on padding rows past a sliding window
         tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=i_ok[:, None])
 
 
 def flash_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_query_len: int | None = None,
-                  scale: float | None = None, out=None, block_m: int = 64, block_n: int = 64):
+                  scale: float | None = None, out=None, block_m: int = 64, block_n: int = 64, window: int = 0):
     """Causal prefill attention of packed new tokens over the paged cache; returns ``out`` shaped like q."""
     assert q.dim() == 3 and q.stride(2) == 1, (q.shape, q.stride())
     _, num_heads, head_dim = q.shape
@@ -141,15 +155,17 @@ def flash_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        scale * 1.4426950408889634, k_cache.shape[1],
+        scale * 1.4426950408889634, k_cache.shape[1], window,
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         UPCAST=dot_upcast(_flash_prefill_kernel, q.dtype),
     )
     return out
 
 
-def flash_prefill_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float | None = None):
-    """Torch reference: per sequence, gather K/V through the block table, causal softmax attention in fp32."""
+def flash_prefill_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float | None = None,
+                      window: int = 0):
+    """Torch reference: per sequence, gather K/V through the block table, causal softmax attention in fp32
+    (keys within ``window`` positions when window > 0)."""
     num_heads, head_dim = q.shape[1:]
     group = num_heads // k_cache.shape[2]
     block_size = k_cache.shape[1]
@@ -163,6 +179,8 @@ def flash_prefill_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens,
         qpos = torch.arange(n - (b - a), n, device=q.device)
         s = torch.einsum("thd,nhd->htn", q[a:b].float(), k) * scale
         future = torch.arange(n, device=q.device)[None, None, :] > qpos[None, :, None]
+        if window > 0:
+            future |= torch.arange(n, device=q.device)[None, None, :] <= qpos[None, :, None] - window
         s = s.masked_fill(future, float("-inf"))
         out[a:b] = torch.einsum("htn,nhd->thd", s.softmax(dim=-1), v).to(q.dtype)
     return out

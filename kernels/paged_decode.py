@@ -21,8 +21,10 @@ Layout (the engine's)
                        kv_store). A sequence with seq_len 0 (batch padding) gets an all-zero output.
 
 Limits
-    head_dim a power of two >= 16 (64, 128); num_heads a multiple of num_kv_heads; no ALiBi, sliding window,
-    logit soft-capping or fp8 cache. The number of splits is fixed on the host from the block table's width
+    head_dim a power of two >= 16 (64, 128); num_heads a multiple of num_kv_heads; no ALiBi,
+    logit soft-capping or fp8 cache. Sliding window: ``window`` > 0 limits the query (position seq_len - 1)
+    to keys at positions >= seq_len - window; tiles before the window are skipped.
+    The number of splits is fixed on the host from the block table's width
     (no device-to-host sync, CUDA-graph friendly), so very wide tables launch programs that exit at once.
 """
 
@@ -39,7 +41,7 @@ from ._utils import check_device, dot_upcast, mma
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     stride_qs, stride_qh, stride_os, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
-    qk_scale, block_size, partition_size, num_splits, num_heads,
+    qk_scale, block_size, partition_size, num_splits, num_heads, window,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -49,6 +51,8 @@ def _paged_decode_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     start = split * partition_size
     end = tl.minimum(start + partition_size, seq_len)
+    if window > 0:  # sliding window: keys before seq_len - window are invisible
+        start = tl.maximum(start, seq_len - window)
 
     # 1. The query group of this KV head: rows g < GROUP are heads kvh * GROUP + g.
     g = tl.arange(0, BLOCK_G)
@@ -126,7 +130,7 @@ def _default_num_splits(device: torch.device, programs: int, max_context: int, b
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float | None = None, out=None,
-                 num_splits: int | None = None, block_n: int = 64):
+                 num_splits: int | None = None, block_n: int = 64, window: int = 0):
     """Decode attention for one query token per sequence; returns ``out`` (num_seqs, num_heads, head_dim)."""
     assert q.dim() == 3 and q.stride(2) == 1, (q.shape, q.stride())
     num_seqs, num_heads, head_dim = q.shape
@@ -163,7 +167,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float | Non
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        scale * 1.4426950408889634, block_size, partition_size, num_splits, num_heads,
+        scale * 1.4426950408889634, block_size, partition_size, num_splits, num_heads, window,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_N=block_n,
         SPLIT=split, UPCAST=dot_upcast(_paged_decode_kernel, q.dtype),
     )
@@ -182,8 +186,9 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
 
 
-def paged_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale: float | None = None):
-    """Torch reference: per sequence, gather K/V through the block table and run softmax attention in fp32."""
+def paged_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale: float | None = None, window: int = 0):
+    """Torch reference: per sequence, gather K/V through the block table and run softmax attention in fp32
+    (over the last ``window`` keys when window > 0)."""
     num_seqs, num_heads, head_dim = q.shape
     group = num_heads // k_cache.shape[2]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
@@ -195,5 +200,7 @@ def paged_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale: float |
         k = gather_kv(k_cache, block_tables[i], n).float().repeat_interleave(group, dim=1)  # (n, H, D)
         v = gather_kv(v_cache, block_tables[i], n).float().repeat_interleave(group, dim=1)
         s = torch.einsum("hd,nhd->hn", q[i].float(), k) * scale
+        if window > 0:
+            s[:, : max(n - window, 0)] = float("-inf")
         out[i] = torch.einsum("hn,nhd->hd", s.softmax(dim=-1), v).to(q.dtype)
     return out

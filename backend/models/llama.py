@@ -17,6 +17,7 @@ from transformers import PretrainedConfig
 from backend.forward_batch import ForwardBatch
 from backend.models.rope import RotaryEmbedding
 from backend.ops import Ops, TorchOps
+from backend.sliding_window import layer_windows
 
 
 class RMSNorm(nn.Module):
@@ -31,8 +32,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int) -> None:
+    def __init__(self, config: PretrainedConfig, head_dim: int, window: int = 0) -> None:
         super().__init__()
+        self.window = window  # sliding window in tokens, 0 = full attention (backend/sliding_window.py)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim
@@ -48,6 +50,7 @@ class Attention(nn.Module):
         q = q.view(n, self.num_heads, self.head_dim)  # (num_tokens, num_heads, head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)  # (num_tokens, num_kv_heads, head_dim)
         q, k = ops.rotary(q, k, batch.positions, cos_sin)
+        batch = batch.with_window(self.window)
         out = ops.attention(q, k, v.view(n, self.num_kv_heads, self.head_dim), cache, batch, self.scale)
         return self.o_proj(out.reshape(n, self.q_size))
 
@@ -65,10 +68,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int) -> None:
+    def __init__(self, config: PretrainedConfig, head_dim: int, window: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, head_dim)
+        self.self_attn = Attention(config, head_dim, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
@@ -89,7 +92,8 @@ class LlamaForCausalLM(nn.Module):
         self.ops: Ops = ops or TorchOps()
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, self.head_dim) for _ in range(config.num_hidden_layers))
+        self.layer_windows = layer_windows(config)  # per layer, 0 = full attention
+        self.layers = nn.ModuleList(DecoderLayer(config, self.head_dim, w) for w in self.layer_windows)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
