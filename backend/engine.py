@@ -48,7 +48,16 @@ class LLMEngine:
         hf_max = self._model_max_len(model_dir)
         self.max_model_len = min(config.max_model_len or hf_max, hf_max)
         ops = select_ops(config.kernel_backend, self.device, config.block_size)
-        model = load_model(model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization)
+        tp = None
+        if config.tensor_parallel_size > 1:  # rank 0 drives; backend/parallel.py's workers follow its batches
+            from backend.parallel import Driver, check_world
+
+            tp = check_world(config.tensor_parallel_size)
+        model = load_model(
+            model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization, tp
+        )
+        if tp is not None:
+            model = Driver(model)
         pool = BlockPool(num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, dtype), config.enable_prefix_caching)
         self.kv = KVCacheManager(pool, config.block_size, freeable_window(model.config))
         self.scheduler = Scheduler(

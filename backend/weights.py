@@ -81,18 +81,26 @@ def to_our_names(hf: dict[str, torch.Tensor], num_layers: int) -> dict[str, torc
 
 def load_model(
     path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None, int4_dense_copy: bool = True,
-    quantization: str = "none",
+    quantization: str = "none", tp: tuple[int, int] | None = None,
 ) -> LlamaForCausalLM:
     """quantization "int8" quantizes a full-precision checkpoint's projections at load time; a quantized
-    checkpoint (AWQ, GPTQ) always loads as it says."""
+    checkpoint (AWQ, GPTQ) always loads as it says. tp = (rank, world): this rank's tensor-parallel shard
+    (backend/parallel.py)."""
     model_dir = resolve_model_dir(path)
     config = load_config(model_dir)
     awq = awq_config_of(config)  # an AWQ checkpoint swaps in INT4 layers (backend/quant)
     gptq = gptq_config_of(config)  # GPTQ is converted to the same INT4 layout at load time
     if gptq is not None:
         awq = AwqConfig(group_size=gptq.group_size)
+    model_config = config
+    if tp is not None:
+        from backend.parallel import shard_config
+
+        if awq is not None or quantization == "int8":
+            raise ValueError("tensor parallelism needs full-precision weights (quantization: none)")
+        model_config = shard_config(config, tp[1])
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_positions, ops)
+        model = LlamaForCausalLM(model_config, max_positions, ops)
         if awq is not None:
             from backend.quant.convert import swap_in_int4
 
@@ -103,6 +111,10 @@ def load_model(
 
         hf = convert_gptq_tensors(hf, gptq)
     state = to_our_names(hf, config.num_hidden_layers)
+    if tp is not None:
+        from backend.parallel import shard_state
+
+        state = shard_state(state, model_config, *tp)
     for name in [k for k in state if k.endswith(".in_perm")]:  # act-order: Int4Linear gathers its input columns
         model.get_submodule(name.removesuffix(".in_perm")).register_buffer("in_perm", state.pop(name))
     if config.tie_word_embeddings:
@@ -122,5 +134,9 @@ def load_model(
         from backend.quant.convert import quantize_int8
 
         quantize_int8(model)
+    if tp is not None:
+        from backend.parallel import make_row_parallel
+
+        make_row_parallel(model)
     model.rope = RotaryEmbedding(config, model.head_dim, max_positions).to(device=device)  # angles stay fp32
     return model
