@@ -11,7 +11,7 @@ import torch
 from transformers import AutoConfig, LlamaConfig
 
 from backend.quant.awq_format import QuantizedWeight, dequantize, fake_quantize, pack, quantize, save_checkpoint, unpack
-from backend.quant.config import AwqConfig, awq_config_of, pick_group_size
+from backend.quant.config import AwqConfig, GptqConfig, awq_config_of, gptq_config_of, pick_group_size
 
 
 def nibble(word: int, column: int) -> int:
@@ -94,10 +94,14 @@ def test_config_contract() -> None:
     assert awq_config_of(LlamaConfig()) is None
     autoawq_style = {"quant_method": "awq", "w_bit": 4, "q_group_size": 128, "zero_point": True, "version": "GEMM"}
     assert awq_config_of(LlamaConfig(quantization_config=autoawq_style)) == AwqConfig(group_size=128)
-    for bad in ({"quant_method": "gptq", "bits": 4}, {**AwqConfig().to_json(), "version": "gemv"},
+    for bad in ({"quant_method": "fp8"}, {**AwqConfig().to_json(), "version": "gemv"},
                 {**AwqConfig().to_json(), "bits": 8}, {**AwqConfig().to_json(), "group_size": 16}):
         with pytest.raises(ValueError):
             awq_config_of(LlamaConfig(quantization_config=bad))
+    gptq = LlamaConfig(quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True})
+    assert awq_config_of(gptq) is None and gptq_config_of(gptq) == GptqConfig(128, desc_act=True)
+    with pytest.raises(ValueError, match="unsupported GPTQ"):  # GPTQ details: tests/test_quant_gptq.py
+        gptq_config_of(LlamaConfig(quantization_config={"quant_method": "gptq", "bits": 4}))
 
 
 def test_group_size_fallback() -> None:
