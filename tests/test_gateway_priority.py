@@ -17,6 +17,7 @@ from gateway.protocol import parse_chat, parse_completion
 from gateway.sampling import with_key_priority
 
 client = gateway_fixtures.client
+live = gateway_fixtures.live
 MSG = [{"role": "user", "content": "Name three colors."}]
 KEYS = {"sk-batch": 10, "sk-interactive": -5}
 
