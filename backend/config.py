@@ -50,7 +50,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # per-step token budget (chunked prefill)
     max_waiting: int = 1024  # waiting-queue limit; beyond it submit raises QueueFullError
     enable_prefix_caching: bool = True
-    num_speculative_tokens: int = 0  # n-gram speculation: draft tokens per step (0 = off)
+    num_speculative_tokens: int = 0  # draft tokens per step and sequence (0 = speculation off)
+    speculative_method: str = "ngram"  # ngram (prompt lookup, no model) | draft (a draft model proposes)
+    speculative_model: str = ""  # the draft model (same vocabulary); "" -> the default model's AWQ INT4 copy
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds (0: never)
     speculative_max_batch: int = 8  # no speculation while more sequences than this are running
     tensor_parallel_size: int = 1  # > 1: shard the model over a torch.distributed group (backend/parallel.py)

@@ -27,6 +27,7 @@ from backend.sampler import Sampler
 from backend.sampling_params import SamplingParams
 from backend.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from backend.sliding_window import freeable_window
+from backend.spec.draft_model import DraftModel, kv_blocks_for_both, load_draft_model
 from backend.spec.speculator import Speculator
 from backend.tokenizer import load_tokenizer
 from backend.weights import load_model, resolve_model_dir
@@ -56,9 +57,12 @@ class LLMEngine:
         model = load_model(
             model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization, tp
         )
+        draft = load_draft_model(config, model, dtype, self.device, self.max_model_len, ops)
         if tp is not None:
             model = Driver(model)
-        pool = BlockPool(num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, dtype), config.enable_prefix_caching)
+        blocks = num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, dtype) if draft is None else \
+            kv_blocks_for_both(model, draft, config.block_size, config.kv_cache_memory_mb, dtype)
+        pool = BlockPool(blocks, config.enable_prefix_caching)
         self.kv = KVCacheManager(pool, config.block_size, freeable_window(model.config))
         self.scheduler = Scheduler(
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, config.priority_aging_s
@@ -68,7 +72,10 @@ class LLMEngine:
         self.vocab_size = model.config.vocab_size
         self.sampler = Sampler(self.eos_token_id, config.seed, self.device)
         self.grammars = GrammarCache(self.tokenizer, self.vocab_size)
-        self.speculator = Speculator(self.kv, config.num_speculative_tokens, config.speculative_max_batch, self.max_model_len)
+        self.speculator = Speculator(
+            self.kv, config.num_speculative_tokens, config.speculative_max_batch, self.max_model_len, self.eos_token_id,
+            None if draft is None else DraftModel(draft, self.kv, dtype, self.device, self.eos_token_id),
+        )
         self.requests: dict[str, list[Sequence]] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -132,6 +139,7 @@ class LLMEngine:
             return None
         for seq in seqs:
             if not seq.is_finished:
+                seq.drop_draft()  # an unverified draft is not output
                 self.scheduler.finish(seq, "abort")
         return self._output(request_id, seqs, finished=True)
 
@@ -144,6 +152,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
+        self.speculator.draft(out, self.sampler.generator)
         logits = self.runner.run(out) if out.num_tokens else None
         return self.postprocess(out, logits)
 

@@ -91,6 +91,7 @@ class KVCacheManager:
         seq.block_table.clear()
         seq.num_computed_tokens = 0
         seq.num_registered_blocks = 0
+        seq.num_draft_computed = 0  # the blocks go back to the pool: so does the draft model's K/V in them
 
     def trim(self, seq: Sequence) -> None:
         """Free whole blocks past the computed tokens (after rejected draft tokens were cut off)."""

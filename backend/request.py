@@ -49,6 +49,7 @@ class Sequence:
     stop_reason: str | int | None = None
     finish_reported: bool = False
     num_draft: int = 0  # unverified draft tokens at the end of token_ids
+    num_draft_computed: int = 0  # leading tokens whose K/V are in the draft model's cache (backend/spec/draft_model.py)
     reference_ids: list[int] = field(default_factory=list)  # speculation source besides the sequence itself
     prompt_reported: bool = False
     # Not yet reported to the caller:

@@ -1,10 +1,18 @@
-"""Speculator: proposes drafts before a step and verifies them after it, inside continuous batching.
+"""Speculator: proposes drafts around the scheduler and verifies them after the step, inside continuous batching.
 
 A draft is appended to the sequence's tokens as if it were real, so the scheduler and the model
 runner need no special case: the sequence simply has 1 + k uncomputed tokens, which run as one
 chunk (causal attention over the cache), and every position gets logits. After the step the
 accepted prefix stays, the rest is cut off, and the KV of rejected positions is rolled back
 (their slots are simply rewritten later; whole blocks past the end are freed).
+
+    propose(running)   # before schedule(): n-gram drafts are copied in; draft-model drafts reserve k slots
+    draft(out)         # after schedule(): the draft model fills the reserved slots the scheduler kept
+    verify(seq, ...)   # after the target's forward: accepted tokens + one from the target
+
+Two sources: n-gram lookup in the sequence itself or its reference text (method "ngram"; no model),
+and a draft model (method "draft", backend/spec/draft_model.py). With a draft model, requests that
+carry a reference text still copy from it: a near-miss cached answer is a better guess than any model.
 """
 
 from __future__ import annotations
@@ -15,8 +23,10 @@ import torch
 
 from backend.kv_cache import KVCacheManager
 from backend.request import Sequence
-from backend.sampler import apply_logit_bias, apply_top_k_top_p_min_p
+from backend.scheduler import SchedulerOutput
+from backend.spec.draft_model import DraftModel
 from backend.spec.ngram import propose_ngram
+from backend.spec.prefix import process_target_rows, target_probs
 from backend.spec.verify import verify_greedy, verify_sampled
 
 
@@ -28,28 +38,52 @@ class SpecStats:
 
 
 def eligible(seq: Sequence) -> bool:
-    """Position-dependent processors (penalties, min_tokens, grammars) are not speculated through yet."""
-    p = seq.params
-    return p.speculate and not p.uses_penalties and seq.guide is None and seq.num_output_tokens >= p.min_tokens
+    return seq.params.speculate
 
 
 class Speculator:
-    def __init__(self, kv: KVCacheManager, num_tokens: int, max_batch: int, max_model_len: int) -> None:
+    def __init__(
+        self, kv: KVCacheManager, num_tokens: int, max_batch: int, max_model_len: int, eos_token_id: int | None,
+        draft_model: DraftModel | None = None,
+    ) -> None:
         self.kv = kv
         self.k = num_tokens
         self.max_batch = max_batch  # beyond this many running sequences, verification costs more than it saves
         self.max_model_len = max_model_len
+        self.eos_token_id = eos_token_id
+        self.draft_model = draft_model
         self.stats = SpecStats()
+        self._reserved: set[Sequence] = set()  # seqs whose draft tokens await the draft model
+        self._q: dict[Sequence, torch.Tensor | None] = {}  # the draft model's distributions, until verified
 
     def propose(self, running: list[Sequence]) -> None:
+        self._reserved = {s for s in self._reserved if s.num_draft and not s.is_finished}  # dropped on preemption
         if not self.k or len(running) > self.max_batch:
             return
         for seq in running:
-            if seq.num_tokens - seq.num_computed_tokens == 1 and eligible(seq):
-                room = min((seq.params.max_tokens or 0) - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
-                draft = propose_ngram(seq.token_ids, min(self.k, room), seq.reference_ids) if room > 0 else []
-                seq.token_ids.extend(draft)
-                seq.num_draft = len(draft)
+            if seq.num_tokens - seq.num_computed_tokens != 1 or not eligible(seq):
+                continue
+            room = min((seq.params.max_tokens or 0) - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
+            k = min(self.k, room)
+            if k <= 0:
+                continue
+            if self.draft_model is not None and not seq.reference_ids:
+                draft = [seq.token_ids[-1]] * k  # placeholders: the draft model writes them after scheduling
+                self._reserved.add(seq)
+            else:
+                draft = propose_ngram(seq.token_ids, k, seq.reference_ids)
+                if seq.guide is not None and draft:  # a grammar would reject the rest at once
+                    draft = draft[: seq.guide.validate_tokens(draft)]
+            seq.token_ids.extend(draft)
+            seq.num_draft = len(draft)
+
+    def draft(self, out: SchedulerOutput, generator: torch.Generator) -> None:
+        """Let the draft model fill the reserved drafts that were scheduled (verified whole this step)."""
+        seqs = [c.seq for c in out.scheduled if c.seq in self._reserved and c.seq.num_draft]
+        if seqs:
+            assert self.draft_model is not None
+            self._q.update(self.draft_model.propose(seqs, generator))
+            self._reserved.difference_update(seqs)
 
     def verify(self, seq: Sequence, logits: torch.Tensor, generator: torch.Generator) -> list[int]:
         """logits: (1 + k, vocab) for the last real token and each draft token. Returns the tokens to emit.
@@ -60,14 +94,14 @@ class Speculator:
         base = seq.num_tokens - seq.num_draft
         del seq.token_ids[base:]
         seq.num_draft = 0
-        rows = [seq] * logits.shape[0]
-        apply_logit_bias(logits, rows)
+        q = self._q.pop(seq, None)
+        process_target_rows(logits, seq, seq.token_ids, draft, self.eos_token_id)
         if seq.params.greedy:
             accepted, bonus = verify_greedy(logits, draft)
         else:
-            probs = torch.softmax(logits / seq.params.temperature, dim=-1)
-            accepted, bonus = verify_sampled(apply_top_k_top_p_min_p(probs, rows), draft, seq.generator or generator)
+            accepted, bonus = verify_sampled(target_probs(logits, seq), draft, q, seq.generator or generator)
         seq.num_computed_tokens = base + accepted  # KV of the last real token and the accepted drafts is valid
+        seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
         self.kv.trim(seq)
         self.stats.proposed += len(draft)
         self.stats.accepted += accepted

@@ -1,6 +1,7 @@
 """Verify a draft against the target's distributions (Leviathan et al. 2023; Chen et al. 2023).
 
-# Draft token x_i was proposed with probability q(x_i) (1 for a copied n-gram: q is a point mass).
+# Draft token x_i was proposed with probability q(x_i) (the draft model's distribution, or 1 for a
+# copied n-gram: q is a point mass).
 # Accept it with probability min(1, p(x_i) / q(x_i)); on the first rejection, draw from
 # norm(max(0, p - q)) and stop. Every emitted token is then distributed exactly as p says.
 With greedy decoding, p is a point mass on the argmax, so a draft token is accepted iff it is
@@ -21,13 +22,22 @@ def verify_greedy(logits: torch.Tensor, draft: list[int]) -> tuple[int, int]:
     return accepted, best[accepted]
 
 
-def verify_sampled(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None) -> tuple[int, int]:
-    """probs: (k+1, vocab) target distributions after temperature/top-k/top-p. Point-mass draft."""
+def verify_sampled(
+    probs: torch.Tensor, draft: list[int], q: torch.Tensor | None, generator: torch.Generator | None
+) -> tuple[int, int]:
+    """probs: (k+1, vocab) target distributions after temperature/top-k/top-p; q: (k, vocab) the draft
+    model's distributions the draft was sampled from, or None for a point mass (a copied n-gram)."""
     uniforms = torch.rand(len(draft), generator=generator, device=probs.device).tolist()
     for i, token in enumerate(draft):
-        if uniforms[i] >= float(probs[i, token]):  # reject with probability 1 - p(x)
+        q_x = 1.0 if q is None else float(q[i, token])  # > 0: the token was drawn from q
+        if uniforms[i] * q_x >= float(probs[i, token]):  # reject with probability 1 - min(1, p/q)
             residual = probs[i].clone()
-            residual[token] = 0.0  # max(0, p - q) for a point mass q on `token`
+            if q is None:
+                residual[token] = 0.0  # max(0, p - q) for a point mass q on `token`
+            else:
+                residual.sub_(q[i]).clamp_(min=0.0)
+            if float(residual.sum()) <= 0.0:  # p == q up to rounding: a rejection had ~0 probability
+                residual = probs[i]
             return i, _draw(residual, generator)
     return len(draft), _draw(probs[len(draft)], generator)
 
