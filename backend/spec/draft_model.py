@@ -30,6 +30,8 @@ from backend.request import Sequence
 from backend.spec.prefix import needs_processing, process_row, target_probs
 from backend.weights import load_model, resolve_model_dir
 
+DEFAULT_MIN_CONFIDENCE = 0.3  # bench.speculative: see bench/README.md ("speculative")
+
 
 def load_draft_model(
     config: EngineConfig, target: LlamaForCausalLM, dtype: torch.dtype, device: str, max_model_len: int, ops: Ops
@@ -92,28 +94,44 @@ class DraftModel:
         self.runner = ModelRunner(model, kv, dtype, device)  # its own cache tensor, the target's block tables
         self.eos_token_id = eos_token_id
         self.vocab_size = model.config.vocab_size
+        # Stop drafting a sequence once the draft's most likely next token is less likely than this: such
+        # guesses are mostly rejected, and each costs a draft step and a verified position. Decided before
+        # sampling, so every proposed token is still an exact draw from q. (0 = always draft k tokens.)
+        self.min_confidence = DEFAULT_MIN_CONFIDENCE
+        self.num_forwards = 0
 
     def propose(self, seqs: list[Sequence], generator: torch.Generator) -> dict[Sequence, torch.Tensor | None]:
         """Overwrite the `num_draft` reserved tokens at the end of each seq with draft-model tokens.
 
+        A seq whose draft loses confidence keeps fewer: its num_draft shrinks (maybe to 0).
         Returns q per seq: (num_draft, vocab) distributions the tokens were sampled from, None if greedy.
         Draft step j feeds each seq's token at position base-1+j (step 0 also catches the cache up).
         """
         base = {s: s.num_tokens - s.num_draft for s in seqs}  # real tokens
+        want = {s: s.num_draft for s in seqs}
         q: dict[Sequence, list[torch.Tensor]] = {s: [] for s in seqs}
         consumed = dict.fromkeys(seqs, 0)  # grammar tokens consumed while drafting, rolled back at the end
         for j in range(max(s.num_draft for s in seqs)):
             decodes, prefills = [], []
-            for s in (s for s in seqs if j < s.num_draft):
+            for s in (s for s in seqs if j < want[s]):
                 start = min(s.num_draft_computed, base[s] - 1) if j == 0 else base[s] - 1 + j
                 chunk = _Chunk(_View(s.token_ids, start, s.block_table), base[s] + j - start)
                 (decodes if chunk.num_new_tokens == 1 else prefills).append((s, chunk))
+            if not decodes and not prefills:
+                break  # every draft lost confidence
             batch = _Batch([c for _, c in decodes], [c for _, c in prefills])
             logits = self.runner.run(batch)  # type: ignore[arg-type]  # (num_active, vocab), decodes first
+            self.num_forwards += 1
             for row, (s, _) in enumerate(decodes + prefills):
-                s.token_ids[base[s] + j] = self._choose(s, logits[row : row + 1], base[s] + j, q[s], consumed, generator)
+                s.num_draft_computed = base[s] + j  # K/V written through position base-1+j
+                token = self._choose(s, logits[row : row + 1], base[s] + j, q[s], consumed, generator)
+                if token is None:
+                    want[s] = j
+                else:
+                    s.token_ids[base[s] + j] = token
         for s in seqs:
-            s.num_draft_computed = base[s] - 1 + s.num_draft  # the last draft token has no draft K/V yet
+            del s.token_ids[base[s] + want[s] :]
+            s.num_draft = want[s]
             if consumed[s]:
                 s.guide.rollback(consumed[s])
         return {s: (torch.cat(q[s]) if q[s] else None) for s in seqs}
@@ -121,16 +139,18 @@ class DraftModel:
     def _choose(
         self, seq: Sequence, row: torch.Tensor, upto: int, q: list[torch.Tensor], consumed: dict[Sequence, int],
         generator: torch.Generator,
-    ) -> int:
-        """Pick the draft token after seq.token_ids[:upto] from row (1, vocab); record q when sampling."""
+    ) -> int | None:
+        """Pick the draft token after seq.token_ids[:upto] from row (1, vocab), or None when unsure; record q."""
         guide = seq.guide
         masked = guide is not None and not guide.is_stopped()
         if needs_processing(seq):
             process_row(row, seq, seq.token_ids[:upto], self.eos_token_id, masked)
+        probs = target_probs(row, seq) if not seq.params.greedy else torch.softmax(row, dim=-1)  # (1, vocab)
+        if float(probs.max()) < self.min_confidence:
+            return None
         if seq.params.greedy:
             token = int(row.argmax())
-        else:
-            probs = target_probs(row, seq)  # (1, vocab): the same filters as the target, so q is close to p
+        else:  # the target's filters too (temperature, top-k/p), so q is close to p
             token = int(torch.multinomial(probs[0], 1, generator=seq.generator or generator))
             q.append(probs)
         if masked and guide.consume_token(token):

@@ -23,7 +23,7 @@ import torch
 
 from backend.kv_cache import KVCacheManager
 from backend.request import Sequence
-from backend.scheduler import SchedulerOutput
+from backend.scheduler import ScheduledSeq, SchedulerOutput
 from backend.spec.draft_model import DraftModel
 from backend.spec.ngram import propose_ngram
 from backend.spec.prefix import process_target_rows, target_probs
@@ -80,10 +80,16 @@ class Speculator:
     def draft(self, out: SchedulerOutput, generator: torch.Generator) -> None:
         """Let the draft model fill the reserved drafts that were scheduled (verified whole this step)."""
         seqs = [c.seq for c in out.scheduled if c.seq in self._reserved and c.seq.num_draft]
-        if seqs:
-            assert self.draft_model is not None
-            self._q.update(self.draft_model.propose(seqs, generator))
-            self._reserved.difference_update(seqs)
+        if not seqs:
+            return
+        assert self.draft_model is not None
+        self._q.update(self.draft_model.propose(seqs, generator))
+        self._reserved.difference_update(seqs)
+        shrunk = {c.seq for c in out.scheduled if c.seq in self._q and 1 + c.seq.num_draft < c.num_new_tokens}
+        if shrunk:  # an unsure draft proposed fewer tokens: the chunk shrinks (its spare slots stay allocated)
+            chunks = [ScheduledSeq(c.seq, 1 + c.seq.num_draft) if c.seq in shrunk else c for c in out.prefills]
+            out.prefills[:] = [c for c in chunks if c.num_new_tokens > 1]
+            out.decodes.extend(c for c in chunks if c.num_new_tokens == 1)
 
     def verify(self, seq: Sequence, logits: torch.Tensor, generator: torch.Generator) -> list[int]:
         """logits: (1 + k, vocab) for the last real token and each draft token. Returns the tokens to emit.
