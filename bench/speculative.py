@@ -1,11 +1,15 @@
-"""python -m bench.speculative: n-gram and reference-text speculation vs plain decoding, side by side.
+"""python -m bench.speculative: n-gram, reference-text and draft-model speculation vs plain decoding.
 
-Each case runs the same greedy requests through an engine without speculation and one with it (k
-draft tokens per step) and reports tokens/s, their ratio, and the acceptance figures. Greedy output
-is checked to be identical. Cases: copying text from the prompt (prompt lookup's home ground), a
-reference answer handed in as the draft source (the semantic cache's near-miss), an open question
-(little to copy), and batches of 8 and 32 (where speculation turns itself off above
-`speculative_max_batch`).
+The target is the full-precision default model; the draft model is its AWQ INT4 copy. Every figure is a
+ratio inside one run (the machine is shared): the same greedy requests go through a plain engine and
+each speculating engine back to back, and the outputs are checked to be identical.
+
+- single stream, one request at a time: (a) `rag`: summarisation / RAG prompts that quote their context,
+  (b) `chat`: open chat prompts. Methods: ngram, reference (the answer to a paraphrased question handed
+  in as `spec_reference`, as the gateway does with a semantic-cache near miss), draft.
+- batch sweep: B concurrent chat+rag requests with speculation forced on (no `speculative_max_batch`
+  limit) vs off: where speculation stops paying, which sets the `speculative_max_batch` default.
+- 32 streams with the default settings (speculation turns itself off above `speculative_max_batch`).
 """
 
 from __future__ import annotations
@@ -13,26 +17,39 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
 
 from backend.config import EngineConfig
 from backend.engine import LLMEngine
 from backend.sampling_params import SamplingParams
 from backend.tokenizer import apply_chat_template
 
-TEXT = (
-    "Speculative decoding lets a cheap proposer guess several tokens ahead; the large model then checks "
-    "all of them in a single forward pass and keeps the longest prefix it agrees with. Because the check "
-    "is exact, the output is unchanged, and every accepted guess saves one full decoding step."
+PASSAGE = (
+    "The Amazon rainforest covers about 5.5 million square kilometres across nine countries. It produces a large "
+    "share of the world's oxygen and is home to roughly ten percent of all known species. Deforestation, mainly "
+    "for cattle ranching and soy farming, has removed about seventeen percent of the forest in the last fifty years."
 )
-CASES = {
-    "copy": f"Repeat the following text exactly, word for word:\n{TEXT}",
-    "open": "Write a short poem about the sea.",
-}
+NOTES = (
+    "Meeting notes: the team agreed to ship version 2.4 on Friday. Alice will update the release notes. Bob will "
+    "fix the login bug before Thursday. The database migration is postponed to next sprint because of the holidays."
+)
+RAG = [
+    f"Context:\n{PASSAGE}\n\nUsing only the context, how much of the Amazon has been removed, and why?",
+    f"Summarise the following notes in a few sentences.\n\n{NOTES}",
+    f"Repeat the key facts of this text as a bullet list:\n{PASSAGE}",
+]
+CHAT = ["Write a short poem about the sea.", "Give me three tips for learning to code.", "Why is the sky blue?"]
+PARAPHRASES = ["Write a short poem about the ocean.", "What are three tips for learning programming?",
+               "Why does the sky look blue?"]
 
 
-def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> tuple[list[list[int]], float]:
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, params)
+def run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[list[int]], float]:
+    """All prompts submitted at once; returns their outputs and the wall time until the last finished."""
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(f"r{i}", p, sp)
     tokens: dict[str, list[int]] = {}
     start = time.perf_counter()
     while engine.has_work:
@@ -41,44 +58,99 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> 
     return [tokens[f"r{i}"] for i in range(len(prompts))], time.perf_counter() - start
 
 
-def compare(plain: LLMEngine, spec: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> dict:
-    before = spec.speculator.stats.proposed, spec.speculator.stats.accepted
-    base_out, base_s = run(plain, prompts, params)
-    spec_out, spec_s = run(spec, prompts, params)
-    n = sum(len(t) for t in base_out)
-    proposed = spec.speculator.stats.proposed - before[0]
-    accepted = spec.speculator.stats.accepted - before[1]
+def one_at_a_time(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[list[int]], float]:
+    outs, total = [], 0.0
+    for p, sp in zip(prompts, params, strict=True):
+        out, seconds = run(engine, [p], [sp])
+        outs += out
+        total += seconds
+    return outs, total
+
+
+Runner = Callable[[LLMEngine, list[list[int]], list[SamplingParams]], tuple[list[list[int]], float]]
+
+
+def measure(engine: LLMEngine, runner: Runner, prompts: list[list[int]], params: list[SamplingParams]) -> dict:
+    s = engine.speculator.stats
+    before = s.proposed, s.accepted, s.verifications
+    outs, seconds = runner(engine, prompts, params)
+    proposed, accepted, verifications = s.proposed - before[0], s.accepted - before[1], s.verifications - before[2]
     return {
-        "plain_tok_s": round(n / base_s, 1),
-        "spec_tok_s": round(n / spec_s, 1),
-        "speedup": round(base_s / spec_s, 2),
-        "proposed": proposed,
-        "accepted": accepted,
+        "outs": outs,
+        "tok_s": sum(len(o) for o in outs) / seconds,
         "acceptance_rate": round(accepted / proposed, 3) if proposed else 0.0,
-        "identical": base_out == spec_out,
+        "tokens_per_verify": round((accepted + verifications) / verifications, 2) if verifications else 1.0,
     }
+
+
+def compare(
+    plain: LLMEngine, spec: dict[str, LLMEngine], runner: Runner, prompts: list[list[int]], params: list[SamplingParams],
+    extra: dict[str, list[SamplingParams]] | None = None,
+) -> dict:
+    """Plain first, then each method; `extra` maps a method to its own params (reference drafts)."""
+    base = measure(plain, runner, prompts, params)
+    result = {"plain_tok_s": round(base["tok_s"], 2)}
+    for name, engine in spec.items():
+        m = measure(engine, runner, prompts, (extra or {}).get(name, params))
+        result[name] = {
+            "tok_s": round(m["tok_s"], 2), "speedup": round(m["tok_s"] / base["tok_s"], 3),
+            "acceptance_rate": m["acceptance_rate"], "tokens_per_verify": m["tokens_per_verify"],
+            "identical": m["outs"] == base["outs"],
+        }
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per step")
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
+    parser.add_argument("--batches", default="1,2,4,8,16,32", help="batch sizes of the sweep ('' to skip)")
+    parser.add_argument("--sweep-tokens", type=int, default=24)
     args = parser.parse_args(argv)
-    plain = LLMEngine(EngineConfig(quantization="none"))
-    spec = LLMEngine(EngineConfig(quantization="none", num_speculative_tokens=args.k))
-    params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
-    chat = {name: apply_chat_template(plain.tokenizer, [{"role": "user", "content": q}]) for name, q in CASES.items()}
-    run(plain, [chat["open"]], SamplingParams(max_tokens=4))  # warm-up
-    results = {name: compare(plain, spec, [ids], params) for name, ids in chat.items()}
-    answer = plain.tokenizer.decode(run(plain, [chat["open"]], params)[0][0])
-    with_ref = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True, spec_reference=answer)
-    results["reference"] = compare(plain, spec, [chat["open"]], with_ref)
-    for batch in (8, 32):
-        results[f"copy_batch_{batch}"] = compare(plain, spec, [chat["copy"]] * batch, params)
+
+    base = EngineConfig(quantization="none", num_threads=args.threads)
+    unlimited = {"speculative_max_batch": 10**6}
+    plain = LLMEngine(base)
+    ngram = LLMEngine(EngineConfig(**{**vars(base), "num_speculative_tokens": args.k}))
+    draft = LLMEngine(EngineConfig(**{**vars(base), "num_speculative_tokens": args.k, "speculative_method": "draft"}))
+    tok = plain.tokenizer
+    chat = lambda q: apply_chat_template(tok, [{"role": "user", "content": q}])  # noqa: E731
+    greedy = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
+    run(plain, [chat("Hello")], [SamplingParams(max_tokens=4)])  # warm-up
+
+    results: dict = {}
+    for case, questions in (("rag", RAG), ("chat", CHAT)):
+        prompts = [chat(q) for q in questions]
+        # the near miss: what the model answered to a paraphrase (for rag: the same question again)
+        near = PARAPHRASES if case == "chat" else questions
+        answers = one_at_a_time(plain, [chat(q) for q in near], [greedy] * len(near))[0]
+        with_ref = [SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True, spec_reference=tok.decode(a))
+                    for a in answers]
+        results[f"single_{case}"] = compare(
+            plain, {"ngram": ngram, "reference": ngram, "draft": draft}, one_at_a_time, prompts, [greedy] * len(prompts),
+            {"reference": with_ref},
+        )
+
+    mixed = [chat(q) for q in RAG + CHAT]
+    sweep = SamplingParams(temperature=0, max_tokens=args.sweep_tokens, ignore_eos=True)
+    forced = {name: LLMEngine(EngineConfig(**{**vars(base), "num_speculative_tokens": args.k, **unlimited, **method}))
+              for name, method in (("ngram", {}), ("draft", {"speculative_method": "draft"}))} if args.batches else {}
+    for b in [int(x) for x in args.batches.split(",") if x]:
+        prompts = [mixed[i % len(mixed)] for i in range(b)]
+        results[f"batch_{b}_forced"] = compare(plain, forced, run, prompts, [sweep] * b)
+    prompts = [mixed[i % len(mixed)] for i in range(32)]
+    results["streams_32_default"] = compare(plain, {"ngram": ngram, "draft": draft}, run, prompts, [sweep] * 32)
+
     for name, r in results.items():
-        print(f"{name:>14}: {r['plain_tok_s']:7.1f} -> {r['spec_tok_s']:7.1f} tok/s  x{r['speedup']:<5} "
-              f"accepted {r['accepted']}/{r['proposed']}  identical={r['identical']}")
-    print(json.dumps({"bench": "speculative", "k": args.k, "new_tokens": args.new_tokens, **results}))
+        methods = "  ".join(f"{m} x{v['speedup']:.2f} ({v['tokens_per_verify']} tok/verify{'' if v['identical'] else ' DIFF'})"
+                            for m, v in r.items() if isinstance(v, dict))
+        print(f"{name:>22}: plain {r['plain_tok_s']:6.1f} tok/s  {methods}")
+    summary = {"bench": "speculative", "k": args.k, "new_tokens": args.new_tokens, "threads": args.threads,
+               "torch_threads": torch.get_num_threads(), **results}
+    Path("bench/results").mkdir(parents=True, exist_ok=True)
+    Path("bench/results/speculative.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
