@@ -53,8 +53,8 @@ class EngineConfig:
     num_speculative_tokens: int = 0  # draft tokens per step and sequence (0 = speculation off)
     speculative_method: str = "ngram"  # ngram (prompt lookup, no model) | draft (a draft model proposes)
     speculative_model: str = ""  # the draft model (same vocabulary); "" -> the default model's AWQ INT4 copy
+    speculative_max_batch: int = 4  # no speculation while more sequences than this run (bench.speculative sweep)
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds (0: never)
-    speculative_max_batch: int = 8  # no speculation while more sequences than this are running
     tensor_parallel_size: int = 1  # > 1: shard the model over a torch.distributed group (backend/parallel.py)
     kernel_backend: str = "auto"  # auto (Triton on CUDA, torch elsewhere) | torch | triton (interpreter on CPU)
     num_threads: int = 0  # torch intra-op threads; 0 -> all cores

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sweep-tokens", type=int, default=24)
     args = parser.parse_args(argv)
 
-    base = EngineConfig(quantization="none", num_threads=args.threads)
+    base = EngineConfig(quantization="none", num_threads=args.threads, kv_cache_memory_mb=256)
     unlimited = {"speculative_max_batch": 10**6}
     plain = LLMEngine(base)
     ngram = LLMEngine(EngineConfig(**{**vars(base), "num_speculative_tokens": args.k}))
