@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,44 +57,36 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams
     return [tokens[f"r{i}"] for i in range(len(prompts))], time.perf_counter() - start
 
 
-def one_at_a_time(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[list[int]], float]:
-    outs, total = [], 0.0
-    for p, sp in zip(prompts, params, strict=True):
-        out, seconds = run(engine, [p], [sp])
-        outs += out
-        total += seconds
-    return outs, total
-
-
-Runner = Callable[[LLMEngine, list[list[int]], list[SamplingParams]], tuple[list[list[int]], float]]
-
-
-def measure(engine: LLMEngine, runner: Runner, prompts: list[list[int]], params: list[SamplingParams]) -> dict:
-    s = engine.speculator.stats
-    before = s.proposed, s.accepted, s.verifications
-    outs, seconds = runner(engine, prompts, params)
-    proposed, accepted, verifications = s.proposed - before[0], s.accepted - before[1], s.verifications - before[2]
-    return {
-        "outs": outs,
-        "tok_s": sum(len(o) for o in outs) / seconds,
-        "acceptance_rate": round(accepted / proposed, 3) if proposed else 0.0,
-        "tokens_per_verify": round((accepted + verifications) / verifications, 2) if verifications else 1.0,
-    }
-
-
 def compare(
-    plain: LLMEngine, spec: dict[str, LLMEngine], runner: Runner, prompts: list[list[int]], params: list[SamplingParams],
-    extra: dict[str, list[SamplingParams]] | None = None,
+    plain: LLMEngine, spec: dict[str, LLMEngine], prompts: list[list[int]], params: list[SamplingParams],
+    groups: list[list[int]], rounds: int, extra: dict[str, list[SamplingParams]] | None = None,
 ) -> dict:
-    """Plain first, then each method; `extra` maps a method to its own params (reference drafts)."""
-    base = measure(plain, runner, prompts, params)
-    result = {"plain_tok_s": round(base["tok_s"], 2)}
-    for name, engine in spec.items():
-        m = measure(engine, runner, prompts, (extra or {}).get(name, params))
+    """Each group of prompts runs through plain, then every method, group after group (interleaved, so
+    load changes on the shared machine hit all engines alike), `rounds` times. `extra`: a method's own params."""
+    engines = {"plain": plain, **spec}
+    seconds = dict.fromkeys(engines, 0.0)
+    counts = {name: [0, 0, 0] for name in engines}  # proposed, accepted, verifications
+    outs: dict[str, dict[int, list[int]]] = {name: {} for name in engines}
+    for _ in range(rounds):
+        for group in groups:
+            for name, engine in engines.items():
+                ps = (extra or {}).get(name, params)
+                st = engine.speculator.stats
+                before = st.proposed, st.accepted, st.verifications
+                out, secs = run(engine, [prompts[i] for i in group], [ps[i] for i in group])
+                seconds[name] += secs
+                outs[name].update(zip(group, out, strict=True))
+                for j, now in enumerate((st.proposed, st.accepted, st.verifications)):
+                    counts[name][j] += now - before[j]
+    tokens = rounds * sum(len(o) for o in outs["plain"].values())
+    result: dict = {"plain_tok_s": round(tokens / seconds["plain"], 2)}
+    for name in spec:
+        proposed, accepted, verifications = counts[name]
         result[name] = {
-            "tok_s": round(m["tok_s"], 2), "speedup": round(m["tok_s"] / base["tok_s"], 3),
-            "acceptance_rate": m["acceptance_rate"], "tokens_per_verify": m["tokens_per_verify"],
-            "identical": m["outs"] == base["outs"],
+            "tok_s": round(tokens / seconds[name], 2), "speedup": round(seconds["plain"] / seconds[name], 3),
+            "acceptance_rate": round(accepted / proposed, 3) if proposed else 0.0,
+            "tokens_per_verify": round((accepted + verifications) / verifications, 2) if verifications else 1.0,
+            "identical": outs[name] == outs["plain"],
         }
     return result
 
@@ -107,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     parser.add_argument("--batches", default="1,2,4,8,16,32", help="batch sizes of the sweep ('' to skip)")
     parser.add_argument("--sweep-tokens", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every comparison")
     args = parser.parse_args(argv)
 
     base = EngineConfig(quantization="none", num_threads=args.threads, kv_cache_memory_mb=256)
@@ -124,12 +116,12 @@ def main(argv: list[str] | None = None) -> None:
         prompts = [chat(q) for q in questions]
         # the near miss: what the model answered to a paraphrase (for rag: the same question again)
         near = PARAPHRASES if case == "chat" else questions
-        answers = one_at_a_time(plain, [chat(q) for q in near], [greedy] * len(near))[0]
+        answers = [run(plain, [chat(q)], [greedy])[0][0] for q in near]
         with_ref = [SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True, spec_reference=tok.decode(a))
                     for a in answers]
         results[f"single_{case}"] = compare(
-            plain, {"ngram": ngram, "reference": ngram, "draft": draft}, one_at_a_time, prompts, [greedy] * len(prompts),
-            {"reference": with_ref},
+            plain, {"ngram": ngram, "reference": ngram, "draft": draft}, prompts, [greedy] * len(prompts),
+            [[i] for i in range(len(prompts))], args.rounds, {"reference": with_ref},
         )
 
     mixed = [chat(q) for q in RAG + CHAT]
@@ -138,15 +130,16 @@ def main(argv: list[str] | None = None) -> None:
               for name, method in (("ngram", {}), ("draft", {"speculative_method": "draft"}))} if args.batches else {}
     for b in [int(x) for x in args.batches.split(",") if x]:
         prompts = [mixed[i % len(mixed)] for i in range(b)]
-        results[f"batch_{b}_forced"] = compare(plain, forced, run, prompts, [sweep] * b)
+        results[f"batch_{b}_forced"] = compare(plain, forced, prompts, [sweep] * b, [list(range(b))], args.rounds)
     prompts = [mixed[i % len(mixed)] for i in range(32)]
-    results["streams_32_default"] = compare(plain, {"ngram": ngram, "draft": draft}, run, prompts, [sweep] * 32)
+    results["streams_32_default"] = compare(plain, {"ngram": ngram, "draft": draft}, prompts, [sweep] * 32, [list(range(32))],
+                                            args.rounds)
 
     for name, r in results.items():
         methods = "  ".join(f"{m} x{v['speedup']:.2f} ({v['tokens_per_verify']} tok/verify{'' if v['identical'] else ' DIFF'})"
                             for m, v in r.items() if isinstance(v, dict))
         print(f"{name:>22}: plain {r['plain_tok_s']:6.1f} tok/s  {methods}")
-    summary = {"bench": "speculative", "k": args.k, "new_tokens": args.new_tokens, "threads": args.threads,
+    summary = {"bench": "speculative", "k": args.k, "new_tokens": args.new_tokens, "threads": args.threads, "rounds": args.rounds,
                "torch_threads": torch.get_num_threads(), **results}
     Path("bench/results").mkdir(parents=True, exist_ok=True)
     Path("bench/results/speculative.json").write_text(json.dumps(summary, indent=2))
