@@ -2,7 +2,7 @@
 
 The target is the full-precision default model; the draft model is its AWQ INT4 copy. Every figure is a
 ratio inside one run (the machine is shared): the same greedy requests go through a plain engine and
-each speculating engine back to back, and the outputs are checked to be identical.
+each speculating engine, interleaved prompt group by prompt group, and the outputs are checked to be identical.
 
 - single stream, one request at a time: (a) `rag`: summarisation / RAG prompts that quote their context,
   (b) `chat`: open chat prompts. Methods: ngram, reference (the answer to a paraphrased question handed
