@@ -39,7 +39,7 @@ def reference(prompts: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    "overrides", [{}, {"max_num_batched_tokens": 24, "kv_cache_memory_mb": 16}], ids=["plain", "chunked+preempted"]
+    "overrides", [{}, {"max_num_batched_tokens": 24, "kv_cache_memory_mb": 10}], ids=["plain", "chunked+preempted"]
 )
 def test_greedy_draft_speculation_is_exact_in_mixed_batches(
     prompts: list[list[int]], reference: list[list[int]], overrides: dict
