@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,28 +16,10 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.server import free_port, wait_ready
+
 MODEL = "SmolLM2-135M-Instruct"
 TOPICS = ["rivers", "volcanoes", "owls", "bread", "comets", "glaciers", "violins", "bridges", "tea", "maps", "bees", "clocks"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: the process exited early")
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise TimeoutError(f"{url} did not become ready")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300, log: Path | None = None) -> None:
+    """Poll `url`/ready until it answers 200; fail early (with the log's tail) if the process exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise RuntimeError(f"{url}: the process exited early\n{tail}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{url} did not become ready")
+
+
 @dataclass
 class GatewayProcess:
     url: str
@@ -62,17 +78,7 @@ class GatewayProcess:
         return server
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"python -m gateway exited early:\n{self.log()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
-        raise TimeoutError("python -m gateway did not become ready")
+        wait_ready(self.url, self.proc, timeout_s, self.log_path)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -25,6 +25,8 @@ import pytest
 import yaml
 from cache_fixtures import REDIS_SKIP, free_port, start_redis
 
+from bench.server import wait_ready
+
 ROOT = Path(__file__).resolve().parents[1]
 KEY, LIMITED_KEY, LIMITED_RPM = "sk-topology", "sk-topology-limited", 4
 
@@ -43,20 +45,6 @@ class Topology:
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     out = log.open("wb")
     return subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited early:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise TimeoutError(f"{url} did not become ready")
 
 
 def _gateway_config(backends: dict[str, str], redis_url: str) -> dict[str, object]:
@@ -97,9 +85,9 @@ def topo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     topo = Topology(backends, [f"http://127.0.0.1:{p}" for p in gateway_ports], urls, [*backends.values(), *gateways])
     try:
         for name, proc in backends.items():
-            _wait_ready(urls[name], proc, logs / f"{name}.log")
+            wait_ready(urls[name], proc, 240, logs / f"{name}.log")
         for i, proc in enumerate(gateways):
-            _wait_ready(topo.gateways[i], proc, logs / f"gw{i}.log")
+            wait_ready(topo.gateways[i], proc, 240, logs / f"gw{i}.log")
         yield topo
     finally:
         for proc in topo.procs:
