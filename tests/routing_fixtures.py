@@ -15,7 +15,6 @@ plays a script of behaviours, one per request, then `default`:
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections import deque
@@ -25,19 +24,13 @@ from typing import Any
 
 import orjson
 import uvicorn
+from gateway_fixtures import _bound_socket
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 WORDS = ["Hello", " from", " the", " fake", " upstream", "."]
-
-
-def _bound_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
 
 
 @dataclass
