@@ -1,7 +1,9 @@
 """Sentence embeddings with all-MiniLM-L6-v2: mean pooling over the attention mask, then L2 norm.
 
-Plain transformers AutoModel + AutoTokenizer; the forward pass runs in a worker thread so
-the gateway's event loop keeps serving.
+transformers loads the tokenizer and the weights; BERT checkpoints (MiniLM is one) run our lean encoder
+forward (backend/minilm.py, ~2x faster on a short query: the semantic cache waits for it on every
+request), other architectures transformers' own. The forward runs in a worker thread so the gateway's
+event loop keeps serving.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from backend.config import default_embedding_model_path
 from backend.errors import InvalidRequestError
+from backend.minilm import BertEncoder
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 
@@ -27,11 +30,11 @@ class Embedder:
     def __init__(self, model_path: str | Path | None = None, batch_size: int = 32) -> None:
         path = Path(model_path).expanduser() if model_path else default_embedding_model_path()
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
-        self.dimensions: int = int(self.model.config.hidden_size)
-        self.max_length: int = int(
-            min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
-        )
+        model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
+        self.dimensions: int = int(model.config.hidden_size)
+        self.max_length: int = int(min(self.tokenizer.model_max_length, model.config.max_position_embeddings))
+        self._encoder = BertEncoder(model) if model.config.model_type == "bert" else None
+        self.model = None if self._encoder else model  # the weights live in the encoder's packed copies
         self.batch_size = batch_size
         self._lock = threading.Lock()  # one forward at a time: the CPU is shared with the LLM engine
 
@@ -58,7 +61,10 @@ class Embedder:
                 param="input",
             )
         with self._lock, torch.inference_mode():
-            hidden = self.model(**enc).last_hidden_state
+            if self._encoder is not None:
+                hidden = self._encoder(enc["input_ids"], enc["attention_mask"])
+            else:
+                hidden = self.model(**enc).last_hidden_state
         return mean_pool_normalize(hidden, enc["attention_mask"]).tolist(), int(lengths.sum())
 
 

@@ -36,7 +36,7 @@ def check(layer: Int4Linear, weight: torch.Tensor, rows: int, bias: torch.Tensor
     y = layer(x)
     assert y.dtype == x.dtype and y.shape == ref.shape
     err = ((y - ref).abs().max() / ref.abs().max()).item()
-    copy = layer.mode == "int4pack" and layer.weight_bf16 is not None and rows >= DENSE_COPY_ROWS
+    copy = layer.mode == "int4pack" and layer.dense is not None and rows >= DENSE_COPY_ROWS
     dense = layer.mode == "dense" or copy or (rows >= DENSE_ROWS and layer.dense_ok)
     assert err < (DENSE_TOL if dense else TOL), f"{layer.mode} rows={rows}: relative error {err:.2e}"
 
@@ -72,7 +72,7 @@ def test_dense_copy_serves_batches(dense_copy: bool) -> None:
     """With the bf16 copy, calls from DENSE_COPY_ROWS rows on use it; without, no copy is held."""
     layer, weight = make_layer(128, 256, 64, bias=False)
     layer.prepare(dense_copy=dense_copy)
-    assert (layer.weight_bf16 is not None) == dense_copy
+    assert (layer.dense is not None) == dense_copy
     assert layer.dense_copy_bytes() == (128 * 256 * 2 if dense_copy else 0)
     for rows in (DENSE_COPY_ROWS - 1, DENSE_COPY_ROWS, 32):
         check(layer, weight, rows)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backend.cpu_gemm import PackedLinear
 from backend.quant.awq_format import QuantizedWeight, unpack
 
 DENSE_ROWS = 128  # from this many rows on, dequantize-to-bf16 + GEMM beats the int4 kernel (measured ~96)
@@ -69,9 +70,9 @@ class Int4Linear(nn.Module):
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(qw.q.to(torch.int32), 1)
             self.mode = "int4pack"
             self.dense_ok = self._layout_known(qw.q)  # then large calls may dequantize the packed weight
-            self.weight_bf16 = self._dequantize_bf16(qw.q) if dense_copy else None
+            self.dense = PackedLinear(self._dequantize_bf16(qw.q)) if dense_copy else None
         else:  # torch's packer needs out_features % 16 == 0: keep a bf16 copy instead (rare shapes)
-            self.weight_bf16 = self._dequantize_bf16(qw.q)
+            self.dense = PackedLinear(self._dequantize_bf16(qw.q))
             del self.scales_zeros
             self.mode = "dense"
 
@@ -106,7 +107,7 @@ class Int4Linear(nn.Module):
         if self.mode == "triton":
             y = self._forward_triton(rows)
         elif self._use_dense_copy(rows.shape[0]):
-            y = F.linear(rows.to(torch.bfloat16), self.weight_bf16)
+            y = self.dense(rows.to(torch.bfloat16))
         elif self.mode == "int4pack" and (rows.shape[0] < DENSE_ROWS or not self.dense_ok):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 rows.to(torch.bfloat16).contiguous(), self.packed, self.group_size, self.scales_zeros
@@ -122,7 +123,7 @@ class Int4Linear(nn.Module):
 
     def _use_dense_copy(self, rows: int) -> bool:
         """A kept bf16 weight: the only copy (shapes torch cannot pack), or the faster one for batches."""
-        return self.mode == "dense" or (self.mode == "int4pack" and self.weight_bf16 is not None and rows >= DENSE_COPY_ROWS)
+        return self.mode == "dense" or (self.mode == "int4pack" and self.dense is not None and rows >= DENSE_COPY_ROWS)
 
     def _forward_triton(self, rows: torch.Tensor) -> torch.Tensor:
         from kernels.awq_gemm import awq_gemm
@@ -133,11 +134,13 @@ class Int4Linear(nn.Module):
     def weight_bytes(self) -> int:
         """Bytes this layer's weight occupies as prepared (integers + scales/zeros, or the bf16 weight of a
         shape torch cannot pack); the optional bf16 copy for batched calls is `dense_copy_bytes`."""
-        names = ("packed", "scales_zeros", "qweight", "qzeros", "scales") + (("weight_bf16",) if self.mode == "dense" else ())
-        return sum(_nbytes(getattr(self, n, None)) for n in names)
+        names = ("packed", "scales_zeros", "qweight", "qzeros", "scales")
+        dense = self.dense.nbytes() if self.mode == "dense" else 0
+        return sum(_nbytes(getattr(self, n, None)) for n in names) + dense
 
     def dense_copy_bytes(self) -> int:
-        return _nbytes(getattr(self, "weight_bf16", None)) if self.mode == "int4pack" else 0
+        dense = getattr(self, "dense", None)
+        return dense.nbytes() if self.mode == "int4pack" and dense is not None else 0
 
 
 def _nbytes(t: object) -> int:

@@ -5,7 +5,8 @@ a low-bit copy made at load time gets no activation-aware help, and round-to-nea
 SmolLM2's tied 49152 x 576 head raised held-out perplexity by ~8% on its own; int8 with one scale per
 vocabulary row costs ~0.1%. Speed (SmolLM2 shape, one core): torch's int8 weight-only matmul takes ~6 ms
 for one row against ~13 ms in fp32, but it re-reads the weight per row and falls behind from ~4 rows on,
-where the bf16 GEMM (AVX-512 BF16) is ~2.7x fp32 at 32 rows. So both copies are kept (1.5 bytes per
+where the bf16 GEMM (AVX-512 BF16 / AMX, weight prepacked for oneDNN: backend/cpu_gemm.py) is ~2.7x fp32
+at 32 rows. So both copies are kept (1.5 bytes per
 weight, less than the fp32 head's 4); the full-precision embedding table stays for the token lookup.
 On CUDA only the bf16 copy is kept.
 """
@@ -13,8 +14,9 @@ On CUDA only the bf16 copy is kept.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from backend.cpu_gemm import PackedLinear
 
 INT8_MAX_ROWS = 4  # fewer rows than this: int8 kernel; more: bf16 GEMM (measured crossover ~4)
 
@@ -24,7 +26,7 @@ class LowBitHead(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         w = weight.detach()
-        self.weight_bf16 = w.to(torch.bfloat16).contiguous()
+        self.dense = PackedLinear(w.to(torch.bfloat16))
         self.bias = None if bias is None else bias.detach().float()
         self.use_int8 = w.device.type == "cpu"
         if self.use_int8:
@@ -40,14 +42,14 @@ class LowBitHead(nn.Module):
         if self.use_int8 and rows.shape[0] < INT8_MAX_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), self.weight_int8, self.scale)
         else:
-            y = F.linear(rows, self.weight_bf16)
+            y = self.dense(rows)
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
     def weight_bytes(self) -> dict[str, int]:
-        out = {"bf16": self.weight_bf16.numel() * 2}
+        out = {"bf16": self.dense.nbytes()}
         if self.use_int8:
             out["int8"] = self.weight_int8.numel() + self.scale.numel() * 2
         return out

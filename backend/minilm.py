@@ -1,0 +1,96 @@
+"""A BERT encoder forward (all-MiniLM-L6-v2 and other BertModel checkpoints) built for short CPU queries.
+
+The semantic cache embeds one short user message per request, on the request's path, so the embedder's
+latency is the cache hit's latency. transformers' BertModel spends most of a 10-token forward in
+per-call overhead: separate q/k/v projections, mask building, dropout and head-reshaping modules, and
+F.linear re-laying out every weight for oneDNN. This forward does the same arithmetic with fused QKV,
+weights prepacked once (backend/cpu_gemm.py), GELU fused into the up-projection and no mask when the
+batch has no padding. transformers still loads the weights; `tests/test_minilm.py` checks this forward
+against BertModel's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backend.cpu_gemm import PackedLinear
+
+
+def _packed(*linears: nn.Linear, dtype: torch.dtype) -> PackedLinear:
+    """One PackedLinear computing the given linears side by side (fused q/k/v)."""
+    weight = torch.cat([lin.weight.detach() for lin in linears]).to(dtype)
+    return PackedLinear(weight, torch.cat([lin.bias.detach() for lin in linears]).to(dtype))
+
+
+@dataclass
+class _Norm:
+    weight: torch.Tensor
+    bias: torch.Tensor
+    eps: float
+
+    @classmethod
+    def of(cls, norm: nn.LayerNorm, dtype: torch.dtype) -> _Norm:
+        return cls(norm.weight.detach().to(dtype), norm.bias.detach().to(dtype), norm.eps)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+
+
+@dataclass
+class _Layer:
+    qkv: PackedLinear
+    out: PackedLinear
+    attn_norm: _Norm
+    up: PackedLinear  # GELU fused in
+    down: PackedLinear
+    mlp_norm: _Norm
+
+
+class BertEncoder:
+    """Last hidden states of a BertModel (post-norm encoder, absolute positions, token type 0)."""
+
+    def __init__(self, bert: nn.Module, dtype: torch.dtype = torch.float32) -> None:
+        cfg = bert.config
+        if cfg.hidden_act != "gelu" or getattr(cfg, "position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"unsupported BERT variant: hidden_act={cfg.hidden_act}, positions={cfg.position_embedding_type}")
+        self.dtype, self.num_heads = dtype, cfg.num_attention_heads
+        emb = bert.embeddings
+        self.word = emb.word_embeddings.weight.detach().to(dtype)
+        # Token type 0 for every token (sentence embeddings have one segment): fold it into the positions.
+        self.position = (emb.position_embeddings.weight + emb.token_type_embeddings.weight[0]).detach().to(dtype)
+        self.emb_norm = _Norm.of(emb.LayerNorm, dtype)
+        self.layers = [self._layer(layer, dtype) for layer in bert.encoder.layer]
+
+    @staticmethod
+    def _layer(layer: nn.Module, dtype: torch.dtype) -> _Layer:
+        att = layer.attention
+        return _Layer(
+            qkv=_packed(att.self.query, att.self.key, att.self.value, dtype=dtype),
+            out=_packed(att.output.dense, dtype=dtype),
+            attn_norm=_Norm.of(att.output.LayerNorm, dtype),
+            up=_packed(layer.intermediate.dense, dtype=dtype),
+            down=_packed(layer.output.dense, dtype=dtype),
+            mlp_norm=_Norm.of(layer.output.LayerNorm, dtype),
+        )
+
+    @torch.inference_mode()
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """input_ids, attention_mask: (batch, seq) -> (batch, seq, hidden) in float32."""
+        seq = input_ids.shape[1]
+        x = self.emb_norm(self.word[input_ids] + self.position[:seq])  # (batch, seq, hidden)
+        # Padding keys are masked out; an unpadded batch (a single query) needs no mask at all.
+        mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
+        for layer in self.layers:
+            x = layer.attn_norm(x + layer.out(self._attention(layer.qkv(x), mask)))
+            x = layer.mlp_norm(x + layer.down(layer.up(x, activation="gelu")))
+        return x.float()
+
+    def _attention(self, qkv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        batch, seq, _ = qkv.shape
+        q, k, v = qkv.view(batch, seq, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # (batch, heads, seq, head_dim)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out.transpose(1, 2).reshape(batch, seq, -1)  # (batch, seq, hidden)

@@ -1,0 +1,39 @@
+"""PackedLinear (oneDNN-prepacked weights) computes what F.linear computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from backend.cpu_gemm import PackedLinear, onednn_available
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 4, 33])
+def test_matches_f_linear(dtype: torch.dtype, rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(96, 64, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    x = torch.randn(rows, 64, generator=g).to(dtype)
+    layer = PackedLinear(w, b)
+    assert layer.packed == onednn_available(dtype)
+    ref = F.linear(x, w, b)
+    tol = 1e-5 if dtype == torch.float32 else 0.0  # bf16: the same oneDNN kernel, bit for bit
+    torch.testing.assert_close(layer(x), ref, atol=tol * 10 * ref.abs().max().item(), rtol=tol)
+    torch.testing.assert_close(layer(x, activation="gelu"), F.gelu(ref), atol=0.02 if tol == 0 else 1e-4, rtol=0.01)
+
+
+def test_batched_input_and_no_bias() -> None:
+    w = torch.randn(48, 32)
+    x = torch.randn(2, 5, 32)
+    y = PackedLinear(w)(x)
+    assert y.shape == (2, 5, 48)
+    torch.testing.assert_close(y, x @ w.T, atol=1e-4, rtol=1e-5)
+
+
+def test_cpu_without_onednn_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    w, x = torch.randn(8, 16), torch.randn(3, 16)
+    layer = PackedLinear(w)
+    assert not layer.packed and layer.nbytes() == 8 * 16 * 4
+    torch.testing.assert_close(layer(x, activation="gelu"), F.gelu(x @ w.T))

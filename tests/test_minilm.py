@@ -1,0 +1,60 @@
+"""Our BERT encoder forward against transformers' BertModel on the real all-MiniLM-L6-v2 weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from backend.config import default_embedding_model_path
+from backend.embeddings import Embedder, mean_pool_normalize
+from backend.minilm import BertEncoder
+
+TEXTS = ["What is the capital of France?", "ok", "How do I reverse a linked list in Python without recursion, step by step?"]
+
+
+@pytest.fixture(scope="module")
+def bert() -> tuple[torch.nn.Module, object]:
+    path = str(default_embedding_model_path())
+    return AutoModel.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def test_single_queries_match_transformers(bert: tuple) -> None:
+    model, tok = bert
+    ours = BertEncoder(model)
+    for text in TEXTS:
+        enc = tok([text], return_tensors="pt")
+        with torch.inference_mode():
+            ref = model(**enc).last_hidden_state
+        torch.testing.assert_close(ours(enc["input_ids"], enc["attention_mask"]), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_padded_batch_matches_transformers_on_real_tokens(bert: tuple) -> None:
+    model, tok = bert
+    enc = tok(TEXTS, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        ref = model(**enc).last_hidden_state
+    ours = BertEncoder(model)(enc["input_ids"], enc["attention_mask"])
+    real = enc["attention_mask"].bool()  # padding positions' states are never used (mean pooling masks them)
+    torch.testing.assert_close(ours[real], ref[real], atol=1e-4, rtol=1e-4)
+
+
+def test_embedder_vectors_match_sentence_transformers_recipe(bert: tuple) -> None:
+    model, tok = bert
+    vectors, tokens = Embedder().embed_sync(TEXTS)
+    enc = tok(TEXTS, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        ref = mean_pool_normalize(model(**enc).last_hidden_state, enc["attention_mask"])
+    assert tokens == int(enc["attention_mask"].sum())
+    cosine = (torch.tensor(vectors) * ref).sum(dim=1)
+    assert bool((cosine > 0.99999).all()), cosine
+
+
+def test_unsupported_variant_is_refused(bert: tuple) -> None:
+    model, _ = bert
+    model.config.hidden_act = "relu"
+    try:
+        with pytest.raises(ValueError, match="unsupported BERT variant"):
+            BertEncoder(model)
+    finally:
+        model.config.hidden_act = "gelu"
