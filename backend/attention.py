@@ -20,36 +20,42 @@ def store_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping
     cache[1].index_copy_(0, slot_mapping, v)
 
 
-def gather_context(cache_half: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """K or V of every context token: cache_half (num_slots, kv_heads, head_dim), slots (n, ctx)
-    -> (n, kv_heads, ctx, head_dim), a transposed view. index_select on the flattened slots is ~2.5x
-    faster than advanced indexing with the 2-D slot tensor (measured on CPU, bench/README: engine profile)."""
-    n, ctx = slots.shape
-    rows = cache_half.index_select(0, slots.view(-1))  # (n * ctx, kv_heads, head_dim)
-    return rows.view(n, ctx, *cache_half.shape[1:]).transpose(1, 2)
+def gather_context(cache_half: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
+    """K or V of every context token: cache_half (num_slots, kv_heads, head_dim), blocks (n, ctx_blocks)
+    -> (n, kv_heads, ctx_blocks * block_size, head_dim), a transposed view. Whole blocks are copied (one
+    index_select of block_size-token rows): ~2x faster than gathering token slots (bench/README: engine
+    profile); the tokens past each context's end come along and are masked."""
+    n, ctx_blocks = blocks.shape
+    paged = cache_half.view(-1, block_size, *cache_half.shape[1:])  # (num_blocks, block_size, kv_heads, head_dim)
+    rows = paged.index_select(0, blocks.view(-1))  # (n * ctx_blocks, block_size, kv_heads, head_dim)
+    return rows.view(n, ctx_blocks * block_size, *cache_half.shape[1:]).transpose(1, 2)
 
 
-def decode_attention(q: torch.Tensor, cache: torch.Tensor, meta: DecodeMetadata, scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor, cache: torch.Tensor, meta: DecodeMetadata, scale: float, block_size: int
+) -> torch.Tensor:
     """q: (num_decodes, num_heads, head_dim) -> (num_decodes, num_heads, head_dim).
 
     The query heads sharing a KV head are laid out as that head's queries (GQA without repeating K/V):
     one SDPA call over (n, kv_heads, group, head_dim) queries against (n, kv_heads, ctx, head_dim) keys."""
     n, num_heads, head_dim = q.shape
     kv_heads = cache.shape[2]
-    k = gather_context(cache[0], meta.context_slots)  # (n, kv_heads, ctx, head_dim)
-    v = gather_context(cache[1], meta.context_slots)
+    k = gather_context(cache[0], meta.context_blocks, block_size)  # (n, kv_heads, ctx, head_dim)
+    v = gather_context(cache[1], meta.context_blocks, block_size)
     q = q.view(n, kv_heads, num_heads // kv_heads, head_dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.mask, scale=scale)  # (n, kv_heads, group, d)
     return out.reshape(n, num_heads, head_dim)
 
 
-def prefill_attention(q: torch.Tensor, cache: torch.Tensor, meta: PrefillMetadata, scale: float) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor, cache: torch.Tensor, meta: PrefillMetadata, scale: float, block_size: int
+) -> torch.Tensor:
     """q: (num_prefill_tokens, num_heads, head_dim), packed -> same shape."""
     num_heads, head_dim = q.shape[1:]
     padded_q = q.new_zeros(*meta.query_index.shape, num_heads, head_dim)
     padded_q[meta.query_valid] = q
-    k = gather_context(cache[0], meta.context_slots)  # (p, kv_heads, ctx, head_dim)
-    v = gather_context(cache[1], meta.context_slots)
+    k = gather_context(cache[0], meta.context_blocks, block_size)  # (p, kv_heads, ctx, head_dim)
+    v = gather_context(cache[1], meta.context_blocks, block_size)
     out = F.scaled_dot_product_attention(
         padded_q.transpose(1, 2), k, v, attn_mask=meta.mask, scale=scale, enable_gqa=True
     )  # (p, num_heads, max_query, head_dim)
@@ -64,7 +70,7 @@ def paged_attention(
     d = batch.num_decode_tokens
     parts = []
     if batch.decode is not None:
-        parts.append(decode_attention(q[:d], cache, batch.decode, scale))
+        parts.append(decode_attention(q[:d], cache, batch.decode, scale, batch.block_size))
     if batch.prefill is not None:
-        parts.append(prefill_attention(q[d:], cache, batch.prefill, scale))
+        parts.append(prefill_attention(q[d:], cache, batch.prefill, scale, batch.block_size))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

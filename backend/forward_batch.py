@@ -16,8 +16,8 @@ import torch
 class DecodeMetadata:
     """One query token per sequence against its whole context."""
 
-    context_slots: torch.Tensor  # (num_decodes, max_context) long, padded with slot 0
-    mask: torch.Tensor  # (num_decodes, 1, 1, max_context) float: 0 for valid keys, -inf for padding
+    context_blocks: torch.Tensor  # (num_decodes, ctx_blocks) long: blocks of the context, padded with block 0
+    mask: torch.Tensor  # (num_decodes, 1, 1, ctx_blocks * block_size) float: 0 for valid keys, -inf for padding
     block_tables: torch.Tensor  # (num_decodes, max_blocks) int32, for paged kernels
     context_lens: torch.Tensor  # (num_decodes,) int32
     window_mask: torch.Tensor | None = None  # like mask, also -inf outside the sliding window (windowed models)
@@ -29,7 +29,7 @@ class PrefillMetadata:
 
     query_index: torch.Tensor  # (num_prefills, max_query) long: packed row of each padded query
     query_valid: torch.Tensor  # (num_prefills, max_query) bool
-    context_slots: torch.Tensor  # (num_prefills, max_context) long, padded with slot 0
+    context_blocks: torch.Tensor  # (num_prefills, ctx_blocks) long: blocks of the context, padded with block 0
     mask: torch.Tensor  # (num_prefills, 1, max_query, max_context) bool: True = may attend
     block_tables: torch.Tensor  # (num_prefills, max_blocks) int32
     context_lens: torch.Tensor  # (num_prefills,) int32, computed + new tokens
@@ -46,6 +46,7 @@ class ForwardBatch:
     decode: DecodeMetadata | None
     prefill: PrefillMetadata | None
     logits_index: torch.Tensor  # (num_sampled,) long: rows whose next token is sampled
+    block_size: int  # tokens per KV block (the metadata's block ids are in these units)
     window: int = 0  # the sliding window the masks implement (0: full attention); see with_window
 
     def with_window(self, window: int) -> ForwardBatch:

@@ -36,32 +36,30 @@ class ModelRunner:
         rows = [[b.block_id for b in c.seq.block_table] + [0] * (width - len(c.seq.block_table)) for c in chunks]
         return self._tensor(rows, torch.int32)
 
-    def _context_slots(self, chunks: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int]]:
-        """(num_seqs, max_context) slots of every token up to the end of this step's chunk."""
+    def _context(self, chunks: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """(block_tables (num_seqs, max_blocks) int32, context_blocks (num_seqs, ctx_blocks) long, context lens):
+        the blocks holding every token up to the end of this step's chunk; ctx_blocks * block_size is the padded
+        context width the masks cover (padding columns point at block 0 and are masked)."""
         lens = [c.seq.num_computed_tokens + c.num_new_tokens for c in chunks]
-        bs, width = self.kv.block_size, max(lens)
-        ids = self._block_tables(chunks).long()  # (num_seqs, max_blocks)
-        pos = torch.arange(width, device=self.device)
-        slots = ids.gather(1, (pos // bs).clamp(max=ids.shape[1] - 1).expand(len(chunks), -1)) * bs + pos % bs
-        valid = pos[None, :] < self._tensor(lens)[:, None]
-        return slots.masked_fill(~valid, 0), lens
+        tables = self._block_tables(chunks)
+        ctx_blocks = -(-max(lens) // self.kv.block_size)
+        return tables, tables[:, :ctx_blocks].long(), lens
 
     def _decode_metadata(self, decodes: list[ScheduledSeq]) -> DecodeMetadata:
-        slots, lens = self._context_slots(decodes)
-        valid = torch.arange(slots.shape[1], device=self.device)[None, :] < self._tensor(lens)[:, None]
+        tables, blocks, lens = self._context(decodes)
+        width = blocks.shape[1] * self.kv.block_size
+        valid = torch.arange(width, device=self.device)[None, :] < self._tensor(lens)[:, None]
         zeros = torch.zeros(valid.shape, dtype=self.kv_cache.dtype, device=self.device)
         mask = zeros.masked_fill(~valid, -float("inf"))
         window_mask = None
         if self.window:  # the query at position len - 1 sees keys >= len - window
             first = self._tensor(lens)[:, None] - self.window
-            in_window = valid & (torch.arange(slots.shape[1], device=self.device)[None, :] >= first)
+            in_window = valid & (torch.arange(width, device=self.device)[None, :] >= first)
             window_mask = zeros.masked_fill(~in_window, -float("inf"))[:, None, None, :]
-        return DecodeMetadata(
-            slots, mask[:, None, None, :], self._block_tables(decodes), self._tensor(lens, torch.int32), window_mask
-        )
+        return DecodeMetadata(blocks, mask[:, None, None, :], tables, self._tensor(lens, torch.int32), window_mask)
 
     def _prefill_metadata(self, prefills: list[ScheduledSeq], first_row: int) -> PrefillMetadata:
-        slots, lens = self._context_slots(prefills)
+        tables, blocks, lens = self._context(prefills)
         q_lens = [c.num_new_tokens for c in prefills]
         cu = [0]
         for q in q_lens:
@@ -70,7 +68,7 @@ class ModelRunner:
         query_valid = col[None, :] < self._tensor(q_lens)[:, None]  # (num_prefills, max_query)
         query_index = (self._tensor(cu[:-1])[:, None] + col[None, :] + first_row).masked_fill(~query_valid, 0)
         q_pos = self._tensor([c.seq.num_computed_tokens for c in prefills])[:, None] + col[None, :]
-        k_pos = torch.arange(slots.shape[1], device=self.device)
+        k_pos = torch.arange(blocks.shape[1] * self.kv.block_size, device=self.device)
         mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & query_valid[:, :, None]
         window_mask = None
         if self.window:  # and k > q - window; padded rows see key 0 (a finite softmax)
@@ -79,7 +77,7 @@ class ModelRunner:
             window_mask = window_mask[:, None]
         mask[:, :, 0] = True  # padded query rows attend to something, so softmax stays finite
         return PrefillMetadata(
-            query_index, query_valid, slots, mask[:, None], self._block_tables(prefills),
+            query_index, query_valid, blocks, mask[:, None], tables,
             self._tensor(lens, torch.int32), self._tensor(cu, torch.int32), window_mask,
         )
 
@@ -101,6 +99,7 @@ class ModelRunner:
             decode=self._decode_metadata(out.decodes) if out.decodes else None,
             prefill=self._prefill_metadata(out.prefills, num_decodes) if out.prefills else None,
             logits_index=self._tensor(logits_rows),
+            block_size=self.kv.block_size,
         )
 
     @torch.inference_mode()
