@@ -55,7 +55,8 @@ class EngineConfig:
     speculative_model: str = ""  # the draft model (same vocabulary); "" -> the default model's AWQ INT4 copy
     speculative_max_batch: int = 4  # no speculation while more sequences than this run (bench.speculative sweep)
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds (0: never)
-    tensor_parallel_size: int = 1  # > 1: shard the model over a torch.distributed group (backend/parallel.py)
+    tensor_parallel_size: int = 1  # > 1: shard every layer over a torch.distributed group (backend/tensor_parallel.py)
+    pipeline_parallel_size: int = 1  # > 1: split the layers into stages, one per rank (backend/pipeline_parallel.py)
     kernel_backend: str = "auto"  # auto (Triton on CUDA, torch elsewhere) | torch | triton (interpreter on CPU)
     num_threads: int = 0  # torch intra-op threads; 0 -> all cores
     seed: int = 0

@@ -22,6 +22,7 @@ from backend.kv_cache import KVCacheManager
 from backend.model_runner import ModelRunner, num_kv_blocks
 from backend.ops import select_ops
 from backend.outputs import CompletionDelta, EngineStats, RequestOutput, TokenLogprob, Usage
+from backend.parallel import Driver, parallel_ranks
 from backend.request import Sequence
 from backend.sampler import Sampler
 from backend.sampling_params import SamplingParams
@@ -49,19 +50,18 @@ class LLMEngine:
         hf_max = self._model_max_len(model_dir)
         self.max_model_len = min(config.max_model_len or hf_max, hf_max)
         ops = select_ops(config.kernel_backend, self.device, config.block_size)
-        tp = None
-        if config.tensor_parallel_size > 1:  # rank 0 drives; backend/parallel.py's workers follow its batches
-            from backend.parallel import Driver, check_world
-
-            tp = check_world(config.tensor_parallel_size)
+        # > 1 rank: rank 0 drives (this engine); backend/parallel.py's workers follow its batches
+        tp, pp = parallel_ranks(config.tensor_parallel_size, config.pipeline_parallel_size)
         model = load_model(
-            model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization, tp
+            model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization, tp, pp
         )
         draft = load_draft_model(config, model, dtype, self.device, self.max_model_len, ops)
-        if tp is not None:
+        if tp is not None or pp is not None:
             model = Driver(model)
         blocks = num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, dtype) if draft is None else \
             kv_blocks_for_both(model, draft, config.block_size, config.kv_cache_memory_mb, dtype)
+        if isinstance(model, Driver):
+            model.share_num_blocks(blocks)
         pool = BlockPool(blocks, config.enable_prefix_caching)
         self.kv = KVCacheManager(pool, config.block_size, freeable_window(model.config))
         self.scheduler = Scheduler(

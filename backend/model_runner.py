@@ -11,8 +11,9 @@ from backend.scheduler import ScheduledSeq, SchedulerOutput
 
 
 def kv_cache_shape(model: LlamaForCausalLM, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    """One slice per layer the model holds (a pipeline stage: only its own), KV heads as sharded (TP)."""
     c = model.config
-    return (c.num_hidden_layers, 2, num_blocks * block_size, c.num_key_value_heads, model.head_dim)
+    return (len(model.layer_ids), 2, num_blocks * block_size, c.num_key_value_heads, model.head_dim)
 
 
 def num_kv_blocks(model: LlamaForCausalLM, block_size: int, memory_mb: int, dtype: torch.dtype) -> int:

@@ -1,94 +1,70 @@
-"""Tensor parallelism (Megatron-style) with torch.distributed: gloo on CPU, NCCL on CUDA.
+"""One engine over several processes with torch.distributed (gloo on CPU, NCCL on CUDA): the machinery that
+tensor parallelism (backend/tensor_parallel.py) and pipeline parallelism (backend/pipeline_parallel.py) share.
 
-Each rank holds 1/world of every decoder layer: q/k/v and gate/up are column-parallel (rank r keeps its share
-of the attention heads, KV heads and MLP columns), o_proj and down_proj are row-parallel (rank r keeps the
-matching input columns) and their partial outputs are summed with one all-reduce each. Embeddings, norms and
-the lm_head are replicated. Each rank's KV cache holds only its KV heads, so the cache is split too.
+Only rank 0 runs the engine (scheduler, sampler, the HTTP gateway). Once loaded, it tells the workers how many
+KV blocks its pool has (so every rank's cache has the same slots); then every step it broadcasts the
+ForwardBatch, and the other ranks (`worker_loop`) run the same forward with their part of the model: TP takes
+part in the all-reduces of the row-parallel layers, PP receives hidden states from the previous stage and
+passes its own on. The workers throw away what the forward returns. Because every rank sees the same batch,
+nothing else has to agree (priorities, ageing, sampling seeds live on rank 0 only).
 
-Only rank 0 runs the engine (scheduler, sampler, the HTTP gateway). Every step it broadcasts the ForwardBatch;
-the other ranks (`worker_loop`) run the same forward on their shard, taking part in the all-reduces, and throw
-their logits away. Because every rank sees the same batch, nothing else has to agree (priorities, ageing,
-sampling seeds live on rank 0 only).
+    torchrun --nproc-per-node 2 -m backend.parallel [--parallel tensor|pipeline] [gateway args]
 
-    torchrun --nproc-per-node 2 -m backend.parallel [gateway args]   # rank 0 serves, rank 1 is a worker
+Rank 0 serves, the others are workers; the world size becomes tensor_parallel_size (default) or
+pipeline_parallel_size. TP and PP together (tp x pp ranks) are not supported.
 """
 
 from __future__ import annotations
 
-import copy
+import argparse
 import os
 import sys
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from transformers import PretrainedConfig
 
 STOP = "stop"
+Rank = tuple[int, int]  # (rank, world size)
 
 
-def shard_config(config: PretrainedConfig, world: int) -> PretrainedConfig:
-    """The config of one rank's model: heads, KV heads and MLP width divided by the world size."""
-    heads, kv_heads, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
-    if heads % world or kv_heads % world or inter % world:
-        raise ValueError(f"tensor_parallel_size {world} must divide the heads ({heads}), KV heads ({kv_heads}) "
-                         f"and intermediate size ({inter})")
-    shard = copy.deepcopy(config)
-    shard.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads  # kept, not recomputed
-    shard.num_attention_heads, shard.num_key_value_heads = heads // world, kv_heads // world
-    shard.intermediate_size = inter // world
-    return shard
+def check_world(name: str, size: int) -> Rank:
+    """(rank, world) of the process group `name` (tensor_parallel_size, pipeline_parallel_size) = size runs on."""
+    if not dist.is_initialized():
+        raise ValueError(f"{name} {size} needs torch.distributed initialised (launch with torchrun)")
+    if dist.get_world_size() != size:
+        raise ValueError(f"{name} {size} but the process group has {dist.get_world_size()} ranks")
+    return dist.get_rank(), size
 
 
-def _rows(t: torch.Tensor, sizes: list[int], rank: int, world: int) -> torch.Tensor:
-    """Split dim 0 into the fused parts `sizes`, keep rank's slice of each, concatenate again."""
-    return torch.cat([part.chunk(world, dim=0)[rank] for part in t.split(sizes, dim=0)], dim=0)
-
-
-def shard_state(state: dict[str, torch.Tensor], shard: PretrainedConfig, rank: int, world: int) -> dict[str, torch.Tensor]:
-    """Rank's slice of a full-precision state dict in our names (fused qkv_proj / gate_up_proj)."""
-    q_size = shard.num_attention_heads * shard.head_dim * world
-    kv_size = shard.num_key_value_heads * shard.head_dim * world
-    inter = shard.intermediate_size * world
-    out = {}
-    for name, t in state.items():
-        if ".self_attn.qkv_proj." in name:  # weight (q + 2kv, hidden) or bias (q + 2kv,)
-            out[name] = _rows(t, [q_size, kv_size, kv_size], rank, world)
-        elif ".mlp.gate_up_proj." in name:
-            out[name] = _rows(t, [inter, inter], rank, world)
-        elif name.endswith((".self_attn.o_proj.weight", ".mlp.down_proj.weight")):
-            out[name] = t.chunk(world, dim=1)[rank]  # row-parallel: the input columns
-        else:
-            out[name] = t  # embeddings, norms, lm_head: replicated
-    return {k: v.contiguous() for k, v in out.items()}
-
-
-class RowParallel(nn.Module):
-    """A row-parallel linear: this rank's partial product, summed over the ranks."""
-
-    def __init__(self, linear: nn.Module) -> None:
-        super().__init__()
-        self.linear = linear
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.linear(x)
-        dist.all_reduce(y)
-        return y
-
-
-def make_row_parallel(model: nn.Module) -> None:
-    for layer in model.layers:
-        layer.self_attn.o_proj = RowParallel(layer.self_attn.o_proj)
-        layer.mlp.down_proj = RowParallel(layer.mlp.down_proj)
+def parallel_ranks(tensor_parallel_size: int, pipeline_parallel_size: int) -> tuple[Rank | None, Rank | None]:
+    """(tp, pp): this process's (rank, world) for the kind of parallelism configured, None for the other one."""
+    tp, pp = tensor_parallel_size, pipeline_parallel_size
+    if tp < 1 or pp < 1:
+        raise ValueError(f"tensor_parallel_size ({tp}) and pipeline_parallel_size ({pp}) must be >= 1")
+    if tp > 1 and pp > 1:
+        raise ValueError(f"tensor_parallel_size {tp} with pipeline_parallel_size {pp}: tp x pp is not supported, "
+                         "use one kind of parallelism")
+    if tp > 1:
+        return check_world("tensor_parallel_size", tp), None
+    if pp > 1:
+        return None, check_world("pipeline_parallel_size", pp)
+    return None, None
 
 
 class Driver(nn.Module):
-    """Rank 0's model: broadcasts each ForwardBatch to the workers, then runs its own shard."""
+    """Rank 0's model: broadcasts each ForwardBatch to the workers, then runs its own part."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
         self.config, self.head_dim, self.layer_windows = model.config, model.head_dim, model.layer_windows
+        self.layer_ids = model.layer_ids  # what kv_cache_shape needs
+
+    def share_num_blocks(self, num_blocks: int) -> None:
+        """The workers size their caches by rank 0's pool: block ids (slots) in every batch are rank 0's."""
+        dist.broadcast_object_list([num_blocks], src=0)
 
     def forward(self, batch: object, kv_cache: torch.Tensor) -> torch.Tensor:
         dist.broadcast_object_list([batch], src=0)
@@ -98,57 +74,66 @@ class Driver(nn.Module):
         dist.broadcast_object_list([STOP], src=0)
 
 
-def check_world(size: int) -> tuple[int, int]:
-    """(rank, world) of the process group tensor parallelism runs on."""
-    if not dist.is_initialized():
-        raise ValueError(f"tensor_parallel_size {size} needs torch.distributed initialised (launch with torchrun)")
-    if dist.get_world_size() != size:
-        raise ValueError(f"tensor_parallel_size {size} but the process group has {dist.get_world_size()} ranks")
-    return dist.get_rank(), size
-
-
-@torch.inference_mode()
-def worker_loop(config: object) -> None:
-    """Ranks > 0: load this rank's shard and a KV cache like rank 0's, then run every broadcast batch."""
-    from backend.engine import DTYPES
-    from backend.model_runner import kv_cache_shape, num_kv_blocks
-    from backend.weights import load_model, resolve_model_dir
-
-    cfg = config  # EngineConfig (typed loosely: this module is imported by the engine)
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    from backend.engine import LLMEngine  # max_model_len and ops exactly as rank 0 computes them
+def _load_worker_model(cfg: Any) -> tuple[nn.Module, torch.dtype, str]:
+    """This rank's part of the model, loaded exactly as rank 0 loads its own (max_model_len, ops, dtype)."""
+    from backend.engine import DTYPES, LLMEngine
     from backend.ops import select_ops
+    from backend.weights import load_model, resolve_model_dir
 
     model_dir = resolve_model_dir(cfg.resolved_model())
     hf_max = LLMEngine._model_max_len(model_dir)
     max_len = min(cfg.max_model_len or hf_max, hf_max)
     dtype, device = DTYPES[cfg.dtype], cfg.resolved_device()
     ops = select_ops(cfg.kernel_backend, device, cfg.block_size)
-    tp = check_world(cfg.tensor_parallel_size)
-    model = load_model(model_dir, dtype, device, max_len, ops, quantization=cfg.quantization, tp=tp)
-    blocks = num_kv_blocks(model, cfg.block_size, cfg.kv_cache_memory_mb, dtype)
-    kv_cache = torch.zeros(kv_cache_shape(model, blocks, cfg.block_size), dtype=dtype, device=device)
+    tp, pp = parallel_ranks(cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
+    model = load_model(model_dir, dtype, device, max_len, ops, cfg.int4_dense_copy, cfg.quantization, tp=tp, pp=pp)
+    return model, dtype, device
+
+
+@torch.inference_mode()
+def worker_loop(config: Any) -> None:
+    """Ranks > 0: load this rank's part of the model and a KV cache like rank 0's, then run every broadcast batch.
+    `config` is an EngineConfig (typed loosely: the engine imports this module)."""
+    from backend.model_runner import kv_cache_shape
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    torch.set_flush_denormal(True)  # as rank 0 does
+    model, dtype, device = _load_worker_model(config)
+    box: list[object] = [None]
+    dist.broadcast_object_list(box, src=0)  # Driver.share_num_blocks
+    kv_cache = torch.zeros(kv_cache_shape(model, int(box[0]), config.block_size), dtype=dtype, device=device)
     while True:
-        box: list[object] = [None]
+        box = [None]
         dist.broadcast_object_list(box, src=0)
         if box[0] == STOP:
             return
         model(box[0], kv_cache)
 
 
+def _parse_launch(argv: list[str]) -> tuple[str, list[str]]:
+    """(tensor | pipeline, the gateway's own arguments)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--parallel", choices=("tensor", "pipeline"), default="tensor")
+    known, rest = parser.parse_known_args(argv)
+    return known.parallel, rest
+
+
 def main(argv: list[str] | None = None) -> None:
-    """torchrun entry point: rank 0 runs the gateway with tensor_parallel_size = world, the others are workers."""
+    """torchrun entry point: rank 0 runs the gateway with tensor_parallel_size (or pipeline_parallel_size) = world,
+    the others are workers."""
+    kind, argv = _parse_launch(sys.argv[1:] if argv is None else argv)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     world = dist.get_world_size()
-    os.environ["SMOLGATE_TENSOR_PARALLEL_SIZE"] = str(world)
+    # Through the environment, so the gateway's config file and the workers' copy of it both pick it up.
+    os.environ["SMOLGATE_TENSOR_PARALLEL_SIZE"] = str(world if kind == "tensor" else 1)
+    os.environ["SMOLGATE_PIPELINE_PARALLEL_SIZE"] = str(world if kind == "pipeline" else 1)
     if torch.cuda.is_available():
         torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     from gateway.__main__ import main as serve
     from gateway.__main__ import parse_args
     from gateway.config import load_config
 
-    argv = argv if argv is not None else sys.argv[1:]
     try:
         if dist.get_rank() == 0:
             serve(argv)

@@ -1,12 +1,11 @@
 """Tensor parallelism on CPU: 2 processes over gloo give the single-process engine's greedy tokens and logprobs.
 
 Rank 0 runs the engine on its half of every layer and broadcasts each batch; rank 1 runs backend.parallel's
-worker loop on the other half. Small random Llama (tied embeddings) and Qwen2 (q/k/v biases) checkpoints."""
+worker loop on the other half (tests/parallel_fixtures.py). Small random Llama (tied embeddings) and Qwen2
+(q/k/v biases) checkpoints."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,10 @@ from transformers import LlamaConfig, Qwen2Config
 
 from backend.config import EngineConfig
 from backend.engine import LLMEngine
-from backend.parallel import shard_config
 from backend.sampling_params import SamplingParams
+from backend.tensor_parallel import shard_config
 from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model, token_ids
+from tests.parallel_fixtures import run_ranks
 
 SMALL = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -39,45 +39,11 @@ def generate(engine: LLMEngine) -> dict[str, tuple[list[int], list[float]]]:
     return {rid: (token_ids(o), [lp.logprob for x in o for d in x.deltas for lp in d.logprobs or ()]) for rid, o in outs.items()}
 
 
-def rank_main(rank: int, world: int, port: int, model_dir: str, results: mp.Queue) -> None:
-    import torch.distributed as dist
-
-    from backend.parallel import worker_loop
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        if rank == 0:
-            engine = LLMEngine(engine_config(model_dir, world))
-            try:
-                results.put(generate(engine))
-            finally:
-                engine.runner.model.stop_workers()
-        else:
-            worker_loop(engine_config(model_dir, world))
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("family", list(CONFIGS))
 def test_two_ranks_equal_one_process(family: str, tmp_path: Path) -> None:
     save_random_model(CONFIGS[family], tmp_path)
     expected = generate(LLMEngine(engine_config(str(tmp_path), 1)))
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, 2, port, str(tmp_path), results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = results.get(timeout=600)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    got = run_ranks(2, engine_config(str(tmp_path), 2), generate)
     for rid, (tokens, logprobs) in expected.items():
         assert got[rid][0] == tokens, f"{family}: {rid} diverged"
         torch.testing.assert_close(torch.tensor(got[rid][1]), torch.tensor(logprobs), atol=1e-4, rtol=1e-4)

@@ -86,25 +86,45 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: PretrainedConfig, max_positions: int, ops: Ops | None = None) -> None:
+    """layer_ids: the decoder layers this model holds (all by default; a pipeline stage holds a contiguous range,
+    backend/pipeline_parallel.py). ends: whether it holds the embeddings, the final norm and the lm_head."""
+
+    def __init__(
+        self, config: PretrainedConfig, max_positions: int, ops: Ops | None = None, layer_ids: range | None = None,
+        ends: bool = True,
+    ) -> None:
         super().__init__()
         self.config = config
         self.ops: Ops = ops or TorchOps()
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layer_windows = layer_windows(config)  # per layer, 0 = full attention
-        self.layers = nn.ModuleList(DecoderLayer(config, self.head_dim, w) for w in self.layer_windows)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
+        self.layer_ids = layer_ids if layer_ids is not None else range(config.num_hidden_layers)
+        self.layer_windows = layer_windows(config)  # every layer's, 0 = full attention: the batch masks cover all
+        self.layers = nn.ModuleList(DecoderLayer(config, self.head_dim, self.layer_windows[i]) for i in self.layer_ids)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if ends else None
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if ends else None
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if ends else None
+        if ends and config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config, self.head_dim, max_positions)
 
-    def forward(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
-        """kv_cache: (num_layers, 2, num_slots, kv_heads, head_dim). Returns (num_logit_rows, vocab) fp32 logits."""
-        x, residual = self.embed_tokens(batch.input_ids), None  # (num_tokens, hidden)
+    def embed(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.embed_tokens(batch.input_ids)  # (num_tokens, hidden)
+
+    def run_layers(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This model's decoder layers; kv_cache[i] belongs to self.layers[i]. Returns (last delta, stream)."""
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, self.rope.cos_sin, kv_cache[i], batch, self.ops)
-        rows = batch.logits_index  # only rows whose logits are needed
-        x, _ = self.norm(x[rows], residual[rows], self.ops)
+        return x, residual
+
+    def head(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Final norm and lm_head over rows already narrowed to the logits rows. (rows, vocab) fp32 logits."""
+        x, _ = self.norm(x, residual, self.ops)
         return self.lm_head(x).float()
+
+    def forward(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        """kv_cache: (num_layers, 2, num_slots, kv_heads, head_dim). Returns (num_logit_rows, vocab) fp32 logits."""
+        x, residual = self.run_layers(self.embed(batch), None, batch, kv_cache)
+        rows = batch.logits_index  # only rows whose logits are needed
+        return self.head(x[rows], residual[rows])
