@@ -9,13 +9,13 @@ import torch
 
 from backend.config import EngineConfig
 from backend.engine import LLMEngine
+from backend.local_group import run_ranks
 from backend.model_runner import kv_cache_shape
 from backend.parallel import _parse_launch, parallel_ranks
 from backend.pipeline_parallel import stage_layers
 from backend.sampling_params import SamplingParams
 from backend.weights import load_model
 from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, model_path, run_to_completion, token_ids
-from tests.parallel_fixtures import run_ranks
 
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
 

@@ -1,7 +1,7 @@
 """Tensor parallelism on CPU: 2 processes over gloo give the single-process engine's greedy tokens and logprobs.
 
 Rank 0 runs the engine on its half of every layer and broadcasts each batch; rank 1 runs backend.parallel's
-worker loop on the other half (tests/parallel_fixtures.py). Small random Llama (tied embeddings) and Qwen2
+worker loop on the other half (backend/local_group.py). Small random Llama (tied embeddings) and Qwen2
 (q/k/v biases) checkpoints."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from transformers import LlamaConfig, Qwen2Config
 
 from backend.config import EngineConfig
 from backend.engine import LLMEngine
+from backend.local_group import run_ranks
 from backend.sampling_params import SamplingParams
 from backend.tensor_parallel import shard_config
 from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model, token_ids
-from tests.parallel_fixtures import run_ranks
 
 SMALL = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

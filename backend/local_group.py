@@ -1,4 +1,5 @@
-"""Running the engine over 2 gloo processes on CPU (tensor and pipeline parallelism tests).
+"""The engine over `world` local processes on a gloo group, from Python (the TP/PP tests and bench.pipeline;
+serving uses torchrun, backend/parallel.py).
 
 Rank 0 builds an LLMEngine and runs `job(engine)`, then releases the workers; the other ranks run
 backend.parallel's worker loop. The job's result (or rank 0's error) comes back through a queue."""
