@@ -1,7 +1,7 @@
 """The response cache, measured: labelled-set quality, lookup cost at scale, and hit/miss latency
 through the full HTTP path with the real engine and embedder.
 
-    python -m bench.cache [--hits 200] [--misses 10]
+    python -m bench.cache [--hits 200] [--misses 10] [--only quality|lookup|http]
 
 1. quality: tests/data/semantic_cache_pairs.tsv scored with all-MiniLM-L6-v2 at the default
    threshold (paraphrase hit rate; false hits as a share of all hits);
@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import httpx
 import numpy as np
 
 from bench.cache_pairs import score_with
+from bench.server import free_port, wait_ready
 from gateway.cache.config import CacheConfig
 from gateway.cache.semantic import match
 from gateway.cache.stores import MemoryStore
@@ -135,44 +135,31 @@ def http_path(port: int, hits: int, misses: int) -> dict[str, Any]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("the gateway server exited")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the gateway server did not become ready")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cache")
     parser.add_argument("--hits", type=int, default=200)
     parser.add_argument("--misses", type=int, default=10)
+    parser.add_argument("--only", choices=["quality", "lookup", "http"], help="run one part (default: all three)")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve)
         return
-    result: dict[str, Any] = {"quality": quality()}
-    print("quality:", result["quality"], flush=True)
-    result["lookup"] = lookups()
-    for row in result["lookup"]:
-        print("lookup:", row, flush=True)
-    port = _free_port()
+    result: dict[str, Any] = {}
+    if args.only in (None, "quality"):
+        result["quality"] = quality()
+        print("quality:", result["quality"], flush=True)
+    if args.only in (None, "lookup"):
+        result["lookup"] = lookups()
+        for row in result["lookup"]:
+            print("lookup:", row, flush=True)
+    if args.only not in (None, "http"):
+        print(json.dumps(result))
+        return
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "bench.cache", "--serve", str(port)])
     try:
-        _wait_ready(port, proc)
+        wait_ready(f"http://127.0.0.1:{port}", proc)
         result["http"] = http_path(port, args.hits, args.misses)
     finally:
         proc.terminate()
