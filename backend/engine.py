@@ -53,7 +53,8 @@ class LLMEngine:
         # > 1 rank: rank 0 drives (this engine); backend/parallel.py's workers follow its batches
         tp, pp = parallel_ranks(config.tensor_parallel_size, config.pipeline_parallel_size)
         model = load_model(
-            model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization, tp, pp
+            model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization, tp, pp,
+            packed_copy=config.packed_copy,
         )
         draft = load_draft_model(config, model, dtype, self.device, self.max_model_len, ops)
         if tp is not None or pp is not None:

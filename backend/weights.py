@@ -15,6 +15,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
 from backend.config import cache_dir
+from backend.cpu_gemm import add_packed_copies
 from backend.models.llama import LlamaForCausalLM
 from backend.models.rope import RotaryEmbedding
 from backend.ops import Ops
@@ -134,9 +135,11 @@ def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | Non
 def load_model(
     path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None, int4_dense_copy: bool = True,
     quantization: str = "none", tp: tuple[int, int] | None = None, pp: tuple[int, int] | None = None,
+    packed_copy: bool = False,
 ) -> LlamaForCausalLM:
     """quantization "int8" quantizes a full-precision checkpoint's projections at load time; a quantized
-    checkpoint (AWQ, GPTQ) always loads as it says. tp = (rank, world): this rank's tensor-parallel shard
+    checkpoint (AWQ, GPTQ) always loads as it says. packed_copy: full-precision linears on CPU also keep a
+    oneDNN-prepacked copy for multi-row calls (backend/cpu_gemm.py). tp = (rank, world): this rank's tensor-parallel shard
     (backend/tensor_parallel.py); pp = (rank, world): this rank's pipeline stage (backend/pipeline_parallel.py)."""
     model_dir = resolve_model_dir(path)
     config = load_config(model_dir)
@@ -166,6 +169,8 @@ def load_model(
         from backend.quant.convert import quantize_int8
 
         quantize_int8(model)
+    elif packed_copy:
+        add_packed_copies(model)
     if tp is not None:
         from backend.tensor_parallel import make_row_parallel
 

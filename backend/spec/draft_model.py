@@ -42,7 +42,9 @@ def load_draft_model(
     if config.speculative_method != "draft" or not config.num_speculative_tokens:
         return None
     path = Path(config.speculative_model).expanduser() if config.speculative_model else default_awq_model_path()
-    draft = load_model(resolve_model_dir(path), dtype, device, max_model_len, ops, config.int4_dense_copy)
+    draft = load_model(
+        resolve_model_dir(path), dtype, device, max_model_len, ops, config.int4_dense_copy, packed_copy=config.packed_copy
+    )
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft model {path} has {draft.config.vocab_size} tokens, the target {target.config.vocab_size}: "
                          "a draft model needs the target's vocabulary")
