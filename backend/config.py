@@ -24,6 +24,11 @@ def default_awq_model_path() -> Path:
     return cache_dir() / "models" / "awq" / "SmolLM2-135M-Instruct"
 
 
+def default_medusa_path() -> Path:
+    """Medusa heads self-distilled for the default model by `python -m backend.spec.medusa_train`."""
+    return cache_dir() / "medusa" / "SmolLM2-135M-Instruct"
+
+
 def default_embedding_model_path() -> Path:
     return cache_dir() / "models" / "all-MiniLM-L6-v2"
 
@@ -54,8 +59,11 @@ class EngineConfig:
     max_waiting: int = 1024  # waiting-queue limit; beyond it submit raises QueueFullError
     enable_prefix_caching: bool = True
     num_speculative_tokens: int = 0  # draft tokens per step and sequence (0 = speculation off)
-    speculative_method: str = "ngram"  # ngram (prompt lookup, no model) | draft (a draft model proposes)
-    speculative_model: str = ""  # the draft model (same vocabulary); "" -> the default model's AWQ INT4 copy
+    # ngram (prompt lookup, no model) | draft (a draft model proposes) | medusa (heads on the target's last hidden state)
+    speculative_method: str = "ngram"
+    # The draft model (same vocabulary; "" -> the default model's AWQ INT4 copy), or with medusa a heads directory in
+    # the Medusa format ("" -> the self-distilled heads, default_medusa_path())
+    speculative_model: str = ""
     speculative_max_batch: int = 4  # no speculation while more sequences than this run (bench.speculative sweep)
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds (0: never)
     tensor_parallel_size: int = 1  # > 1: shard every layer over a torch.distributed group (backend/tensor_parallel.py)

@@ -29,6 +29,7 @@ from backend.sampling_params import SamplingParams
 from backend.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from backend.sliding_window import freeable_window
 from backend.spec.draft_model import DraftModel, kv_blocks_for_both, load_draft_model
+from backend.spec.medusa import MedusaDrafter, load_medusa_heads
 from backend.spec.speculator import Speculator
 from backend.tokenizer import load_tokenizer
 from backend.weights import load_model, resolve_model_dir
@@ -57,6 +58,7 @@ class LLMEngine:
             packed_copy=config.packed_copy,
         )
         draft = load_draft_model(config, model, dtype, self.device, self.max_model_len, ops)
+        heads = load_medusa_heads(config, model.config.vocab_size, model.config.hidden_size, dtype, self.device)
         if tp is not None or pp is not None:
             model = Driver(model)
         blocks = num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, dtype) if draft is None else \
@@ -76,6 +78,7 @@ class LLMEngine:
         self.speculator = Speculator(
             self.kv, config.num_speculative_tokens, config.speculative_max_batch, self.max_model_len, self.eos_token_id,
             None if draft is None else DraftModel(draft, self.kv, dtype, self.device, self.eos_token_id),
+            None if heads is None else MedusaDrafter(heads),
         )
         self.requests: dict[str, list[Sequence]] = {}
         self.prompt_tokens_total = 0
@@ -154,20 +157,29 @@ class LLMEngine:
         self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         self.speculator.draft(out, self.sampler.generator)
-        logits = self.runner.run(out) if out.num_tokens else None
-        return self.postprocess(out, logits)
+        if not out.num_tokens:
+            return self.postprocess(out, None)
+        if self.speculator.medusa is None:
+            return self.postprocess(out, self.runner.run(out))
+        return self.postprocess(out, *self.runner.run_with_hidden(out))  # Medusa heads read the hidden states
 
-    def postprocess(self, out: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
+    def postprocess(
+        self, out: SchedulerOutput, logits: torch.Tensor | None, hidden: torch.Tensor | None = None
+    ) -> list[RequestOutput]:
+        """hidden: (rows, hidden) the logits rows' final hidden states, when Medusa heads draft."""
         plan = self._plan_logit_rows(out)  # read before num_computed_tokens moves
         for chunk, rows, _ in plan:
             if chunk.wants_prompt_logprobs and logits is not None:
                 self._record_prompt_logprobs(chunk.seq, chunk.seq.num_computed_tokens, logits[rows])
             chunk.seq.num_computed_tokens += chunk.num_new_tokens
         if logits is not None:
-            self._sample([(c.seq, r.stop - 1) for c, r, samples in plan if samples and not c.seq.num_draft], logits)
+            sampled = [(c.seq, r.stop - 1) for c, r, samples in plan if samples and not c.seq.num_draft]
+            self._sample(sampled, logits)
             for chunk, rows, _ in plan:
                 if chunk.seq.num_draft:
-                    self._verify_draft(chunk.seq, logits[rows])
+                    self._verify_draft(chunk.seq, logits[rows], None if hidden is None else hidden[rows])
+            for seq, row in sampled if hidden is not None else ():
+                self.speculator.remember(seq, hidden[row])
         for chunk, _, _ in plan:
             if not chunk.seq.is_finished:
                 self.kv.cache_full_blocks(chunk.seq)
@@ -192,10 +204,10 @@ class LLMEngine:
         for i, (seq, token) in enumerate(zip(seqs, sampled.token_ids, strict=True)):
             self._append_token(seq, token, None if sampled.logprobs is None else sampled.logprobs[i])
 
-    def _verify_draft(self, seq: Sequence, logits: torch.Tensor) -> None:
+    def _verify_draft(self, seq: Sequence, logits: torch.Tensor, hidden: torch.Tensor | None) -> None:
         """Emit the accepted draft tokens plus one from the target; stop early if a stop condition hits."""
         raw = torch.log_softmax(logits, dim=-1) if seq.params.logprobs is not None else None
-        for i, token in enumerate(self.speculator.verify(seq, logits, self.sampler.generator)):
+        for i, token in enumerate(self.speculator.verify(seq, logits, self.sampler.generator, hidden)):
             self._append_token(seq, token, None if raw is None else raw[i])
             if seq.is_finished:
                 break

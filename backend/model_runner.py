@@ -107,3 +107,9 @@ class ModelRunner:
     def run(self, out: SchedulerOutput) -> torch.Tensor:
         """(num_logit_rows, vocab) fp32 logits: each scheduled chunk's `num_logit_rows` rows, in order."""
         return self.model(self.prepare(out), self.kv_cache)
+
+    @torch.inference_mode()
+    def run_with_hidden(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """As run, plus the final hidden state of every logits row (num_logit_rows, hidden), for Medusa heads."""
+        hidden = self.model.hidden_states(self.prepare(out), self.kv_cache)
+        return self.model.lm_head(hidden).float(), hidden

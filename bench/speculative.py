@@ -1,12 +1,13 @@
 """python -m bench.speculative: n-gram, reference-text and draft-model speculation vs plain decoding.
 
-The target is the full-precision default model; the draft model is its AWQ INT4 copy. Every figure is a
+The target is the full-precision default model; the draft model is its AWQ INT4 copy; the Medusa heads are
+the self-distilled ones (trained first by backend.spec.medusa_train if the cache has none). Every figure is a
 ratio inside one run (the machine is shared): the same greedy requests go through a plain engine and
 each speculating engine, interleaved prompt group by prompt group, and the outputs are checked to be identical.
 
 - single stream, one request at a time: (a) `rag`: summarisation / RAG prompts that quote their context,
   (b) `chat`: open chat prompts. Methods: ngram, reference (the answer to a paraphrased question handed
-  in as `spec_reference`, as the gateway does with a semantic-cache near miss), draft.
+  in as `spec_reference`, as the gateway does with a semantic-cache near miss), draft, medusa.
 - batch sweep: B concurrent chat+rag requests with speculation forced on (no `speculative_max_batch`
   limit) vs off: where speculation stops paying, which sets the `speculative_max_batch` default.
 - 32 streams with the default settings (speculation turns itself off above `speculative_max_batch`).
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from backend.config import EngineConfig
+from backend.config import EngineConfig, default_medusa_path
 from backend.engine import LLMEngine
 from backend.sampling_params import SamplingParams
 from backend.tokenizer import apply_chat_template
@@ -86,9 +87,24 @@ def compare(
             "tok_s": round(tokens / seconds[name], 2), "speedup": round(seconds["plain"] / seconds[name], 3),
             "acceptance_rate": round(accepted / proposed, 3) if proposed else 0.0,
             "tokens_per_verify": round((accepted + verifications) / verifications, 2) if verifications else 1.0,
+            "mean_acceptance_length": round(accepted / verifications, 2) if verifications else 0.0,
             "identical": outs[name] == outs["plain"],
         }
     return result
+
+
+def medusa_heads(train_seconds: float) -> tuple[Path, float]:
+    """The self-distilled heads, trained now (2 threads) if the cache has none; (path, seconds spent training)."""
+    path = default_medusa_path()
+    if (path / "config.json").exists():
+        return path, 0.0
+    from backend.spec import medusa_train
+
+    start = time.perf_counter()
+    medusa_train.main(["--seconds", str(train_seconds), "--threads", "2"])
+    seconds = time.perf_counter() - start
+    print(f"trained Medusa heads in {seconds:.0f}s (features + training + heldout check)")
+    return path, seconds
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,13 +115,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", default="1,2,4,8,16,32", help="batch sizes of the sweep ('' to skip)")
     parser.add_argument("--sweep-tokens", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every comparison")
+    parser.add_argument("--streams", type=int, default=32, help="streams of the default-settings run (0 to skip)")
+    parser.add_argument("--medusa-train-seconds", type=float, default=150, help="training budget when no heads are cached")
     args = parser.parse_args(argv)
+    heads, train_seconds = medusa_heads(args.medusa_train_seconds)
 
     base = EngineConfig(quantization="none", num_threads=args.threads, kv_cache_memory_mb=256)
     unlimited = {"speculative_max_batch": 10**6}
     plain = LLMEngine(base)
     ngram = LLMEngine(EngineConfig(**{**vars(base), "num_speculative_tokens": args.k}))
     draft = LLMEngine(EngineConfig(**{**vars(base), "num_speculative_tokens": args.k, "speculative_method": "draft"}))
+    medusa = LLMEngine(EngineConfig(**{**vars(base), "num_speculative_tokens": args.k, "speculative_method": "medusa",
+                                       "speculative_model": str(heads)}))
     tok = plain.tokenizer
     chat = lambda q: apply_chat_template(tok, [{"role": "user", "content": q}])  # noqa: E731
     greedy = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
@@ -120,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         with_ref = [SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True, spec_reference=tok.decode(a))
                     for a in answers]
         results[f"single_{case}"] = compare(
-            plain, {"ngram": ngram, "reference": ngram, "draft": draft}, prompts, [greedy] * len(prompts),
+            plain, {"ngram": ngram, "reference": ngram, "draft": draft, "medusa": medusa}, prompts, [greedy] * len(prompts),
             [[i] for i in range(len(prompts))], args.rounds, {"reference": with_ref},
         )
 
@@ -131,16 +152,19 @@ def main(argv: list[str] | None = None) -> None:
     for b in [int(x) for x in args.batches.split(",") if x]:
         prompts = [mixed[i % len(mixed)] for i in range(b)]
         results[f"batch_{b}_forced"] = compare(plain, forced, prompts, [sweep] * b, [list(range(b))], args.rounds)
-    prompts = [mixed[i % len(mixed)] for i in range(32)]
-    results["streams_32_default"] = compare(plain, {"ngram": ngram, "draft": draft}, prompts, [sweep] * 32, [list(range(32))],
-                                            args.rounds)
+    if args.streams:
+        prompts = [mixed[i % len(mixed)] for i in range(args.streams)]
+        results[f"streams_{args.streams}_default"] = compare(
+            plain, {"ngram": ngram, "draft": draft, "medusa": medusa}, prompts, [sweep] * args.streams,
+            [list(range(args.streams))], args.rounds,
+        )
 
     for name, r in results.items():
         methods = "  ".join(f"{m} x{v['speedup']:.2f} ({v['tokens_per_verify']} tok/verify{'' if v['identical'] else ' DIFF'})"
                             for m, v in r.items() if isinstance(v, dict))
         print(f"{name:>22}: plain {r['plain_tok_s']:6.1f} tok/s  {methods}")
     summary = {"bench": "speculative", "k": args.k, "new_tokens": args.new_tokens, "threads": args.threads, "rounds": args.rounds,
-               "torch_threads": torch.get_num_threads(), **results}
+               "torch_threads": torch.get_num_threads(), "medusa_train_seconds": round(train_seconds), **results}
     Path("bench/results").mkdir(parents=True, exist_ok=True)
     Path("bench/results/speculative.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))

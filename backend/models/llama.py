@@ -118,13 +118,23 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(x, residual, self.rope.cos_sin, kv_cache[i], batch, self.ops)
         return x, residual
 
+    def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The final hidden states the lm_head reads (Medusa heads read them too), over the logits rows."""
+        x, _ = self.norm(x, residual, self.ops)
+        return x
+
     def head(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Final norm and lm_head over rows already narrowed to the logits rows. (rows, vocab) fp32 logits."""
-        x, _ = self.norm(x, residual, self.ops)
-        return self.lm_head(x).float()
+        return self.lm_head(self.final_norm(x, residual)).float()
 
     def forward(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
         """kv_cache: (num_layers, 2, num_slots, kv_heads, head_dim). Returns (num_logit_rows, vocab) fp32 logits."""
         x, residual = self.run_layers(self.embed(batch), None, batch, kv_cache)
         rows = batch.logits_index  # only rows whose logits are needed
         return self.head(x[rows], residual[rows])
+
+    def hidden_states(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        """(num_logit_rows, hidden): the final hidden states (after the final norm) of the logits rows."""
+        x, residual = self.run_layers(self.embed(batch), None, batch, kv_cache)
+        rows = batch.logits_index
+        return self.final_norm(x[rows], residual[rows])

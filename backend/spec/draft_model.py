@@ -37,8 +37,8 @@ def load_draft_model(
     config: EngineConfig, target: LlamaForCausalLM, dtype: torch.dtype, device: str, max_model_len: int, ops: Ops
 ) -> LlamaForCausalLM | None:
     """The configured draft model (default: the default model's AWQ INT4 copy), or None without draft speculation."""
-    if config.speculative_method not in {"ngram", "draft"}:
-        raise ValueError(f"unknown speculative_method {config.speculative_method!r}: use ngram or draft")
+    if config.speculative_method not in {"ngram", "draft", "medusa"}:
+        raise ValueError(f"unknown speculative_method {config.speculative_method!r}: use ngram, draft or medusa")
     if config.speculative_method != "draft" or not config.num_speculative_tokens:
         return None
     path = Path(config.speculative_model).expanduser() if config.speculative_model else default_awq_model_path()

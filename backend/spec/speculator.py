@@ -10,9 +10,11 @@ accepted prefix stays, the rest is cut off, and the KV of rejected positions is 
     draft(out)         # after schedule(): the draft model fills the reserved slots the scheduler kept
     verify(seq, ...)   # after the target's forward: accepted tokens + one from the target
 
-Two sources: n-gram lookup in the sequence itself or its reference text (method "ngram"; no model),
-and a draft model (method "draft", backend/spec/draft_model.py). With a draft model, requests that
-carry a reference text still copy from it: a near-miss cached answer is a better guess than any model.
+Three sources: n-gram lookup in the sequence itself or its reference text (method "ngram"; no model),
+a draft model (method "draft", backend/spec/draft_model.py), and Medusa heads on the target's last hidden
+state (method "medusa", backend/spec/medusa.py; `remember` keeps that state after each forward). With a
+draft model or heads, requests that carry a reference text still copy from it: a near-miss cached answer
+is a better guess than any model.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from backend.kv_cache import KVCacheManager
 from backend.request import Sequence
 from backend.scheduler import ScheduledSeq, SchedulerOutput
 from backend.spec.draft_model import DraftModel
+from backend.spec.medusa import MedusaDrafter
 from backend.spec.ngram import propose_ngram
 from backend.spec.prefix import process_target_rows, target_probs
 from backend.spec.verify import verify_greedy, verify_sampled
@@ -41,10 +44,15 @@ def eligible(seq: Sequence) -> bool:
     return seq.params.speculate
 
 
+def _grammar_prefix(seq: Sequence, draft: list[int]) -> list[int]:
+    """The part of a copied/guessed draft that seq's grammar allows: it would reject the rest at once."""
+    return draft[: seq.guide.validate_tokens(draft)] if seq.guide is not None and draft else draft
+
+
 class Speculator:
     def __init__(
         self, kv: KVCacheManager, num_tokens: int, max_batch: int, max_model_len: int, eos_token_id: int | None,
-        draft_model: DraftModel | None = None,
+        draft_model: DraftModel | None = None, medusa: MedusaDrafter | None = None,
     ) -> None:
         self.kv = kv
         self.k = num_tokens
@@ -52,14 +60,18 @@ class Speculator:
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
         self.draft_model = draft_model
+        self.medusa = medusa
         self.stats = SpecStats()
         self._reserved: set[Sequence] = set()  # seqs whose draft tokens await the draft model
         self._q: dict[Sequence, torch.Tensor | None] = {}  # the draft model's distributions, until verified
 
     def propose(self, running: list[Sequence]) -> None:
         self._reserved = {s for s in self._reserved if s.num_draft and not s.is_finished}  # dropped on preemption
+        if self.medusa is not None:
+            self.medusa.forget_finished(running)
         if not self.k or len(running) > self.max_batch:
             return
+        heads: list[tuple[Sequence, int]] = []  # seqs the Medusa heads draft for, in one batched call
         for seq in running:
             if seq.num_tokens - seq.num_computed_tokens != 1 or not eligible(seq):
                 continue
@@ -70,12 +82,19 @@ class Speculator:
             if self.draft_model is not None and not seq.reference_ids:
                 draft = [seq.token_ids[-1]] * k  # placeholders: the draft model writes them after scheduling
                 self._reserved.add(seq)
+            elif self.medusa is not None and not seq.reference_ids:
+                heads.append((seq, k))
+                continue
             else:
-                draft = propose_ngram(seq.token_ids, k, seq.reference_ids)
-                if seq.guide is not None and draft:  # a grammar would reject the rest at once
-                    draft = draft[: seq.guide.validate_tokens(draft)]
+                draft = _grammar_prefix(seq, propose_ngram(seq.token_ids, k, seq.reference_ids))
             seq.token_ids.extend(draft)
             seq.num_draft = len(draft)
+        if heads:
+            drafts = self.medusa.propose(heads)  # type: ignore[union-attr]
+            for seq, _ in heads:
+                draft = _grammar_prefix(seq, drafts.get(seq, []))
+                seq.token_ids.extend(draft)
+                seq.num_draft = len(draft)
 
     def draft(self, out: SchedulerOutput, generator: torch.Generator) -> None:
         """Let the draft model fill the reserved drafts that were scheduled (verified whole this step)."""
@@ -91,10 +110,19 @@ class Speculator:
             out.prefills[:] = [c for c in chunks if c.num_new_tokens > 1]
             out.decodes.extend(c for c in chunks if c.num_new_tokens == 1)
 
-    def verify(self, seq: Sequence, logits: torch.Tensor, generator: torch.Generator) -> list[int]:
+    def remember(self, seq: Sequence, hidden: torch.Tensor, num_tokens: int | None = None) -> None:
+        """hidden: the final hidden state whose logits produced seq's newest token, the one that makes it
+        `num_tokens` long (default: now). Medusa drafts from it at the next step."""
+        if self.medusa is not None and eligible(seq):
+            self.medusa.remember(seq, hidden, seq.num_tokens if num_tokens is None else num_tokens)
+
+    def verify(
+        self, seq: Sequence, logits: torch.Tensor, generator: torch.Generator, hidden: torch.Tensor | None = None
+    ) -> list[int]:
         """logits: (1 + k, vocab) for the last real token and each draft token. Returns the tokens to emit.
 
         Leaves seq holding only real tokens, with num_computed_tokens covering the accepted ones.
+        hidden: (1 + k, hidden) the rows' final hidden states, for Medusa: the bonus token's row is remembered.
         """
         draft = seq.token_ids[len(seq.token_ids) - seq.num_draft :]
         base = seq.num_tokens - seq.num_draft
@@ -109,6 +137,8 @@ class Speculator:
         seq.num_computed_tokens = base + accepted  # KV of the last real token and the accepted drafts is valid
         seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
         self.kv.trim(seq)
+        if hidden is not None:
+            self.remember(seq, hidden[accepted], base + accepted + 1)  # after the engine appends the tokens
         self.stats.proposed += len(draft)
         self.stats.accepted += accepted
         self.stats.verifications += 1

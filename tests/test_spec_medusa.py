@@ -1,0 +1,166 @@
+"""Medusa heads: the trainer learns, the Medusa format round-trips, greedy output is token-identical to plain
+decoding, sampling keeps the target's distribution, no KV leaks. Exactness must not depend on head quality,
+so the heads here come from a few seconds of training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig
+
+from backend.config import EngineConfig
+from backend.engine import LLMEngine
+from backend.quant.calibration import CALIBRATION
+from backend.sampling_params import SamplingParams
+from backend.spec import medusa_train
+from backend.spec.medusa import MedusaHeads, load_medusa, save_medusa
+from tests.engine_helpers import (
+    QUESTIONS,
+    assert_no_leaks,
+    chat_ids,
+    hf_greedy,
+    hf_model,
+    make_engine,
+    model_path,
+    run_to_completion,
+    save_random_model,
+    token_ids,
+    tokenizer,
+)
+
+PROMPTS = QUESTIONS[:4]
+MAX_NEW = 32
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[float]]:
+    """Heads trained for a few seconds on a few passages: (their Medusa-format directory, the step losses)."""
+    torch.manual_seed(0)
+    model = hf_model()
+    samples = medusa_train.chat_samples(tokenizer(), CALIBRATION, 128)[:4]
+    data = medusa_train.features(model, samples, num_heads=3)
+    heads = medusa_train.new_heads(model, num_heads=3, num_layers=1)
+    losses = medusa_train.train(heads, data, seconds=60, lr=3e-3, batch=64, max_steps=40, log_every=0)
+    path = tmp_path_factory.mktemp("medusa")
+    save_medusa(heads, path, str(model_path()))
+    return path, losses
+
+
+def test_trainer_loss_decreases(trained: tuple[Path, list[float]]) -> None:
+    losses = trained[1]
+    assert len(losses) == 40 and sum(losses[-5:]) < 0.8 * sum(losses[:5])
+
+
+class RefResBlock(nn.Module):
+    """FasterDecoding/Medusa's ResBlock, as its checkpoints are written."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+def test_medusa_format_round_trip(tmp_path: Path) -> None:
+    """A checkpoint in the reference layout (.pt, 2 shared ResBlocks, distinct final linears) loads and computes the same;
+    saving it again (safetensors) and loading gives the same again."""
+    torch.manual_seed(0)
+    hidden, vocab, num_heads, num_layers = 16, 40, 3, 2
+    ref = nn.ModuleList(
+        nn.Sequential(*([RefResBlock(hidden)] * num_layers), nn.Linear(hidden, vocab, bias=False)) for _ in range(num_heads)
+    )
+    torch.save(ref.state_dict(), tmp_path / "medusa_lm_head.pt")
+    config = {"medusa_num_heads": num_heads, "medusa_num_layers": num_layers, "base_model_name_or_path": "x"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert sorted(ref.state_dict())[:3] == ["0.0.linear.bias", "0.0.linear.weight", "0.1.linear.bias"]
+    x = torch.randn(5, hidden)
+    want = torch.stack([head(x) for head in ref])
+    heads = load_medusa(tmp_path)
+    assert not heads.shared_lm_head
+    torch.testing.assert_close(heads(x), want)
+    save_medusa(heads, tmp_path / "again", "x", dtype=torch.float32)
+    torch.testing.assert_close(load_medusa(tmp_path / "again")(x), want)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return [chat_ids(p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def reference(prompts: list[list[int]]) -> list[list[int]]:
+    return [hf_greedy(p, MAX_NEW) for p in prompts]
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"max_num_batched_tokens": 24, "kv_cache_memory_mb": 5}], ids=["plain", "chunked+preempted"]
+)
+def test_greedy_medusa_is_exact_in_mixed_batches(
+    trained: tuple[Path, list[float]], prompts: list[list[int]], reference: list[list[int]], overrides: dict
+) -> None:
+    """Every other request opts out of speculation; all must match HF's greedy output token for token."""
+    engine = make_engine(num_speculative_tokens=3, speculative_method="medusa", speculative_model=str(trained[0]),
+                         **overrides)
+    assert engine.speculator.medusa is not None and engine.speculator.medusa.heads.shared_lm_head
+    arrivals = {
+        i: [(f"r{i}", p, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, speculate=i % 2 == 0))]
+        for i, p in enumerate(prompts)
+    }
+    outs = run_to_completion(engine, arrivals)
+    for i in range(len(prompts)):
+        assert token_ids(outs[f"r{i}"]) == reference[i], f"prompt {i} diverged"
+    stats = engine.speculator.stats
+    assert 0 < stats.accepted < stats.proposed
+    if overrides:
+        assert engine.scheduler.num_preemptions > 0
+    assert_no_leaks(engine)
+
+
+def test_sampled_medusa_is_seeded(trained: tuple[Path, list[float]], prompts: list[list[int]]) -> None:
+    engine = make_engine(num_speculative_tokens=3, speculative_method="medusa", speculative_model=str(trained[0]))
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=16, ignore_eos=True)
+    first = run_to_completion(engine, {0: [("a", prompts[0], params)]})
+    again = run_to_completion(engine, {0: [("b", prompts[0], params)]})
+    assert token_ids(first["a"]) == token_ids(again["b"]) and len(token_ids(first["a"])) == 16
+    assert engine.speculator.stats.proposed > 0
+    assert_no_leaks(engine)
+
+
+TINY = LlamaConfig(
+    vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+)
+
+
+def test_sampled_medusa_keeps_the_target_distribution(tmp_path: Path) -> None:
+    """P(second token) with Medusa drafts (random heads: some accepted, most not) equals the exact value."""
+    hf = save_random_model(TINY, tmp_path)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(8.0)  # a peaked distribution, so a wrong acceptance rule shows
+    hf.save_pretrained(tmp_path)
+    heads = MedusaHeads(TINY.hidden_size, TINY.vocab_size, num_heads=2)
+    heads.share_lm_head(hf.lm_head.weight.detach().clone())
+    save_medusa(heads, tmp_path / "heads", str(tmp_path), dtype=torch.float32)
+    prompt = [3, 5, 7]
+    with torch.inference_mode():
+        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+        both = torch.tensor([[*prompt, t] for t in range(TINY.vocab_size)])
+        exact = p1 @ torch.softmax(hf(both).logits[:, -1], -1)  # P(second token)
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), num_speculative_tokens=2, speculative_method="medusa",
+                                    speculative_model=str(tmp_path / "heads"), speculative_max_batch=10**6,
+                                    max_num_seqs=256, max_num_batched_tokens=2048, max_waiting=10**5))
+    n = 3000
+    params = [SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, seed=s) for s in range(n)]
+    outs = run_to_completion(engine, {0: [(f"r{s}", prompt, p) for s, p in enumerate(params)]})
+    seconds = torch.tensor([token_ids(outs[f"r{s}"])[1] for s in range(n)])
+    stats = engine.speculator.stats
+    assert stats.proposed >= n and 0 < stats.accepted < stats.proposed
+    tv = 0.5 * (torch.bincount(seconds, minlength=TINY.vocab_size).float() / n - exact).abs().sum().item()
+    assert tv < 0.06, tv
+    assert_no_leaks(engine)
