@@ -81,7 +81,7 @@ def test_aborts_mid_draft_leak_nothing(prompts: list[list[int]]) -> None:
 
 def test_unknown_method_and_mismatched_vocabulary_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="speculative_method"):
-        make_engine(num_speculative_tokens=2, speculative_method="medusa")
+        make_engine(num_speculative_tokens=2, speculative_method="eagle")
     save_random_model(TINY, tmp_path)
     with pytest.raises(ValueError, match="vocabulary"):
         make_engine(num_speculative_tokens=2, speculative_method="draft", speculative_model=str(tmp_path))
