@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from backend.config import default_embedding_model_path
+from backend.cpu_gemm import onednn_available
 from backend.errors import InvalidRequestError
 from backend.minilm import BertEncoder
 
@@ -27,13 +28,16 @@ class Embedder:
 
     model_name: str = MODEL_NAME
 
-    def __init__(self, model_path: str | Path | None = None, batch_size: int = 32) -> None:
+    def __init__(self, model_path: str | Path | None = None, batch_size: int = 32, dtype: str = "auto") -> None:
+        """dtype: float32 | bfloat16 | auto (bfloat16 where oneDNN runs it: the forward reads its weights once per
+        query, so half the bytes is ~1.5x faster; vectors have cosine > 0.9999 to the float32 ones, and the
+        labelled cache set scores the same, bench/README "cache")."""
         path = Path(model_path).expanduser() if model_path else default_embedding_model_path()
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
         self.dimensions: int = int(model.config.hidden_size)
         self.max_length: int = int(min(self.tokenizer.model_max_length, model.config.max_position_embeddings))
-        self._encoder = BertEncoder(model) if model.config.model_type == "bert" else None
+        self._encoder = BertEncoder(model, _encoder_dtype(dtype)) if model.config.model_type == "bert" else None
         self.model = None if self._encoder else model  # the weights live in the encoder's packed copies
         self.batch_size = batch_size
         self._lock = threading.Lock()  # one forward at a time: the CPU is shared with the LLM engine
@@ -66,6 +70,14 @@ class Embedder:
             else:
                 hidden = self.model(**enc).last_hidden_state
         return mean_pool_normalize(hidden, enc["attention_mask"]).tolist(), int(lengths.sum())
+
+
+def _encoder_dtype(name: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if onednn_available(torch.bfloat16) else torch.float32
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"embedding dtype {name!r}: use auto, float32 or bfloat16")
+    return getattr(torch, name)
 
 
 def mean_pool_normalize(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,7 @@ def build_embedder(cfg: GatewayConfig) -> EmbeddingClient | None:
         return None
     from backend.embeddings import Embedder
 
-    return Embedder(cfg.embedding_model or None)
+    return Embedder(cfg.embedding_model or None, dtype=cfg.embedding_dtype)
 
 
 def main(argv: list[str] | None = None, *, embedded_only: bool = False, prog: str = "python -m gateway") -> None:

@@ -39,15 +39,21 @@ def test_padded_batch_matches_transformers_on_real_tokens(bert: tuple) -> None:
     torch.testing.assert_close(ours[real], ref[real], atol=1e-4, rtol=1e-4)
 
 
-def test_embedder_vectors_match_sentence_transformers_recipe(bert: tuple) -> None:
+@pytest.mark.parametrize(("dtype", "min_cosine"), [("float32", 0.99999), ("bfloat16", 0.999)])
+def test_embedder_vectors_match_sentence_transformers_recipe(bert: tuple, dtype: str, min_cosine: float) -> None:
     model, tok = bert
-    vectors, tokens = Embedder().embed_sync(TEXTS)
+    vectors, tokens = Embedder(dtype=dtype).embed_sync(TEXTS)
     enc = tok(TEXTS, padding=True, return_tensors="pt")
     with torch.inference_mode():
         ref = mean_pool_normalize(model(**enc).last_hidden_state, enc["attention_mask"])
     assert tokens == int(enc["attention_mask"].sum())
     cosine = (torch.tensor(vectors) * ref).sum(dim=1)
-    assert bool((cosine > 0.99999).all()), cosine
+    assert bool((cosine > min_cosine).all()), cosine
+
+
+def test_embedder_refuses_an_unknown_dtype() -> None:
+    with pytest.raises(ValueError, match="embedding dtype 'int3'"):
+        Embedder(dtype="int3")
 
 
 def test_unsupported_variant_is_refused(bert: tuple) -> None:
