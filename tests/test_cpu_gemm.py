@@ -37,3 +37,13 @@ def test_cpu_without_onednn_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     layer = PackedLinear(w)
     assert not layer.packed and layer.nbytes() == 8 * 16 * 4
     torch.testing.assert_close(layer(x, activation="gelu"), F.gelu(x @ w.T))
+
+
+def test_bench_gemm_row_times_every_variant() -> None:
+    """bench.gemm's micro row: every variant runs on the shape and gets a positive time."""
+    from bench.gemm import shape_row
+
+    row = shape_row("tiny", torch.randn(64, 128), rows=3)
+    assert row["shape"] == "tiny" and row["rows"] == 3
+    assert {"fp32_linear", "fp32_packed", "bf16_linear", "bf16_packed", "int4"} <= row.keys()
+    assert all(row[k] > 0 for k in row if k not in ("shape", "rows"))
