@@ -164,3 +164,20 @@ def test_sampled_medusa_keeps_the_target_distribution(tmp_path: Path) -> None:
     tv = 0.5 * (torch.bincount(seconds, minlength=TINY.vocab_size).float() / n - exact).abs().sum().item()
     assert tv < 0.06, tv
     assert_no_leaks(engine)
+
+
+def test_generated_answers_are_the_engines_greedy_output(tmp_path: Path) -> None:
+    """medusa_data: the training text is the base's own greedy answer after the chat prompt, cached on disk;
+    the features learn only from the answer's positions."""
+    from backend.spec import medusa_data
+
+    requests = medusa_data.chat_requests(tokenizer(), CALIBRATION, limit=2)
+    assert len(requests) == 2 and requests[0][0]["content"] != requests[1][0]["content"]
+    cache = tmp_path / "answers.pt"
+    samples = medusa_data.cached_answers(cache, model_path(), tokenizer(), CALIBRATION, limit=2, max_tokens=6)
+    assert cache.exists() and medusa_data.cached_answers(cache, model_path(), tokenizer(), CALIBRATION, 2, 6) == samples
+    for (ids, start), msgs in zip(samples, requests, strict=True):
+        prompt = chat_ids(msgs[0]["content"])
+        assert ids[:start] == prompt and ids[start:] == hf_greedy(prompt, 6)[: len(ids) - start]
+    data = medusa_train.features(hf_model(), [ids for ids, _ in samples], 2, [start for _, start in samples])
+    assert len(data.hidden) == sum(len(ids) - start + 1 for ids, start in samples)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from backend.config import default_medusa_path, default_model_path
 from backend.quant.calibration import CALIBRATION, HELDOUT, token_ids
 from backend.spec.medusa import MedusaHeads, save_medusa
+from backend.spec.medusa_data import cached_answers
 from backend.tokenizer import apply_chat_template
 
 PROMPT_TOKENS = 48  # of each passage quoted in the user turn; the rest is the assistant's answer
@@ -52,18 +53,20 @@ def chat_samples(tokenizer: object, path: Path, chunk_tokens: int) -> list[list[
 
 
 @torch.inference_mode()
-def features(model: torch.nn.Module, samples: list[list[int]], num_heads: int) -> Features:
-    """Run the frozen base once over every sample (precomputed: training never runs the base again)."""
+def features(model: torch.nn.Module, samples: list[list[int]], num_heads: int, starts: list[int] | None = None) -> Features:
+    """Run the frozen base once over every sample (precomputed: training never runs the base again).
+    starts: per sample, the first position to learn from (the answer's start; earlier ones are only context)."""
     hidden, targets = [], []
-    for ids in samples:
+    for n, ids in enumerate(samples):
         with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 matmuls (AMX), fp32 weights and norms
             h = model.model(torch.tensor([ids])).last_hidden_state[0].float()  # (T, hidden), after the final norm
         pred = model.lm_head(h).argmax(dim=-1)  # pred[t]: the base's token after position t (fp32, as served)
         t = torch.full((len(ids), num_heads), IGNORE)
         for i in range(num_heads):
             t[: len(ids) - i - 1, i] = pred[i + 1 :]
-        hidden.append(h)
-        targets.append(t)
+        first = max((starts[n] if starts else 0) - 1, 0)  # the last prompt position predicts the answer's start
+        hidden.append(h[first:])
+        targets.append(t[first:])
     return Features(torch.cat(hidden), torch.cat(targets))
 
 
@@ -131,6 +134,11 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=256, help="tokens per passage")
     parser.add_argument("--eval-samples", type=int, default=8, help="heldout passages to measure acceptance on")
+    parser.add_argument("--data", choices=["answers", "passages"], default="answers",
+                        help="answers: the base's own greedy chat answers about the text (medusa_data.py); passages: "
+                             "the text itself, chat-formatted")
+    parser.add_argument("--answers", type=int, default=160, help="chat requests to generate answers for")
+    parser.add_argument("--answer-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the CPU is shared)")
     args = parser.parse_args(argv)
 
@@ -142,8 +150,7 @@ def main(argv: list[str] | None = None) -> Path:
     start = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    train_data = features(model, chat_samples(tokenizer, CALIBRATION, args.chunk), args.heads)
-    heldout = features(model, chat_samples(tokenizer, HELDOUT, args.chunk)[: args.eval_samples], args.heads)
+    train_data, heldout = training_sets(args, model, tokenizer)
     print(f"hidden states: {len(train_data.hidden)} train / {len(heldout.hidden)} heldout positions "
           f"in {time.monotonic() - start:.0f}s", flush=True)
     heads = new_heads(model, args.heads, args.layers)
@@ -154,6 +161,20 @@ def main(argv: list[str] | None = None) -> Path:
     save_medusa(heads, args.out, str(args.model))
     print(f"saved {args.out} ({time.monotonic() - start:.0f}s in all)")
     return args.out
+
+
+def training_sets(args: argparse.Namespace, model: torch.nn.Module, tokenizer: object) -> tuple[Features, Features]:
+    """(train, heldout) features: generated answers about calibration.txt / heldout.txt, or the passages."""
+    if args.data == "passages":
+        return (features(model, chat_samples(tokenizer, CALIBRATION, args.chunk), args.heads),
+                features(model, chat_samples(tokenizer, HELDOUT, args.chunk)[: args.eval_samples], args.heads))
+    sets = []
+    for path, limit in ((CALIBRATION, args.answers), (HELDOUT, args.eval_samples * 2)):
+        cache = args.out / "data" / f"{path.stem}-{limit}x{args.answer_tokens}.pt"
+        samples = cached_answers(cache, args.model, tokenizer, path, limit, args.answer_tokens)
+        print(f"{len(samples)} generated answers about {path.name} ({cache})", flush=True)
+        sets.append(features(model, [ids for ids, _ in samples], args.heads, [start for _, start in samples]))
+    return sets[0], sets[1]
 
 
 def report(label: str, result: tuple[list[float], float]) -> None:
