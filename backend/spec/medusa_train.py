@@ -1,9 +1,10 @@
 """python -m backend.spec.medusa_train: self-distil Medusa heads for the default model on a CPU in minutes.
 
 Self-distillation: the heads learn what the *base model* predicts, not what the text says, because a draft
-is accepted when it equals the target's own choice. The frozen base (HF transformers, fp32) runs once over
-the shipped calibration text, chat-formatted (a user turn quoting a passage's start, the assistant turn
-continuing it); every position t keeps its final hidden state h_t (after the final norm) and the base's
+is accepted when it equals the target's own choice. The training text is the base's own greedy answers to
+chat requests about the shipped calibration text (medusa_data.py; `--data passages`: the passages themselves,
+chat-formatted, which transfer poorly to chat answers). The frozen base (HF transformers, fp32) runs once
+over it; every answer position t keeps its final hidden state h_t (after the final norm) and the base's
 greedy next token pred_t. Head i at position t is trained to say pred_{t+i+1}: the token the base will
 choose i+1 steps after the token h_t's own logits chose.
 
