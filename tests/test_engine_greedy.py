@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.sampling_params import SamplingParams
-from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, hf_greedy, make_engine, run_to_completion, token_ids
+from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, make_engine, run_to_completion, token_ids
 
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -16,11 +16,6 @@ SYSTEM = "You are a concise assistant. Answer in one short paragraph and never u
 def prompts() -> list[list[int]]:
     # Half share a long system prompt (prefix-cache hits), half use the template's default.
     return [chat_ids(q, SYSTEM if i % 2 else None) for i, q in enumerate(QUESTIONS[:20])]
-
-
-@pytest.fixture(scope="module")
-def reference(prompts: list[list[int]]) -> list[list[int]]:
-    return [hf_greedy(p, MAX_NEW) for p in prompts]
 
 
 def test_alone_matches_hf(prompts: list[list[int]], reference: list[list[int]]) -> None:

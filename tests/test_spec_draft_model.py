@@ -14,8 +14,6 @@ from backend.sampling_params import SamplingParams
 from tests.engine_helpers import (
     QUESTIONS,
     assert_no_leaks,
-    chat_ids,
-    hf_greedy,
     make_engine,
     run_to_completion,
     save_random_model,
@@ -26,16 +24,6 @@ from tests.engine_helpers import (
 PROMPTS = QUESTIONS[:4]
 MAX_NEW = 24
 DRAFT = {"num_speculative_tokens": 4, "speculative_method": "draft"}  # the default draft: the AWQ INT4 copy
-
-
-@pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    return [chat_ids(p) for p in PROMPTS]
-
-
-@pytest.fixture(scope="module")
-def reference(prompts: list[list[int]]) -> list[list[int]]:
-    return [hf_greedy(p, MAX_NEW) for p in prompts]
 
 
 @pytest.mark.parametrize(

@@ -88,16 +88,6 @@ def test_medusa_format_round_trip(tmp_path: Path) -> None:
     torch.testing.assert_close(load_medusa(tmp_path / "again")(x), want)
 
 
-@pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    return [chat_ids(p) for p in PROMPTS]
-
-
-@pytest.fixture(scope="module")
-def reference(prompts: list[list[int]]) -> list[list[int]]:
-    return [hf_greedy(p, MAX_NEW) for p in prompts]
-
-
 @pytest.mark.parametrize(
     "overrides", [{}, {"max_num_batched_tokens": 24, "kv_cache_memory_mb": 5}], ids=["plain", "chunked+preempted"]
 )

@@ -15,8 +15,6 @@ from backend.spec.ngram import propose_ngram
 from tests.engine_helpers import (
     QUESTIONS,
     assert_no_leaks,
-    chat_ids,
-    hf_greedy,
     make_engine,
     run_to_completion,
     save_random_model,
@@ -36,16 +34,6 @@ def test_ngram_proposer() -> None:
     assert propose_ngram([5, 6, 7], k=2) == []
     assert propose_ngram([4, 5], k=2, reference=[9, 5, 8, 7]) == [8, 7]  # the reference is searched too
     assert propose_ngram([1, 2, 3, 1], k=5, max_n=1) == [2, 3, 1]
-
-
-@pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    return [chat_ids(p) for p in PROMPTS]
-
-
-@pytest.fixture(scope="module")
-def reference(prompts: list[list[int]]) -> list[list[int]]:
-    return [hf_greedy(p, MAX_NEW) for p in prompts]
 
 
 CONSTRAINED = {"max_num_batched_tokens": 20, "kv_cache_memory_mb": 16}
