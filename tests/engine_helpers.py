@@ -10,6 +10,7 @@ import torch
 from backend.config import EngineConfig, default_model_path
 from backend.engine import LLMEngine
 from backend.outputs import RequestOutput
+from backend.sampling_params import SamplingParams
 from backend.tokenizer import apply_chat_template
 
 QUESTIONS = [
@@ -103,6 +104,25 @@ def assert_no_leaks(engine: LLMEngine) -> None:
     assert pool.num_free == pool.num_blocks, f"{pool.num_blocks - pool.num_free} KV blocks leaked"
     assert all(b.ref_cnt == 0 for b in pool.blocks)
     assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def check_mixed_speculation(
+    engine: LLMEngine, prompts: list[list[int]], reference: list[list[int]], max_new: int, preempts: bool
+) -> None:
+    """Staggered greedy requests, every other one opting out of speculation: all must equal the reference token
+    for token, some drafts accepted and some rejected (rollbacks exercised), no KV block leaked."""
+    arrivals = {
+        i: [(f"r{i}", p, SamplingParams(temperature=0, max_tokens=max_new, ignore_eos=True, speculate=i % 2 == 0))]
+        for i, p in enumerate(prompts)
+    }
+    outs = run_to_completion(engine, arrivals)
+    for i in range(len(prompts)):
+        assert token_ids(outs[f"r{i}"]) == reference[i], f"prompt {i} diverged"
+    stats = engine.speculator.stats
+    assert 0 < stats.accepted < stats.proposed
+    if preempts:
+        assert engine.scheduler.num_preemptions > 0
+    assert_no_leaks(engine)
 
 
 def save_random_model(config: object, path: Path) -> torch.nn.Module:

@@ -14,6 +14,7 @@ from backend.sampling_params import SamplingParams
 from tests.engine_helpers import (
     QUESTIONS,
     assert_no_leaks,
+    check_mixed_speculation,
     make_engine,
     run_to_completion,
     save_random_model,
@@ -35,18 +36,7 @@ def test_greedy_draft_speculation_is_exact_in_mixed_batches(
     """Every other request opts out of speculation; all must match HF's greedy output token for token."""
     engine = make_engine(**DRAFT, **overrides)
     engine.speculator.draft_model.min_confidence = 0.0  # always draft k tokens: more rejections to roll back
-    arrivals = {
-        i: [(f"r{i}", p, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, speculate=i % 2 == 0))]
-        for i, p in enumerate(prompts)
-    }
-    outs = run_to_completion(engine, arrivals)
-    for i in range(len(prompts)):
-        assert token_ids(outs[f"r{i}"]) == reference[i], f"prompt {i} diverged"
-    stats = engine.speculator.stats
-    assert 0 < stats.accepted < stats.proposed
-    if overrides:
-        assert engine.scheduler.num_preemptions > 0
-    assert_no_leaks(engine)
+    check_mixed_speculation(engine, prompts, reference, MAX_NEW, preempts=bool(overrides))
 
 
 def test_aborts_mid_draft_leak_nothing(prompts: list[list[int]]) -> None:

@@ -22,6 +22,7 @@ from tests.engine_helpers import (
     QUESTIONS,
     assert_no_leaks,
     chat_ids,
+    check_mixed_speculation,
     hf_greedy,
     hf_model,
     make_engine,
@@ -98,18 +99,7 @@ def test_greedy_medusa_is_exact_in_mixed_batches(
     engine = make_engine(num_speculative_tokens=3, speculative_method="medusa", speculative_model=str(trained[0]),
                          **overrides)
     assert engine.speculator.medusa is not None and engine.speculator.medusa.heads.shared_lm_head
-    arrivals = {
-        i: [(f"r{i}", p, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, speculate=i % 2 == 0))]
-        for i, p in enumerate(prompts)
-    }
-    outs = run_to_completion(engine, arrivals)
-    for i in range(len(prompts)):
-        assert token_ids(outs[f"r{i}"]) == reference[i], f"prompt {i} diverged"
-    stats = engine.speculator.stats
-    assert 0 < stats.accepted < stats.proposed
-    if overrides:
-        assert engine.scheduler.num_preemptions > 0
-    assert_no_leaks(engine)
+    check_mixed_speculation(engine, prompts, reference, MAX_NEW, preempts=bool(overrides))
 
 
 def test_sampled_medusa_is_seeded(trained: tuple[Path, list[float]], prompts: list[list[int]]) -> None:
