@@ -5,39 +5,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
+
+from bench.server import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[str], timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "python -m gateway exited early"
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise TimeoutError("python -m gateway did not become ready")
-
-
 def test_python_m_gateway_serves_and_stops_cleanly() -> None:
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PORT": "1",  # the --port flag wins over the environment
@@ -56,7 +36,7 @@ def test_python_m_gateway_serves_and_stops_cleanly() -> None:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
+        wait_ready(url, proc, timeout_s=180.0)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="no-key-needed", max_retries=0)
         resp = client.chat.completions.create(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=3
