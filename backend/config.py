@@ -64,6 +64,9 @@ class EngineConfig:
     # The draft model (same vocabulary; "" -> the default model's AWQ INT4 copy), or with medusa a heads directory in
     # the Medusa format ("" -> the self-distilled heads, default_medusa_path())
     speculative_model: str = ""
+    # medusa: a draft stops at the first head whose top probability is below this (0: always k tokens); an unsure
+    # guess mostly costs a verified row (bench/README.md, "Medusa heads")
+    medusa_min_confidence: float = 0.5
     speculative_max_batch: int = 4  # no speculation while more sequences than this run (bench.speculative sweep)
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds (0: never)
     tensor_parallel_size: int = 1  # > 1: shard every layer over a torch.distributed group (backend/tensor_parallel.py)

@@ -78,7 +78,7 @@ class LLMEngine:
         self.speculator = Speculator(
             self.kv, config.num_speculative_tokens, config.speculative_max_batch, self.max_model_len, self.eos_token_id,
             None if draft is None else DraftModel(draft, self.kv, dtype, self.device, self.eos_token_id),
-            None if heads is None else MedusaDrafter(heads),
+            None if heads is None else MedusaDrafter(heads, config.medusa_min_confidence),
         )
         self.requests: dict[str, list[Sequence]] = {}
         self.prompt_tokens_total = 0

@@ -116,17 +116,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sweep-tokens", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every comparison")
     parser.add_argument("--streams", type=int, default=32, help="streams of the default-settings run (0 to skip)")
+    parser.add_argument("--methods", default="ngram,reference,draft,medusa", help="which to compare with plain")
+    parser.add_argument("--medusa-k", type=int, default=0, help="draft tokens per step for medusa (0: --k)")
+    parser.add_argument("--medusa-min-confidence", type=float, default=EngineConfig.medusa_min_confidence,
+                        help="EngineConfig.medusa_min_confidence")
     parser.add_argument("--medusa-train-seconds", type=float, default=150, help="training budget when no heads are cached")
     args = parser.parse_args(argv)
-    heads, train_seconds = medusa_heads(args.medusa_train_seconds)
+    wanted = set(args.methods.split(","))
+    heads, train_seconds = medusa_heads(args.medusa_train_seconds) if "medusa" in wanted else (Path(), 0.0)
 
     base = EngineConfig(quantization="none", num_threads=args.threads, kv_cache_memory_mb=256)
     unlimited = {"speculative_max_batch": 10**6}
     plain = LLMEngine(base)
-    ngram = LLMEngine(EngineConfig(**{**vars(base), "num_speculative_tokens": args.k}))
-    draft = LLMEngine(EngineConfig(**{**vars(base), "num_speculative_tokens": args.k, "speculative_method": "draft"}))
-    medusa = LLMEngine(EngineConfig(**{**vars(base), "num_speculative_tokens": args.k, "speculative_method": "medusa",
-                                       "speculative_model": str(heads)}))
+    medusa = {"num_speculative_tokens": args.medusa_k or args.k, "speculative_method": "medusa",
+              "speculative_model": str(heads), "medusa_min_confidence": args.medusa_min_confidence}
+    configs = {"ngram": {"num_speculative_tokens": args.k}, "reference": {"num_speculative_tokens": args.k},
+               "draft": {"num_speculative_tokens": args.k, "speculative_method": "draft"}, "medusa": medusa}
+    engines: dict[str, LLMEngine] = {}
+    for name in (n for n in configs if n in wanted):  # reference: the n-gram engine (if any), handed references
+        engines[name] = engines["ngram"] if name == "reference" and "ngram" in engines else \
+            LLMEngine(EngineConfig(**{**vars(base), **configs[name]}))
+    streams = {name: e for name, e in engines.items() if name != "reference"}
     tok = plain.tokenizer
     chat = lambda q: apply_chat_template(tok, [{"role": "user", "content": q}])  # noqa: E731
     greedy = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
@@ -141,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         with_ref = [SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True, spec_reference=tok.decode(a))
                     for a in answers]
         results[f"single_{case}"] = compare(
-            plain, {"ngram": ngram, "reference": ngram, "draft": draft, "medusa": medusa}, prompts, [greedy] * len(prompts),
+            plain, engines, prompts, [greedy] * len(prompts),
             [[i] for i in range(len(prompts))], args.rounds, {"reference": with_ref},
         )
 
@@ -155,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.streams:
         prompts = [mixed[i % len(mixed)] for i in range(args.streams)]
         results[f"streams_{args.streams}_default"] = compare(
-            plain, {"ngram": ngram, "draft": draft, "medusa": medusa}, prompts, [sweep] * args.streams,
+            plain, streams, prompts, [sweep] * args.streams,
             [list(range(args.streams))], args.rounds,
         )
 
@@ -163,7 +173,9 @@ def main(argv: list[str] | None = None) -> None:
         methods = "  ".join(f"{m} x{v['speedup']:.2f} ({v['tokens_per_verify']} tok/verify{'' if v['identical'] else ' DIFF'})"
                             for m, v in r.items() if isinstance(v, dict))
         print(f"{name:>22}: plain {r['plain_tok_s']:6.1f} tok/s  {methods}")
-    summary = {"bench": "speculative", "k": args.k, "new_tokens": args.new_tokens, "threads": args.threads, "rounds": args.rounds,
+    summary = {"bench": "speculative", "k": args.k, "medusa_k": args.medusa_k or args.k,
+               "medusa_min_confidence": args.medusa_min_confidence, "new_tokens": args.new_tokens,
+               "threads": args.threads, "rounds": args.rounds,
                "torch_threads": torch.get_num_threads(), "medusa_train_seconds": round(train_seconds), **results}
     Path("bench/results").mkdir(parents=True, exist_ok=True)
     Path("bench/results/speculative.json").write_text(json.dumps(summary, indent=2))

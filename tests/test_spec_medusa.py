@@ -15,9 +15,10 @@ from transformers import LlamaConfig
 from backend.config import EngineConfig
 from backend.engine import LLMEngine
 from backend.quant.calibration import CALIBRATION
+from backend.request import Sequence
 from backend.sampling_params import SamplingParams
 from backend.spec import medusa_train
-from backend.spec.medusa import MedusaHeads, load_medusa, save_medusa
+from backend.spec.medusa import MedusaDrafter, MedusaHeads, load_medusa, save_medusa
 from tests.engine_helpers import (
     QUESTIONS,
     assert_no_leaks,
@@ -35,6 +36,8 @@ from tests.engine_helpers import (
 
 PROMPTS = QUESTIONS[:4]
 MAX_NEW = 32
+# Drafts of all k tokens whatever the heads' confidence: the exactness checks need drafts to verify.
+MEDUSA: dict = {"speculative_method": "medusa", "medusa_min_confidence": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +99,14 @@ def test_greedy_medusa_is_exact_in_mixed_batches(
     trained: tuple[Path, list[float]], prompts: list[list[int]], reference: list[list[int]], overrides: dict
 ) -> None:
     """Every other request opts out of speculation; all must match HF's greedy output token for token."""
-    engine = make_engine(num_speculative_tokens=3, speculative_method="medusa", speculative_model=str(trained[0]),
+    engine = make_engine(num_speculative_tokens=3, **MEDUSA, speculative_model=str(trained[0]),
                          **overrides)
     assert engine.speculator.medusa is not None and engine.speculator.medusa.heads.shared_lm_head
     check_mixed_speculation(engine, prompts, reference, MAX_NEW, preempts=bool(overrides))
 
 
 def test_sampled_medusa_is_seeded(trained: tuple[Path, list[float]], prompts: list[list[int]]) -> None:
-    engine = make_engine(num_speculative_tokens=3, speculative_method="medusa", speculative_model=str(trained[0]))
+    engine = make_engine(num_speculative_tokens=3, **MEDUSA, speculative_model=str(trained[0]))
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=16, ignore_eos=True)
     first = run_to_completion(engine, {0: [("a", prompts[0], params)]})
     again = run_to_completion(engine, {0: [("b", prompts[0], params)]})
@@ -132,7 +135,7 @@ def test_sampled_medusa_keeps_the_target_distribution(tmp_path: Path) -> None:
         p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
         both = torch.tensor([[*prompt, t] for t in range(TINY.vocab_size)])
         exact = p1 @ torch.softmax(hf(both).logits[:, -1], -1)  # P(second token)
-    engine = LLMEngine(EngineConfig(model=str(tmp_path), num_speculative_tokens=2, speculative_method="medusa",
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), num_speculative_tokens=2, **MEDUSA,
                                     speculative_model=str(tmp_path / "heads"), speculative_max_batch=10**6,
                                     max_num_seqs=256, max_num_batched_tokens=2048, max_waiting=10**5))
     n = 3000
@@ -161,3 +164,62 @@ def test_generated_answers_are_the_engines_greedy_output(tmp_path: Path) -> None
         assert ids[:start] == prompt and ids[start:] == hf_greedy(prompt, 6)[: len(ids) - start]
     data = medusa_train.features(hf_model(), [ids for ids, _ in samples], 2, [start for _, start in samples])
     assert len(data.hidden) == sum(len(ids) - start + 1 for ids, start in samples)
+    for n, (ids, start) in enumerate(samples[:1]):  # head i at position t learns token t+2+i (on greedy text)
+        for row, t in enumerate(range(start - 1, len(ids) - 2)):
+            for i in range(2):
+                if t + 2 + i < len(ids):
+                    assert data.targets[row, i] == ids[t + 2 + i], (n, t, i)
+
+
+def test_online_proposals_are_the_heads_on_the_newest_tokens_hidden_state(tmp_path: Path) -> None:
+    """Serving reads the heads exactly where training taught them: the draft proposed when a sequence is L
+    tokens long is the heads' argmax on the final hidden state at position L-2 (the row whose logits chose
+    token L-1), in plain decode steps and after verifications alike. Offline: HF's forward over the output."""
+    hf = save_random_model(TINY, tmp_path)
+    torch.manual_seed(1)
+    heads = MedusaHeads(TINY.hidden_size, TINY.vocab_size, num_heads=3)
+    for block in heads:
+        nn.init.normal_(block[0].linear.weight, std=0.3)  # not the identity: each head says something else
+    heads.share_lm_head(hf.lm_head.weight.detach().clone())
+    save_medusa(heads, tmp_path / "heads", str(tmp_path), dtype=torch.float32)
+    heads = load_medusa(tmp_path / "heads")
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), num_speculative_tokens=3, **MEDUSA,
+                                    speculative_model=str(tmp_path / "heads")))
+    drafter = engine.speculator.medusa
+    assert drafter is not None
+    proposals: list[tuple[int, list[int]]] = []
+    propose = drafter.propose
+
+    def logged(wanted: list) -> dict:
+        drafts = propose(wanted)
+        proposals.extend((seq.num_tokens, draft) for seq, draft in drafts.items())
+        return drafts
+
+    drafter.propose = logged  # type: ignore[method-assign]
+    prompt = [3, 5, 7, 11]
+    out = run_to_completion(engine, {0: [("a", prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))]})
+    ids = prompt + token_ids(out["a"])
+    assert len(proposals) >= 5 and engine.speculator.stats.verifications >= 5
+    with torch.inference_mode():
+        hidden = hf.model(torch.tensor([ids])).last_hidden_state[0]  # after the final norm, as served
+        offline = heads(hidden).argmax(dim=-1).t()  # (positions, heads)
+    for length, draft in proposals:
+        assert draft == offline[length - 2, : len(draft)].tolist(), length
+
+
+def test_draft_vocabulary_limits_proposals_and_round_trips(tmp_path: Path) -> None:
+    """With a draft vocabulary (ours, optional next to the Medusa files) the drafter proposes the heads' argmax
+    among those token ids only, scoring just their lm_head rows."""
+    torch.manual_seed(0)
+    heads = MedusaHeads(16, 40, num_heads=2)
+    heads.share_lm_head(torch.randn(40, 16))
+    heads.draft_vocab = torch.tensor([3, 7, 11, 30])
+    save_medusa(heads, tmp_path, "x", dtype=torch.float32)
+    loaded = load_medusa(tmp_path)
+    assert loaded.draft_vocab is not None and loaded.draft_vocab.tolist() == [3, 7, 11, 30]
+    seq = Sequence("r", 0, [1, 2, 3], 3, SamplingParams(), None)  # type: ignore[arg-type]
+    hidden = torch.randn(16)
+    drafter = MedusaDrafter(loaded, min_confidence=0.0)
+    drafter.remember(seq, hidden, seq.num_tokens)
+    want = loaded.draft_vocab[loaded(hidden[None])[:, 0, loaded.draft_vocab].argmax(dim=-1)].tolist()
+    assert drafter.propose([(seq, 2)]) == {seq: want}

@@ -29,7 +29,11 @@ from backend.config import EngineConfig, default_medusa_path
 from backend.request import Sequence
 
 WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
-DEFAULT_MIN_CONFIDENCE = 0.0  # bench.speculative: see bench/README.md ("speculative")
+# Optional, ours (not in the Medusa format): the token ids the heads were trained to say. Proposing then scores
+# only these rows of the shared lm_head (a few thousand instead of 49k: the heads' call cost ~35 ms a step on one
+# thread with the full vocabulary, a third of a decode step); a guess outside them would be a trained-for miss.
+DRAFT_VOCAB = "draft_vocab.json"
+DEFAULT_MIN_CONFIDENCE = 0.5  # as EngineConfig.medusa_min_confidence; bench/README.md ("Medusa heads")
 
 
 class ResBlock(nn.Module):
@@ -52,6 +56,7 @@ class MedusaHeads(nn.ModuleList):
         )
         self.num_layers = num_layers
         self.shared_lm_head = False  # set by share_lm_head() / after loading when all final linears are equal
+        self.draft_vocab: torch.Tensor | None = None  # DRAFT_VOCAB: the token ids proposals are chosen among
 
     def lm_heads(self) -> list[nn.Linear]:
         return [head[-1] for head in self]
@@ -67,11 +72,17 @@ class MedusaHeads(nn.ModuleList):
             linear.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
         self.shared_lm_head = True
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        z = torch.stack([head[:-1](hidden) for head in self])  # (num_heads, rows, hidden)
+    def transform(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """(num_heads, rows, hidden): the heads' ResBlocks, before the final linear."""
+        return torch.stack([head[:-1](hidden) for head in list(self)[:num_heads]])
+
+    def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """num_heads: only the first ones (a draft of k < len(self) tokens needs no more vocab-sized rows)."""
+        heads = list(self)[:num_heads]
+        z = self.transform(hidden, num_heads)
         if self.shared_lm_head:  # one GEMM: the vocab-sized weight is read once for all heads
             return F.linear(z, self.lm_heads()[0].weight)
-        return torch.stack([linear(z_i) for linear, z_i in zip(self.lm_heads(), z, strict=True)])
+        return torch.stack([head[-1](z_i) for head, z_i in zip(heads, z, strict=True)])
 
 
 def save_medusa(heads: MedusaHeads, path: Path, base_model: str, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -83,6 +94,8 @@ def save_medusa(heads: MedusaHeads, path: Path, base_model: str, dtype: torch.dt
     (path / "config.json").write_text(json.dumps(config, indent=2))
     state = {k: v.detach().to("cpu", dtype, copy=True).contiguous() for k, v in heads.state_dict().items()}  # no shared storage
     save_file(state, str(path / WEIGHTS[0]))
+    if heads.draft_vocab is not None:
+        (path / DRAFT_VOCAB).write_text(json.dumps(heads.draft_vocab.tolist()))
 
 
 def load_medusa(path: Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> MedusaHeads:
@@ -103,6 +116,8 @@ def load_medusa(path: Path, dtype: torch.dtype = torch.float32, device: str = "c
     heads.load_state_dict(state)
     heads.to(device, dtype).eval().requires_grad_(False)
     heads.share_lm_head()
+    if (path / DRAFT_VOCAB).exists():
+        heads.draft_vocab = torch.tensor(json.loads((path / DRAFT_VOCAB).read_text()), dtype=torch.long, device=device)
     return heads
 
 
@@ -127,11 +142,13 @@ def load_medusa_heads(
 class MedusaDrafter:
     """Keeps each sequence's newest hidden state and turns it into a draft before the next step."""
 
-    def __init__(self, heads: MedusaHeads) -> None:
+    def __init__(self, heads: MedusaHeads, min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> None:
         self.heads = heads
         # Drafts stop at the first head whose guess is less likely than this (0 = always all k): an unsure guess
         # mostly costs a verified position. Decided from the heads alone, so the draft is still a point mass.
-        self.min_confidence = DEFAULT_MIN_CONFIDENCE
+        self.min_confidence = min_confidence
+        vocab = heads.draft_vocab if heads.shared_lm_head else None
+        self._vocab_weight = None if vocab is None else heads.lm_heads()[0].weight[vocab].contiguous()
         self._hidden: dict[Sequence, tuple[int, torch.Tensor]] = {}  # seq -> (num_tokens it belongs to, (hidden,))
 
     def remember(self, seq: Sequence, hidden: torch.Tensor, num_tokens: int) -> None:
@@ -149,8 +166,14 @@ class MedusaDrafter:
         if not ready:
             return {}
         k = min(max(k for _, k in ready), len(self.heads))
-        logits = self.heads(torch.stack([self._hidden[s][1] for s, _ in ready]))[:k]  # (k, seqs, vocab)
+        hidden = torch.stack([self._hidden[s][1] for s, _ in ready])
+        if self._vocab_weight is None:
+            logits = self.heads(hidden, k)  # (k, seqs, vocab)
+        else:  # the draft vocabulary's rows only (its softmax, too: a slightly higher confidence)
+            logits = F.linear(self.heads.transform(hidden, k), self._vocab_weight)
         probs, tokens = torch.softmax(logits.float(), dim=-1).max(dim=-1)  # (k, seqs)
+        if self._vocab_weight is not None:
+            tokens = self.heads.draft_vocab[tokens]  # type: ignore[index]
         sure = (probs >= self.min_confidence).int().cumprod(dim=0).sum(dim=0).tolist()  # leading confident heads
         tokens = tokens.t().tolist()
         return {s: tokens[j][: min(n, sure[j])] for j, (s, n) in enumerate(ready)}

@@ -23,14 +23,24 @@ TEMPLATES = (  # kinds of request a chat model gets about a text; the bench's ow
     "Tell me more about the topic of this text.\n{p}",
     "Write three bullet points about this:\n{p}",
     "What questions does this passage raise?\n{p}",
+    # Open-chat kinds (a poem, tips, a why-question) anchored on the passage, so the heads also see the style of
+    # answers to open requests; the bench's own chat prompts are not among them.
+    "Write a short poem inspired by this text:\n{p}",
+    "Give me a few practical tips related to this passage:\n{p}",
+    "Why does this matter? Answer briefly.\n{p}",
+    "Using only this context, answer: who or what is it about?\n{p}",
 )
+VERSION = 2  # in the cache's file name: a change of TEMPLATES or of the request order regenerates the answers
 
 
 def chat_requests(tokenizer: object, path: Path, limit: int) -> list[list[dict[str, str]]]:
-    """One user message per passage of the text, the request kinds taken in turn."""
+    """`limit` user messages: every passage of the text once with the request kinds taken in turn, then again
+    with the next kind (more answers than passages without repeating a request)."""
     ids = token_ids(tokenizer, path)
     passages = [tokenizer.decode(ids[i : i + PASSAGE_TOKENS]) for i in range(0, len(ids), PASSAGE_TOKENS)]  # type: ignore[attr-defined]
-    return [[{"role": "user", "content": TEMPLATES[i % len(TEMPLATES)].format(p=p)}] for i, p in enumerate(passages[:limit])]
+    kinds = [(i + n // len(passages)) % len(TEMPLATES) for n, i in enumerate(list(range(len(passages))) * len(TEMPLATES))]
+    requests = [TEMPLATES[k].format(p=passages[n % len(passages)]) for n, k in enumerate(kinds)]
+    return [[{"role": "user", "content": r}] for r in requests[:limit]]
 
 
 def generate_answers(model_dir: Path, requests: list[list[dict[str, str]]], max_tokens: int) -> list[tuple[list[int], int]]:

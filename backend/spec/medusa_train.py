@@ -12,7 +12,8 @@ Each head's final linear is the base's lm_head, frozen and shared (the Medusa ti
 keeping it frozen trains only the small ResBlocks, and the engine then runs all heads as one matmul). Cross
 entropy against pred (hard labels: greedy acceptance checks the argmax), later heads weighted 0.8^i as in
 Medusa. Acceptance on heldout.txt is printed at the end: per-head top-1 agreement with the base, and the mean
-number of leading heads that agree (the draft tokens a greedy verify would accept, teacher-forced).
+number of leading heads that agree (the draft tokens a greedy verify would accept, teacher-forced), then per
+min_confidence threshold the mean draft length proposed and accepted (to choose `medusa_min_confidence`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from backend.config import default_medusa_path, default_model_path
 from backend.quant.calibration import CALIBRATION, HELDOUT, token_ids
 from backend.spec.medusa import MedusaHeads, save_medusa
-from backend.spec.medusa_data import cached_answers
+from backend.spec.medusa_data import VERSION, cached_answers
 from backend.tokenizer import apply_chat_template
 
 PROMPT_TOKENS = 48  # of each passage quoted in the user turn; the rest is the assistant's answer
@@ -92,7 +93,11 @@ def train(heads: MedusaHeads, data: Features, seconds: float, lr: float, batch: 
     gen = torch.Generator().manual_seed(seed)
     losses: list[float] = []
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and len(losses) < max_steps:
+    while (left := deadline - time.monotonic()) > 0 and len(losses) < max_steps:
+        # lr decays linearly with the time left (to 10%): a budget of minutes ends far from converged, and the
+        # decay turns the last steps' noise into progress.
+        for group in opt.param_groups:
+            group["lr"] = lr * max(0.1, min(left / seconds, 1 - len(losses) / max_steps))
         idx = torch.randint(len(data.hidden), (batch,), generator=gen)
         loss = head_loss(heads, data.hidden[idx], data.targets[idx], weight)
         opt.zero_grad()
@@ -115,6 +120,29 @@ def acceptance(heads: MedusaHeads, data: Features, rows: int = 512) -> tuple[lis
     return correct.float().mean(dim=0).tolist(), float(leading.float().mean())
 
 
+@torch.inference_mode()
+def confidence_sweep(heads: MedusaHeads, data: Features, thresholds: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7),
+                     rows: int = 512) -> dict[float, tuple[float, float]]:
+    """min_confidence -> (mean draft tokens proposed, mean accepted) per position, as MedusaDrafter would draft:
+    the leading heads whose top probability reaches the threshold, accepted up to the first disagreement."""
+    keep = (data.targets != IGNORE).all(dim=1)
+    hidden, targets = data.hidden[keep], data.targets[keep]
+    tops = [torch.softmax(heads(hidden[i : i + rows]).float(), -1).max(-1) for i in range(0, len(hidden), rows)]
+    prob = torch.cat([p for p, _ in tops], 1).t()  # (N, num_heads)
+    correct = torch.cat([t for _, t in tops], 1).t() == targets
+    sweep = {}
+    for c in thresholds:
+        sure = (prob >= c).int().cumprod(dim=1)
+        sweep[c] = (float(sure.sum(1).float().mean()), float((sure * correct.int()).cumprod(dim=1).sum(1).float().mean()))
+    return sweep
+
+
+def draft_vocab(data: Features) -> torch.Tensor:
+    """The token ids the heads learn to say (medusa.DRAFT_VOCAB): the drafter proposes among these only."""
+    targets = data.targets[data.targets != IGNORE]
+    return torch.unique(targets)
+
+
 def new_heads(model: torch.nn.Module, num_heads: int, num_layers: int) -> MedusaHeads:
     """Heads whose final linear is the base's lm_head weight (frozen, shared); only the ResBlocks train."""
     model.requires_grad_(False)
@@ -131,14 +159,14 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=1, help="ResBlocks per head")
     parser.add_argument("--seconds", type=float, default=180.0, help="training time budget")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=256, help="tokens per passage")
     parser.add_argument("--eval-samples", type=int, default=8, help="heldout passages to measure acceptance on")
     parser.add_argument("--data", choices=["answers", "passages"], default="answers",
                         help="answers: the base's own greedy chat answers about the text (medusa_data.py); passages: "
                              "the text itself, chat-formatted")
-    parser.add_argument("--answers", type=int, default=160, help="chat requests to generate answers for")
+    parser.add_argument("--answers", type=int, default=320, help="chat requests to generate answers for")
     parser.add_argument("--answer-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the CPU is shared)")
     args = parser.parse_args(argv)
@@ -155,10 +183,14 @@ def main(argv: list[str] | None = None) -> Path:
     print(f"hidden states: {len(train_data.hidden)} train / {len(heldout.hidden)} heldout positions "
           f"in {time.monotonic() - start:.0f}s", flush=True)
     heads = new_heads(model, args.heads, args.layers)
+    heads.draft_vocab = draft_vocab(train_data)
+    print(f"draft vocabulary: {len(heads.draft_vocab)} tokens", flush=True)
     report("heldout before", acceptance(heads, heldout))
     losses = train(heads, train_data, args.seconds, args.lr, args.batch)
     print(f"trained {len(losses)} steps, loss {losses[0]:.3f} -> {sum(losses[-20:]) / len(losses[-20:]):.3f}")
     report("heldout after", acceptance(heads, heldout))
+    for c, (proposed, accepted) in confidence_sweep(heads, heldout).items():
+        print(f"heldout min_confidence {c}: {proposed:.2f} proposed, {accepted:.2f} accepted per draft")
     save_medusa(heads, args.out, str(args.model))
     print(f"saved {args.out} ({time.monotonic() - start:.0f}s in all)")
     return args.out
@@ -171,7 +203,7 @@ def training_sets(args: argparse.Namespace, model: torch.nn.Module, tokenizer: o
                 features(model, chat_samples(tokenizer, HELDOUT, args.chunk)[: args.eval_samples], args.heads))
     sets = []
     for path, limit in ((CALIBRATION, args.answers), (HELDOUT, args.eval_samples * 2)):
-        cache = args.out / "data" / f"{path.stem}-{limit}x{args.answer_tokens}.pt"
+        cache = args.out / "data" / f"{path.stem}-{limit}x{args.answer_tokens}-v{VERSION}.pt"
         samples = cached_answers(cache, args.model, tokenizer, path, limit, args.answer_tokens)
         print(f"{len(samples)} generated answers about {path.name} ({cache})", flush=True)
         sets.append(features(model, [ids for ids, _ in samples], args.heads, [start for _, start in samples]))
