@@ -13,7 +13,7 @@ nn.ModuleList of heads, each nn.Sequential(*[ResBlock] * num_layers, nn.Linear(h
 keys `0.0.linear.weight`, `0.0.linear.bias`, `0.1.weight`, ... (the ResBlock repeats the *same* module, as
 in the reference code). Heads whose final linears are all equal (ours: the base lm_head, frozen in
 training) run as one matmul over the stacked heads, so proposing costs about one LM-head row per head
-with the weights read once.
+with the weights read once; with our optional draft_vocab.json only the rows of the trained-for tokens.
 """
 
 from __future__ import annotations
