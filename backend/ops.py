@@ -1,6 +1,7 @@
 """The model's hot ops, in two implementations: plain torch (CPU, anywhere) and Triton kernels (CUDA).
 
-The model calls `ops.rms_norm`, `ops.rotary` and `ops.attention` and never knows which one runs.
+The model calls `ops.rms_norm`, `ops.rope_table` (once per forward), `ops.rotary` and `ops.attention` and never
+knows which one runs.
 `select_ops("auto", device)` picks Triton on CUDA and torch elsewhere; "triton" on a CPU runs the
 kernels through Triton's interpreter (slow; for tests), "torch" forces the torch path on a GPU.
 """
@@ -23,8 +24,12 @@ class Ops(Protocol):
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    def rope_table(self, positions: torch.Tensor, cos_sin: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """What `rotary` needs for this forward's positions, built once and shared by every layer."""
+        ...
+
     def rotary(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+        self, q: torch.Tensor, k: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def attention(
@@ -44,20 +49,28 @@ class TorchOps:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
         return weight * h.to(x.dtype), residual
 
-    def rotary(self, q, k, positions, cos_sin):
-        """cos_sin: (max_positions, head_dim) fp32, cos in the first half, sin in the second (rotate-half)."""
-        half = cos_sin.shape[1] // 2
-        cos, sin = cos_sin[positions].to(q.dtype).view(-1, 1, 2, half).unbind(2)  # (tokens, 1, half) each
-        return _rotate(q, cos, sin, half), _rotate(k, cos, sin, half)
+    def rope_table(self, positions, cos_sin, dtype):
+        """cos_sin: (max_positions, head_dim) fp32, cos in the first half, sin in the second (rotate-half).
+        Returns (cos, cos) and (-sin, sin) side by side, each (tokens, 1, head_dim): then every layer rotates
+        with one swap, two products and a sum, instead of re-gathering its angles and working half by half."""
+        cos, sin = cos_sin[positions].to(dtype).chunk(2, dim=-1)  # (tokens, head_dim / 2) each
+        return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((-sin, sin), -1).unsqueeze(1)
+
+    def rotary(self, q, k, table):
+        cos, signed_sin = table
+        return _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
 
     def attention(self, q, k, v, cache, batch, scale):
         return paged_attention(q, k, v, cache, batch, scale)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
-    """Rotate-half RoPE: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) over the two halves of head_dim."""
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) over the two halves of head_dim.
+
+    x: (tokens, heads, head_dim). The halves swapped, (x2, x1), times (-sin, sin) is HF's rotate_half(x) * sin
+    bit for bit (a negation is exact), so the result equals the reference's x * cos + rotate_half(x) * sin."""
+    swapped = torch.roll(x, x.shape[-1] // 2, dims=-1)  # (x2, x1): one copy, faster than flip or cat here
+    return x * cos + swapped * signed_sin
 
 
 class TritonOps:
@@ -76,7 +89,11 @@ class TritonOps:
         out, new_residual = self._norm(x, weight, eps, residual=residual)
         return out, x if residual is None else new_residual
 
-    def rotary(self, q, k, positions, cos_sin):
+    def rope_table(self, positions, cos_sin, dtype):
+        return positions, cos_sin  # the kernel gathers each token's angles itself
+
+    def rotary(self, q, k, table):
+        positions, cos_sin = table
         return self._rotary(positions, q, k, cos_sin)
 
     def attention(self, q, k, v, cache, batch, scale):

@@ -44,12 +44,12 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, cache: torch.Tensor, batch: ForwardBatch, ops: Ops) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple, cache: torch.Tensor, batch: ForwardBatch, ops: Ops) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)  # (num_tokens, num_heads, head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)  # (num_tokens, num_kv_heads, head_dim)
-        q, k = ops.rotary(q, k, batch.positions, cos_sin)
+        q, k = ops.rotary(q, k, rope)
         batch = batch.with_window(self.window)
         out = ops.attention(q, k, v.view(n, self.num_kv_heads, self.head_dim), cache, batch, self.scale)
         return self.o_proj(out.reshape(n, self.q_size))
@@ -76,12 +76,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: torch.Tensor, cache: torch.Tensor,
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple, cache: torch.Tensor,
         batch: ForwardBatch, ops: Ops,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: this layer's input delta, residual: the stream so far. Returns (mlp output, stream)."""
         h, residual = self.input_layernorm(x, residual, ops)
-        h, residual = self.post_attention_layernorm(self.self_attn(h, cos_sin, cache, batch, ops), residual, ops)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, rope, cache, batch, ops), residual, ops)
         return self.mlp(h), residual
 
 
@@ -114,8 +114,9 @@ class LlamaForCausalLM(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv_cache: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This model's decoder layers; kv_cache[i] belongs to self.layers[i]. Returns (last delta, stream)."""
+        rope = self.ops.rope_table(batch.positions, self.rope.cos_sin, x.dtype)  # shared by every layer
         for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, self.rope.cos_sin, kv_cache[i], batch, self.ops)
+            x, residual = layer(x, residual, rope, kv_cache[i], batch, self.ops)
         return x, residual
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
