@@ -21,7 +21,7 @@ from backend.guided import GrammarCache, advance
 from backend.kv_cache import KVCacheManager
 from backend.model_runner import ModelRunner, num_kv_blocks
 from backend.ops import select_ops
-from backend.outputs import CompletionDelta, EngineStats, RequestOutput, TokenLogprob, Usage
+from backend.outputs import EngineStats, RequestOutput, TokenLogprob, request_output
 from backend.parallel import Driver, parallel_ranks
 from backend.request import Sequence
 from backend.sampler import Sampler
@@ -145,7 +145,7 @@ class LLMEngine:
             if not seq.is_finished:
                 seq.drop_draft()  # an unverified draft is not output
                 self.scheduler.finish(seq, "abort")
-        return self._output(request_id, seqs, finished=True)
+        return request_output(request_id, seqs, finished=True)
 
     @property
     def has_work(self) -> bool:
@@ -264,31 +264,7 @@ class LLMEngine:
         finished = all(s.is_finished for s in seqs)
         if finished:
             del self.requests[request_id]
-        return self._output(request_id, seqs, finished)
-
-    def _output(self, request_id: str, seqs: list[Sequence], finished: bool) -> RequestOutput:
-        deltas = tuple(self._delta(s) for s in seqs if s.pending_token_ids or (s.is_finished and not s.finish_reported))
-        usage = Usage(
-            prompt_tokens=seqs[0].num_prompt_tokens,
-            completion_tokens=sum(s.num_output_tokens for s in seqs),
-            cached_tokens=max(seqs[0].num_cached_tokens, 0),
-        )
-        first = seqs[0]
-        if first.prompt_reported:
-            return RequestOutput(request_id, deltas, usage, finished)
-        first.prompt_reported = True
-        prompt_lps = tuple(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None
-        return RequestOutput(request_id, deltas, usage, finished, tuple(first.token_ids[: first.num_prompt_tokens]), prompt_lps)
-
-    def _delta(self, seq: Sequence) -> CompletionDelta:
-        include = seq.stop_reason if seq.params.include_stop_str_in_output and isinstance(seq.stop_reason, str) else ""
-        text = seq.detokenizer.take(seq.is_finished, include)
-        logprobs = tuple(seq.pending_logprobs) if seq.params.logprobs is not None else None
-        delta = CompletionDelta(seq.index, text, tuple(seq.pending_token_ids), logprobs, seq.finish_reason, seq.stop_reason)
-        seq.pending_token_ids.clear()
-        seq.pending_logprobs.clear()
-        seq.finish_reported = seq.is_finished
-        return delta
+        return request_output(request_id, seqs, finished)
 
     def _tokens_per_s(self) -> float:
         """Generation throughput over the last ~10 s of stats() calls (the loop calls it every step)."""
