@@ -3,7 +3,9 @@
 The cache of one layer is (2, num_slots, num_kv_heads, head_dim): slot = block * block_size
 + offset. New K/V are written at their slots first, then each group reads its full context
 back through the gathered slots, so prefix-cache hits and chunked prefill need no special case.
-GQA is done by grouping query heads per KV head, so K/V are never repeated in memory.
+GQA is done by grouping query heads per KV head, so K/V are never repeated in memory. The cache may hold
+a narrower dtype than the model computes in (`kv_cache_dtype`): K/V are rounded as they are stored, the
+queries meet them in the cache's dtype, and the output goes back to the model's.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from backend.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
 
 def store_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """cache: (2, num_slots, kv_heads, head_dim); k, v: (num_tokens, kv_heads, head_dim)."""
-    cache[0].index_copy_(0, slot_mapping, k)
-    cache[1].index_copy_(0, slot_mapping, v)
+    cache[0].index_copy_(0, slot_mapping, k.to(cache.dtype))
+    cache[1].index_copy_(0, slot_mapping, v.to(cache.dtype))
 
 
 def gather_context(cache_half: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -42,9 +44,9 @@ def decode_attention(
     kv_heads = cache.shape[2]
     k = gather_context(cache[0], meta.context_blocks, block_size)  # (n, kv_heads, ctx, head_dim)
     v = gather_context(cache[1], meta.context_blocks, block_size)
-    q = q.view(n, kv_heads, num_heads // kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.mask, scale=scale)  # (n, kv_heads, group, d)
-    return out.reshape(n, num_heads, head_dim)
+    grouped = q.view(n, kv_heads, num_heads // kv_heads, head_dim).to(cache.dtype)
+    out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=meta.mask, scale=scale)  # (n, kv_heads, group, d)
+    return out.reshape(n, num_heads, head_dim).to(q.dtype)
 
 
 def prefill_attention(
@@ -52,14 +54,14 @@ def prefill_attention(
 ) -> torch.Tensor:
     """q: (num_prefill_tokens, num_heads, head_dim), packed -> same shape."""
     num_heads, head_dim = q.shape[1:]
-    padded_q = q.new_zeros(*meta.query_index.shape, num_heads, head_dim)
-    padded_q[meta.query_valid] = q
+    padded_q = q.new_zeros(*meta.query_index.shape, num_heads, head_dim, dtype=cache.dtype)
+    padded_q[meta.query_valid] = q.to(cache.dtype)
     k = gather_context(cache[0], meta.context_blocks, block_size)  # (p, kv_heads, ctx, head_dim)
     v = gather_context(cache[1], meta.context_blocks, block_size)
     out = F.scaled_dot_product_attention(
         padded_q.transpose(1, 2), k, v, attn_mask=meta.mask, scale=scale, enable_gqa=True
     )  # (p, num_heads, max_query, head_dim)
-    return out.transpose(1, 2)[meta.query_valid]
+    return out.transpose(1, 2)[meta.query_valid].to(q.dtype)
 
 
 def paged_attention(

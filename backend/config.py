@@ -53,6 +53,8 @@ class EngineConfig:
     device: str = "auto"  # auto -> cuda when available, else cpu
     block_size: int = 16
     kv_cache_memory_mb: int = 1024  # memory budget of the KV block pool
+    # auto (the model's dtype; bfloat16 for INT4/INT8 weights on a CPU with native bf16) | float32 | bfloat16 | float16
+    kv_cache_dtype: str = "auto"
     max_model_len: int = 0  # 0 -> the model's max_position_embeddings
     max_num_seqs: int = 64  # running sequences per step
     max_num_batched_tokens: int = 512  # per-step token budget (chunked prefill)

@@ -19,7 +19,7 @@ from backend.detokenizer import IncrementalDetokenizer
 from backend.errors import ContextLengthError, InvalidRequestError
 from backend.guided import GrammarCache, advance
 from backend.kv_cache import KVCacheManager
-from backend.model_runner import ModelRunner, num_kv_blocks
+from backend.model_runner import DTYPES, ModelRunner, kv_cache_dtype, num_kv_blocks
 from backend.ops import select_ops
 from backend.outputs import EngineStats, RequestOutput, TokenLogprob, request_output
 from backend.parallel import Driver, parallel_ranks
@@ -33,8 +33,6 @@ from backend.spec.medusa import MedusaDrafter, load_medusa_heads
 from backend.spec.speculator import Speculator
 from backend.tokenizer import load_tokenizer
 from backend.weights import load_model, resolve_model_dir
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class LLMEngine:
@@ -59,10 +57,12 @@ class LLMEngine:
         )
         draft = load_draft_model(config, model, dtype, self.device, self.max_model_len, ops)
         heads = load_medusa_heads(config, model.config.vocab_size, model.config.hidden_size, dtype, self.device)
-        if tp is not None or pp is not None:
+        single = tp is None and pp is None
+        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, model, dtype, self.device, single and ops.name == "torch")
+        if not single:
             model = Driver(model)
-        blocks = num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, dtype) if draft is None else \
-            kv_blocks_for_both(model, draft, config.block_size, config.kv_cache_memory_mb, dtype)
+        blocks = num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, kv_dtype) if draft is None else \
+            kv_blocks_for_both(model, draft, config.block_size, config.kv_cache_memory_mb, kv_dtype)
         if isinstance(model, Driver):
             model.share_num_blocks(blocks)
         pool = BlockPool(blocks, config.enable_prefix_caching)
@@ -70,14 +70,14 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, config.priority_aging_s
         )
-        self.runner = ModelRunner(model, self.kv, dtype, self.device)
+        self.runner = ModelRunner(model, self.kv, kv_dtype, self.device)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.vocab_size = model.config.vocab_size
         self.sampler = Sampler(self.eos_token_id, config.seed, self.device)
         self.grammars = GrammarCache(self.tokenizer, self.vocab_size)
         self.speculator = Speculator(
             self.kv, config.num_speculative_tokens, config.speculative_max_batch, self.max_model_len, self.eos_token_id,
-            None if draft is None else DraftModel(draft, self.kv, dtype, self.device, self.eos_token_id),
+            None if draft is None else DraftModel(draft, self.kv, kv_dtype, self.device, self.eos_token_id),
             None if heads is None else MedusaDrafter(heads, config.medusa_min_confidence),
         )
         self.requests: dict[str, list[Sequence]] = {}

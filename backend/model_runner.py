@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
+from backend.cpu_gemm import onednn_available
 from backend.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
 from backend.kv_cache import KVCacheManager
 from backend.models.llama import LlamaForCausalLM
+from backend.quant.int4_linear import Int4Linear
+from backend.quant.int8_linear import Int8Linear
 from backend.scheduler import ScheduledSeq, SchedulerOutput
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def kv_cache_shape(model: LlamaForCausalLM, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -16,18 +22,36 @@ def kv_cache_shape(model: LlamaForCausalLM, num_blocks: int, block_size: int) ->
     return (len(model.layer_ids), 2, num_blocks * block_size, c.num_key_value_heads, model.head_dim)
 
 
+def kv_cache_dtype(name: str, model: nn.Module, model_dtype: torch.dtype, device: str, torch_ops: bool) -> torch.dtype:
+    """The KV cache's dtype. "auto" is the model's, except for quantized (INT4/INT8) fp32 models on a CPU with
+    native bf16: there bf16 K/V halve the bytes every decode step gathers per layer (~40% of a 32-stream
+    step's attention time at 128 tokens of context, bench/README "KV cache dtype") and double the blocks a
+    budget holds, and the outputs already differ from full precision's. Another dtype than the model's needs
+    the torch attention path (the Triton kernels and the parallel workers read the model's dtype)."""
+    if name == "auto":
+        cpu_bf16 = device == "cpu" and torch_ops and onednn_available(torch.bfloat16)
+        quantized = any(isinstance(m, (Int4Linear, Int8Linear)) for m in model.modules())
+        return torch.bfloat16 if cpu_bf16 and quantized and model_dtype == torch.float32 else model_dtype
+    if name not in DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {name!r}: use auto, float32, bfloat16 or float16")
+    if DTYPES[name] != model_dtype and not torch_ops:
+        raise ValueError(f"kv_cache_dtype {name} differs from the model's dtype: only the single-process torch path "
+                         "(kernel_backend torch, no tensor/pipeline parallelism) supports that")
+    return DTYPES[name]
+
+
 def num_kv_blocks(model: LlamaForCausalLM, block_size: int, memory_mb: int, dtype: torch.dtype) -> int:
     per_block = torch.Size(kv_cache_shape(model, 1, block_size)).numel() * dtype.itemsize
     return max(1, memory_mb * 2**20 // per_block)
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, dtype: torch.dtype, device: str) -> None:
+    def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, kv_dtype: torch.dtype, device: str) -> None:
         self.model = model
         self.kv = kv
         self.device = device
         self.window = max(model.layer_windows, default=0)  # sliding window of the windowed layers (0: none)
-        self.kv_cache = torch.zeros(kv_cache_shape(model, kv.pool.num_blocks, kv.block_size), dtype=dtype, device=device)
+        self.kv_cache = torch.zeros(kv_cache_shape(model, kv.pool.num_blocks, kv.block_size), dtype=kv_dtype, device=device)
 
     def _tensor(self, data: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
