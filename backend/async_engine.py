@@ -4,6 +4,13 @@ The loop thread owns the LLMEngine; nothing else touches it. Requests and aborts
 through a thread-safe inbox; each step's RequestOutputs go back to the event loop with
 call_soon_threadsafe into one asyncio.Queue per request. torch releases the GIL inside its
 kernels, so HTTP handling stays responsive while a step runs.
+
+The loop thread is also the process's torch thread: it builds the engine, and other torch work
+(the in-process embedder) runs on it between steps through `submit`. libgomp keeps one thread
+pool per thread that ever ran a parallel region, and once the pools hold more threads than there
+are cores its workers stop spinning between regions and sleep, so every small op pays a wake-up:
+a 32-stream step took 1.7x as long on a second thread as on the thread that loaded the model
+(bench/README.md, "one torch thread").
 """
 
 from __future__ import annotations
@@ -12,8 +19,10 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from backend.config import EngineConfig
 from backend.engine import LLMEngine
@@ -39,28 +48,56 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True)
+class _Call:
+    """Torch work from elsewhere in the process, run on the loop thread between steps."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    future: Future
+
+
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self.model_name = engine.model_name
-        self.max_model_len = engine.max_model_len
-        self._inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+    def __init__(self, build: Callable[[], LLMEngine]) -> None:
+        """`build` makes the LLMEngine; it runs on the loop thread, which starts now (see the module docstring)."""
+        self._inbox: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
         self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
-        self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
-        self._stats = engine.stats()
         self._pending = 0  # submitted but not yet seen by the loop thread
         self.step_failures = 0
+        built: Future[LLMEngine] = Future()
+        self._thread: threading.Thread | None = self._start_loop(build, built)
+        self.engine = built.result()  # what building raised is raised here
+        self.model_name = self.engine.model_name
+        self.max_model_len = self.engine.max_model_len
+        self._stats = self.engine.stats()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
-        return cls(LLMEngine(config))
+        return cls(lambda: LLMEngine(config))
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run fn(*args) on the loop thread between steps (concurrent.futures.Executor's submit)."""
+        future: Future = Future()
+        if self._thread is None or self._dead is not None:
+            future.set_exception(EngineDeadError("the engine loop is not running"))
+        else:
+            self._inbox.put(_Call(fn, args, future))
+        return future
 
     # ---- lifecycle -------------------------------------------------------------------------------
+    def _start_loop(self, build: Callable[[], LLMEngine], built: Future) -> threading.Thread:
+        thread = threading.Thread(target=self._run, args=(build, built), name="engine-loop", daemon=True)
+        thread.start()
+        return thread
+
     async def start(self) -> None:
+        """The loop runs from construction on; this restarts it after a shutdown."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-            self._thread.start()
+            self._dead = None
+            built: Future[LLMEngine] = Future()
+            self._thread = self._start_loop(lambda: self.engine, built)
+            built.result()
 
     async def shutdown(self) -> None:
         if self._thread is not None:
@@ -110,7 +147,13 @@ class AsyncEngine:
         return self._stats
 
     # ---- the loop thread -------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, build: Callable[[], LLMEngine], built: Future) -> None:
+        try:
+            self.engine = build()
+        except BaseException as exc:
+            built.set_exception(exc)
+            return
+        built.set_result(self.engine)
         try:
             while self._drain_inbox(block=not self.engine.has_work):
                 self._step()
@@ -120,6 +163,7 @@ class AsyncEngine:
         finally:  # on shutdown or death, nobody is left waiting for an answer that won't come
             self._dead = self._dead or EngineDeadError("the engine has shut down")
             self._fail_all(EngineDeadError(f"the engine stopped: {self._dead}"))
+            self._fail_calls()
 
     def _step(self) -> None:
         try:
@@ -132,6 +176,16 @@ class AsyncEngine:
         self._stats = self.engine.stats()  # before delivering: a caller that sees "finished" sees fresh stats
         for out in outputs:
             self._deliver(out.request_id, out, final=out.finished)
+
+    def _fail_calls(self) -> None:
+        """Torch work still queued when the loop ends gets an error, so no caller waits forever."""
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Call) and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(EngineDeadError("the engine loop stopped"))
 
     def _fail_all(self, exc: EngineError) -> None:
         """Abort every request the engine holds (freeing its blocks) and hand `exc` to its caller."""
@@ -153,7 +207,10 @@ class AsyncEngine:
                 return False
             self._apply(item)
 
-    def _apply(self, item: _Add | _Abort) -> None:
+    def _apply(self, item: _Add | _Abort | _Call) -> None:
+        if isinstance(item, _Call):
+            _run_call(item)
+            return
         if isinstance(item, _Abort):
             self.engine.abort(item.request_id)
             self._sinks.pop(item.request_id, None)
@@ -171,3 +228,12 @@ class AsyncEngine:
         if target is not None:
             sink, loop = target
             loop.call_soon_threadsafe(sink.put_nowait, item)
+
+
+def _run_call(call: _Call) -> None:
+    if not call.future.set_running_or_notify_cancel():
+        return
+    try:
+        call.future.set_result(call.fn(*call.args))
+    except BaseException as exc:  # the caller's failure, handed to the caller
+        call.future.set_exception(exc)

@@ -2,15 +2,17 @@
 
 transformers loads the tokenizer and the weights; BERT checkpoints (MiniLM is one) run our lean encoder
 forward (backend/minilm.py, ~2x faster on a short query: the semantic cache waits for it on every
-request), other architectures transformers' own. The forward runs in a worker thread so the gateway's
-event loop keeps serving.
+request), other architectures transformers' own. The forward runs off the event loop, on the process's
+torch thread when there is one (the embedded engine's loop: `executor=engine`; one thread pool for all
+torch work, backend/async_engine.py says why), else on a thread of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from transformers import AutoModel, AutoTokenizer
@@ -23,28 +25,39 @@ from backend.minilm import BertEncoder
 MODEL_NAME = "all-MiniLM-L6-v2"
 
 
+class Submitter(Protocol):
+    """Runs a callable on another thread (concurrent.futures.Executor.submit; AsyncEngine.submit)."""
+
+    def submit(self, fn: Any, /, *args: Any) -> Future: ...
+
+
 class Embedder:
     """Loads the model once (blocking); `embed` is safe to call from many coroutines."""
 
     model_name: str = MODEL_NAME
 
-    def __init__(self, model_path: str | Path | None = None, batch_size: int = 32, dtype: str = "auto") -> None:
+    def __init__(
+        self, model_path: str | Path | None = None, batch_size: int = 32, dtype: str = "auto",
+        executor: Submitter | None = None,
+    ) -> None:
         """dtype: float32 | bfloat16 | auto (bfloat16 where oneDNN runs it: the forward reads its weights once per
         query, so half the bytes is ~1.5x faster; vectors have cosine > 0.9999 to the float32 ones, and the
-        labelled cache set scores the same, bench/README "cache")."""
+        labelled cache set scores the same, bench/README "cache"). executor: where loading and `embed` run
+        (default: one thread of its own, so there is one forward at a time)."""
+        self._executor = executor or ThreadPoolExecutor(1, thread_name_prefix="embedder")
         path = Path(model_path).expanduser() if model_path else default_embedding_model_path()
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
+        model = self._executor.submit(_load, path).result()
         self.dimensions: int = int(model.config.hidden_size)
         self.max_length: int = int(min(self.tokenizer.model_max_length, model.config.max_position_embeddings))
-        self._encoder = BertEncoder(model, _encoder_dtype(dtype)) if model.config.model_type == "bert" else None
+        bert = model.config.model_type == "bert"
+        self._encoder = self._executor.submit(BertEncoder, model, _encoder_dtype(dtype)).result() if bert else None
         self.model = None if self._encoder else model  # the weights live in the encoder's packed copies
         self.batch_size = batch_size
-        self._lock = threading.Lock()  # one forward at a time: the CPU is shared with the LLM engine
 
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         """Unit vectors, one per text, and the number of prompt tokens (special tokens included)."""
-        return await asyncio.to_thread(self.embed_sync, texts)
+        return await asyncio.wrap_future(self._executor.submit(self.embed_sync, texts))
 
     def embed_sync(self, texts: list[str]) -> tuple[list[list[float]], int]:
         vectors: list[list[float]] = []
@@ -64,12 +77,16 @@ class Embedder:
                 f"An input is {longest} tokens long; {self.model_name} reads at most {self.max_length}.",
                 param="input",
             )
-        with self._lock, torch.inference_mode():
+        with torch.inference_mode():
             if self._encoder is not None:
                 hidden = self._encoder(enc["input_ids"], enc["attention_mask"])
             else:
                 hidden = self.model(**enc).last_hidden_state
         return mean_pool_normalize(hidden, enc["attention_mask"]).tolist(), int(lengths.sum())
+
+
+def _load(path: Path) -> torch.nn.Module:
+    return AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
 def _encoder_dtype(name: str) -> torch.dtype:

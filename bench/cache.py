@@ -101,7 +101,8 @@ def serve(port: int) -> None:
     engine_cfg = engine_config_from_env(EngineConfig(max_model_len=2048, kv_cache_memory_mb=256), dict(os.environ))
     config = GatewayConfig(api_keys=(API_KEY,), engine=engine_cfg)
     sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
-    app = create_app(build_context(config, AsyncEngine.from_config(engine_cfg), Embedder(), log_sink=sink))
+    engine = AsyncEngine.from_config(engine_cfg)
+    app = create_app(build_context(config, engine, Embedder(executor=engine), log_sink=sink))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 

@@ -36,12 +36,16 @@ def build_engine(cfg: GatewayConfig) -> EngineClient | None:
     return engine
 
 
-def build_embedder(cfg: GatewayConfig) -> EmbeddingClient | None:
+def build_embedder(cfg: GatewayConfig, engine: EngineClient | None) -> EmbeddingClient | None:
+    """With the embedded engine, the embedder's torch work runs on the engine's loop thread (one torch
+    thread per process: backend/async_engine.py)."""
     if not cfg.embeddings:
         return None
+    from backend.async_engine import AsyncEngine
     from backend.embeddings import Embedder
 
-    return Embedder(cfg.embedding_model or None, dtype=cfg.embedding_dtype)
+    executor = engine if isinstance(engine, AsyncEngine) else None
+    return Embedder(cfg.embedding_model or None, dtype=cfg.embedding_dtype, executor=executor)
 
 
 def main(argv: list[str] | None = None, *, embedded_only: bool = False, prog: str = "python -m gateway") -> None:
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None, *, embedded_only: bool = False, prog: st
     cfg = dataclasses.replace(cfg, host=args.host or cfg.host, port=args.port or cfg.port)
     if embedded_only:
         cfg = dataclasses.replace(cfg, routing=RoutingConfig())
-    app = create_app(build_context(cfg, build_engine(cfg), build_embedder(cfg)))
+    engine = build_engine(cfg)
+    app = create_app(build_context(cfg, engine, build_embedder(cfg, engine)))
     uvicorn.run(
         app,
         host=cfg.host,

@@ -17,7 +17,7 @@ from tests.engine_helpers import assert_no_leaks
 
 @pytest.fixture(scope="module")
 async def engine():
-    eng = AsyncEngine(LLMEngine(EngineConfig(quantization="none", max_waiting=4)))
+    eng = AsyncEngine(lambda: LLMEngine(EngineConfig(quantization="none", max_waiting=4)))
     await eng.start()
     yield eng
     await eng.shutdown()
@@ -106,7 +106,7 @@ async def test_a_failing_step_fails_its_requests_but_not_the_engine(engine: Asyn
 
 
 async def test_shutdown_fails_requests_in_flight() -> None:
-    eng = AsyncEngine(LLMEngine(EngineConfig(quantization="none")))
+    eng = AsyncEngine(lambda: LLMEngine(EngineConfig(quantization="none")))
     await eng.start()
     stream = eng.generate("Once upon a time", SamplingParams(max_tokens=500, ignore_eos=True), "in-flight")
     await stream.__anext__()
