@@ -9,8 +9,8 @@ from backend.cpu_gemm import onednn_available
 from backend.sampling_params import SamplingParams
 from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, make_engine, run_to_completion, token_ids
 
-PROMPTS = QUESTIONS[:12]
-MAX_NEW = 24
+PROMPTS = QUESTIONS[:8]
+MAX_NEW = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
 BUDGET_MB = 64
 
@@ -27,9 +27,10 @@ def test_auto_keeps_the_full_precision_models_dtype() -> None:
 
 
 @pytest.mark.skipif(not onednn_available(torch.bfloat16), reason="this CPU has no native bf16")
-def test_auto_stores_bf16_for_int4_weights() -> None:
-    engine = make_engine(quantization="awq", kv_cache_memory_mb=BUDGET_MB)
-    fp32 = make_engine(quantization="awq", kv_cache_memory_mb=BUDGET_MB, kv_cache_dtype="float32")
+def test_auto_stores_bf16_for_quantized_weights() -> None:
+    """INT8 here (quantized at load time from the fetched checkpoint); INT4 models take the same branch."""
+    engine = make_engine(quantization="int8", kv_cache_memory_mb=BUDGET_MB)
+    fp32 = make_engine(quantization="int8", kv_cache_memory_mb=BUDGET_MB, kv_cache_dtype="float32")
     assert engine.runner.kv_cache.dtype == torch.bfloat16
     assert engine.kv.pool.num_blocks == 2 * fp32.kv.pool.num_blocks
 
@@ -37,29 +38,29 @@ def test_auto_stores_bf16_for_int4_weights() -> None:
 def test_a_bf16_pool_holds_twice_the_blocks_and_stays_close_to_the_reference(
     prompts: list[list[int]], reference: list[list[int]]
 ) -> None:
-    """The fp32 model over a bf16 pool: K/V rounded to bf16 move a near-tie now and then, no more (11 of 12
-    answers were identical when this was written; 10 is the bar)."""
+    """The fp32 model over a bf16 pool: K/V rounded to bf16 move a near-tie now and then, no more (8 of 8
+    16-token answers were identical when this was written, 11 of 12 at 24 tokens; 6 of 8 is the bar)."""
     fp32 = make_engine(kv_cache_memory_mb=BUDGET_MB)
     engine = make_engine(kv_cache_memory_mb=BUDGET_MB, kv_cache_dtype="bfloat16")
     assert engine.runner.kv_cache.dtype == torch.bfloat16
     assert engine.kv.pool.num_blocks == 2 * fp32.kv.pool.num_blocks
     outs = run_to_completion(engine, {0: [(f"r{i}", p, GREEDY) for i, p in enumerate(prompts)]})
     same = sum(token_ids(outs[f"r{i}"]) == reference[i] for i in range(len(prompts)))
-    assert same >= 10, f"only {same} of {len(prompts)} greedy answers equal the fp32 reference"
+    assert same >= 6, f"only {same} of {len(prompts)} greedy answers equal the fp32 reference"
     assert_no_leaks(engine)
 
 
 def test_a_bf16_pool_gives_the_same_tokens_alone_and_in_a_chunked_batch(prompts: list[list[int]]) -> None:
     """Batching, chunked prefill and prefix-cache hits must not change the output over a bf16 pool either."""
     alone = make_engine(kv_cache_memory_mb=BUDGET_MB, kv_cache_dtype="bfloat16")
-    expected = [token_ids(run_to_completion(alone, {0: [("r", p, GREEDY)]})["r"]) for p in prompts[:6]]
+    expected = [token_ids(run_to_completion(alone, {0: [("r", p, GREEDY)]})["r"]) for p in prompts[:4]]
     engine = make_engine(kv_cache_memory_mb=BUDGET_MB, kv_cache_dtype="bfloat16", max_num_batched_tokens=24)
     arrivals: dict[int, list[tuple]] = {}
-    for i, p in enumerate(prompts[:6] + prompts[:2]):  # the repeats hit the prefix cache
+    for i, p in enumerate(prompts[:4] + prompts[:2]):  # the repeats hit the prefix cache
         arrivals.setdefault(i * 2, []).append((f"r{i}", p, GREEDY))
     outs = run_to_completion(engine, arrivals)
-    for i in range(8):
-        assert token_ids(outs[f"r{i}"]) == expected[i % 6], f"request {i} diverged"
+    for i in range(6):
+        assert token_ids(outs[f"r{i}"]) == expected[i % 4], f"request {i} diverged"
     assert engine.kv.hits > 0
     assert_no_leaks(engine)
 
