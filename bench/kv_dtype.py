@@ -13,7 +13,6 @@ object (also bench/results/kv_dtype.json).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 from backend.config import EngineConfig
 from backend.engine import LLMEngine
 from bench.profile_step import start_requests, warm_up
+from bench.report import emit
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "kv_dtype.json"
 
@@ -71,10 +71,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     first, second = (rows[name]["step_ms_p50"] for name in engines)
     result = {"bench": "kv_dtype", "batch": args.batch, "quantization": args.quantization, "steps": args.steps,
               "engines": rows, "step_time_ratio": round(second / first, 3)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result))
-    print(json.dumps(result))
-    return result
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ prints the top ops by self CPU time. Last line: one JSON object (also bench/resu
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from backend.config import EngineConfig
 from backend.engine import LLMEngine
 from backend.sampling_params import SamplingParams
 from backend.tokenizer import apply_chat_template
+from bench.report import emit
 from bench.throughput import questions_for
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "profile_step.json"
@@ -85,10 +85,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"bench": "profile_step", "batch": args.batch, "quantization": args.quantization,
               "threads": torch.get_num_threads(), "step_ms_p50": round(statistics.median(times), 2),
               "tok_s": round(args.batch * 1e3 / statistics.median(times), 1), "top_ops": ops}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result))
-    print(json.dumps(result))
-    return result
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":
