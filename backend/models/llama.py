@@ -44,7 +44,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, rope: tuple, cache: torch.Tensor, batch: ForwardBatch, ops: Ops) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor, batch: ForwardBatch, ops: Ops
+    ) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)  # (num_tokens, num_heads, head_dim)
@@ -76,7 +78,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple, cache: torch.Tensor,
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor,
         batch: ForwardBatch, ops: Ops,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: this layer's input delta, residual: the stream so far. Returns (mlp output, stream)."""
