@@ -24,6 +24,15 @@ def onednn_available(dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def dense_dtype(device: torch.device | str) -> torch.dtype:
+    """The dtype dense copies of low-bit weights are kept and multiplied in: bfloat16 on CUDA and on CPUs where
+    oneDNN runs bf16 natively (AVX-512 BF16 / AMX: 2-3x fp32), float32 elsewhere. An AVX2-only CPU has no bf16
+    arithmetic: its bf16 GEMM was 6x slower than a prepacked fp32 one at 32 rows (bench/README, "AVX2 CPUs")."""
+    if torch.device(device).type != "cpu":
+        return torch.bfloat16
+    return torch.bfloat16 if onednn_available(torch.bfloat16) else torch.float32
+
+
 class PackedLinear:
     """y = x @ W.T (+ b) with W blocked for oneDNN. Not an nn.Module: it holds no trainable state."""
 

@@ -89,7 +89,7 @@ def weight_report(engine: LLMEngine) -> dict[str, int]:
         "projection_int4_bytes": int4_weight_bytes(model),
         "lm_head_fp16_bytes": head.in_features * head.out_features * 2,
         "lm_head_int8_bytes": head_bytes.get("int8", 0),
-        "lm_head_bf16_bytes": head_bytes.get("bf16", 0),
+        "lm_head_dense_bytes": head_bytes.get("dense", 0),
     }
 
 

@@ -17,9 +17,10 @@ the full-precision function is unchanged and only what gets rounded changes. Las
 each quantization group's range where that lowers the linear's output error (not for q/k: attention
 logits are sensitive to clipped outliers, as in AutoAWQ).
 
-The searches evaluate a bf16 copy of the layer (this CPU has AVX-512 BF16: ~3x the fp32 GEMM rate): bf16
-rounding is ~0.2% of a weight, the INT4 error being ranked is ~5-10%. The folding itself is applied to the
-float32 weights that get quantized.
+The searches evaluate a bf16 copy of the layer where the CPU multiplies bf16 natively (AVX-512 BF16 / AMX:
+~3x the fp32 GEMM rate; bf16 rounding is ~0.2% of a weight, the INT4 error being ranked is ~5-10%) and a
+float32 copy elsewhere (an AVX2 CPU emulates bf16: the search took 50 s a layer in bf16 there). The folding
+itself is applied to the float32 weights that get quantized.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from backend.cpu_gemm import dense_dtype
 from backend.quant.awq_format import fake_quantize
 
 N_GRID = 20
@@ -42,7 +44,9 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 CAPTURED = ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")  # one input per group
 
 
-EVAL_DTYPE = torch.bfloat16
+def eval_dtype() -> torch.dtype:
+    """The dtype the evaluation copy of a layer computes in (the module docstring says why)."""
+    return dense_dtype("cpu")
 
 
 @dataclass
@@ -76,7 +80,7 @@ def scale_groups(layer: nn.Module, evaluation: nn.Module, inputs: dict[str, torc
     """The four groups; `evaluation` is the (bf16) copy of `layer` whose modules the errors are measured on."""
     attn, mlp, e_attn, e_mlp = layer.self_attn, layer.mlp, evaluation.self_attn, evaluation.mlp
     n_rep = attn.o_proj.in_features // attn.v_proj.out_features
-    cos_sin = (pos_emb[0].to(EVAL_DTYPE), pos_emb[1].to(EVAL_DTYPE))
+    cos_sin = (pos_emb[0].to(eval_dtype()), pos_emb[1].to(eval_dtype()))
 
     def attention(x: torch.Tensor) -> torch.Tensor:
         return e_attn(hidden_states=x, position_embeddings=cos_sin, attention_mask=None)[0]
@@ -98,9 +102,9 @@ def sync_evaluation(layer: nn.Module, evaluation: nn.Module) -> None:
     """Copy the float32 projections (after a fold) into the evaluation layer."""
     for name in LINEARS:
         src, dst = layer.get_submodule(name), evaluation.get_submodule(name)
-        dst.weight.data = src.weight.data.to(EVAL_DTYPE)
+        dst.weight.data = src.weight.data.to(eval_dtype())
         if src.bias is not None:
-            dst.bias.data = src.bias.data.to(EVAL_DTYPE)
+            dst.bias.data = src.bias.data.to(eval_dtype())
 
 
 def expand(s: torch.Tensor, n_rep: int, head_dim: int) -> torch.Tensor:
@@ -121,7 +125,7 @@ def activation_mean(x: torch.Tensor, n_rep: int, head_dim: int) -> torch.Tensor:
 def search_scale(group: ScaleGroup, group_size: int, head_dim: int) -> tuple[torch.Tensor, float]:
     """The grid search: (best per-prev-channel scales, best alpha)."""
     x_mean = activation_mean(group.x, group.n_rep, head_dim)
-    x = group.x.to(EVAL_DTYPE)
+    x = group.x.to(eval_dtype())
     ref = group.block(x).float()
     originals = [lin.weight.data for lin in group.linears]
     best: tuple[float, torch.Tensor, float] = (float("inf"), torch.ones_like(x_mean), 0.0)
@@ -131,12 +135,12 @@ def search_scale(group: ScaleGroup, group_size: int, head_dim: int) -> tuple[tor
         s = s / (s.max() * s.min()).sqrt()
         s_in = expand(s, group.n_rep, head_dim)
         for lin, w in zip(group.evals, originals, strict=True):
-            lin.weight.data = fake_quantize(w * s_in, group_size).div_(s_in).to(EVAL_DTYPE)
+            lin.weight.data = fake_quantize(w * s_in, group_size).div_(s_in).to(eval_dtype())
         err = (group.block(x).float() - ref).pow(2).mean().item()
         if err < best[0]:
             best = (err, s, alpha)
     for lin, w in zip(group.evals, originals, strict=True):
-        lin.weight.data = w.to(EVAL_DTYPE)
+        lin.weight.data = w.to(eval_dtype())
     return best[1], best[2]
 
 
@@ -185,7 +189,7 @@ def awq_layer(layer: nn.Module, hidden: torch.Tensor, pos_emb: tuple[torch.Tenso
 
     Returns (clip ranges per linear name, the layer's full-precision output for the next layer, the alphas)."""
     inputs, out = capture_inputs(layer, hidden, pos_emb)
-    evaluation = copy.deepcopy(layer).to(EVAL_DTYPE)
+    evaluation = copy.deepcopy(layer).to(eval_dtype())
     alphas = []
     groups = scale_groups(layer, evaluation, inputs, pos_emb)
     for group in groups:

@@ -6,10 +6,11 @@ the loader, then `prepare()` runs once on the final device:
 - CPU: repack into torch's int4 layout for `_weight_int4pack_mm_for_cpu` (bf16 activations, a (scale,
   zero) pair per group). That kernel dequantizes its weight tile again for every 4 rows of x, so it wins
   for decode (few rows: it reads a quarter of the bf16 bytes) but loses for batches. With `dense_copy`
-  (the default) prepare() also keeps the dequantized weight in bf16 and calls with at least
-  DENSE_COPY_ROWS rows run a dense bf16 GEMM on it (AVX-512 BF16 / AMX): 2x faster than the int4 kernel at
-  32 rows, for 2 more bytes per weight. Without the copy, calls with at least DENSE_ROWS rows dequantize
-  the whole weight on the fly (only worth it for prefill-sized calls).
+  (the default) prepare() also keeps the dequantized weight and calls with at least DENSE_COPY_ROWS rows
+  run a dense GEMM on it: 2x faster than the int4 kernel at 32 rows. The copy is bf16 where the CPU
+  multiplies bf16 natively (AVX-512 BF16 / AMX; 2 more bytes per weight) and float32 on AVX2-only CPUs,
+  whose bf16 GEMM is 6x slower than fp32 (`cpu_gemm.dense_dtype`). Without the copy, calls with at least
+  DENSE_ROWS rows dequantize the whole weight on the fly (only worth it for prefill-sized calls).
 - CUDA: keep the AWQ layout and call the Triton W4A16 GEMM (kernels/awq_gemm.py).
 
 torch's layout stores w = (q - 8) * scale + zero_f; AWQ's w = (q - z) * scale, so zero_f = (8 - z) * scale.
@@ -23,12 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.cpu_gemm import PackedLinear
+from backend.cpu_gemm import PackedLinear, dense_dtype
 from backend.quant.awq_format import QuantizedWeight, unpack
 
-DENSE_ROWS = 128  # from this many rows on, dequantize-to-bf16 + GEMM beats the int4 kernel (measured ~96)
-DENSE_COPY_ROWS = 10  # from this many rows on, a kept bf16 copy beats the int4 kernel (measured ~9, weights cache-cold)
-CPU_BLOCK_N = 64  # torch's AVX-512 int4 layout: blocks of 64 output rows, byte j = rows j (low), j + 32 (high)
+DENSE_ROWS = 128  # from this many rows on, dequantize + dense GEMM beats the int4 kernel (measured ~96)
+DENSE_COPY_ROWS = 10  # from this many rows on, a kept dense copy beats the int4 kernel (measured ~9 bf16 AMX, ~8 fp32 AVX2)
+# torch's CPU int4 layouts: blocks of 64 output rows on AVX-512, 32 on AVX2; in a block of b rows, byte j holds
+# rows j (low nibble) and j + b / 2 (high)
+CPU_BLOCKS_N = (64, 32)
 
 
 class Int4Linear(nn.Module):
@@ -53,7 +56,7 @@ class Int4Linear(nn.Module):
 
     # ---- one-time repacking ---------------------------------------------------------------------
     def prepare(self, dense_copy: bool = True) -> None:
-        """Repack the loaded AWQ tensors for this device (once, at load time); `dense_copy`: also keep a bf16
+        """Repack the loaded AWQ tensors for this device (once, at load time); `dense_copy`: also keep a dense
         copy for batched calls (CPU)."""
         if self.qweight.is_meta:
             raise ValueError("Int4Linear.prepare() before its AWQ tensors were loaded")
@@ -69,34 +72,35 @@ class Int4Linear(nn.Module):
         if self.out_features % 16 == 0:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(qw.q.to(torch.int32), 1)
             self.mode = "int4pack"
-            self.dense_ok = self._layout_known(qw.q)  # then large calls may dequantize the packed weight
-            self.dense = PackedLinear(self._dequantize_bf16(qw.q)) if dense_copy else None
-        else:  # torch's packer needs out_features % 16 == 0: keep a bf16 copy instead (rare shapes)
-            self.dense = PackedLinear(self._dequantize_bf16(qw.q))
+            self.block_n = self._layout_block(qw.q)  # known: large calls may dequantize the packed weight
+            self.dense_ok = self.block_n > 0
+            self.dense = PackedLinear(self._dequantize(qw.q)) if dense_copy else None
+        else:  # torch's packer needs out_features % 16 == 0: keep a dense copy instead (rare shapes)
+            self.dense = PackedLinear(self._dequantize(qw.q))
             del self.scales_zeros
             self.mode = "dense"
 
-    def _layout_known(self, q: torch.Tensor) -> bool:
-        """Whether torch packed this weight in the 64-row blocks `_unpack_int4pack` reads (checked on the first
-        block: the layout is per block, and the whole weight would cost seconds per model load)."""
+    def _layout_block(self, q: torch.Tensor) -> int:
+        """The row-block size of the layout torch packed this weight in, 0 if not one `_unpack_int4pack` reads
+        (checked on the first block: the layout is per block, the whole weight would cost seconds per load)."""
         n, k = self.out_features, self.in_features
-        if n % CPU_BLOCK_N or self.packed.shape != (n, k // 2):
-            return False
-        v = self.packed[:CPU_BLOCK_N].view(1, k, CPU_BLOCK_N // 2)
-        return torch.cat([v & 15, v >> 4], dim=-1).permute(0, 2, 1).reshape(CPU_BLOCK_N, k).equal(q[:CPU_BLOCK_N])
+        if self.packed.shape != (n, k // 2):
+            return 0
+        fits = (b for b in CPU_BLOCKS_N if n % b == 0 and _unpack_blocks(self.packed[:b], b, k).equal(q[:b]))
+        return next(fits, 0)
 
     def _unpack_int4pack(self) -> torch.Tensor:
-        """(out, in) uint8 values back out of torch's AVX-512 int4 layout (checked against the source in prepare)."""
-        n, k = self.out_features, self.in_features
-        v = self.packed.view(n // CPU_BLOCK_N, k, CPU_BLOCK_N // 2)
-        return torch.cat([v & 15, v >> 4], dim=-1).permute(0, 2, 1).reshape(n, k)
+        """(out, in) uint8 values back out of torch's int4 layout (checked against the source in prepare)."""
+        return _unpack_blocks(self.packed, self.block_n, self.in_features)
 
-    def _dequantize_bf16(self, q: torch.Tensor | None = None) -> torch.Tensor:
+    def _dequantize(self, q: torch.Tensor | None = None) -> torch.Tensor:
+        """The (out, in) weight in this CPU's dense dtype, from the same (scale, zero) pairs the int4 kernel uses."""
         q = self._unpack_int4pack() if q is None else q
+        dtype = dense_dtype("cpu")
         scale, zero_f = self.scales_zeros.float().permute(1, 0, 2).unbind(-1)  # (out, groups) each
-        offset = (zero_f - 8 * scale).to(torch.bfloat16).contiguous()[..., None]  # w = q * scale + offset
-        g = q.reshape(self.out_features, -1, self.group_size).to(torch.bfloat16)
-        w = torch.addcmul(offset, g, scale.to(torch.bfloat16).contiguous()[..., None])
+        offset = (zero_f - 8 * scale).to(dtype).contiguous()[..., None]  # w = q * scale + offset
+        g = q.reshape(self.out_features, -1, self.group_size).to(dtype)
+        w = torch.addcmul(offset, g, scale.to(dtype).contiguous()[..., None])
         return w.reshape(self.out_features, self.in_features)
 
     # ---- forward -------------------------------------------------------------------------------
@@ -107,13 +111,14 @@ class Int4Linear(nn.Module):
         if self.mode == "triton":
             y = self._forward_triton(rows)
         elif self._use_dense_copy(rows.shape[0]):
-            y = self.dense(rows.to(torch.bfloat16))
+            y = self.dense(rows.to(self.dense.dtype))
         elif self.mode == "int4pack" and (rows.shape[0] < DENSE_ROWS or not self.dense_ok):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 rows.to(torch.bfloat16).contiguous(), self.packed, self.group_size, self.scales_zeros
             )
         elif self.mode == "int4pack":
-            y = F.linear(rows.to(torch.bfloat16), self._dequantize_bf16())
+            w = self._dequantize()
+            y = F.linear(rows.to(w.dtype), w)
         else:
             raise RuntimeError("Int4Linear used before prepare()")
         y = y.to(x.dtype)
@@ -122,7 +127,7 @@ class Int4Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def _use_dense_copy(self, rows: int) -> bool:
-        """A kept bf16 weight: the only copy (shapes torch cannot pack), or the faster one for batches."""
+        """A kept dense weight: the only copy (shapes torch cannot pack), or the faster one for batches."""
         return self.mode == "dense" or (self.mode == "int4pack" and self.dense is not None and rows >= DENSE_COPY_ROWS)
 
     def _forward_triton(self, rows: torch.Tensor) -> torch.Tensor:
@@ -132,8 +137,8 @@ class Int4Linear(nn.Module):
         return awq_gemm(act.contiguous(), self.qweight, self.qzeros, self.scales.to(act.dtype), self.group_size)
 
     def weight_bytes(self) -> int:
-        """Bytes this layer's weight occupies as prepared (integers + scales/zeros, or the bf16 weight of a
-        shape torch cannot pack); the optional bf16 copy for batched calls is `dense_copy_bytes`."""
+        """Bytes this layer's weight occupies as prepared (integers + scales/zeros, or the dense weight of a
+        shape torch cannot pack); the optional dense copy for batched calls is `dense_copy_bytes`."""
         names = ("packed", "scales_zeros", "qweight", "qzeros", "scales")
         dense = self.dense.nbytes() if self.mode == "dense" else 0
         return sum(_nbytes(getattr(self, n, None)) for n in names) + dense
@@ -141,6 +146,12 @@ class Int4Linear(nn.Module):
     def dense_copy_bytes(self) -> int:
         dense = getattr(self, "dense", None)
         return dense.nbytes() if self.mode == "int4pack" and dense is not None else 0
+
+
+def _unpack_blocks(packed: torch.Tensor, block_n: int, k: int) -> torch.Tensor:
+    """(rows, k / 2) uint8 in torch's CPU int4 layout with `block_n`-row blocks -> (rows, k) values."""
+    v = packed.view(-1, k, block_n // 2)  # (blocks, k, block_n / 2): byte j = rows j and j + block_n / 2
+    return torch.cat([v & 15, v >> 4], dim=-1).permute(0, 2, 1).reshape(-1, k)
 
 
 def _nbytes(t: object) -> int:

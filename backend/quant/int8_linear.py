@@ -6,8 +6,9 @@ quantizes a full-precision model's projections at load time (backend/quant/conve
 
 CPU path: torch's `_weight_int8pack_mm` (bf16 activations, int8 weight, bf16 scales) reads a quarter of the
 fp32 bytes, so decode steps (a few rows: memory bound) run faster. It streams the weight again for each
-row, so from DENSE_ROWS rows on (prefill) a call instead dequantizes the weight to bf16 once and runs a bf16
-GEMM. On CUDA the layer keeps a bf16 weight (`F.linear`); int8 then only saves load-time memory.
+row, so from DENSE_ROWS rows on (prefill) a call instead dequantizes the weight once and runs a dense GEMM
+(bf16, or fp32 on an AVX2-only CPU: `cpu_gemm.dense_dtype`). On CUDA the layer keeps a bf16 weight
+(`F.linear`); int8 then only saves load-time memory.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-DENSE_ROWS = 32  # from this many rows on, dequantize + bf16 GEMM beats the int8 kernel (measured crossover 32-64)
+from backend.cpu_gemm import dense_dtype
+
+DENSE_ROWS = 32  # from this many rows on, dequantize + dense GEMM beats the int8 kernel (measured crossover 32-64)
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,13 +51,14 @@ class Int8Linear(nn.Module):
         return self.weight_int8.float() * self.scale.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        rows = x.reshape(-1, self.in_features)
         if not self.on_cpu:
-            y = F.linear(rows, self.weight_bf16)
+            y = F.linear(rows.to(torch.bfloat16), self.weight_bf16)
         elif rows.shape[0] < DENSE_ROWS:
-            y = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), self.weight_int8, self.scale)
+            y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.weight_int8, self.scale)
         else:
-            y = F.linear(rows, self.weight_int8.to(torch.bfloat16) * self.scale[:, None])
+            dtype = dense_dtype("cpu")
+            y = F.linear(rows.to(dtype), self.weight_int8.to(dtype) * self.scale.to(dtype)[:, None])
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)

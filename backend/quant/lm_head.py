@@ -1,4 +1,4 @@
-"""The lm_head's serving copy for INT4 models: int8 rows for decode-sized calls, bf16 for batches.
+"""The lm_head's serving copy for INT4 models: int8 rows for decode-sized calls, a dense copy for batches.
 
 Why not INT4 like the projections: the AWQ checkpoint keeps the lm_head in fp16 (that is the format), so
 a low-bit copy made at load time gets no activation-aware help, and round-to-nearest INT4 (group 32) of
@@ -6,9 +6,9 @@ SmolLM2's tied 49152 x 576 head raised held-out perplexity by ~8% on its own; in
 vocabulary row costs ~0.1%. Speed (SmolLM2 shape, one core): torch's int8 weight-only matmul takes ~6 ms
 for one row against ~13 ms in fp32, but it re-reads the weight per row and falls behind from ~4 rows on,
 where the bf16 GEMM (AVX-512 BF16 / AMX, weight prepacked for oneDNN: backend/cpu_gemm.py) is ~2.7x fp32
-at 32 rows. So both copies are kept (1.5 bytes per
-weight, less than the fp32 head's 4); the full-precision embedding table stays for the token lookup.
-On CUDA only the bf16 copy is kept.
+at 32 rows. So both copies are kept (1.5 bytes per weight, less than the fp32 head's 4); the full-precision
+embedding table stays for the token lookup. An AVX2-only CPU keeps the dense copy in fp32 (its bf16 GEMM is
+emulated: `cpu_gemm.dense_dtype`), where the int8 kernel wins up to ~8 rows. On CUDA only the bf16 copy is kept.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from backend.cpu_gemm import PackedLinear
+from backend.cpu_gemm import PackedLinear, dense_dtype
 
-INT8_MAX_ROWS = 4  # fewer rows than this: int8 kernel; more: bf16 GEMM (measured crossover ~4)
+# fewer rows than this: int8 kernel; more: the dense GEMM (measured crossovers, by the dense copy's dtype)
+INT8_MAX_ROWS = {torch.bfloat16: 4, torch.float32: 8}
 
 
 class LowBitHead(nn.Module):
@@ -26,7 +27,8 @@ class LowBitHead(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         w = weight.detach()
-        self.dense = PackedLinear(w.to(torch.bfloat16))
+        self.dense = PackedLinear(w.to(dense_dtype(w.device)))
+        self.int8_max_rows = INT8_MAX_ROWS[self.dense.dtype]
         self.bias = None if bias is None else bias.detach().float()
         self.use_int8 = w.device.type == "cpu"
         if self.use_int8:
@@ -38,18 +40,18 @@ class LowBitHead(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, int8={self.use_int8}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        if self.use_int8 and rows.shape[0] < INT8_MAX_ROWS:
-            y = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), self.weight_int8, self.scale)
+        rows = x.reshape(-1, self.in_features)
+        if self.use_int8 and rows.shape[0] < self.int8_max_rows:
+            y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.weight_int8, self.scale)
         else:
-            y = self.dense(rows)
+            y = self.dense(rows.to(self.dense.dtype))
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
     def weight_bytes(self) -> dict[str, int]:
-        out = {"bf16": self.dense.nbytes()}
+        out = {"dense": self.dense.nbytes()}
         if self.use_int8:
             out["int8"] = self.weight_int8.numel() + self.scale.numel() * 2
         return out

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.config import default_medusa_path, default_model_path
+from backend.cpu_gemm import dense_dtype
 from backend.quant.calibration import CALIBRATION, HELDOUT, token_ids
 from backend.spec.medusa import MedusaHeads, save_medusa
 from backend.spec.medusa_data import VERSION, cached_answers
@@ -60,7 +61,7 @@ def features(model: torch.nn.Module, samples: list[list[int]], num_heads: int, s
     starts: per sample, the first position to learn from (the answer's start; earlier ones are only context)."""
     hidden, targets = [], []
     for n, ids in enumerate(samples):
-        with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 matmuls (AMX), fp32 weights and norms
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dense_dtype("cpu") == torch.bfloat16):  # AMX matmuls
             h = model.model(torch.tensor([ids])).last_hidden_state[0].float()  # (T, hidden), after the final norm
         pred = model.lm_head(h).argmax(dim=-1)  # pred[t]: the base's token after position t (fp32, as served)
         t = torch.full((len(ids), num_heads), IGNORE)
