@@ -57,36 +57,46 @@ class PackedLinear:
         return self.out_features * self.in_features * self.dtype.itemsize
 
 
-PACKED_MIN_ROWS = 2  # one row: MKL's GEMV on the plain weight is faster; from two rows on the packed GEMM
+def mkl_gemv_wins() -> bool:
+    """Whether MKL's single-row GEMV on a plain weight beats oneDNN's packed GEMM: on Intel CPUs (measured on a
+    Xeon). MKL takes a generic path on other vendors' CPUs: on an AMD EPYC (AVX2) a 3072x576 fp32 GEMV took
+    0.65 ms against 0.38 packed, the 49152x576 lm_head 11.5 ms against 7.0 (bench/README, "AVX2 CPUs")."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+    except OSError:
+        return False
 
 
 class DualLinear(nn.Module):
     """A full-precision linear on CPU holding its plain weight and a oneDNN-prepacked copy of it.
 
-    Single-row calls (decode of one sequence) run MKL's GEMV on the plain weight, which the packed GEMM does not
-    beat; calls with more rows (prefill, batched decode, a speculative verify of 1 + k tokens) run the packed
-    copy: measured 1.15x at 32 streams and ~2x for the lm_head at 5 rows (bench/README, "Prepacked GEMM").
-    The price is a second copy of the weights; `EngineConfig.packed_copy` turns it off."""
+    Single-row calls (decode of one sequence) run MKL's GEMV on the plain weight on Intel CPUs, where the packed
+    GEMM does not beat it (elsewhere they run the packed copy too: `mkl_gemv_wins`); calls with more rows
+    (prefill, batched decode, a speculative verify of 1 + k tokens) run the packed copy: measured 1.15x at 32
+    streams and ~2x for the lm_head at 5 rows (bench/README, "Prepacked GEMM"). The price is a second copy of
+    the weights; `EngineConfig.packed_copy` turns it off."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, min_rows: int = 2) -> None:
         super().__init__()
+        self.min_rows = min_rows  # calls with fewer rows use the plain weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameters (a tied lm_head stays tied)
         self.packed = PackedLinear(linear.weight, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() >= PACKED_MIN_ROWS * self.in_features:
+        if x.numel() >= self.min_rows * self.in_features:
             return self.packed(x)
         return F.linear(x, self.weight, self.bias)
 
 
 def add_packed_copies(model: nn.Module) -> int:
     """Swap every full-precision CPU nn.Linear in `model` for a DualLinear; returns the bytes added."""
-    added = 0
+    added, min_rows = 0, 2 if mkl_gemv_wins() else 1
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.is_floating_point():
-                dual = DualLinear(child)
+                dual = DualLinear(child, min_rows)
                 if dual.packed.packed:
                     setattr(module, name, dual)
                     added += dual.packed.nbytes()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from backend.cpu_gemm import PackedLinear, onednn_available
+from backend.cpu_gemm import DualLinear, PackedLinear, onednn_available
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -37,6 +38,20 @@ def test_cpu_without_onednn_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     layer = PackedLinear(w)
     assert not layer.packed and layer.nbytes() == 8 * 16 * 4
     torch.testing.assert_close(layer(x, activation="gelu"), F.gelu(x @ w.T))
+
+
+@pytest.mark.parametrize("min_rows", [1, 2])
+def test_dual_linear_uses_the_packed_copy_from_min_rows(min_rows: int) -> None:
+    """min_rows 2 (Intel: MKL's GEMV wins at one row) or 1 (elsewhere); every path computes nn.Linear's result."""
+    lin = nn.Linear(64, 96)
+    dual = DualLinear(lin, min_rows)
+    packed_rows: list[int] = []
+    packed = dual.packed
+    dual.packed = lambda x: packed_rows.append(x.shape[0]) or packed(x)  # type: ignore[assignment]
+    for rows in (1, 2, 5):
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(dual(x), lin(x), atol=1e-5, rtol=1e-5)
+    assert packed_rows == [r for r in (1, 2, 5) if r >= min_rows]
 
 
 def test_bench_gemm_row_times_every_variant() -> None:

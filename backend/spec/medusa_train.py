@@ -74,7 +74,8 @@ def features(model: torch.nn.Module, samples: list[list[int]], num_heads: int, s
 
 
 def head_loss(heads: MedusaHeads, hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """weight: the shared lm_head in bf16 (AMX: ~3x fp32 on this CPU; the vocab matmul is nearly all of a step)."""
+    """weight: the shared lm_head in the CPU's dense dtype (bf16 with AMX: ~3x fp32; the vocab matmul is nearly
+    all of a step; fp32 on an AVX2 CPU, which emulates bf16)."""
     z = torch.stack([head[:-1](hidden) for head in heads])  # (num_heads, rows, hidden)
     logits = F.linear(z.to(weight.dtype), weight).float()  # (num_heads, rows, len(vocab))
     weights = [0.8**i for i in range(len(heads))]
@@ -89,7 +90,7 @@ def train(heads: MedusaHeads, data: Features, seconds: float, lr: float, batch: 
     The softmax runs over the whole vocabulary: restricted to the tokens the base predicts in the data (10x
     cheaper), the heads' argmax over the full vocabulary drifted to untrained tokens (heldout agreement fell).
     """
-    weight = heads.lm_heads()[0].weight.detach().to(torch.bfloat16)
+    weight = heads.lm_heads()[0].weight.detach().to(dense_dtype("cpu"))
     opt = torch.optim.Adam([p for p in heads.parameters() if p.requires_grad], lr=lr)
     gen = torch.Generator().manual_seed(seed)
     losses: list[float] = []
