@@ -42,8 +42,8 @@ class EngineConfig:
     # int8 (the full-precision copy, projections quantized to per-channel INT8 at load time).
     # An explicit `model` loads as its checkpoint says (AWQ/GPTQ detected from config.json); int8 applies to it too.
     quantization: str = "awq"
-    # INT4 on CPU: also keep a bf16 copy of the weights for batched steps (2x faster from ~10 rows on, 2 more
-    # bytes per weight); off serves every call from the int4 kernel (smallest memory).
+    # INT4 on CPU: also keep a dense copy of the weights for batched steps (2x faster from ~10 rows on; bf16 where
+    # native, +2 bytes per weight, else fp32, +4); off serves every call from the int4 kernel (smallest memory).
     int4_dense_copy: bool = True
     # Full-precision weights on CPU: also keep a oneDNN-prepacked copy for calls with 2+ rows (prefill, batches,
     # speculative verify): 1.15x at 32 streams, ~2x for a 5-row lm_head call (backend/cpu_gemm.py); 2x the memory.

@@ -7,7 +7,7 @@ The gateway runs without an engine (a pure router: no deployment of kind embedde
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +92,15 @@ def _ask(rig: Rig, model: str = "main", **kw: Any) -> Any:
     )
 
 
+def _eventually(check: Callable[[], bool], seconds: float = 2.0) -> bool:
+    """The router closes an attempt (success, failure, cooldown) just after the response is sent, so the client
+    can read the answer a moment before the balancer's state and the metrics show it."""
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return check()
+
+
 def test_a_500_is_retried_on_another_deployment(r: Rig) -> None:
     r.fakes["a"].play("500", default="ok")
     r.fakes["b"].play("500", default="ok")  # two failures, then the third attempt (num_retries 2) answers
@@ -132,7 +141,8 @@ def test_cooldown_keeps_traffic_off_a_failing_deployment_then_probes_it(r: Rig) 
         assert _ask(r).parse().choices[0].message.content
         if r.fakes["a"].received == 2:
             break
-    assert r.fakes["a"].received == 2 and r.metric('smolgate_router_cooldowns_total{deployment="a"') >= 1
+    assert r.fakes["a"].received == 2
+    assert _eventually(lambda: r.metric('smolgate_router_cooldowns_total{deployment="a"') >= 1)
     for _ in range(6):
         assert _ask(r).parse().choices[0].message.content  # all answered by b
     assert r.fakes["a"].received == 2  # cooling down: not tried at all
@@ -143,7 +153,7 @@ def test_cooldown_keeps_traffic_off_a_failing_deployment_then_probes_it(r: Rig) 
         if r.fakes["a"].received:
             break
     assert r.fakes["a"].received == 1
-    assert r.router.balancers["main"].states[0].cooldown_until == 0.0  # closed again
+    assert _eventually(lambda: r.router.balancers["main"].states[0].cooldown_until == 0.0)  # closed again
 
 
 def test_retry_after_is_honoured_then_answered(r: Rig) -> None:

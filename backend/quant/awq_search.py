@@ -77,7 +77,7 @@ def capture_inputs(layer: nn.Module, hidden: torch.Tensor, pos_emb: tuple[torch.
 
 def scale_groups(layer: nn.Module, evaluation: nn.Module, inputs: dict[str, torch.Tensor],
                  pos_emb: tuple[torch.Tensor, torch.Tensor]) -> list[ScaleGroup]:
-    """The four groups; `evaluation` is the (bf16) copy of `layer` whose modules the errors are measured on."""
+    """The four groups; `evaluation` is the (eval_dtype) copy of `layer` whose modules the errors are measured on."""
     attn, mlp, e_attn, e_mlp = layer.self_attn, layer.mlp, evaluation.self_attn, evaluation.mlp
     n_rep = attn.o_proj.in_features // attn.v_proj.out_features
     cos_sin = (pos_emb[0].to(eval_dtype()), pos_emb[1].to(eval_dtype()))
@@ -125,7 +125,8 @@ def activation_mean(x: torch.Tensor, n_rep: int, head_dim: int) -> torch.Tensor:
 def search_scale(group: ScaleGroup, group_size: int, head_dim: int) -> tuple[torch.Tensor, float]:
     """The grid search: (best per-prev-channel scales, best alpha)."""
     x_mean = activation_mean(group.x, group.n_rep, head_dim)
-    x = group.x.to(eval_dtype())
+    dtype = eval_dtype()
+    x = group.x.to(dtype)
     ref = group.block(x).float()
     originals = [lin.weight.data for lin in group.linears]
     best: tuple[float, torch.Tensor, float] = (float("inf"), torch.ones_like(x_mean), 0.0)
@@ -135,12 +136,12 @@ def search_scale(group: ScaleGroup, group_size: int, head_dim: int) -> tuple[tor
         s = s / (s.max() * s.min()).sqrt()
         s_in = expand(s, group.n_rep, head_dim)
         for lin, w in zip(group.evals, originals, strict=True):
-            lin.weight.data = fake_quantize(w * s_in, group_size).div_(s_in).to(eval_dtype())
+            lin.weight.data = fake_quantize(w * s_in, group_size).div_(s_in).to(dtype)
         err = (group.block(x).float() - ref).pow(2).mean().item()
         if err < best[0]:
             best = (err, s, alpha)
     for lin, w in zip(group.evals, originals, strict=True):
-        lin.weight.data = w.to(eval_dtype())
+        lin.weight.data = w.to(dtype)
     return best[1], best[2]
 
 

@@ -35,7 +35,7 @@ def swap_in_int4(model: nn.Module, awq: AwqConfig) -> None:
 
 
 def prepare_int4(model: nn.Module, quantize_lm_head: bool = True, dense_copy: bool = True) -> None:
-    """Repack every Int4Linear for its device (`dense_copy`: plus a bf16 copy for batched calls on CPU);
+    """Repack every Int4Linear for its device (`dense_copy`: plus a dense copy for batched calls on CPU);
     give the lm_head a low-bit copy (embeddings untouched)."""
     for module in model.modules():
         if isinstance(module, Int4Linear):
