@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from backend.config import default_embedding_model_path
-from backend.cpu_gemm import onednn_available
+from backend.cpu_gemm import half_weight_gemm_available, onednn_available
 from backend.errors import InvalidRequestError
 from backend.minilm import BertEncoder
 
@@ -40,9 +40,10 @@ class Embedder:
         self, model_path: str | Path | None = None, batch_size: int = 32, dtype: str = "auto",
         executor: Submitter | None = None,
     ) -> None:
-        """dtype: float32 | bfloat16 | auto (bfloat16 where oneDNN runs it: the forward reads its weights once per
-        query, so half the bytes is ~1.5x faster; vectors have cosine > 0.9999 to the float32 ones, and the
-        labelled cache set scores the same, bench/README "cache"). executor: where loading and `embed` run
+        """dtype: float32 | bfloat16 | float16 (fp16 weights, fp32 arithmetic) | auto: bfloat16 where oneDNN runs
+        it natively, else float16 where FBGEMM is there (x86), else float32. The forward reads its weights once
+        per query, so half the bytes is 1.2-1.5x faster; vectors have cosine > 0.9999 to the float32 ones, and
+        the labelled cache set scores the same (bench/README "cache", "AVX2 CPUs"). executor: where loading and `embed` run
         (default: one thread of its own, so there is one forward at a time)."""
         self._executor = executor or ThreadPoolExecutor(1, thread_name_prefix="embedder")
         path = Path(model_path).expanduser() if model_path else default_embedding_model_path()
@@ -91,9 +92,11 @@ def _load(path: Path) -> torch.nn.Module:
 
 def _encoder_dtype(name: str) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if onednn_available(torch.bfloat16) else torch.float32
-    if name not in ("float32", "bfloat16"):
-        raise ValueError(f"embedding dtype {name!r}: use auto, float32 or bfloat16")
+        if onednn_available(torch.bfloat16):
+            return torch.bfloat16
+        return torch.float16 if half_weight_gemm_available() else torch.float32
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"embedding dtype {name!r}: use auto, float32, bfloat16 or float16")
     return getattr(torch, name)
 
 

@@ -17,13 +17,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.cpu_gemm import PackedLinear
+from backend.cpu_gemm import HalfWeightLinear, PackedLinear
 
 
-def _packed(*linears: nn.Linear, dtype: torch.dtype) -> PackedLinear:
-    """One PackedLinear computing the given linears side by side (fused q/k/v)."""
-    weight = torch.cat([lin.weight.detach() for lin in linears]).to(dtype)
-    return PackedLinear(weight, torch.cat([lin.bias.detach() for lin in linears]).to(dtype))
+def _packed(*linears: nn.Linear, dtype: torch.dtype) -> Gemm:
+    """One prepacked GEMM computing the given linears side by side (fused q/k/v). float16: fp16 weights with fp32
+    arithmetic (`HalfWeightLinear`); otherwise weights and arithmetic in `dtype`."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = torch.cat([lin.bias.detach() for lin in linears])
+    if dtype == torch.float16:
+        return HalfWeightLinear(weight, bias)
+    return PackedLinear(weight.to(dtype), bias.to(dtype))
 
 
 @dataclass
@@ -40,13 +44,16 @@ class _Norm:
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 
 
+Gemm = PackedLinear | HalfWeightLinear
+
+
 @dataclass
 class _Layer:
-    qkv: PackedLinear
-    out: PackedLinear
+    qkv: Gemm
+    out: Gemm
     attn_norm: _Norm
-    up: PackedLinear  # GELU fused in
-    down: PackedLinear
+    up: Gemm  # GELU fused in
+    down: Gemm
     mlp_norm: _Norm
 
 
@@ -54,27 +61,29 @@ class BertEncoder:
     """Last hidden states of a BertModel (post-norm encoder, absolute positions, token type 0)."""
 
     def __init__(self, bert: nn.Module, dtype: torch.dtype = torch.float32) -> None:
+        """dtype: float32 or bfloat16 (weights and arithmetic), or float16 (fp16 weights, fp32 arithmetic)."""
         cfg = bert.config
         if cfg.hidden_act != "gelu" or getattr(cfg, "position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"unsupported BERT variant: hidden_act={cfg.hidden_act}, positions={cfg.position_embedding_type}")
-        self.dtype, self.num_heads = dtype, cfg.num_attention_heads
+        self.dtype = torch.float32 if dtype == torch.float16 else dtype  # the activations'
+        self.num_heads = cfg.num_attention_heads
         emb = bert.embeddings
-        self.word = emb.word_embeddings.weight.detach().to(dtype)
+        self.word = emb.word_embeddings.weight.detach().to(self.dtype)
         # Token type 0 for every token (sentence embeddings have one segment): fold it into the positions.
-        self.position = (emb.position_embeddings.weight + emb.token_type_embeddings.weight[0]).detach().to(dtype)
-        self.emb_norm = _Norm.of(emb.LayerNorm, dtype)
-        self.layers = [self._layer(layer, dtype) for layer in bert.encoder.layer]
+        self.position = (emb.position_embeddings.weight + emb.token_type_embeddings.weight[0]).detach().to(self.dtype)
+        self.emb_norm = _Norm.of(emb.LayerNorm, self.dtype)
+        self.layers = [self._layer(layer, dtype, self.dtype) for layer in bert.encoder.layer]
 
     @staticmethod
-    def _layer(layer: nn.Module, dtype: torch.dtype) -> _Layer:
+    def _layer(layer: nn.Module, weights: torch.dtype, activations: torch.dtype) -> _Layer:
         att = layer.attention
         return _Layer(
-            qkv=_packed(att.self.query, att.self.key, att.self.value, dtype=dtype),
-            out=_packed(att.output.dense, dtype=dtype),
-            attn_norm=_Norm.of(att.output.LayerNorm, dtype),
-            up=_packed(layer.intermediate.dense, dtype=dtype),
-            down=_packed(layer.output.dense, dtype=dtype),
-            mlp_norm=_Norm.of(layer.output.LayerNorm, dtype),
+            qkv=_packed(att.self.query, att.self.key, att.self.value, dtype=weights),
+            out=_packed(att.output.dense, dtype=weights),
+            attn_norm=_Norm.of(att.output.LayerNorm, activations),
+            up=_packed(layer.intermediate.dense, dtype=weights),
+            down=_packed(layer.output.dense, dtype=weights),
+            mlp_norm=_Norm.of(layer.output.LayerNorm, activations),
         )
 
     @torch.inference_mode()

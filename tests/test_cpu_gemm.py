@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.cpu_gemm import DualLinear, PackedLinear, onednn_available
+from backend.cpu_gemm import DualLinear, HalfWeightLinear, PackedLinear, half_weight_gemm_available, onednn_available
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -38,6 +38,18 @@ def test_cpu_without_onednn_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     layer = PackedLinear(w)
     assert not layer.packed and layer.nbytes() == 8 * 16 * 4
     torch.testing.assert_close(layer(x, activation="gelu"), F.gelu(x @ w.T))
+
+
+@pytest.mark.skipif(not half_weight_gemm_available(), reason="torch built without FBGEMM")
+@pytest.mark.parametrize("shape", [(3, 64), (2, 5, 64)])
+def test_half_weight_linear_is_fp32_arithmetic_on_fp16_weights(shape: tuple[int, ...]) -> None:
+    g = torch.Generator().manual_seed(len(shape))
+    w, b, x = torch.randn(96, 64, generator=g), torch.randn(96, generator=g), torch.randn(*shape, generator=g)
+    layer = HalfWeightLinear(w, b)
+    ref = F.linear(x, w.half().float(), b)
+    assert layer.nbytes() == 96 * 64 * 2
+    torch.testing.assert_close(layer(x), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer(x, activation="gelu"), F.gelu(ref), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("min_rows", [1, 2])

@@ -39,7 +39,7 @@ def test_padded_batch_matches_transformers_on_real_tokens(bert: tuple) -> None:
     torch.testing.assert_close(ours[real], ref[real], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize(("dtype", "min_cosine"), [("float32", 0.99999), ("bfloat16", 0.999)])
+@pytest.mark.parametrize(("dtype", "min_cosine"), [("float32", 0.99999), ("bfloat16", 0.999), ("float16", 0.99999)])
 def test_embedder_vectors_match_sentence_transformers_recipe(bert: tuple, dtype: str, min_cosine: float) -> None:
     model, tok = bert
     vectors, tokens = Embedder(dtype=dtype).embed_sync(TEXTS)
