@@ -199,8 +199,10 @@ class LLMEngine:
         """One batched sampler call over the last row of every sampling chunk without a draft."""
         if not rows:
             return
-        seqs = [seq for seq, _ in rows]
-        sampled = self.sampler(logits[[row for _, row in rows]], seqs)
+        seqs, index = [seq for seq, _ in rows], [row for _, row in rows]
+        if index != list(range(len(logits))):  # else every row samples: no (rows, vocab) copy (4 ms at 32 rows)
+            logits = logits.index_select(0, torch.tensor(index, device=logits.device))
+        sampled = self.sampler(logits, seqs)
         for i, (seq, token) in enumerate(zip(seqs, sampled.token_ids, strict=True)):
             self._append_token(seq, token, None if sampled.logprobs is None else sampled.logprobs[i])
 
