@@ -19,6 +19,8 @@ from torch import nn
 
 from backend.cpu_gemm import HalfWeightLinear, PackedLinear
 
+Gemm = PackedLinear | HalfWeightLinear
+
 
 def _packed(*linears: nn.Linear, dtype: torch.dtype) -> Gemm:
     """One prepacked GEMM computing the given linears side by side (fused q/k/v). float16: fp16 weights with fp32
@@ -42,9 +44,6 @@ class _Norm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
-
-
-Gemm = PackedLinear | HalfWeightLinear
 
 
 @dataclass
