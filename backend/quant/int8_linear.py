@@ -38,6 +38,7 @@ class Int8Linear(nn.Module):
         self.on_cpu = weight.device.type == "cpu"
         if self.on_cpu:
             self.weight_int8, self.scale = q, scale.to(torch.bfloat16)
+            self.dense_dtype = dense_dtype(weight.device)  # of the prefill path's dequantized weight
         else:  # no int8 GEMM of ours on CUDA: serve the (rounded) bf16 weight
             self.weight_bf16 = (q.float() * scale[:, None]).to(torch.bfloat16)
 
@@ -57,8 +58,8 @@ class Int8Linear(nn.Module):
         elif rows.shape[0] < DENSE_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.weight_int8, self.scale)
         else:
-            dtype = dense_dtype("cpu")
-            y = F.linear(rows.to(dtype), self.weight_int8.to(dtype) * self.scale.to(dtype)[:, None])
+            dt = self.dense_dtype
+            y = F.linear(rows.to(dt), self.weight_int8.to(dt) * self.scale.to(dt)[:, None])
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
