@@ -53,7 +53,7 @@ class LLMEngine:
         tp, pp = parallel_ranks(config.tensor_parallel_size, config.pipeline_parallel_size)
         model = load_model(
             model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization, tp, pp,
-            packed_copy=config.packed_copy,
+            packed_copy=config.packed_copy, int4_cpu_kernel=config.int4_cpu_kernel,
         )
         draft = load_draft_model(config, model, dtype, self.device, self.max_model_len, ops)
         heads = load_medusa_heads(config, model.config.vocab_size, model.config.hidden_size, dtype, self.device)

@@ -87,7 +87,8 @@ def _load_worker_model(cfg: Any) -> tuple[nn.Module, torch.dtype, str]:
     ops = select_ops(cfg.kernel_backend, device, cfg.block_size)
     tp, pp = parallel_ranks(cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
     model = load_model(
-        model_dir, dtype, device, max_len, ops, cfg.int4_dense_copy, cfg.quantization, tp=tp, pp=pp, packed_copy=cfg.packed_copy
+        model_dir, dtype, device, max_len, ops, cfg.int4_dense_copy, cfg.quantization, tp=tp, pp=pp, packed_copy=cfg.packed_copy,
+        int4_cpu_kernel=cfg.int4_cpu_kernel,
     )
     return model, dtype, device
 

@@ -135,7 +135,7 @@ def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | Non
 def load_model(
     path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None, int4_dense_copy: bool = True,
     quantization: str = "none", tp: tuple[int, int] | None = None, pp: tuple[int, int] | None = None,
-    packed_copy: bool = False,
+    packed_copy: bool = False, int4_cpu_kernel: str = "auto",
 ) -> LlamaForCausalLM:
     """quantization "int8" quantizes a full-precision checkpoint's projections at load time; a quantized
     checkpoint (AWQ, GPTQ) always loads as it says. packed_copy: full-precision linears on CPU also keep a
@@ -164,7 +164,7 @@ def load_model(
     if awq is not None:
         from backend.quant.convert import prepare_int4
 
-        prepare_int4(model, dense_copy=int4_dense_copy)
+        prepare_int4(model, dense_copy=int4_dense_copy, cpu_kernel=int4_cpu_kernel)
     elif quantization == "int8":
         from backend.quant.convert import quantize_int8
 

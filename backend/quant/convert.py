@@ -13,12 +13,16 @@ bf16 for batches); the full-precision embedding table stays for the token lookup
 
 from __future__ import annotations
 
+import ctypes
+
 from torch import nn
 
+from backend.config import cache_dir
 from backend.quant.config import AwqConfig
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear
 from backend.quant.lm_head import LowBitHead
+from kernels.cpu_w4a8 import load_w4a8, w4a8_unavailable
 
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
@@ -34,15 +38,28 @@ def swap_in_int4(model: nn.Module, awq: AwqConfig) -> None:
             setattr(parent, name, int4)
 
 
-def prepare_int4(model: nn.Module, quantize_lm_head: bool = True, dense_copy: bool = True) -> None:
-    """Repack every Int4Linear for its device (`dense_copy`: plus a dense copy for batched calls on CPU);
-    give the lm_head a low-bit copy (embeddings untouched)."""
+def prepare_int4(model: nn.Module, quantize_lm_head: bool = True, dense_copy: bool = True, cpu_kernel: str = "auto") -> None:
+    """Repack every Int4Linear for its device (`dense_copy`: plus a dense copy for batched calls on CPU when
+    torch's int4 kernel serves them; `cpu_kernel`: see EngineConfig.int4_cpu_kernel); give the lm_head a low-bit
+    copy (embeddings untouched)."""
+    lib = w4a8_kernel(cpu_kernel) if next(model.parameters()).device.type == "cpu" else None
     for module in model.modules():
         if isinstance(module, Int4Linear):
-            module.prepare(dense_copy)
+            module.prepare(dense_copy, lib)
     head = model.lm_head
     if quantize_lm_head and isinstance(head, nn.Linear):
         model.lm_head = LowBitHead(head.weight, head.bias)
+
+
+def w4a8_kernel(choice: str) -> ctypes.CDLL | None:
+    """The W4A8 CPU kernel for `choice` auto (where it builds) | w4a8 (required) | torch (never)."""
+    if choice not in {"auto", "w4a8", "torch"}:
+        raise ValueError(f"unknown int4_cpu_kernel {choice!r}: use auto, w4a8 or torch")
+    lib = load_w4a8(cache_dir() / "kernels") if choice != "torch" else None
+    if lib is None and choice == "w4a8":
+        why = w4a8_unavailable() or f"the build failed (log: {cache_dir() / 'kernels' / 'cpu_w4a8.log'})"
+        raise ValueError(f"int4_cpu_kernel w4a8: {why}")
+    return lib
 
 
 def int4_weight_bytes(model: nn.Module) -> int:

@@ -1,0 +1,174 @@
+"""W4A8 GEMM on x86 CPUs (AVX2 + FMA): the C kernel in cpu_w4a8.c, built once with the system C compiler.
+
+    lib = load_w4a8(build_dir)                       # None where it cannot run: say why with w4a8_unavailable()
+    w = pack_w4a8(q, scales, zeros)                  # once per layer: q (N, K) 0..15, w = (q - zeros) * scales
+    y = w4a8_linear(lib, x, w)                       # x (M, K) float32 -> (M, N) float32
+    y_ref = w4a8_linear_ref(x, w)                    # the same arithmetic in torch (tests)
+
+Algorithm: each row of x is quantized to int8 per group of the weight's quantization (one scale per row and
+group, symmetric, round to nearest), the 4-bit x 8-bit products are summed exactly in integers per group,
+scaled by the weight's and the activation's scale into fp32, and the zero points are subtracted with the
+exact fp32 sum of each activation group. Error against fp32 activations: ~0.4% relative per GEMM (the int8
+rounding of x); a row's result is independent of the other rows of the call.
+
+Why C and not Triton: Triton compiles for GPUs (and runs on the CPU only in its interpreter); this is the CPU
+serving path. Built with `cc -O3 -mavx2 -mfma -fopenmp` into `build_dir`, named by a hash of the source
+and flags, linked to torch's own OpenMP runtime so its threads are torch's threads (a second runtime would
+make a second pool that fights torch's for the two cores). Called through ctypes, which releases the GIL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_suffix(".c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC", "-fopenmp")
+MAX_GROUP = 256  # int16 per-group sums: 8 blocks of 32 at most (see the C file)
+
+
+@dataclass(frozen=True)
+class W4A8Weight:
+    """A weight in the kernel's layout (see cpu_w4a8.c)."""
+
+    q: torch.Tensor  # (N, K / 2) uint8: per 32-value block, byte j = value j (low nibble) | value j + 16 (high)
+    scales: torch.Tensor  # (N, K / G) float32
+    zeros_t: torch.Tensor  # (K / G, N) float32: zero * scale, transposed
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape[0], self.q.shape[1] * 2
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.zeros_t))
+
+
+def pack_w4a8(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> W4A8Weight:
+    """q (N, K) integers 0..15, scales and zeros (N, K / G) with w = (q - zeros) * scales."""
+    n, k = q.shape
+    group = k // scales.shape[1]
+    assert scales.shape == zeros.shape == (n, k // group) and k % group == 0, "scales/zeros must be (N, K / G)"
+    assert group % 32 == 0 and group <= MAX_GROUP, f"group size {group}: a multiple of 32, at most {MAX_GROUP}"
+    blocks = q.to(torch.uint8).reshape(n, k // 32, 2, 16)
+    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    s = scales.float().contiguous()
+    return W4A8Weight(packed, s, (zeros.float() * s).T.contiguous(), group)
+
+
+def unpack_w4a8(w: W4A8Weight) -> torch.Tensor:
+    """(N, K) uint8 values back out of the packed layout."""
+    n, k = w.shape
+    b = w.q.reshape(n, k // 32, 16)
+    return torch.stack([b & 15, b >> 4], dim=2).reshape(n, k)
+
+
+def w4a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: W4A8Weight) -> torch.Tensor:
+    """y = x @ dequant(w).T with x quantized per (row, group) to int8; x (M, K) float32 -> (M, N) float32."""
+    n, k = w.shape
+    assert x.dim() == 2 and x.shape[1] == k, f"x must be (M, {k}), got {tuple(x.shape)}"
+    assert x.dtype == torch.float32 and x.device.type == "cpu", "x must be a float32 CPU tensor"
+    x = x.contiguous()
+    m, groups = x.shape[0], k // w.group_size
+    xq = torch.empty(m, k, dtype=torch.int8)  # scratch: the quantized rows and their per-group scales and sums
+    xd, xs = torch.empty(2, m, groups).unbind(0)
+    y = torch.empty(m, n)
+    lib.w4a8_linear(
+        x.data_ptr(), w.q.data_ptr(), w.scales.data_ptr(), w.zeros_t.data_ptr(), xq.data_ptr(), xd.data_ptr(),
+        xs.data_ptr(), m, n, k, w.group_size, y.data_ptr(), torch.get_num_threads(),
+    )
+    return y
+
+
+def quantize_rows_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (M, K) -> int8 values (M, K), scales (M, K / G), exact sums (M, K / G): the kernel's activation step."""
+    g = x.float().reshape(x.shape[0], -1, group)  # (M, groups, G)
+    amax = g.abs().amax(-1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    xq = torch.round(g * inv[..., None]).to(torch.int8).reshape(x.shape)
+    return xq, amax / 127.0, g.sum(-1)
+
+
+def w4a8_linear_ref(x: torch.Tensor, w: W4A8Weight) -> torch.Tensor:
+    """The kernel's arithmetic in torch (float64 accumulation: the kernel's fp32 order is not reproduced)."""
+    n = w.shape[0]
+    xq, xd, xs = quantize_rows_ref(x, w.group_size)
+    q = unpack_w4a8(w).double().reshape(n, -1, w.group_size)  # (N, groups, G)
+    dots = torch.einsum("mgk,ngk->mng", xq.double().reshape(x.shape[0], -1, w.group_size), q)  # (M, N, groups)
+    y = (dots * w.scales.double()[None] * xd.double()[:, None]).sum(-1)
+    return (y - xs.double() @ w.zeros_t.double()).float()
+
+
+# ---- building and loading ----------------------------------------------------------------------------
+def w4a8_unavailable() -> str | None:
+    """Why the kernel cannot run here (None if it can be built)."""
+    if platform.machine() not in {"x86_64", "AMD64"}:
+        return f"not an x86-64 CPU ({platform.machine()})"
+    flags = _cpu_flags()
+    if not {"avx2", "fma"} <= flags:
+        return "the CPU lacks AVX2/FMA"
+    if _compiler() is None:
+        return "no C compiler (cc/gcc) on PATH"
+    return None
+
+
+@functools.cache
+def load_w4a8(build_dir: Path) -> ctypes.CDLL | None:
+    """The compiled kernel (built on first use into `build_dir`), or None where w4a8_unavailable() says why or
+    the build failed (then the error is in `build_dir`/cpu_w4a8.log)."""
+    if w4a8_unavailable() is not None:
+        return None
+    gomp = _torch_openmp()
+    flags = FLAGS if gomp else tuple(f for f in FLAGS if f != "-fopenmp")  # no OpenMP of torch's: one thread
+    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + str(gomp).encode()).hexdigest()[:12]
+    target = Path(build_dir) / f"cpu_w4a8-{tag}.so"
+    if not target.exists() and not _build(target, flags, gomp):
+        return None
+    lib = ctypes.CDLL(str(target))
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.w4a8_linear.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
+    lib.w4a8_linear.restype = None
+    return lib
+
+
+def _build(target: Path, flags: tuple[str, ...], gomp: Path | None) -> bool:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    link = [f"-L{gomp.parent}", f"-Wl,-rpath,{gomp.parent}", f"-l:{gomp.name}"] if gomp else []
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
+        cmd = [str(_compiler()), *flags, str(SOURCE), "-o", tmp.name, *link]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        (target.parent / "cpu_w4a8.log").write_text(" ".join(cmd) + "\n" + done.stderr)
+        Path(tmp.name).unlink(missing_ok=True)
+        return False
+    os.replace(tmp.name, target)  # atomic: a concurrent loader sees no half-written library
+    return True
+
+
+def _torch_openmp() -> Path | None:
+    """torch's bundled OpenMP runtime (libgomp), which the kernel must share."""
+    lib = Path(torch.__file__).parent / "lib"
+    return next(iter(sorted(lib.glob("libgomp*.so*"))), None)
+
+
+def _compiler() -> Path | None:
+    found = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    return Path(found) if found else None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()

@@ -1,0 +1,123 @@
+"""The W4A8 CPU kernel (kernels/cpu_w4a8.c) against its torch reference and a float32 matmul, and Int4Linear's
+w4a8 mode. Skipped, saying why, where the kernel cannot be built (not x86 AVX2, no C compiler)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.quant.awq_format import pack, quantize
+from backend.quant.int4_linear import Int4Linear, dequantized_weight
+from kernels.cpu_w4a8 import (
+    load_w4a8,
+    pack_w4a8,
+    quantize_rows_ref,
+    unpack_w4a8,
+    w4a8_linear,
+    w4a8_linear_ref,
+    w4a8_unavailable,
+)
+
+pytestmark = pytest.mark.skipif(w4a8_unavailable() is not None, reason=f"W4A8 kernel: {w4a8_unavailable()}")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory):
+    built = load_w4a8(Path(tmp_path_factory.mktemp("w4a8")))
+    assert built is not None, "the kernel did not build (see cpu_w4a8.log in the build folder)"
+    return built
+
+
+def random_weight(n: int, k: int, group: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scales = torch.rand(n, k // group, generator=g) * 0.02 + 1e-3
+    zeros = torch.randint(0, 16, (n, k // group), generator=g).float()
+    return q, scales, zeros
+
+
+def dense(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    n, k = q.shape
+    return ((q.float().view(n, scales.shape[1], -1) - zeros[..., None]) * scales[..., None]).view(n, k)
+
+
+def test_pack_roundtrip_and_layout() -> None:
+    q, scales, zeros = random_weight(8, 64, 32)
+    w = pack_w4a8(q, scales, zeros)
+    assert w.q.shape == (8, 32) and w.zeros_t.shape == (2, 8)
+    assert torch.equal(unpack_w4a8(w), q)
+    assert w.q[0, 0].item() == q[0, 0].item() | (q[0, 16].item() << 4)  # byte j: values j and j + 16 of its block
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 32, 70])  # the 4-row tile, its tails, several 32-row blocks
+def test_matches_reference_and_float_matmul(lib, group: int, rows: int) -> None:
+    n, k = 40, 512  # 40 weight rows: two chunks of 16 plus a tail of 8
+    q, scales, zeros = random_weight(n, k, group, seed=group)
+    w = pack_w4a8(q, scales, zeros)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    y = w4a8_linear(lib, x, w)
+    ref = w4a8_linear_ref(x, w)
+    assert y.shape == (rows, n) and y.dtype == torch.float32
+    assert ((y - ref).abs().max() / ref.abs().max()).item() < 1e-5  # the same arithmetic, fp32 summation order aside
+    exact = x @ dense(q, scales, zeros).T
+    assert ((y - exact).norm() / exact.norm()).item() < 0.02  # what int8 activations cost
+
+
+def test_a_row_does_not_depend_on_its_batch(lib) -> None:
+    q, scales, zeros = random_weight(48, 256, 64)
+    w = pack_w4a8(q, scales, zeros)
+    x = torch.randn(37, 256)
+    full = w4a8_linear(lib, x, w)
+    for rows in (slice(5, 6), slice(0, 4), slice(3, 36), slice(0, 33)):
+        assert torch.equal(w4a8_linear(lib, x[rows], w), full[rows])
+
+
+def test_zero_rows_and_outlier_groups(lib) -> None:
+    q, scales, zeros = random_weight(16, 128, 64)
+    w = pack_w4a8(q, scales, zeros)
+    x = torch.zeros(3, 128)
+    x[1, 5] = 1e4  # one outlier costs precision only in its own group
+    x[1, 64:] = torch.randn(64)
+    y = w4a8_linear(lib, x, w)
+    assert torch.equal(y[0], torch.zeros(16)) and torch.equal(y[2], torch.zeros(16))
+    exact = x @ dense(q, scales, zeros).T
+    assert torch.allclose(y[1], exact[1], rtol=1e-3, atol=1e-3 * exact[1].abs().max().item())
+
+
+def test_quantize_rows_ref_round_trip() -> None:
+    x = torch.randn(4, 128)
+    xq, xd, xs = quantize_rows_ref(x, 64)
+    back = (xq.float().view(4, 2, 64) * xd[..., None]).view(4, 128)
+    assert (back - x).abs().max() <= xd.max() / 2 + 1e-6
+    assert torch.allclose(xs, x.view(4, 2, 64).sum(-1))
+
+
+def test_launcher_checks_shapes(lib) -> None:
+    w = pack_w4a8(*random_weight(16, 64, 32))
+    with pytest.raises(AssertionError, match="must be"):
+        w4a8_linear(lib, torch.randn(2, 32), w)
+    with pytest.raises(AssertionError, match="float32"):
+        w4a8_linear(lib, torch.randn(2, 64, dtype=torch.float64), w)
+    with pytest.raises(AssertionError, match="group size"):
+        pack_w4a8(*random_weight(16, 96, 48))
+
+
+@pytest.mark.parametrize("rows", [1, 32, 200])
+def test_int4_linear_w4a8_mode(lib, rows: int) -> None:
+    """An AWQ layer prepared with the kernel: only the 4-bit copy, within 2% of the dequantized fp32 matmul."""
+    layer = Int4Linear(256, 128, 64, bias=True)
+    for name, t in pack(quantize(torch.randn(128, 256) * 0.05, 64)).items():
+        getattr(layer, name).data = t
+    layer.bias.data = torch.randn(128)
+    weight, bias = dequantized_weight(layer), layer.bias.data.clone()
+    layer.prepare(w4a8=lib)
+    assert layer.mode == "w4a8" and not hasattr(layer, "dense") and not hasattr(layer, "packed")
+    assert layer.weight_bytes() <= 128 * 256 * 2 * 0.32  # 4 bits + fp32 (scale, zero * scale) per 64 weights
+    x = torch.randn(rows, 256)
+    ref = x @ weight.T + bias
+    y = layer(x.view(rows, 1, 256))
+    assert y.shape == (rows, 1, 128)
+    assert ((y.view(rows, 128) - ref).norm() / ref.norm()).item() < 0.02
