@@ -10,10 +10,13 @@ queries meet them in the cache's dtype, and the output goes back to the model's.
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 
 from backend.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
+from kernels.cpu_paged_decode import paged_decode_cpu, supports
 
 
 def store_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -65,13 +68,19 @@ def prefill_attention(
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, batch: ForwardBatch, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, batch: ForwardBatch, scale: float,
+    decode_kernel: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
-    """Store this step's K/V, then attend. q: (num_tokens, num_heads, head_dim)."""
+    """Store this step's K/V, then attend. q: (num_tokens, num_heads, head_dim). `decode_kernel`: the C paged
+    decode kernel (kernels/cpu_paged_decode.c), used for the decode tokens where it takes their dtype."""
     store_kv(cache, k, v, batch.slot_mapping)
     d = batch.num_decode_tokens
     parts = []
-    if batch.decode is not None:
+    if batch.decode is not None and decode_kernel is not None and supports(q, cache):
+        m = batch.decode
+        out = paged_decode_cpu(decode_kernel, q[:d], cache, m.block_tables, m.context_lens, batch.block_size, scale, batch.window)
+        parts.append(out)
+    elif batch.decode is not None:
         parts.append(decode_attention(q[:d], cache, batch.decode, scale, batch.block_size))
     if batch.prefill is not None:
         parts.append(prefill_attention(q[d:], cache, batch.prefill, scale, batch.block_size))

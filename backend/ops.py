@@ -2,19 +2,24 @@
 
 The model calls `ops.rms_norm`, `ops.rope_table` (once per forward), `ops.rotary` and `ops.attention` and never
 knows which one runs.
-`select_ops("auto", device)` picks Triton on CUDA and torch elsewhere; "triton" on a CPU runs the
-kernels through Triton's interpreter (slow; for tests), "torch" forces the torch path on a GPU.
+`select_ops("auto", device)` picks Triton on CUDA, and on a CPU torch plus the C paged decode kernel
+(kernels/cpu_paged_decode.c, x86 AVX2 + a C compiler: decode attention straight through the block table instead
+of a block gather + masked SDPA; `CpuOps`); "triton" on a CPU runs the kernels through Triton's interpreter
+(slow; for tests), "torch" forces the plain torch path anywhere.
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from backend.attention import paged_attention
+from backend.config import cache_dir
 from backend.forward_batch import ForwardBatch
+from kernels.cpu_paged_decode import load_paged_decode
 
 
 class Ops(Protocol):
@@ -62,6 +67,18 @@ class TorchOps:
 
     def attention(self, q, k, v, cache, batch, scale):
         return paged_attention(q, k, v, cache, batch, scale)
+
+
+class CpuOps(TorchOps):
+    """The torch ops with decode attention in the C kernel (fp32 caches; other dtypes keep the torch path)."""
+
+    name = "cpu"
+
+    def __init__(self, decode_kernel: ctypes.CDLL) -> None:
+        self.decode_kernel = decode_kernel
+
+    def attention(self, q, k, v, cache, batch, scale):
+        return paged_attention(q, k, v, cache, batch, scale, self.decode_kernel)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -124,4 +141,7 @@ def select_ops(backend: str, device: str, block_size: int) -> Ops:
         import kernels
 
         kernels.use_interpreter()  # Triton on the CPU means the interpreter
-    return TritonOps(block_size) if use_triton else TorchOps()
+    if use_triton:
+        return TritonOps(block_size)
+    kernel = load_paged_decode(cache_dir() / "kernels") if backend == "auto" and device == "cpu" else None
+    return CpuOps(kernel) if kernel is not None else TorchOps()

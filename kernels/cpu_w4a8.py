@@ -12,28 +12,20 @@ exact fp32 sum of each activation group. Error against fp32 activations: ~0.4% r
 rounding of x); a row's result is independent of the other rows of the call.
 
 Why C and not Triton: Triton compiles for GPUs (and runs on the CPU only in its interpreter); this is the CPU
-serving path. Built with `cc -O3 -mavx2 -mfma -fopenmp` into `build_dir`, named by a hash of the source
-and flags, linked to torch's own OpenMP runtime so its threads are torch's threads (a second runtime would
-make a second pool that fights torch's for the two cores). Called through ctypes, which releases the GIL.
+serving path. Built once with the system compiler, on torch's OpenMP threads (kernels/cpu_build.py).
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .cpu_build import c_kernels_unavailable, load_c_kernel
+
 SOURCE = Path(__file__).with_suffix(".c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC", "-fopenmp")
 MAX_GROUP = 256  # int16 per-group sums: 8 blocks of 32 at most (see the C file)
 
 
@@ -109,66 +101,17 @@ def w4a8_linear_ref(x: torch.Tensor, w: W4A8Weight) -> torch.Tensor:
     return (y - xs.double() @ w.zeros_t.double()).float()
 
 
-# ---- building and loading ----------------------------------------------------------------------------
+# ---- loading -------------------------------------------------------------------------------------------
 def w4a8_unavailable() -> str | None:
     """Why the kernel cannot run here (None if it can be built)."""
-    if platform.machine() not in {"x86_64", "AMD64"}:
-        return f"not an x86-64 CPU ({platform.machine()})"
-    flags = _cpu_flags()
-    if not {"avx2", "fma"} <= flags:
-        return "the CPU lacks AVX2/FMA"
-    if _compiler() is None:
-        return "no C compiler (cc/gcc) on PATH"
-    return None
+    return c_kernels_unavailable()
 
 
-@functools.cache
 def load_w4a8(build_dir: Path) -> ctypes.CDLL | None:
-    """The compiled kernel (built on first use into `build_dir`), or None where w4a8_unavailable() says why or
-    the build failed (then the error is in `build_dir`/cpu_w4a8.log)."""
-    if w4a8_unavailable() is not None:
-        return None
-    gomp = _torch_openmp()
-    flags = FLAGS if gomp else tuple(f for f in FLAGS if f != "-fopenmp")  # no OpenMP of torch's: one thread
-    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + str(gomp).encode()).hexdigest()[:12]
-    target = Path(build_dir) / f"cpu_w4a8-{tag}.so"
-    if not target.exists() and not _build(target, flags, gomp):
-        return None
-    lib = ctypes.CDLL(str(target))
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.w4a8_linear.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
-    lib.w4a8_linear.restype = None
+    """The compiled kernel (built on first use into `build_dir`, kernels/cpu_build.py), or None where it cannot run."""
+    lib = load_c_kernel(SOURCE, Path(build_dir))
+    if lib is not None:
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.w4a8_linear.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
+        lib.w4a8_linear.restype = None
     return lib
-
-
-def _build(target: Path, flags: tuple[str, ...], gomp: Path | None) -> bool:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    link = [f"-L{gomp.parent}", f"-Wl,-rpath,{gomp.parent}", f"-l:{gomp.name}"] if gomp else []
-    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
-        cmd = [str(_compiler()), *flags, str(SOURCE), "-o", tmp.name, *link]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        (target.parent / "cpu_w4a8.log").write_text(" ".join(cmd) + "\n" + done.stderr)
-        Path(tmp.name).unlink(missing_ok=True)
-        return False
-    os.replace(tmp.name, target)  # atomic: a concurrent loader sees no half-written library
-    return True
-
-
-def _torch_openmp() -> Path | None:
-    """torch's bundled OpenMP runtime (libgomp), which the kernel must share."""
-    lib = Path(torch.__file__).parent / "lib"
-    return next(iter(sorted(lib.glob("libgomp*.so*"))), None)
-
-
-def _compiler() -> Path | None:
-    found = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    return Path(found) if found else None
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()

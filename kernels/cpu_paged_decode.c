@@ -1,0 +1,124 @@
+/* Paged decode attention for x86 CPUs with AVX2 + FMA (fp32 KV cache), built by kernels/cpu_paged_decode.py.
+ *
+ * Why: the torch path copies every sequence's context blocks out of the cache (index_select) into padded
+ * tensors, then runs SDPA over them with a mask: two passes over the context plus ~8 ops a layer. Here each
+ * (sequence, KV head) task reads its keys and values once, straight through the block table, for the whole
+ * group of query heads that share them (GQA), with an exact two-pass softmax in fp32.
+ *
+ * Layout: q, out (n, H, D); cache halves kc, vc (slots, KVH, D) with slot = block * bs + offset; tables (n,
+ * max_blocks) int32; lens (n,) int32 = tokens in the cache, the new one included; window > 0 keeps the last
+ * `window` tokens (sliding window). scores: scratch of n * KVH * (H / KVH) * max_len floats.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+static inline float hsum(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+
+/* exp(x) for x <= 0 (scores minus their max), Cephes' range reduction and degree-5 polynomial: ~1 ulp. */
+static inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f)); /* exp underflows to ~0 below */
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x); /* x - n ln2, in two parts for precision */
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n));
+}
+
+#define MAX_GROUP 16 /* query heads per KV head */
+#define MAX_D 256
+
+/* The eight sums of eight vectors, as one vector (a transpose-and-add tree). */
+static inline __m256 hsum8(const __m256 v[8]) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* Row of token t of this KV head: its slot through the block table. */
+#define ROW(cache, t) ((cache) + ((int64_t)table[(t) / bs] * bs + (t) % bs) * KVH * D + kvh * D)
+
+static void one_task(const float *q, const float *kc, const float *vc, const int32_t *table, int64_t len, int64_t start,
+                     int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t kvh, float scale, float *s, int64_t max_len,
+                     float *out) {
+  const int64_t G = H / KVH, nd = D / 8;
+  const float *qh = q + kvh * G * D; /* this KV head's G query heads are contiguous */
+  const float *rows[8];
+  /* 1. scores, eight keys at a time (their dot products reduced together); the tail one by one */
+  int64_t t = start;
+  for (; t + 8 <= len; t += 8) {
+    for (int r = 0; r < 8; r++) rows[r] = ROW(kc, t + r);
+    for (int64_t g = 0; g < G; g++) {
+      __m256 acc[8];
+      for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+      for (int64_t j = 0; j < nd; j++) {
+        const __m256 qv = _mm256_loadu_ps(qh + g * D + 8 * j);
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[r] + 8 * j), acc[r]);
+      }
+      _mm256_storeu_ps(s + g * max_len + t, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+    }
+  }
+  for (; t < len; t++) {
+    const float *k = ROW(kc, t);
+    for (int64_t g = 0; g < G; g++) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t j = 0; j < nd; j++) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * D + 8 * j), _mm256_loadu_ps(k + 8 * j), acc);
+      s[g * max_len + t] = hsum(acc) * scale;
+    }
+  }
+  /* 2. softmax per query head: max, exp, sum (eight scores at a time, the tail scalar) */
+  float inv[MAX_GROUP];
+  for (int64_t g = 0; g < G; g++) {
+    float *sg = s + g * max_len, m = -INFINITY, sum = 0.f;
+    for (t = start; t < len; t++) m = sg[t] > m ? sg[t] : m;
+    __m256 vsum = _mm256_setzero_ps();
+    for (t = start; t + 8 <= len; t += 8) {
+      const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + t), _mm256_set1_ps(m)));
+      _mm256_storeu_ps(sg + t, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    for (; t < len; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }
+    inv[g] = 1.f / (sum + hsum(vsum));
+  }
+  /* 3. out = softmax @ V, 32 columns at a time so the G x 4 accumulators stay in registers */
+  for (int64_t j0 = 0; j0 < nd; j0 += 4) {
+    const int64_t nj = nd - j0 < 4 ? nd - j0 : 4;
+    __m256 acc[MAX_GROUP][4];
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t j = 0; j < 4; j++) acc[g][j] = _mm256_setzero_ps();
+    for (t = start; t < len; t++) {
+      const float *v = ROW(vc, t) + 8 * j0;
+      for (int64_t g = 0; g < G; g++) {
+        const __m256 p = _mm256_set1_ps(s[g * max_len + t]);
+        for (int64_t j = 0; j < nj; j++) acc[g][j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), acc[g][j]);
+      }
+    }
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t j = 0; j < nj; j++)
+        _mm256_storeu_ps(out + (kvh * G + g) * D + 8 * (j0 + j), _mm256_mul_ps(acc[g][j], _mm256_set1_ps(inv[g])));
+  }
+}
+
+void paged_decode(const float *q, const float *kc, const float *vc, const int32_t *tables, int64_t max_blocks,
+                  const int32_t *lens, int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t window, float scale,
+                  float *scores, int64_t max_len, float *out, int nthreads) {
+  const int64_t G = H / KVH;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+  for (int64_t task = 0; task < n * KVH; task++) {
+    const int64_t i = task / KVH, kvh = task % KVH, len = lens[i];
+    const int64_t start = window > 0 && len > window ? len - window : 0;
+    one_task(q + i * H * D, kc, vc, tables + i * max_blocks, len, start, H, KVH, D, bs, kvh, scale,
+             scores + task * G * max_len, max_len, out + i * H * D);
+  }
+}

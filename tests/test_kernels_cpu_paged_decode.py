@@ -1,0 +1,69 @@
+"""The C paged decode attention kernel (kernels/cpu_paged_decode.c) against its torch reference and the engine's
+torch decode path. Skipped, saying why, where the C kernels cannot be built (not x86 AVX2, no C compiler)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.attention import decode_attention
+from backend.forward_batch import DecodeMetadata
+from kernels.cpu_build import c_kernels_unavailable
+from kernels.cpu_paged_decode import load_paged_decode, paged_decode_cpu, paged_decode_cpu_ref, supports
+
+pytestmark = pytest.mark.skipif(c_kernels_unavailable() is not None, reason=f"C kernels: {c_kernels_unavailable()}")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory):
+    built = load_paged_decode(Path(tmp_path_factory.mktemp("paged")))
+    assert built is not None, "the kernel did not build (see cpu_paged_decode.log in the build folder)"
+    return built
+
+
+def case(lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = 64
+    cache = torch.randn(2, num_blocks * block_size, kv_heads, head_dim, generator=g)
+    max_blocks = max(-(-n // block_size) for n in lens)
+    tables = torch.stack([torch.randperm(num_blocks, generator=g)[:max_blocks] for _ in lens]).int()
+    q = torch.randn(len(lens), heads, head_dim, generator=g)
+    return q, cache, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 32), (16, 1, 128), (8, 2, 8)])
+@pytest.mark.parametrize("window", [0, 5, 24])
+def test_matches_reference(lib, heads: int, kv_heads: int, head_dim: int, window: int) -> None:
+    lens = [1, 7, 8, 9, 16, 17, 40, 100]  # under, at and over a block and the 8-key tile
+    q, cache, tables, lens_t = case(lens, heads, kv_heads, head_dim)
+    out = paged_decode_cpu(lib, q, cache, tables, lens_t, 16, 0.125, window)
+    ref = paged_decode_cpu_ref(q, cache, tables, lens_t, 16, 0.125, window)
+    assert out.shape == q.shape
+    assert (out - ref).abs().max().item() < 1e-5
+
+
+def test_matches_the_torch_decode_path(lib) -> None:
+    """Same inputs as the engine's block gather + masked SDPA (backend/attention.decode_attention)."""
+    lens = [3, 30, 64, 65]
+    q, cache, tables, lens_t = case(lens, 9, 3, 64, block_size=16, seed=1)
+    k_pos = torch.arange(tables.shape[1] * 16)
+    mask = torch.where(k_pos[None] < lens_t[:, None].long(), 0.0, float("-inf"))[:, None, None, :]
+    torch_out = decode_attention(q, cache, DecodeMetadata(tables.long(), mask, tables, lens_t), 0.125, 16)
+    assert (paged_decode_cpu(lib, q, cache, tables, lens_t, 16, 0.125) - torch_out).abs().max().item() < 1e-5
+
+
+def test_large_scores_do_not_overflow(lib) -> None:
+    q, cache, tables, lens_t = case([50], 2, 1, 16)
+    out = paged_decode_cpu(lib, q * 1e3, cache, tables, lens_t, 16, 1.0)  # scores ~1e4: softmax needs its max
+    assert torch.isfinite(out).all()
+    assert (out - paged_decode_cpu_ref(q * 1e3, cache, tables, lens_t, 16, 1.0)).abs().max().item() < 1e-4
+
+
+def test_supports_only_what_it_computes() -> None:
+    q, cache, *_ = case([4], 9, 3, 64)
+    assert supports(q, cache)
+    assert not supports(q.bfloat16(), cache.bfloat16())  # a bf16 KV cache keeps the torch path
+    assert not supports(q[..., :12], cache[..., :12])  # head_dim not a multiple of 8
+    assert not supports(torch.randn(1, 34, 64), torch.randn(2, 16, 2, 64))  # 17 query heads per KV head
