@@ -15,6 +15,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
+from backend.cpu_gemm import dense_dtype
 from backend.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
 from kernels.cpu_paged_decode import paged_decode_cpu, supports
 
@@ -34,6 +35,14 @@ def gather_context(cache_half: torch.Tensor, blocks: torch.Tensor, block_size: i
     paged = cache_half.view(-1, block_size, *cache_half.shape[1:])  # (num_blocks, block_size, kv_heads, head_dim)
     rows = paged.index_select(0, blocks.view(-1))  # (n * ctx_blocks, block_size, kv_heads, head_dim)
     return rows.view(n, ctx_blocks * block_size, *cache_half.shape[1:]).transpose(1, 2)
+
+
+def compute_dtype(cache_dtype: torch.dtype, q_dtype: torch.dtype) -> torch.dtype:
+    """What prefill attention multiplies in: the cache's dtype, unless it is bf16 on a CPU without native bf16
+    (emulated there, several times slower than fp32: then the gathered K/V are widened to the queries' dtype)."""
+    if cache_dtype == torch.bfloat16 and q_dtype == torch.float32 and dense_dtype("cpu") == torch.float32:
+        return q_dtype
+    return cache_dtype
 
 
 def decode_attention(
@@ -57,10 +66,11 @@ def prefill_attention(
 ) -> torch.Tensor:
     """q: (num_prefill_tokens, num_heads, head_dim), packed -> same shape."""
     num_heads, head_dim = q.shape[1:]
-    padded_q = q.new_zeros(*meta.query_index.shape, num_heads, head_dim, dtype=cache.dtype)
-    padded_q[meta.query_valid] = q.to(cache.dtype)
-    k = gather_context(cache[0], meta.context_blocks, block_size)  # (p, kv_heads, ctx, head_dim)
-    v = gather_context(cache[1], meta.context_blocks, block_size)
+    dtype = compute_dtype(cache.dtype, q.dtype)
+    padded_q = q.new_zeros(*meta.query_index.shape, num_heads, head_dim, dtype=dtype)
+    padded_q[meta.query_valid] = q.to(dtype)
+    k = gather_context(cache[0], meta.context_blocks, block_size).to(dtype)  # (p, kv_heads, ctx, head_dim)
+    v = gather_context(cache[1], meta.context_blocks, block_size).to(dtype)
     out = F.scaled_dot_product_attention(
         padded_q.transpose(1, 2), k, v, attn_mask=meta.mask, scale=scale, enable_gqa=True
     )  # (p, num_heads, max_query, head_dim)

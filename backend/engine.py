@@ -58,7 +58,9 @@ class LLMEngine:
         draft = load_draft_model(config, model, dtype, self.device, self.max_model_len, ops)
         heads = load_medusa_heads(config, model.config.vocab_size, model.config.hidden_size, dtype, self.device)
         single = tp is None and pp is None
-        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, model, dtype, self.device, single and ops.name != "triton")
+        kv_dtype = kv_cache_dtype(
+            config.kv_cache_dtype, model, dtype, self.device, single and ops.name != "triton", c_decode=ops.name == "cpu"
+        )
         if not single:
             model = Driver(model)
         blocks = num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, kv_dtype) if draft is None else \

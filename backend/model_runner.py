@@ -22,14 +22,17 @@ def kv_cache_shape(model: LlamaForCausalLM, num_blocks: int, block_size: int) ->
     return (len(model.layer_ids), 2, num_blocks * block_size, c.num_key_value_heads, model.head_dim)
 
 
-def kv_cache_dtype(name: str, model: nn.Module, model_dtype: torch.dtype, device: str, torch_ops: bool) -> torch.dtype:
-    """The KV cache's dtype. "auto" is the model's, except for quantized (INT4/INT8) fp32 models on a CPU with
-    native bf16: there bf16 K/V halve the bytes every decode step gathers per layer (~40% of a 32-stream
-    step's attention time at 128 tokens of context, bench/README "KV cache dtype") and double the blocks a
-    budget holds, and the outputs already differ from full precision's. Another dtype than the model's needs
-    the torch attention path (the Triton kernels and the parallel workers read the model's dtype)."""
+def kv_cache_dtype(
+    name: str, model: nn.Module, model_dtype: torch.dtype, device: str, torch_ops: bool, c_decode: bool = False
+) -> torch.dtype:
+    """The KV cache's dtype. "auto" is the model's, except for quantized (INT4/INT8) fp32 models on a CPU that
+    reads bf16 fast: native bf16, or the C decode kernel (`c_decode`, which widens bf16 in registers). There bf16
+    K/V halve the bytes every decode step reads per layer (~40% of a 32-stream step's attention time at 128 tokens
+    of context, bench/README "KV cache dtype") and double the blocks a budget holds, and the outputs already
+    differ from full precision's. Another dtype than the model's needs the torch attention path (the Triton
+    kernels and the parallel workers read the model's dtype)."""
     if name == "auto":
-        cpu_bf16 = device == "cpu" and torch_ops and onednn_available(torch.bfloat16)
+        cpu_bf16 = device == "cpu" and torch_ops and (c_decode or onednn_available(torch.bfloat16))
         quantized = any(isinstance(m, (Int4Linear, Int8Linear)) for m in model.modules())
         return torch.bfloat16 if cpu_bf16 and quantized and model_dtype == torch.float32 else model_dtype
     if name not in DTYPES:

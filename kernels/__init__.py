@@ -23,6 +23,8 @@ call ``use_interpreter()``, which sets it and re-imports what was already import
 (callers must then re-fetch launchers they bound with ``from kernels.x import f`` before the call).
 """
 
+# The CPU's C kernels (cpu_w4a8, cpu_w8a8, cpu_paged_decode; built by cpu_build.py) are not Triton kernels and
+# are not listed here.
 KERNEL_MODULES = ("kv_store", "flash_prefill", "paged_decode", "awq_gemm", "rmsnorm", "rotary")
 
 

@@ -45,7 +45,8 @@ def load_c_kernel(source: Path, build_dir: Path) -> ctypes.CDLL | None:
         return None
     gomp = _torch_openmp()
     flags = FLAGS if gomp else tuple(f for f in FLAGS if f != "-fopenmp")  # no OpenMP of torch's: one thread
-    tag = hashlib.sha256(source.read_bytes() + " ".join(flags).encode() + str(gomp).encode()).hexdigest()[:12]
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what the source may include
+    tag = hashlib.sha256(source.read_bytes() + headers + " ".join(flags).encode() + str(gomp).encode()).hexdigest()[:12]
     target = Path(build_dir) / f"{source.stem}-{tag}.so"
     if not target.exists() and not _build(source, target, flags, gomp):
         return None

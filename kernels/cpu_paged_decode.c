@@ -1,13 +1,15 @@
-/* Paged decode attention for x86 CPUs with AVX2 + FMA (fp32 KV cache), built by kernels/cpu_paged_decode.py.
+/* Paged decode attention for x86 CPUs with AVX2 + FMA (fp32 or bf16 KV cache), built by kernels/cpu_paged_decode.py.
  *
  * Why: the torch path copies every sequence's context blocks out of the cache (index_select) into padded
  * tensors, then runs SDPA over them with a mask: two passes over the context plus ~8 ops a layer. Here each
  * (sequence, KV head) task reads its keys and values once, straight through the block table, for the whole
- * group of query heads that share them (GQA), with an exact two-pass softmax in fp32.
+ * group of query heads that share them (GQA), with an exact two-pass softmax in fp32. A bf16 cache is read as
+ * such (half the bytes: a 32-stream step reads every sequence's whole context in every layer) and widened in
+ * registers.
  *
  * Layout: q, out (n, H, D); cache halves kc, vc (slots, KVH, D) with slot = block * bs + offset; tables (n,
  * max_blocks) int32; lens (n,) int32 = tokens in the cache, the new one included; window > 0 keeps the last
- * `window` tokens (sliding window). scores: scratch of n * KVH * (H / KVH) * max_len floats.
+ * `window` tokens (sliding window). scores: scratch of n * KVH * (H / KVH + 1) * max_len floats.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -46,79 +48,99 @@ static inline __m256 hsum8(const __m256 v[8]) {
   return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
-/* Row of token t of this KV head: its slot through the block table. */
-#define ROW(cache, t) ((cache) + ((int64_t)table[(t) / bs] * bs + (t) % bs) * KVH * D + kvh * D)
-
-static void one_task(const float *q, const float *kc, const float *vc, const int32_t *table, int64_t len, int64_t start,
-                     int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t kvh, float scale, float *s, int64_t max_len,
-                     float *out) {
-  const int64_t G = H / KVH, nd = D / 8;
-  const float *qh = q + kvh * G * D; /* this KV head's G query heads are contiguous */
-  const float *rows[8];
-  /* 1. scores, eight keys at a time (their dot products reduced together); the tail one by one */
-  int64_t t = start;
-  for (; t + 8 <= len; t += 8) {
-    for (int r = 0; r < 8; r++) rows[r] = ROW(kc, t + r);
-    for (int64_t g = 0; g < G; g++) {
-      __m256 acc[8];
-      for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-      for (int64_t j = 0; j < nd; j++) {
-        const __m256 qv = _mm256_loadu_ps(qh + g * D + 8 * j);
-        for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[r] + 8 * j), acc[r]);
-      }
-      _mm256_storeu_ps(s + g * max_len + t, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
-    }
-  }
-  for (; t < len; t++) {
-    const float *k = ROW(kc, t);
-    for (int64_t g = 0; g < G; g++) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t j = 0; j < nd; j++) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * D + 8 * j), _mm256_loadu_ps(k + 8 * j), acc);
-      s[g * max_len + t] = hsum(acc) * scale;
-    }
-  }
-  /* 2. softmax per query head: max, exp, sum (eight scores at a time, the tail scalar) */
-  float inv[MAX_GROUP];
-  for (int64_t g = 0; g < G; g++) {
-    float *sg = s + g * max_len, m = -INFINITY, sum = 0.f;
-    for (t = start; t < len; t++) m = sg[t] > m ? sg[t] : m;
-    __m256 vsum = _mm256_setzero_ps();
-    for (t = start; t + 8 <= len; t += 8) {
-      const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + t), _mm256_set1_ps(m)));
-      _mm256_storeu_ps(sg + t, e);
-      vsum = _mm256_add_ps(vsum, e);
-    }
-    for (; t < len; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }
-    inv[g] = 1.f / (sum + hsum(vsum));
-  }
-  /* 3. out = softmax @ V, 32 columns at a time so the G x 4 accumulators stay in registers */
-  for (int64_t j0 = 0; j0 < nd; j0 += 4) {
-    const int64_t nj = nd - j0 < 4 ? nd - j0 : 4;
-    __m256 acc[MAX_GROUP][4];
-    for (int64_t g = 0; g < G; g++)
-      for (int64_t j = 0; j < 4; j++) acc[g][j] = _mm256_setzero_ps();
-    for (t = start; t < len; t++) {
-      const float *v = ROW(vc, t) + 8 * j0;
-      for (int64_t g = 0; g < G; g++) {
-        const __m256 p = _mm256_set1_ps(s[g * max_len + t]);
-        for (int64_t j = 0; j < nj; j++) acc[g][j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), acc[g][j]);
-      }
-    }
-    for (int64_t g = 0; g < G; g++)
-      for (int64_t j = 0; j < nj; j++)
-        _mm256_storeu_ps(out + (kvh * G + g) * D + 8 * (j0 + j), _mm256_mul_ps(acc[g][j], _mm256_set1_ps(inv[g])));
-  }
+/* Eight K/V elements as fp32: an fp32 cache, or a bf16 one (its bits are the top half of an fp32). */
+static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8_bf16(const uint16_t *p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-void paged_decode(const float *q, const float *kc, const float *vc, const int32_t *tables, int64_t max_blocks,
+/* One (sequence, KV head) task, for a cache of element type T. `slots` (scratch, len ints): every context token's
+ * cache slot, looked up once through the block table. */
+#define TASK(NAME, T, LOAD8)                                                                                     \
+  static void NAME(const float *q, const T *kc, const T *vc, const int32_t *table, int64_t len, int64_t start,  \
+                   int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t kvh, float scale, float *s,            \
+                   int32_t *slots, int64_t max_len, float *out) {                                                \
+    const int64_t G = H / KVH, nd = D / 8, stride = KVH * D;                                                     \
+    const float *qh = q + kvh * G * D; /* this KV head's G query heads are contiguous */                        \
+    for (int64_t b = start / bs, t = start; t < len; b++)                                                        \
+      for (int64_t o = t % bs; o < bs && t < len; o++, t++) slots[t] = table[b] * bs + o;                         \
+    /* 1. scores, eight keys at a time (their dot products reduced together); the tail one by one */            \
+    int64_t t = start;                                                                                           \
+    for (; t + 8 <= len; t += 8) {                                                                               \
+      const T *rows[8];                                                                                          \
+      for (int r = 0; r < 8; r++) rows[r] = kc + (int64_t)slots[t + r] * stride + kvh * D;                       \
+      for (int64_t g = 0; g < G; g++) {                                                                          \
+        __m256 acc[8];                                                                                           \
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();                                               \
+        for (int64_t j = 0; j < nd; j++) {                                                                       \
+          const __m256 qv = _mm256_loadu_ps(qh + g * D + 8 * j);                                                 \
+          for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qv, LOAD8(rows[r] + 8 * j), acc[r]);             \
+        }                                                                                                        \
+        _mm256_storeu_ps(s + g * max_len + t, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));                \
+      }                                                                                                          \
+    }                                                                                                            \
+    for (; t < len; t++) {                                                                                       \
+      const T *k = kc + (int64_t)slots[t] * stride + kvh * D;                                                    \
+      for (int64_t g = 0; g < G; g++) {                                                                          \
+        __m256 acc = _mm256_setzero_ps();                                                                        \
+        for (int64_t j = 0; j < nd; j++) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * D + 8 * j), LOAD8(k + 8 * j), acc); \
+        s[g * max_len + t] = hsum(acc) * scale;                                                                  \
+      }                                                                                                          \
+    }                                                                                                            \
+    /* 2. softmax per query head */                                                                              \
+    float inv[MAX_GROUP];                                                                                        \
+    for (int64_t g = 0; g < G; g++) inv[g] = softmax_row(s + g * max_len, start, len);                          \
+    /* 3. out = softmax @ V, 32 columns at a time so the G x 4 accumulators stay in registers */                \
+    for (int64_t j0 = 0; j0 < nd; j0 += 4) {                                                                     \
+      const int64_t nj = nd - j0 < 4 ? nd - j0 : 4;                                                              \
+      __m256 acc[MAX_GROUP][4];                                                                                  \
+      for (int64_t g = 0; g < G; g++)                                                                            \
+        for (int64_t j = 0; j < 4; j++) acc[g][j] = _mm256_setzero_ps();                                        \
+      for (t = start; t < len; t++) {                                                                           \
+        const T *v = vc + (int64_t)slots[t] * stride + kvh * D + 8 * j0;                                         \
+        for (int64_t g = 0; g < G; g++) {                                                                        \
+          const __m256 p = _mm256_set1_ps(s[g * max_len + t]);                                                   \
+          for (int64_t j = 0; j < nj; j++) acc[g][j] = _mm256_fmadd_ps(p, LOAD8(v + 8 * j), acc[g][j]);         \
+        }                                                                                                        \
+      }                                                                                                          \
+      for (int64_t g = 0; g < G; g++)                                                                            \
+        for (int64_t j = 0; j < nj; j++)                                                                         \
+          _mm256_storeu_ps(out + (kvh * G + g) * D + 8 * (j0 + j), _mm256_mul_ps(acc[g][j], _mm256_set1_ps(inv[g]))); \
+    }                                                                                                            \
+  }
+
+/* exp(s - max) in place over s[start:len]; returns 1 / sum (eight scores at a time, the tail scalar). */
+static float softmax_row(float *s, int64_t start, int64_t len) {
+  float m = -INFINITY, sum = 0.f;
+  for (int64_t t = start; t < len; t++) m = s[t] > m ? s[t] : m;
+  __m256 vsum = _mm256_setzero_ps();
+  int64_t t = start;
+  for (; t + 8 <= len; t += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), _mm256_set1_ps(m)));
+    _mm256_storeu_ps(s + t, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  for (; t < len; t++) { s[t] = expf(s[t] - m); sum += s[t]; }
+  return 1.f / (sum + hsum(vsum));
+}
+
+TASK(task_f32, float, load8_f32)
+TASK(task_bf16, uint16_t, load8_bf16)
+
+/* kv_bf16: the cache holds bf16 (kc, vc point at uint16 bits), else fp32. scratch: n * KVH * (G + 1) * max_len. */
+void paged_decode(const float *q, const void *kc, const void *vc, const int32_t *tables, int64_t max_blocks,
                   const int32_t *lens, int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t window, float scale,
-                  float *scores, int64_t max_len, float *out, int nthreads) {
+                  float *scores, int64_t max_len, float *out, int kv_bf16, int nthreads) {
   const int64_t G = H / KVH;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (int64_t task = 0; task < n * KVH; task++) {
     const int64_t i = task / KVH, kvh = task % KVH, len = lens[i];
     const int64_t start = window > 0 && len > window ? len - window : 0;
-    one_task(q + i * H * D, kc, vc, tables + i * max_blocks, len, start, H, KVH, D, bs, kvh, scale,
-             scores + task * G * max_len, max_len, out + i * H * D);
+    float *s = scores + task * (G + 1) * max_len;
+    int32_t *slots = (int32_t *)(s + G * max_len);
+    if (kv_bf16)
+      task_bf16(q + i * H * D, kc, vc, tables + i * max_blocks, len, start, H, KVH, D, bs, kvh, scale, s, slots, max_len, out + i * H * D);
+    else
+      task_f32(q + i * H * D, kc, vc, tables + i * max_blocks, len, start, H, KVH, D, bs, kvh, scale, s, slots, max_len, out + i * H * D);
   }
 }

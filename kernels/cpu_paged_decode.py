@@ -1,14 +1,14 @@
-"""Paged decode attention on x86 CPUs (AVX2 + FMA, fp32 KV cache): the C kernel in cpu_paged_decode.c.
+"""Paged decode attention on x86 CPUs (AVX2 + FMA; fp32 or bf16 KV cache): the C kernel in cpu_paged_decode.c.
 
     lib = load_paged_decode(build_dir)     # None where it cannot run (kernels/cpu_build.py says why)
-    out = paged_decode_cpu(lib, q, cache, block_tables, context_lens, scale, window=0)
-    ref = paged_decode_cpu_ref(q, cache, block_tables, context_lens, scale, window=0)
+    out = paged_decode_cpu(lib, q, cache, block_tables, context_lens, block_size, scale, window=0)
+    ref = paged_decode_cpu_ref(q, cache, block_tables, context_lens, block_size, scale, window=0)
 
 One query token per sequence against its whole context, read through the block table: each (sequence, KV
 head) task reads its keys and values once for the query heads that share them (GQA), with an exact
-two-pass softmax in fp32. It replaces the torch path's block gather + masked SDPA (two passes over the
-context and ~8 ops per layer) on the CPU. Cache: (2, slots, kv_heads, head_dim), slot = block * block_size
-+ offset, as backend/attention.py stores it.
+two-pass softmax in fp32 (a bf16 cache is read as bf16 and widened in registers). It replaces the torch path's
+block gather + masked SDPA (two passes over the context and ~8 ops per layer) on the CPU. Cache: (2, slots,
+kv_heads, head_dim), slot = block * block_size + offset, as backend/attention.py stores it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def load_paged_decode(build_dir: Path) -> ctypes.CDLL | None:
     lib = load_c_kernel(SOURCE, Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.paged_decode.argtypes = [p, p, p, p, i64, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, p, i64, p, ctypes.c_int]
+        lib.paged_decode.argtypes = [
+            p, p, p, p, i64, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, p, i64, p, ctypes.c_int, ctypes.c_int,
+        ]
         lib.paged_decode.restype = None
     return lib
 
@@ -37,28 +39,28 @@ def supports(q: torch.Tensor, cache: torch.Tensor) -> bool:
     """Whether the kernel takes these shapes and dtypes (else the caller uses its torch path)."""
     heads, head_dim = q.shape[1:]
     kv_heads = cache.shape[2]
-    return (q.dtype == cache.dtype == torch.float32 and q.device.type == "cpu" and head_dim % 8 == 0
-            and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP)
+    return (q.dtype == torch.float32 and cache.dtype in (torch.float32, torch.bfloat16) and q.device.type == "cpu"
+            and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP)
 
 
 def paged_decode_cpu(
     lib: ctypes.CDLL, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
     block_size: int, scale: float, window: int = 0,
 ) -> torch.Tensor:
-    """q (n, heads, head_dim) float32 -> (n, heads, head_dim); cache (2, slots, kv_heads, head_dim) float32."""
+    """q (n, heads, head_dim) float32 -> (n, heads, head_dim); cache (2, slots, kv_heads, head_dim) float32 or bfloat16."""
     n, heads, head_dim = q.shape
     kv_heads = cache.shape[2]
-    assert supports(q, cache), "fp32 CPU q/cache, head_dim % 8 == 0, at most 16 query heads per KV head"
+    assert supports(q, cache), "fp32 CPU q, fp32/bf16 cache, head_dim % 8 == 0, at most 16 query heads per KV head"
     assert cache.shape[0] == 2 and cache.shape[3] == head_dim and cache.is_contiguous()
     assert block_tables.dtype == context_lens.dtype == torch.int32 and block_tables.shape[0] == context_lens.shape[0] == n
     q, tables = q.contiguous(), block_tables.contiguous()
     max_len = int(context_lens.max()) if n else 0
-    scores = torch.empty(n * heads * max_len)  # scratch: one row of scores per query head
+    scores = torch.empty(n * (heads + kv_heads) * max_len)  # scratch: per task, a row of scores per query head + slots
     out = torch.empty_like(q)
     lib.paged_decode(
         q.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(), tables.data_ptr(), tables.shape[1], context_lens.data_ptr(),
         n, heads, kv_heads, head_dim, block_size, window, scale, scores.data_ptr(), max_len, out.data_ptr(),
-        torch.get_num_threads(),
+        int(cache.dtype == torch.bfloat16), torch.get_num_threads(),
     )
     return out
 
@@ -73,8 +75,8 @@ def paged_decode_cpu_ref(
     for i, length in enumerate(context_lens.tolist()):
         t = torch.arange(max(0, length - window) if window else 0, length)
         slots = block_tables[i, t // block_size].long() * block_size + t % block_size
-        k = cache[0, slots].repeat_interleave(heads // kv_heads, dim=1)  # (ctx, heads, head_dim)
-        v = cache[1, slots].repeat_interleave(heads // kv_heads, dim=1)
+        k = cache[0, slots].float().repeat_interleave(heads // kv_heads, dim=1)  # (ctx, heads, head_dim)
+        v = cache[1, slots].float().repeat_interleave(heads // kv_heads, dim=1)
         p = torch.softmax(torch.einsum("hd,thd->ht", q[i], k) * scale, dim=-1)
         out[i] = torch.einsum("ht,thd->hd", p, v)
     return out

@@ -7,7 +7,8 @@
  * and the 4-bit x 8-bit products run on integer SIMD (vpmaddubsw: 32 multiply-adds an instruction).
  *
  * Layout (prepared once by the Python side):
- *   wq   (N, K/2) uint8: row n, 32-value block b: byte j holds q[n, 32b + j] (low nibble) and q[n, 32b + 16 + j]
+ *   wq   (N, K/2) uint8: row n, 64-value block b: byte j holds q[n, 64b + j] (low nibble) and q[n, 64b + 32 + j]
+ *        (high), so one 32-byte load and two masks give 64 values in order
  *   ws   (N, K/G) float: scale s[n, g]                      w[n, k] = (q[n, k] - z[n, g]) * s[n, g]
  *   wzt  (K/G, N) float: z[n, g] * s[n, g], transposed so the zero term is a vector loop over n
  *   xq   (M, K) int8, xd (M, K/G) float, xs (M, K/G) float: x ~ xq * xd per group; xs = exact sum of x per group
@@ -19,75 +20,44 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-/* ---- activations: per-row, per-group int8 ---------------------------------------------------------- */
-static void w4a8_quantize(const float *x, int64_t M, int64_t K, int64_t G, int8_t *xq, float *xd, float *xs, int nthreads) {
-  const int64_t ng = K / G;
-  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (M >= 16)
-  for (int64_t m = 0; m < M; m++) {
-    for (int64_t g = 0; g < ng; g++) {
-      const float *v = x + m * K + g * G;
-      /* 1. max |x| and the exact sum of the group */
-      __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
-      for (int64_t i = 0; i < G; i += 8) {
-        __m256 t = _mm256_loadu_ps(v + i);
-        amax = _mm256_max_ps(amax, _mm256_and_ps(t, absmask));
-        sum = _mm256_add_ps(sum, t);
-      }
-      float am[8], sm[8], a = 0.f, s = 0.f;
-      _mm256_storeu_ps(am, amax);
-      _mm256_storeu_ps(sm, sum);
-      for (int i = 0; i < 8; i++) { a = am[i] > a ? am[i] : a; s += sm[i]; }
-      xd[m * ng + g] = a / 127.f;
-      xs[m * ng + g] = s;
-      /* 2. round(x * 127 / max) to int8 (an all-zero group stays zero) */
-      const __m256 inv = _mm256_set1_ps(a > 0.f ? 127.f / a : 0.f);
-      int8_t *o = xq + m * K + g * G;
-      for (int64_t i = 0; i < G; i += 8) {
-        __m256 t = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m128i q32lo = _mm256_castsi256_si128(_mm256_cvtps_epi32(t)), q32hi = _mm256_extracti128_si256(_mm256_cvtps_epi32(t), 1);
-        __m128i q16 = _mm_packs_epi32(q32lo, q32hi);
-        _mm_storel_epi64((__m128i *)(o + i), _mm_packs_epi16(q16, q16));
-      }
-    }
-  }
-}
+#include "cpu_quantize.h" /* quantize_rows: x -> per-row, per-group int8 + scales + exact sums */
 
 /* ---- the GEMM ------------------------------------------------------------------------------------- */
-static inline __m256i unpack32(const uint8_t *p) { /* 16 bytes -> 32 values: low nibbles, then high nibbles */
-  const __m128i b = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(15);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
-}
-
 static inline float hsum(__m256 v) {
   __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   a = _mm_add_ps(a, _mm_movehl_ps(a, a));
   return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 
-/* NT weight rows x MT activation rows, NB 32-value blocks per group (compile-time, so the group's unpacked
- * weights, NT x NB ymm, and the NT x MT fp32 accumulators stay in the 16 ymm registers). Per group and row, the
- * int16 sum of NB vpmaddubsw results cannot overflow: |q * xq| <= 15 * 127, two per lane, 8 x 3810 < 32767. */
-#define TILE(NT, MT, NB)                                                                                         \
-  static void tile_##NT##x##MT##_##NB(const uint8_t *wq, const float *ws, const int8_t *xq, const float *xd,     \
+/* NT weight rows x MT activation rows, NS 64-value blocks per group (compile-time, so the group's unpacked
+ * weights, NT x 2NS ymm, and the NT x MT fp32 accumulators stay in the 16 ymm registers). Per group and row, the
+ * int16 sum of 2NS vpmaddubsw results cannot overflow: |q * xq| <= 15 * 127, two per lane, 8 x 3810 < 32767. */
+#define TILE(NT, MT, NS)                                                                                         \
+  static void tile_##NT##x##MT##_##NS(const uint8_t *wq, const float *ws, const int8_t *xq, const float *xd,     \
                                       int64_t K, float *y, int64_t ldy) {                                        \
-    const int64_t ng = K / (32 * NB);                                                                            \
-    const __m256i ones = _mm256_set1_epi16(1);                                                                   \
+    const int64_t ng = K / (64 * NS);                                                                            \
+    const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(15);                                     \
     __m256 acc[NT][MT];                                                                                          \
     for (int i = 0; i < NT; i++)                                                                                 \
       for (int r = 0; r < MT; r++) acc[i][r] = _mm256_setzero_ps();                                             \
     for (int64_t g = 0; g < ng; g++) {                                                                           \
-      __m256i w[NT][NB];                                                                                         \
+      __m256i lo[NT][NS], hi[NT][NS];                                                                            \
       for (int i = 0; i < NT; i++)                                                                               \
-        for (int b = 0; b < NB; b++) w[i][b] = unpack32(wq + i * (K / 2) + (g * NB + b) * 16);                  \
+        for (int b = 0; b < NS; b++) {                                                                           \
+          const __m256i v = _mm256_loadu_si256((const __m256i *)(wq + i * (K / 2) + (g * NS + b) * 32));        \
+          lo[i][b] = _mm256_and_si256(v, mask);                                                                  \
+          hi[i][b] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);                                            \
+        }                                                                                                        \
       for (int r = 0; r < MT; r++) {                                                                             \
-        const int8_t *a = xq + r * K + g * NB * 32;                                                              \
+        const int8_t *a = xq + r * K + g * NS * 64;                                                              \
         const __m256 d = _mm256_broadcast_ss(xd + r * ng + g);                                                  \
         for (int i = 0; i < NT; i++) {                                                                           \
           /* 1. the group's integer dot product, 2. scaled by both scales into the fp32 accumulator */          \
-          __m256i p = _mm256_maddubs_epi16(w[i][0], _mm256_loadu_si256((const __m256i *)a));                   \
-          for (int b = 1; b < NB; b++)                                                                           \
-            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[i][b], _mm256_loadu_si256((const __m256i *)(a + 32 * b)))); \
+          __m256i p = _mm256_setzero_si256();                                                                    \
+          for (int b = 0; b < NS; b++) {                                                                         \
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(lo[i][b], _mm256_loadu_si256((const __m256i *)(a + 64 * b)))); \
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi[i][b], _mm256_loadu_si256((const __m256i *)(a + 64 * b + 32)))); \
+          }                                                                                                      \
           const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));                                       \
           acc[i][r] = _mm256_fmadd_ps(f, _mm256_mul_ps(_mm256_broadcast_ss(ws + i * ng + g), d), acc[i][r]);    \
         }                                                                                                        \
@@ -97,21 +67,19 @@ static inline float hsum(__m256 v) {
       for (int r = 0; r < MT; r++) y[r * ldy + i] = hsum(acc[i][r]);                                            \
   }
 /* per group size: the main tile, its one-weight-row and one-x-row tails */
-#define TILES(NB) TILE(1, 4, NB) TILE(1, 1, NB)
+#define TILES(NS) TILE(1, 4, NS) TILE(1, 1, NS)
 TILES(1) TILE(2, 4, 1) TILE(2, 1, 1)
-TILES(2) TILE(2, 4, 2) TILE(2, 1, 2)
+TILES(2)
 TILES(4)
-TILES(8)
 
 typedef void (*tile_fn)(const uint8_t *, const float *, const int8_t *, const float *, int64_t, float *, int64_t);
 typedef struct { int nt; tile_fn main, one_w, one_x, single; } tiles;
 
 static tiles tiles_for(int64_t G) {
   switch (G) {
-    case 32: return (tiles){2, tile_2x4_1, tile_1x4_1, tile_2x1_1, tile_1x1_1};
-    case 64: return (tiles){2, tile_2x4_2, tile_1x4_2, tile_2x1_2, tile_1x1_2};
-    case 128: return (tiles){1, tile_1x4_4, tile_1x4_4, tile_1x1_4, tile_1x1_4};
-    default: return (tiles){1, tile_1x4_8, tile_1x4_8, tile_1x1_8, tile_1x1_8}; /* 256 (the launcher checks) */
+    case 64: return (tiles){2, tile_2x4_1, tile_1x4_1, tile_2x1_1, tile_1x1_1};
+    case 128: return (tiles){1, tile_1x4_2, tile_1x4_2, tile_1x1_2, tile_1x1_2};
+    default: return (tiles){1, tile_1x4_4, tile_1x4_4, tile_1x1_4, tile_1x1_4}; /* 256 (the launcher checks) */
   }
 }
 
@@ -157,7 +125,7 @@ static void chunk(const uint8_t *wq, const float *ws, const float *wzt, const in
 /* The entry point: quantize x (M, K) float into the caller's scratch (xq, xd, xs), then y (M, N) float. */
 void w4a8_linear(const float *x, const uint8_t *wq, const float *ws, const float *wzt, int8_t *xq, float *xd, float *xs,
                  int64_t M, int64_t N, int64_t K, int64_t G, float *y, int nthreads) {
-  w4a8_quantize(x, M, K, G, xq, xd, xs, nthreads);
+  quantize_rows(x, M, K, G, xq, xd, xs, nthreads);
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t n0 = 0; n0 < N; n0 += N_CHUNK) chunk(wq, ws, wzt, xq, xd, xs, M, N, K, G, n0, n0 + N_CHUNK < N ? n0 + N_CHUNK : N, y);
 }

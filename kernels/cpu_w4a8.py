@@ -26,14 +26,14 @@ import torch
 from .cpu_build import c_kernels_unavailable, load_c_kernel
 
 SOURCE = Path(__file__).with_suffix(".c")
-MAX_GROUP = 256  # int16 per-group sums: 8 blocks of 32 at most (see the C file)
+GROUP_SIZES = (64, 128, 256)  # 64-value blocks; int16 per-group sums of 8 half-blocks at most (see the C file)
 
 
 @dataclass(frozen=True)
 class W4A8Weight:
     """A weight in the kernel's layout (see cpu_w4a8.c)."""
 
-    q: torch.Tensor  # (N, K / 2) uint8: per 32-value block, byte j = value j (low nibble) | value j + 16 (high)
+    q: torch.Tensor  # (N, K / 2) uint8: per 64-value block, byte j = value j (low nibble) | value j + 32 (high)
     scales: torch.Tensor  # (N, K / G) float32
     zeros_t: torch.Tensor  # (K / G, N) float32: zero * scale, transposed
     group_size: int
@@ -51,8 +51,8 @@ def pack_w4a8(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> W4A
     n, k = q.shape
     group = k // scales.shape[1]
     assert scales.shape == zeros.shape == (n, k // group) and k % group == 0, "scales/zeros must be (N, K / G)"
-    assert group % 32 == 0 and group <= MAX_GROUP, f"group size {group}: a multiple of 32, at most {MAX_GROUP}"
-    blocks = q.to(torch.uint8).reshape(n, k // 32, 2, 16)
+    assert group in GROUP_SIZES, f"group size {group}: one of {GROUP_SIZES}"
+    blocks = q.to(torch.uint8).reshape(n, k // 64, 2, 32)
     packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
     s = scales.float().contiguous()
     return W4A8Weight(packed, s, (zeros.float() * s).T.contiguous(), group)
@@ -61,7 +61,7 @@ def pack_w4a8(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> W4A
 def unpack_w4a8(w: W4A8Weight) -> torch.Tensor:
     """(N, K) uint8 values back out of the packed layout."""
     n, k = w.shape
-    b = w.q.reshape(n, k // 32, 16)
+    b = w.q.reshape(n, k // 64, 32)
     return torch.stack([b & 15, b >> 4], dim=2).reshape(n, k)
 
 

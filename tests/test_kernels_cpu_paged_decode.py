@@ -35,9 +35,11 @@ def case(lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 32), (16, 1, 128), (8, 2, 8)])
 @pytest.mark.parametrize("window", [0, 5, 24])
-def test_matches_reference(lib, heads: int, kv_heads: int, head_dim: int, window: int) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference(lib, heads: int, kv_heads: int, head_dim: int, window: int, dtype: torch.dtype) -> None:
     lens = [1, 7, 8, 9, 16, 17, 40, 100]  # under, at and over a block and the 8-key tile
     q, cache, tables, lens_t = case(lens, heads, kv_heads, head_dim)
+    cache = cache.to(dtype)
     out = paged_decode_cpu(lib, q, cache, tables, lens_t, 16, 0.125, window)
     ref = paged_decode_cpu_ref(q, cache, tables, lens_t, 16, 0.125, window)
     assert out.shape == q.shape
@@ -64,6 +66,8 @@ def test_large_scores_do_not_overflow(lib) -> None:
 def test_supports_only_what_it_computes() -> None:
     q, cache, *_ = case([4], 9, 3, 64)
     assert supports(q, cache)
-    assert not supports(q.bfloat16(), cache.bfloat16())  # a bf16 KV cache keeps the torch path
+    assert supports(q, cache.bfloat16())  # a bf16 cache is read as bf16
+    assert not supports(q.bfloat16(), cache.bfloat16())  # bf16 queries (a bf16 model) keep the torch path
+    assert not supports(q, cache.half())
     assert not supports(q[..., :12], cache[..., :12])  # head_dim not a multiple of 8
     assert not supports(torch.randn(1, 34, 64), torch.randn(2, 16, 2, 64))  # 17 query heads per KV head

@@ -23,6 +23,7 @@ from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear
 from backend.quant.lm_head import LowBitHead
 from kernels.cpu_w4a8 import load_w4a8, w4a8_unavailable
+from kernels.cpu_w8a8 import load_w8a8
 
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
@@ -41,14 +42,15 @@ def swap_in_int4(model: nn.Module, awq: AwqConfig) -> None:
 def prepare_int4(model: nn.Module, quantize_lm_head: bool = True, dense_copy: bool = True, cpu_kernel: str = "auto") -> None:
     """Repack every Int4Linear for its device (`dense_copy`: plus a dense copy for batched calls on CPU when
     torch's int4 kernel serves them; `cpu_kernel`: see EngineConfig.int4_cpu_kernel); give the lm_head a low-bit
-    copy (embeddings untouched)."""
+    copy (embeddings untouched): with the C kernels, int8 rows served by the W8A8 kernel."""
     lib = w4a8_kernel(cpu_kernel) if next(model.parameters()).device.type == "cpu" else None
     for module in model.modules():
         if isinstance(module, Int4Linear):
             module.prepare(dense_copy, lib)
     head = model.lm_head
     if quantize_lm_head and isinstance(head, nn.Linear):
-        model.lm_head = LowBitHead(head.weight, head.bias)
+        head_lib = load_w8a8(cache_dir() / "kernels") if lib is not None else None  # the C kernels build together
+        model.lm_head = LowBitHead(head.weight, head.bias, head_lib)
 
 
 def w4a8_kernel(choice: str) -> ctypes.CDLL | None:

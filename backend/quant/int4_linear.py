@@ -32,6 +32,7 @@ from torch import nn
 
 from backend.cpu_gemm import PackedLinear, dense_dtype
 from backend.quant.awq_format import QuantizedWeight, unpack
+from kernels.cpu_w4a8 import GROUP_SIZES as W4A8_GROUP_SIZES
 from kernels.cpu_w4a8 import pack_w4a8, w4a8_linear
 
 DENSE_ROWS = 128  # from this many rows on, dequantize + dense GEMM beats the int4 kernel (measured ~96)
@@ -75,7 +76,7 @@ class Int4Linear(nn.Module):
         scale = qw.scales.float()  # (out, groups)
         zero_f = (8 - qw.zeros.float()) * scale
         del self.qweight, self.qzeros, self.scales  # the repacked copy replaces them
-        if w4a8 is not None and self.group_size % 32 == 0 and self.group_size <= 256:
+        if w4a8 is not None and self.group_size in W4A8_GROUP_SIZES:
             self.w4a8, self.w4a8_lib, self.mode = pack_w4a8(qw.q, scale, qw.zeros.float()), w4a8, "w4a8"
             return
         self.scales_zeros = torch.stack([scale.T, zero_f.T], dim=-1).to(torch.bfloat16).contiguous()

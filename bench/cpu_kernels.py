@@ -1,0 +1,97 @@
+"""The project's C kernels for x86 CPUs against torch's ops, side by side: two engines in one process.
+
+    python -m bench.cpu_kernels                       # the serving configuration (AWQ INT4), 32 and 1 streams
+    python -m bench.cpu_kernels --quantization none   # full precision: only the decode attention differs
+
+Engine "torch": `int4_cpu_kernel=torch` (torch's int4 kernel + a dense fp32/bf16 copy for batches, the int8/dense
+lm_head) and `kernel_backend=torch` (block gather + masked SDPA). Engine "c": the defaults on an x86 AVX2 CPU,
+i.e. the W4A8 projections and W8A8 lm_head (kernels/cpu_w4a8.c, cpu_w8a8.c), the paged decode attention
+(kernels/cpu_paged_decode.c) and, for INT4 models, a bf16 KV cache that kernel reads. Reported per engine:
+held-out perplexity (backend/quant/data/heldout.txt, 512-token windows), the weight bytes it holds, the KV
+dtype, and the decode step time p50 at each batch size, the two engines stepping alternately on the same
+requests (the throughput bench's questions) so they see the same contexts at the same moments of a noisy
+machine; only the ratio means anything. Last line: one JSON object (also bench/results/cpu_kernels.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backend.config import EngineConfig
+from backend.engine import LLMEngine
+from backend.quant.int4_linear import Int4Linear
+from backend.quant.lm_head import LowBitHead
+from bench.awq import perplexity
+from bench.kv_dtype import alternate
+from bench.profile_step import start_requests, warm_up
+from bench.report import emit
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "cpu_kernels.json"
+HELDOUT = Path(__file__).parents[1] / "backend" / "quant" / "data" / "heldout.txt"
+ENGINES = {"torch": {"int4_cpu_kernel": "torch", "kernel_backend": "torch"}, "c": {}}
+
+
+def weight_bytes(engine: LLMEngine) -> int:
+    """Bytes of the projection and lm_head weights as served (all copies), or of every parameter if unquantized."""
+    model = engine.runner.model
+    int4 = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    if not int4:
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+    head = model.lm_head
+    head_bytes = sum(head.weight_bytes().values()) if isinstance(head, LowBitHead) else 0
+    return sum(m.weight_bytes() + m.dense_copy_bytes() for m in int4) + head_bytes
+
+
+def step_times(engines: dict[str, LLMEngine], batch: int, steps: int) -> dict[str, float]:
+    for engine in engines.values():
+        start_requests(engine, batch, max_tokens=steps + 16)
+        warm_up(engine)
+    times = alternate(engines, steps)
+    for engine in engines.values():
+        for request_id in list(engine.requests):
+            engine.abort(request_id)
+    return {name: round(statistics.median(t), 1) for name, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m bench.cpu_kernels", description=__doc__.split("\n")[0])
+    p.add_argument("--batches", default="32,1")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--quantization", default="awq", choices=["awq", "none"])
+    p.add_argument("--ppl-tokens", type=int, default=0, help="held-out tokens scored (0: all, ~4k; -1: skip)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    engines = {
+        name: LLMEngine(EngineConfig(quantization=args.quantization, enable_prefix_caching=False, **overrides))
+        for name, overrides in ENGINES.items()
+    }
+    rows: dict[str, dict[str, Any]] = {
+        name: {"ops": e.runner.model.ops.name, "kv_dtype": str(e.runner.kv_cache.dtype).removeprefix("torch."),
+               "weight_bytes": weight_bytes(e)}
+        for name, e in engines.items()
+    }
+    if args.ppl_tokens >= 0:
+        ids = engines["c"].tokenizer.encode(HELDOUT.read_text())
+        ids = ids[: args.ppl_tokens] if args.ppl_tokens else ids
+        for name, engine in engines.items():
+            rows[name]["perplexity"] = round(perplexity(engine, ids, 512)[0], 3)
+    for batch in (int(b) for b in args.batches.split(",")):
+        for name, ms in step_times(engines, batch, args.steps).items():
+            rows[name][f"step_ms_b{batch}"] = ms
+    for name, row in rows.items():
+        print(f"{name:<6} " + "  ".join(f"{k} {v}" for k, v in row.items()))
+    ratios = {k: round(rows["torch"][k] / rows["c"][k], 3) for k in rows["c"] if k.startswith("step_ms")}
+    for k, r in ratios.items():
+        print(f"{k}: torch / c = x{r:.2f}")
+    result = {"bench": "cpu_kernels", "quantization": args.quantization, "steps": args.steps,
+              "threads": torch.get_num_threads(), "engines": rows, "speedup": ratios}
+    return emit(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+/* W8A8 GEMM for x86 CPUs with AVX2 + FMA: y = x @ (W * s)^T with W int8 (one scale per output row), the INT4
+ * models' lm_head; built by kernels/cpu_w8a8.py.
+ *
+ * Why: the lm_head (49152 x 576 for SmolLM2) is read in full by every decode step; torch's int8 weight-only
+ * kernel re-reads it per row of x, so batched steps ran it from a dense fp32 copy (4 bytes a weight). Here the
+ * activations are quantized per row and group of G (cpu_quantize.h) and the int8 x int8 products run on integer
+ * SIMD: vpmaddubsw multiplies unsigned by signed bytes, so the weight's sign moves onto the activation
+ * (|w| * sign(x, w), exact) and each pair sum (<= 2 * 127 * 127) fits int16; per 32 values it is widened to int32.
+ *
+ * Layout: w (N, K) int8, ws (N,) float: w_real[n, k] = w[n, k] * ws[n]. Every (m, n) result is computed by the
+ * same sequence of operations whatever M is, so a row's output does not depend on its batch-mates.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "cpu_quantize.h"
+
+static inline float hsum(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+
+/* One weight row against MT rows of x, NB 32-value blocks per group (compile-time: the group's weights and their
+ * absolute values, 2 x NB ymm, and the MT accumulators stay in registers). */
+#define TILE(MT, NB)                                                                                             \
+  static void tile_##MT##_##NB(const int8_t *w, float ws, const int8_t *xq, const float *xd, int64_t K, float *y, \
+                               int64_t ldy) {                                                                    \
+    const int64_t ng = K / (32 * NB);                                                                            \
+    const __m256i ones = _mm256_set1_epi16(1);                                                                   \
+    __m256 acc[MT];                                                                                              \
+    for (int r = 0; r < MT; r++) acc[r] = _mm256_setzero_ps();                                                  \
+    for (int64_t g = 0; g < ng; g++) {                                                                           \
+      __m256i wv[NB], wa[NB];                                                                                    \
+      for (int b = 0; b < NB; b++) {                                                                             \
+        wv[b] = _mm256_loadu_si256((const __m256i *)(w + (g * NB + b) * 32));                                   \
+        wa[b] = _mm256_abs_epi8(wv[b]);                                                                          \
+      }                                                                                                          \
+      for (int r = 0; r < MT; r++) {                                                                             \
+        const int8_t *a = xq + r * K + g * NB * 32;                                                              \
+        __m256i p = _mm256_setzero_si256();                                                                      \
+        for (int b = 0; b < NB; b++) { /* 1. |w| * (x with w's sign), pairs in int16, then int32 */            \
+          const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a + 32 * b)), wv[b]);       \
+          p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[b], sx), ones));                   \
+        }                                                                                                        \
+        /* 2. the group's sum times x's scale for the group into fp32 */                                        \
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(xd + r * ng + g), acc[r]);          \
+      }                                                                                                          \
+    }                                                                                                            \
+    for (int r = 0; r < MT; r++) y[r * ldy] = hsum(acc[r]) * ws; /* 3. the row's weight scale, once */          \
+  }
+TILE(4, 1) TILE(1, 1)
+TILE(4, 2) TILE(1, 2)
+
+#define N_CHUNK 16 /* weight rows a thread takes at a time */
+#define M_BLOCK 32 /* rows of x multiplied by them in one pass (32 x K bytes stay in L1) */
+
+/* The entry point: quantize x (M, K) float into the caller's scratch (xq, xd, xs), then y (M, N) float. G: 32 or 64. */
+void w8a8_linear(const float *x, const int8_t *w, const float *ws, int8_t *xq, float *xd, float *xs, int64_t M, int64_t N,
+                 int64_t K, int64_t G, float *y, int nthreads) {
+  quantize_rows(x, M, K, G, xq, xd, xs, nthreads);
+  const int64_t ng = K / G;
+  void (*four)(const int8_t *, float, const int8_t *, const float *, int64_t, float *, int64_t) = G == 64 ? tile_4_2 : tile_4_1;
+  void (*one)(const int8_t *, float, const int8_t *, const float *, int64_t, float *, int64_t) = G == 64 ? tile_1_2 : tile_1_1;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+  for (int64_t n0 = 0; n0 < N; n0 += N_CHUNK) {
+    const int64_t n1 = n0 + N_CHUNK < N ? n0 + N_CHUNK : N;
+    for (int64_t mb = 0; mb < M; mb += M_BLOCK) {
+      const int64_t me = mb + M_BLOCK < M ? mb + M_BLOCK : M;
+      int64_t m = mb;
+      for (; m + 4 <= me; m += 4)
+        for (int64_t n = n0; n < n1; n++) four(w + n * K, ws[n], xq + m * K, xd + m * ng, K, y + m * N + n, N);
+      for (; m < me; m++)
+        for (int64_t n = n0; n < n1; n++) one(w + n * K, ws[n], xq + m * K, xd + m * ng, K, y + m * N + n, N);
+    }
+  }
+}
