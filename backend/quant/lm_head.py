@@ -10,11 +10,12 @@ at 32 rows. So both copies are kept (1.5 bytes per weight, less than the fp32 he
 embedding table stays for the token lookup. An AVX2-only CPU keeps the dense copy in fp32 (its bf16 GEMM is
 emulated: `cpu_gemm.dense_dtype`), where the int8 kernel wins up to ~8 rows. On CUDA only the bf16 copy is kept.
 
-With the project's W8A8 kernel (kernels/cpu_w8a8.c: x86 AVX2, the INT4 models' default there) the int8 rows serve
-calls of fewer than W8A8_MAX_ROWS rows instead of torch's int8 kernel: x is quantized per row and group of 64 to int8
-and the products run on integer SIMD; on an AMD EPYC (AVX2), 49152x576: 2.9 / 4.6 ms at 4 / 8 rows against 5.8 /
-8.9 (torch int8) and 7.9 / 9.3 (fp32 packed), but 21.0 against 19.7 (fp32 packed) at 32 rows, so batches keep the
-dense copy (bench/README, "C kernels").
+With the project's W8A8 kernel (kernels/cpu_w8a8.c: x86 AVX2, the INT4 models' default there) the int8 rows are
+the only copy and serve every call: x is quantized per row and group of 64 to int8 and the products run on integer
+SIMD. On an AMD EPYC (AVX2), 49152x576 with the weight warm in cache: 2.9 / 4.6 ms at 4 / 8 rows against 5.8 / 8.9
+(torch int8) and 7.9 / 9.3 (fp32 packed), 21.0 against 19.7 (fp32 packed) at 32 rows; but in a decode step the
+head's weight comes from memory, and there a quarter of the bytes wins: 32-stream step 104.4 ms against 113.8
+with the fp32 copy for batches (bench/README, "C kernels").
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from kernels.cpu_w8a8 import pack_w8a8, w8a8_group, w8a8_linear
 
 # fewer rows than this: int8 kernel; more: the dense GEMM (measured crossovers, by the dense copy's dtype)
 INT8_MAX_ROWS = {torch.bfloat16: 4, torch.float32: 8}
-W8A8_MAX_ROWS = 24  # with the W8A8 kernel: fewer rows than this use it (measured crossover 24-32 rows, fp32 copy)
 
 
 class LowBitHead(nn.Module):
@@ -38,11 +38,11 @@ class LowBitHead(nn.Module):
         self.out_features, self.in_features = weight.shape
         w = weight.detach()
         self.bias = None if bias is None else bias.detach().float()
-        self.dense = PackedLinear(w.to(dense_dtype(w.device)))
         self.w8a8_lib = w8a8 if w.device.type == "cpu" and w8a8_group(self.in_features) else None
-        if self.w8a8_lib is not None:  # its int8 rows replace torch's for the small calls
-            self.w8a8, self.int8_max_rows, self.use_int8 = pack_w8a8(w), W8A8_MAX_ROWS, False
+        if self.w8a8_lib is not None:
+            self.w8a8, self.use_int8 = pack_w8a8(w), False
             return
+        self.dense = PackedLinear(w.to(dense_dtype(w.device)))
         self.int8_max_rows = INT8_MAX_ROWS[self.dense.dtype]
         self.use_int8 = w.device.type == "cpu"
         if self.use_int8:
@@ -55,7 +55,7 @@ class LowBitHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.w8a8_lib is not None and rows.shape[0] < self.int8_max_rows:
+        if self.w8a8_lib is not None:
             y = w8a8_linear(self.w8a8_lib, rows.float(), self.w8a8)
         elif self.use_int8 and rows.shape[0] < self.int8_max_rows:
             y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.weight_int8, self.scale)
@@ -67,9 +67,9 @@ class LowBitHead(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def weight_bytes(self) -> dict[str, int]:
-        out = {"dense": self.dense.nbytes()}
         if self.w8a8_lib is not None:
-            out["int8"] = self.w8a8.nbytes()
+            return {"int8": self.w8a8.nbytes()}
+        out = {"dense": self.dense.nbytes()}
         if self.use_int8:
             out["int8"] = self.weight_int8.numel() + self.scale.numel() * 2
         return out
