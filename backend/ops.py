@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from backend.attention import paged_attention
 from backend.config import cache_dir
 from backend.forward_batch import ForwardBatch
+from kernels.cpu_elementwise import load_elementwise, norm_supported, rms_norm_residual, rotary_neox, rotary_supported
 from kernels.cpu_paged_decode import load_paged_decode
 
 
@@ -70,12 +71,31 @@ class TorchOps:
 
 
 class CpuOps(TorchOps):
-    """The torch ops with decode attention in the C kernel (fp32 caches; other dtypes keep the torch path)."""
+    """The torch ops with the C kernels where they take the tensors (fp32; else the torch path): decode attention
+    (kernels/cpu_paged_decode.c), RMSNorm with its residual add and RoPE (kernels/cpu_elementwise.c)."""
 
     name = "cpu"
 
-    def __init__(self, decode_kernel: ctypes.CDLL) -> None:
-        self.decode_kernel = decode_kernel
+    def __init__(self, decode_kernel: ctypes.CDLL, elementwise: ctypes.CDLL) -> None:
+        self.decode_kernel, self.elementwise = decode_kernel, elementwise
+
+    def rms_norm(self, x, weight, eps, residual):
+        if norm_supported(x) and (residual is None or norm_supported(residual)) and weight.dtype == torch.float32:
+            return rms_norm_residual(self.elementwise, x, residual, weight, eps)
+        return super().rms_norm(x, weight, eps, residual)
+
+    def rope_table(self, positions, cos_sin, dtype):
+        """fp32: each position's [cos | sin] row, what the C kernel reads; else the torch path's table."""
+        if dtype == torch.float32 and cos_sin.shape[-1] % 16 == 0:
+            return cos_sin[positions].contiguous()  # (tokens, head_dim)
+        return super().rope_table(positions, cos_sin, dtype)
+
+    def rotary(self, q, k, table):
+        if isinstance(table, torch.Tensor) and rotary_supported(q) and rotary_supported(k):
+            return rotary_neox(self.elementwise, q, table), rotary_neox(self.elementwise, k, table)
+        if isinstance(table, torch.Tensor):  # the C table, tensors the kernel cannot take: build the torch one
+            table = super().rope_table(torch.arange(table.shape[0]), table, q.dtype)
+        return super().rotary(q, k, table)
 
     def attention(self, q, k, v, cache, batch, scale):
         return paged_attention(q, k, v, cache, batch, scale, self.decode_kernel)
@@ -143,5 +163,7 @@ def select_ops(backend: str, device: str, block_size: int) -> Ops:
         kernels.use_interpreter()  # Triton on the CPU means the interpreter
     if use_triton:
         return TritonOps(block_size)
-    kernel = load_paged_decode(cache_dir() / "kernels") if backend == "auto" and device == "cpu" else None
-    return CpuOps(kernel) if kernel is not None else TorchOps()
+    if backend != "auto" or device != "cpu":
+        return TorchOps()
+    decode, elementwise = load_paged_decode(cache_dir() / "kernels"), load_elementwise(cache_dir() / "kernels")
+    return CpuOps(decode, elementwise) if decode is not None and elementwise is not None else TorchOps()

@@ -1,0 +1,54 @@
+/* The decoder layer's small fused ops for x86 CPUs (AVX2 + FMA, fp32), built by kernels/cpu_elementwise.py.
+ *
+ * Why: at one sequence a decode step is ~1,900 torch ops, mostly tiny, and their dispatch costs more than their
+ * arithmetic. RMSNorm with its residual add is ~7 ops in torch, rotate-half RoPE on q and k ~14 (roll = slices +
+ * cat); here each is one call. The arithmetic is the reference's, operation for operation (products rounded,
+ * then summed; built with -ffp-contract=off so no multiply-add is fused), except the norm's sum of squares,
+ * whose order differs (~1 ulp).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+/* residual_out = x + residual (or x when residual is NULL); out = weight * (residual_out * rsqrt(mean(r^2) + eps)).
+ * x, residual, out, residual_out: (M, D) rows with their own row strides (in floats); D % 8 == 0. */
+void rms_norm_residual(const float *x, int64_t ldx, const float *residual, int64_t ldr, const float *weight, float eps,
+                       int64_t M, int64_t D, float *out, float *residual_out) {
+  for (int64_t m = 0; m < M; m++) {
+    const float *xm = x + m * ldx;
+    float *rm = residual_out + m * D;
+    __m256 ss = _mm256_setzero_ps();
+    for (int64_t j = 0; j < D; j += 8) { /* 1. the residual stream and its sum of squares */
+      __m256 r = _mm256_loadu_ps(xm + j);
+      if (residual) r = _mm256_add_ps(r, _mm256_loadu_ps(residual + m * ldr + j));
+      _mm256_storeu_ps(rm + j, r);
+      ss = _mm256_add_ps(ss, _mm256_mul_ps(r, r));
+    }
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(ss), _mm256_extractf128_ps(ss, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    const float inv = 1.f / sqrtf(_mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a))) / (float)D + eps);
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (int64_t j = 0; j < D; j += 8) /* 2. weight * (r * inv), the reference's order */
+      _mm256_storeu_ps(out + m * D + j, _mm256_mul_ps(_mm256_loadu_ps(weight + j), _mm256_mul_ps(_mm256_loadu_ps(rm + j), vinv)));
+  }
+}
+
+/* Rotate-half RoPE of one (M, H, D) tensor with row stride ldx (floats; heads contiguous within a row) into out
+ * (M, H, D) contiguous: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), halves of D. table (M, D): [cos | sin]
+ * of each row's position. D % 16 == 0. */
+void rotary_neox(const float *x, int64_t ldx, const float *table, int64_t M, int64_t H, int64_t D, float *out) {
+  const int64_t half = D / 2;
+  for (int64_t m = 0; m < M; m++) {
+    const float *cs = table + m * D;
+    for (int64_t h = 0; h < H; h++) {
+      const float *v = x + m * ldx + h * D;
+      float *o = out + (m * H + h) * D;
+      for (int64_t j = 0; j < half; j += 8) {
+        const __m256 x1 = _mm256_loadu_ps(v + j), x2 = _mm256_loadu_ps(v + half + j);
+        const __m256 c = _mm256_loadu_ps(cs + j), s = _mm256_loadu_ps(cs + half + j);
+        _mm256_storeu_ps(o + j, _mm256_sub_ps(_mm256_mul_ps(x1, c), _mm256_mul_ps(x2, s)));
+        _mm256_storeu_ps(o + half + j, _mm256_add_ps(_mm256_mul_ps(x2, c), _mm256_mul_ps(x1, s)));
+      }
+    }
+  }
+}

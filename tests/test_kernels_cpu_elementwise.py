@@ -1,0 +1,66 @@
+"""The fused elementwise C kernels (kernels/cpu_elementwise.c) against torch: RMSNorm with its residual add within
+an ulp or two, rotate-half RoPE bit for bit (the engine's torch path included). Skipped, saying why, where the C
+kernels cannot be built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.ops import TorchOps
+from kernels.cpu_build import c_kernels_unavailable
+from kernels.cpu_elementwise import (
+    load_elementwise,
+    rms_norm_residual,
+    rms_norm_residual_ref,
+    rotary_neox,
+    rotary_neox_ref,
+    rotary_supported,
+)
+
+pytestmark = pytest.mark.skipif(c_kernels_unavailable() is not None, reason=f"C kernels: {c_kernels_unavailable()}")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory):
+    built = load_elementwise(Path(tmp_path_factory.mktemp("elementwise")))
+    assert built is not None
+    return built
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize(("rows", "dim"), [(1, 576), (33, 64), (5, 8)])
+def test_rms_norm_residual(lib, with_residual: bool, rows: int, dim: int) -> None:
+    x = torch.randn(rows, dim * 2)[:, :dim]  # a strided view, as a split's half is
+    residual = torch.randn(rows, dim) if with_residual else None
+    weight = torch.randn(dim)
+    out, stream = rms_norm_residual(lib, x, residual, weight, 1e-5)
+    ref_out, ref_stream = rms_norm_residual_ref(x, residual, weight, 1e-5)
+    assert torch.equal(stream, ref_stream)  # the residual add is exact
+    torch.testing.assert_close(out, ref_out, rtol=3e-7, atol=1e-6)
+    torch.testing.assert_close(out, torch.nn.functional.rms_norm(ref_stream, (dim,), weight, 1e-5), rtol=3e-7, atol=1e-6)
+
+
+def test_rotary_is_bit_exact(lib) -> None:
+    rows, heads, kv_heads, d = 7, 9, 3, 64
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d)
+    q = qkv[:, : heads * d].view(rows, heads, d)  # strided rows, as the engine's fused qkv split gives them
+    k = qkv[:, heads * d : (heads + kv_heads) * d].view(rows, kv_heads, d)
+    positions = torch.tensor([0, 1, 5, 100, 7, 3, 2048])
+    angles = positions[:, None].float() * torch.rand(d // 2)[None]
+    table = torch.cat((angles.cos(), angles.sin()), dim=-1)  # (rows, d): [cos | sin]
+    assert rotary_supported(q) and rotary_supported(k)
+    for x in (q, k):
+        assert torch.equal(rotary_neox(lib, x, table), rotary_neox_ref(x, table))
+    torch_ops = TorchOps()
+    ref_q, ref_k = torch_ops.rotary(q, k, torch_ops.rope_table(torch.arange(rows), table, torch.float32))
+    assert torch.equal(rotary_neox(lib, q, table), ref_q) and torch.equal(rotary_neox(lib, k, table), ref_k)
+
+
+def test_launchers_check_shapes(lib) -> None:
+    with pytest.raises(AssertionError):
+        rotary_neox(lib, torch.randn(2, 3, 24), torch.randn(2, 24))  # D not a multiple of 16
+    with pytest.raises(AssertionError):
+        rms_norm_residual(lib, torch.randn(2, 12), None, torch.randn(12), 1e-5)
