@@ -1,17 +1,32 @@
 /* Activations for the integer GEMMs (cpu_w4a8.c, cpu_w8a8.c): each row of x (M, K) float quantized to int8 per
  * group of G values (symmetric, one scale per row and group, round to nearest): xq (M, K) int8, xd (M, K/G) the
- * scales, xs (M, K/G) the exact fp32 sum of each group (for zero points). */
+ * scales, xs (M, K/G) the exact fp32 sum of each group (for zero points). x's rows are ldx floats apart. */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 
-static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t G, int8_t *xq, float *xd, float *xs, int nthreads) {
+/* Scratch for quantize_rows' outputs, one allocation (malloc costs less than the tensors a caller would make). */
+typedef struct { int8_t *xq; float *xd, *xs; void *block; } quantized;
+
+static quantized quantized_alloc(int64_t M, int64_t K, int64_t G) {
+  const int64_t scales = M * (K / G), xq_bytes = (M * K + 63) / 64 * 64;
+  quantized q;
+  q.block = malloc(xq_bytes + 2 * scales * sizeof(float));
+  q.xq = (int8_t *)q.block;
+  q.xd = (float *)((char *)q.block + xq_bytes);
+  q.xs = q.xd + scales;
+  return q;
+}
+
+static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int64_t G, int8_t *xq, float *xd, float *xs,
+                          int nthreads) {
   const int64_t ng = K / G;
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (M >= 16)
   for (int64_t m = 0; m < M; m++) {
     for (int64_t g = 0; g < ng; g++) {
-      const float *v = x + m * K + g * G;
+      const float *v = x + m * ldx + g * G;
       /* 1. max |x| and the exact sum of the group */
       __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
       for (int64_t i = 0; i < G; i += 8) {

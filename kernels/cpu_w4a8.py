@@ -18,7 +18,7 @@ serving path. Built once with the system compiler, on torch's OpenMP threads (ke
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -37,6 +37,12 @@ class W4A8Weight:
     scales: torch.Tensor  # (N, K / G) float32
     zeros_t: torch.Tensor  # (K / G, N) float32: zero * scale, transposed
     group_size: int
+    args: tuple[int, int, int] = field(init=False)  # the kernel's pointer arguments, looked up once
+    dims: tuple[int, int, int] = field(init=False)  # (N, K, G)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", (self.q.data_ptr(), self.scales.data_ptr(), self.zeros_t.data_ptr()))
+        object.__setattr__(self, "dims", (*self.shape, self.group_size))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -67,18 +73,13 @@ def unpack_w4a8(w: W4A8Weight) -> torch.Tensor:
 
 def w4a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: W4A8Weight) -> torch.Tensor:
     """y = x @ dequant(w).T with x quantized per (row, group) to int8; x (M, K) float32 -> (M, N) float32."""
-    n, k = w.shape
-    assert x.dim() == 2 and x.shape[1] == k, f"x must be (M, {k}), got {tuple(x.shape)}"
+    n, k, group = w.dims
+    assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1, f"x must be (M, {k}) with unit column stride"
     assert x.dtype == torch.float32 and x.device.type == "cpu", "x must be a float32 CPU tensor"
-    x = x.contiguous()
-    m, groups = x.shape[0], k // w.group_size
-    xq = torch.empty(m, k, dtype=torch.int8)  # scratch: the quantized rows and their per-group scales and sums
-    xd, xs = torch.empty(2, m, groups).unbind(0)
+    m = x.shape[0]
     y = torch.empty(m, n)
-    lib.w4a8_linear(
-        x.data_ptr(), w.q.data_ptr(), w.scales.data_ptr(), w.zeros_t.data_ptr(), xq.data_ptr(), xd.data_ptr(),
-        xs.data_ptr(), m, n, k, w.group_size, y.data_ptr(), torch.get_num_threads(),
-    )
+    if lib.w4a8_linear(x.data_ptr(), x.stride(0), *w.args, m, n, k, group, y.data_ptr(), torch.get_num_threads()):
+        raise MemoryError(f"w4a8_linear: no memory for the quantized activations ({m} x {k})")
     return y
 
 
@@ -112,6 +113,6 @@ def load_w4a8(build_dir: Path) -> ctypes.CDLL | None:
     lib = load_c_kernel(SOURCE, Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.w4a8_linear.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
-        lib.w4a8_linear.restype = None
+        lib.w4a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
+        lib.w4a8_linear.restype = ctypes.c_int
     return lib

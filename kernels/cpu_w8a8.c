@@ -55,10 +55,15 @@ TILE(4, 2) TILE(1, 2)
 #define N_CHUNK 16 /* weight rows a thread takes at a time */
 #define M_BLOCK 32 /* rows of x multiplied by them in one pass (32 x K bytes stay in L1) */
 
-/* The entry point: quantize x (M, K) float into the caller's scratch (xq, xd, xs), then y (M, N) float. G: 32 or 64. */
-void w8a8_linear(const float *x, const int8_t *w, const float *ws, int8_t *xq, float *xd, float *xs, int64_t M, int64_t N,
-                 int64_t K, int64_t G, float *y, int nthreads) {
-  quantize_rows(x, M, K, G, xq, xd, xs, nthreads);
+/* The entry point: quantize x (M, K) float (rows ldx floats apart), then y (M, N) float. G: 32 or 64. Returns 0, or
+ * -1 when the scratch could not be allocated. */
+int w8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, int64_t M, int64_t N, int64_t K, int64_t G,
+                float *y, int nthreads) {
+  const quantized a = quantized_alloc(M, K, G);
+  if (!a.block) return -1;
+  const int8_t *xq = a.xq;
+  const float *xd = a.xd;
+  quantize_rows(x, ldx, M, K, G, a.xq, a.xd, a.xs, nthreads);
   const int64_t ng = K / G;
   void (*four)(const int8_t *, float, const int8_t *, const float *, int64_t, float *, int64_t) = G == 64 ? tile_4_2 : tile_4_1;
   void (*one)(const int8_t *, float, const int8_t *, const float *, int64_t, float *, int64_t) = G == 64 ? tile_1_2 : tile_1_1;
@@ -74,4 +79,6 @@ void w8a8_linear(const float *x, const int8_t *w, const float *ws, int8_t *xq, f
         for (int64_t n = n0; n < n1; n++) one(w + n * K, ws[n], xq + m * K, xd + m * ng, K, y + m * N + n, N);
     }
   }
+  free(a.block);
+  return 0;
 }

@@ -13,7 +13,7 @@ scale once at the end. A row's result is independent of the other rows of the ca
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,6 +29,10 @@ class W8A8Weight:
     q: torch.Tensor  # (N, K) int8
     scales: torch.Tensor  # (N,) float32: w = q * scale
     group_size: int  # of the activations' quantization
+    args: tuple[int, int] = field(init=False)  # the kernel's pointer arguments, looked up once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", (self.q.data_ptr(), self.scales.data_ptr()))
 
     def nbytes(self) -> int:
         return self.q.numel() + self.scales.numel() * 4
@@ -53,25 +57,20 @@ def load_w8a8(build_dir: Path) -> ctypes.CDLL | None:
     lib = load_c_kernel(SOURCE, Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.w8a8_linear.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
-        lib.w8a8_linear.restype = None
+        lib.w8a8_linear.argtypes = [p, i64, p, p, i64, i64, i64, i64, p, ctypes.c_int]
+        lib.w8a8_linear.restype = ctypes.c_int
     return lib
 
 
 def w8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: W8A8Weight) -> torch.Tensor:
     """y = x @ (q * scale).T with x quantized per (row, group) to int8; x (M, K) float32 -> (M, N) float32."""
     n, k = w.q.shape
-    assert x.dim() == 2 and x.shape[1] == k, f"x must be (M, {k}), got {tuple(x.shape)}"
+    assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1, f"x must be (M, {k}) with unit column stride"
     assert x.dtype == torch.float32 and x.device.type == "cpu", "x must be a float32 CPU tensor"
-    x = x.contiguous()
-    m, groups = x.shape[0], k // w.group_size
-    xq = torch.empty(m, k, dtype=torch.int8)  # scratch: the quantized rows, their group scales and sums
-    xd, xs = torch.empty(2, m, groups).unbind(0)
+    m = x.shape[0]
     y = torch.empty(m, n)
-    lib.w8a8_linear(
-        x.data_ptr(), w.q.data_ptr(), w.scales.data_ptr(), xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), m, n, k,
-        w.group_size, y.data_ptr(), torch.get_num_threads(),
-    )
+    if lib.w8a8_linear(x.data_ptr(), x.stride(0), *w.args, m, n, k, w.group_size, y.data_ptr(), torch.get_num_threads()):
+        raise MemoryError(f"w8a8_linear: no memory for the quantized activations ({m} x {k})")
     return y
 
 

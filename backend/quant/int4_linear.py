@@ -120,7 +120,7 @@ class Int4Linear(nn.Module):
         if self.in_perm is not None:
             rows = rows.index_select(1, self.in_perm)
         if self.mode == "w4a8":
-            y = w4a8_linear(self.w4a8_lib, rows.float(), self.w4a8)
+            y = w4a8_linear(self.w4a8_lib, _unit_column_stride(rows.float()), self.w4a8)
         elif self.mode == "triton":
             y = self._forward_triton(rows)
         elif self._use_dense_copy(rows.shape[0]):
@@ -166,6 +166,11 @@ def _unpack_blocks(packed: torch.Tensor, block_n: int, k: int) -> torch.Tensor:
     """(rows, k / 2) uint8 in torch's CPU int4 layout with `block_n`-row blocks -> (rows, k) values."""
     v = packed.view(-1, k, block_n // 2)  # (blocks, k, block_n / 2): byte j = rows j and j + block_n / 2
     return torch.cat([v & 15, v >> 4], dim=-1).permute(0, 2, 1).reshape(-1, k)
+
+
+def _unit_column_stride(x: torch.Tensor) -> torch.Tensor:
+    """x as the C kernels read it: rows may be strided, columns not (a copy only in that rare case)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _nbytes(t: object) -> int:

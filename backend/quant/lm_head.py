@@ -56,7 +56,7 @@ class LowBitHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if self.w8a8_lib is not None:
-            y = w8a8_linear(self.w8a8_lib, rows.float(), self.w8a8)
+            y = w8a8_linear(self.w8a8_lib, rows.float().contiguous(), self.w8a8)
         elif self.use_int8 and rows.shape[0] < self.int8_max_rows:
             y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.weight_int8, self.scale)
         else:
