@@ -19,7 +19,15 @@ import torch.nn.functional as F
 from backend.attention import paged_attention
 from backend.config import cache_dir
 from backend.forward_batch import ForwardBatch
-from kernels.cpu_elementwise import load_elementwise, norm_supported, rms_norm_residual, rotary_neox, rotary_supported
+from kernels.cpu_elementwise import (
+    load_elementwise,
+    norm_supported,
+    rms_norm_residual,
+    rotary_neox,
+    rotary_supported,
+    silu_and_mul,
+    silu_supported,
+)
 from kernels.cpu_paged_decode import load_paged_decode
 
 
@@ -41,6 +49,10 @@ class Ops(Protocol):
     def attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, batch: ForwardBatch, scale: float
     ) -> torch.Tensor: ...
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SwiGLU: (tokens, 2I) [gate | up] -> silu(gate) * up."""
+        ...
 
 
 class TorchOps:
@@ -69,10 +81,13 @@ class TorchOps:
     def attention(self, q, k, v, cache, batch, scale):
         return paged_attention(q, k, v, cache, batch, scale)
 
+    def silu_and_mul(self, gate_up):
+        return _silu_and_mul(gate_up)
+
 
 class CpuOps(TorchOps):
     """The torch ops with the C kernels where they take the tensors (fp32; else the torch path): decode attention
-    (kernels/cpu_paged_decode.c), RMSNorm with its residual add and RoPE (kernels/cpu_elementwise.c)."""
+    (kernels/cpu_paged_decode.c), RMSNorm with its residual add, RoPE and SwiGLU's gate (kernels/cpu_elementwise.c)."""
 
     name = "cpu"
 
@@ -99,6 +114,14 @@ class CpuOps(TorchOps):
 
     def attention(self, q, k, v, cache, batch, scale):
         return paged_attention(q, k, v, cache, batch, scale, self.decode_kernel)
+
+    def silu_and_mul(self, gate_up):
+        return silu_and_mul(self.elementwise, gate_up) if silu_supported(gate_up) else _silu_and_mul(gate_up)
+
+
+def _silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -150,6 +173,9 @@ class TritonOps:
                 max_query_len=m.query_index.shape[1], scale=scale, out=out[d:], window=batch.window,
             )
         return out
+
+    def silu_and_mul(self, gate_up):
+        return _silu_and_mul(gate_up)  # elementwise: torch's own CUDA kernel is already one pass
 
 
 def select_ops(backend: str, device: str, block_size: int) -> Ops:

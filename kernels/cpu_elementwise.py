@@ -3,10 +3,11 @@
     lib = load_elementwise(build_dir)                        # None where it cannot run (kernels/cpu_build.py)
     out, residual = rms_norm_residual(lib, x, residual, weight, eps)   # residual None: x is the stream
     q_rot = rotary_neox(lib, q, table)                       # q (M, H, D) rows may be strided; table (M, D) [cos | sin]
+    h = silu_and_mul(lib, gate_up)                           # (M, 2I) -> silu(gate) * up, (M, I)
 
 Each replaces a chain of tiny torch ops (RMSNorm with its residual add ~7, rotate-half RoPE ~7 per tensor) with
 one call: at one sequence a decode step's cost is mostly op dispatch. References: `rms_norm_residual_ref`,
-`rotary_neox_ref`.
+`rotary_neox_ref`, `silu_and_mul_ref`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def load_elementwise(build_dir: Path) -> ctypes.CDLL | None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.rms_norm_residual.argtypes = [p, i64, p, i64, p, ctypes.c_float, i64, i64, p, p]
         lib.rotary_neox.argtypes = [p, i64, p, i64, i64, i64, p]
-        lib.rms_norm_residual.restype = lib.rotary_neox.restype = None
+        lib.silu_and_mul.argtypes = [p, i64, i64, i64, p]
+        lib.rms_norm_residual.restype = lib.rotary_neox.restype = lib.silu_and_mul.restype = None
     return lib
 
 
@@ -38,6 +40,19 @@ def norm_supported(x: torch.Tensor) -> bool:
 def rotary_supported(x: torch.Tensor) -> bool:
     d = x.shape[-1]
     return x.dtype == torch.float32 and x.dim() == 3 and d % 16 == 0 and x.stride(2) == 1 and x.stride(1) == d
+
+
+def silu_supported(x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] % 16 == 0 and x.stride(1) == 1
+
+
+def silu_and_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
+    """(M, 2I) float32 [gate | up] (rows may be strided) -> silu(gate) * up, (M, I)."""
+    m, two_i = gate_up.shape
+    assert silu_supported(gate_up), "float32 (M, 2I) with unit column stride, I a multiple of 8"
+    out = torch.empty(m, two_i // 2)
+    lib.silu_and_mul(gate_up.data_ptr(), gate_up.stride(0), m, two_i // 2, out.data_ptr())
+    return out
 
 
 def rms_norm_residual(
@@ -75,3 +90,8 @@ def rotary_neox_ref(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     cos, sin = table[:, None].chunk(2, dim=-1)  # (M, 1, D / 2) each
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up

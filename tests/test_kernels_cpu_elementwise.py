@@ -1,6 +1,6 @@
-"""The fused elementwise C kernels (kernels/cpu_elementwise.c) against torch: RMSNorm with its residual add within
-an ulp or two, rotate-half RoPE bit for bit (the engine's torch path included). Skipped, saying why, where the C
-kernels cannot be built."""
+"""The fused elementwise C kernels (kernels/cpu_elementwise.c) against torch: RMSNorm with its residual add and
+SwiGLU's silu(g) * u within an ulp or two, rotate-half RoPE bit for bit (the engine's torch path included).
+Skipped, saying why, where the C kernels cannot be built."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from kernels.cpu_elementwise import (
     rotary_neox,
     rotary_neox_ref,
     rotary_supported,
+    silu_and_mul,
+    silu_and_mul_ref,
 )
 
 pytestmark = pytest.mark.skipif(c_kernels_unavailable() is not None, reason=f"C kernels: {c_kernels_unavailable()}")
@@ -64,3 +66,12 @@ def test_launchers_check_shapes(lib) -> None:
         rotary_neox(lib, torch.randn(2, 3, 24), torch.randn(2, 24))  # D not a multiple of 16
     with pytest.raises(AssertionError):
         rms_norm_residual(lib, torch.randn(2, 12), None, torch.randn(12), 1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 9])
+def test_silu_and_mul(lib, rows: int) -> None:
+    gate_up = torch.randn(rows, 2 * 1536 + 16)[:, : 2 * 1536] * 8  # strided rows; large |g| exercises the clamps
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])
+    out = silu_and_mul(lib, gate_up)
+    torch.testing.assert_close(out, silu_and_mul_ref(gate_up), rtol=2e-6, atol=1e-6)
+    assert abs(out[0, 0].item()) < 1e-30 and out[0, 1] == 100 * gate_up[0, 1537]  # silu(-100) ~ -4e-42

@@ -10,7 +10,6 @@ residual stream is carried beside the hidden state so a norm can fuse the residu
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -64,9 +63,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))  # (tokens, 2I) -> (tokens, I) -> (tokens, hidden)
 
 
 class DecoderLayer(nn.Module):
@@ -84,7 +82,7 @@ class DecoderLayer(nn.Module):
         """x: this layer's input delta, residual: the stream so far. Returns (mlp output, stream)."""
         h, residual = self.input_layernorm(x, residual, ops)
         h, residual = self.post_attention_layernorm(self.self_attn(h, rope, cache, batch, ops), residual, ops)
-        return self.mlp(h), residual
+        return self.mlp(h, ops), residual
 
 
 class LlamaForCausalLM(nn.Module):
