@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from backend.cpu_gemm import dense_dtype
 from backend.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
-from kernels.cpu_paged_decode import paged_decode_cpu, supports
+from kernels.cpu_paged_decode import paged_decode_cpu, store_kv_cpu, supports, supports_store
 
 
 def store_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -82,8 +82,12 @@ def paged_attention(
     decode_kernel: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """Store this step's K/V, then attend. q: (num_tokens, num_heads, head_dim). `decode_kernel`: the C paged
-    decode kernel (kernels/cpu_paged_decode.c), used for the decode tokens where it takes their dtype."""
-    store_kv(cache, k, v, batch.slot_mapping)
+    decode kernel (kernels/cpu_paged_decode.c), used for the decode tokens (and its companion for storing K/V)
+    where it takes their dtype."""
+    if decode_kernel is not None and supports_store(k, v, cache):
+        store_kv_cpu(decode_kernel, k, v, cache, batch.slot_mapping)
+    else:
+        store_kv(cache, k, v, batch.slot_mapping)
     d = batch.num_decode_tokens
     parts = []
     if batch.decode is not None and decode_kernel is not None and supports(q, cache):

@@ -144,3 +144,31 @@ void paged_decode(const float *q, const void *kc, const void *vc, const int32_t 
       task_f32(q + i * H * D, kc, vc, tables + i * max_blocks, len, start, H, KVH, D, bs, kvh, scale, s, slots, max_len, out + i * H * D);
   }
 }
+
+/* ---- storing the step's K/V ----------------------------------------------------------------------- */
+static inline void store_row(const float *src, void *cache, int64_t slot, int64_t width, int bf16) {
+  if (!bf16) {
+    float *dst = (float *)cache + slot * width;
+    for (int64_t j = 0; j < width; j++) dst[j] = src[j];
+    return;
+  }
+  uint16_t *dst = (uint16_t *)cache + slot * width;
+  for (int64_t j = 0; j < width; j++) { /* fp32 -> bf16, round to nearest even (as torch's .to()) */
+    uint32_t bits;
+    __builtin_memcpy(&bits, src + j, 4);
+    const int nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    dst[j] = nan ? (uint16_t)((bits >> 16) | 0x40) : (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
+}
+
+/* k, v: (n, KVH, D) rows ldk / ldv floats apart (heads contiguous); cache halves kc, vc (slots, KVH, D) fp32 or bf16;
+ * slot_mapping (n,) int64, -1 = skip (a padding token). */
+void store_kv(const float *k, int64_t ldk, const float *v, int64_t ldv, void *kc, void *vc, const int64_t *slot_mapping,
+              int64_t n, int64_t width, int kv_bf16) {
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t slot = slot_mapping[i];
+    if (slot < 0) continue;
+    store_row(k + i * ldk, kc, slot, width, kv_bf16);
+    store_row(v + i * ldv, vc, slot, width, kv_bf16);
+  }
+}

@@ -3,6 +3,7 @@
     lib = load_paged_decode(build_dir)     # None where it cannot run (kernels/cpu_build.py says why)
     out = paged_decode_cpu(lib, q, cache, block_tables, context_lens, block_size, scale, window=0)
     ref = paged_decode_cpu_ref(q, cache, block_tables, context_lens, block_size, scale, window=0)
+    store_kv_cpu(lib, k, v, cache, slot_mapping)   # this step's K/V into their slots (the companion kernel)
 
 One query token per sequence against its whole context, read through the block table: each (sequence, KV
 head) task reads its keys and values once for the query heads that share them (GQA), with an exact
@@ -32,6 +33,8 @@ def load_paged_decode(build_dir: Path) -> ctypes.CDLL | None:
             p, p, p, p, i64, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, p, i64, p, ctypes.c_int, ctypes.c_int,
         ]
         lib.paged_decode.restype = None
+        lib.store_kv.argtypes = [p, i64, p, i64, p, p, p, i64, i64, ctypes.c_int]
+        lib.store_kv.restype = None
     return lib
 
 
@@ -63,6 +66,23 @@ def paged_decode_cpu(
         int(cache.dtype == torch.bfloat16), torch.get_num_threads(),
     )
     return out
+
+
+def store_kv_cpu(lib: ctypes.CDLL, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """k, v (n, kv_heads, head_dim) float32 (rows may be strided) into cache (2, slots, kv_heads, head_dim) float32 or
+    bfloat16 (rounded to nearest even, as .to() does) at slot_mapping (n,) int64; slot -1 is skipped."""
+    n, kv_heads, head_dim = k.shape
+    assert supports_store(k, v, cache) and slot_mapping.dtype == torch.int64 and slot_mapping.shape == (n,)
+    lib.store_kv(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cache[0].data_ptr(), cache[1].data_ptr(),
+                 slot_mapping.contiguous().data_ptr(), n, kv_heads * head_dim, int(cache.dtype == torch.bfloat16))
+
+
+def supports_store(k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor) -> bool:
+    def rows_of_heads(x: torch.Tensor) -> bool:
+        return x.dtype == torch.float32 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+    return (cache.dtype in (torch.float32, torch.bfloat16) and cache.is_contiguous() and rows_of_heads(k)
+            and rows_of_heads(v) and k.shape == v.shape and k.shape[1:] == cache.shape[2:])
 
 
 def paged_decode_cpu_ref(

@@ -11,7 +11,7 @@ import torch
 from backend.attention import decode_attention
 from backend.forward_batch import DecodeMetadata
 from kernels.cpu_build import c_kernels_unavailable
-from kernels.cpu_paged_decode import load_paged_decode, paged_decode_cpu, paged_decode_cpu_ref, supports
+from kernels.cpu_paged_decode import load_paged_decode, paged_decode_cpu, paged_decode_cpu_ref, store_kv_cpu, supports
 
 pytestmark = pytest.mark.skipif(c_kernels_unavailable() is not None, reason=f"C kernels: {c_kernels_unavailable()}")
 
@@ -71,3 +71,21 @@ def test_supports_only_what_it_computes() -> None:
     assert not supports(q, cache.half())
     assert not supports(q[..., :12], cache[..., :12])  # head_dim not a multiple of 8
     assert not supports(torch.randn(1, 34, 64), torch.randn(2, 16, 2, 64))  # 17 query heads per KV head
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_matches_index_copy(lib, dtype: torch.dtype) -> None:
+    """The companion store: strided K/V rows into their slots, bf16 rounded as .to() rounds, slot -1 skipped."""
+    n, kv_heads, d = 5, 3, 64
+    qkv = torch.randn(n, (3 + 2 * kv_heads) * d)
+    qkv[0, 3 * 64] = float("nan")  # in v
+    k = torch.randn(n, kv_heads, d)
+    v = qkv[:, 3 * d : (3 + kv_heads) * d].view(n, kv_heads, d)  # strided rows, as the fused qkv split gives them
+    slots = torch.tensor([7, 0, -1, 33, 2])
+    cache = torch.zeros(2, 40, kv_heads, d, dtype=dtype)
+    ref = cache.clone()
+    store_kv_cpu(lib, k, v, cache, slots)
+    keep = slots >= 0
+    ref[0].index_copy_(0, slots[keep], k[keep].to(dtype))
+    ref[1].index_copy_(0, slots[keep], v[keep].to(dtype))
+    torch.testing.assert_close(cache, ref, rtol=0, atol=0, equal_nan=True)  # bit for bit, NaN as NaN
