@@ -17,18 +17,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.cpu_gemm import HalfWeightLinear, PackedLinear
+from backend.config import cache_dir
+from backend.cpu_gemm import HalfWeightLinear, Int8ActLinear, PackedLinear
+from kernels.cpu_w8a8 import load_w8a8, w8a8_group
 
-Gemm = PackedLinear | HalfWeightLinear
+Gemm = PackedLinear | HalfWeightLinear | Int8ActLinear
 
 
 def _packed(*linears: nn.Linear, dtype: torch.dtype) -> Gemm:
     """One prepacked GEMM computing the given linears side by side (fused q/k/v). float16: fp16 weights with fp32
-    arithmetic (`HalfWeightLinear`); otherwise weights and arithmetic in `dtype`."""
+    arithmetic (`HalfWeightLinear`); int8: int8 weights and activations (`Int8ActLinear`, the W8A8 C kernel);
+    otherwise weights and arithmetic in `dtype`."""
     weight = torch.cat([lin.weight.detach() for lin in linears])
     bias = torch.cat([lin.bias.detach() for lin in linears])
     if dtype == torch.float16:
         return HalfWeightLinear(weight, bias)
+    if dtype == torch.int8:
+        lib = load_w8a8(cache_dir() / "kernels")
+        if lib is None or not w8a8_group(weight.shape[1]):
+            raise ValueError("embedding dtype int8 needs the C kernels (x86 AVX2 and a C compiler)")
+        return Int8ActLinear(weight, bias, lib)
     return PackedLinear(weight.to(dtype), bias.to(dtype))
 
 
@@ -60,11 +68,12 @@ class BertEncoder:
     """Last hidden states of a BertModel (post-norm encoder, absolute positions, token type 0)."""
 
     def __init__(self, bert: nn.Module, dtype: torch.dtype = torch.float32) -> None:
-        """dtype: float32 or bfloat16 (weights and arithmetic), or float16 (fp16 weights, fp32 arithmetic)."""
+        """dtype: float32 or bfloat16 (weights and arithmetic), float16 (fp16 weights, fp32 arithmetic) or int8 (int8
+        weights and activations, fp32 elsewhere)."""
         cfg = bert.config
         if cfg.hidden_act != "gelu" or getattr(cfg, "position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"unsupported BERT variant: hidden_act={cfg.hidden_act}, positions={cfg.position_embedding_type}")
-        self.dtype = torch.float32 if dtype == torch.float16 else dtype  # the activations'
+        self.dtype = torch.float32 if dtype in (torch.float16, torch.int8) else dtype  # the activations'
         self.num_heads = cfg.num_attention_heads
         emb = bert.embeddings
         self.word = emb.word_embeddings.weight.detach().to(self.dtype)

@@ -54,7 +54,8 @@ class GatewayConfig:
     access_log: bool = True
     embeddings: bool = True  # serve /v1/embeddings with all-MiniLM-L6-v2
     embedding_model: str = ""  # HF directory; "" means the default fetched model
-    embedding_dtype: str = "auto"  # auto (bfloat16 where native, else float16 weights) | float32 | bfloat16 | float16
+    # auto (bfloat16 where native, else float16 weights) | float32 | bfloat16 | float16 | int8 (W8A8 C kernel, x86 AVX2)
+    embedding_dtype: str = "auto"
     sse_ping_s: float = 15.0
     # Operations (README: Operations): shutdown drain, admission and timeouts against stuck clients.
     drain_timeout_s: float = 30.0  # on SIGTERM, in-flight requests get this long to finish

@@ -9,6 +9,7 @@ from transformers import AutoModel, AutoTokenizer
 from backend.config import default_embedding_model_path
 from backend.embeddings import Embedder, mean_pool_normalize
 from backend.minilm import BertEncoder
+from kernels.cpu_build import c_kernels_unavailable
 
 TEXTS = ["What is the capital of France?", "ok", "How do I reverse a linked list in Python without recursion, step by step?"]
 
@@ -39,7 +40,10 @@ def test_padded_batch_matches_transformers_on_real_tokens(bert: tuple) -> None:
     torch.testing.assert_close(ours[real], ref[real], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize(("dtype", "min_cosine"), [("float32", 0.99999), ("bfloat16", 0.999), ("float16", 0.99999)])
+INT8 = pytest.param("int8", 0.99, marks=pytest.mark.skipif(c_kernels_unavailable() is not None, reason="no C kernels"))
+
+
+@pytest.mark.parametrize(("dtype", "min_cosine"), [("float32", 0.99999), ("bfloat16", 0.999), ("float16", 0.99999), INT8])
 def test_embedder_vectors_match_sentence_transformers_recipe(bert: tuple, dtype: str, min_cosine: float) -> None:
     model, tok = bert
     vectors, tokens = Embedder(dtype=dtype).embed_sync(TEXTS)
