@@ -92,7 +92,10 @@ def paged_attention(
     parts = []
     if batch.decode is not None and decode_kernel is not None and supports(q, cache):
         m = batch.decode
-        out = paged_decode_cpu(decode_kernel, q[:d], cache, m.block_tables, m.context_lens, batch.block_size, scale, batch.window)
+        out = paged_decode_cpu(
+            decode_kernel, q[:d], cache, m.block_tables, m.context_lens, batch.block_size, scale, batch.window,
+            m.max_context_len,
+        )
         parts.append(out)
     elif batch.decode is not None:
         parts.append(decode_attention(q[:d], cache, batch.decode, scale, batch.block_size))

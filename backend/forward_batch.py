@@ -21,6 +21,7 @@ class DecodeMetadata:
     block_tables: torch.Tensor  # (num_decodes, max_blocks) int32, for paged kernels
     context_lens: torch.Tensor  # (num_decodes,) int32
     window_mask: torch.Tensor | None = None  # like mask, also -inf outside the sliding window (windowed models)
+    max_context_len: int = 0  # max(context_lens), known on the host (0: unknown, read from the tensor)
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ class ModelRunner:
             first = self._tensor(lens)[:, None] - self.window
             in_window = valid & (torch.arange(width, device=self.device)[None, :] >= first)
             window_mask = zeros.masked_fill(~in_window, -float("inf"))[:, None, None, :]
-        return DecodeMetadata(blocks, mask[:, None, None, :], tables, self._tensor(lens, torch.int32), window_mask)
+        return DecodeMetadata(blocks, mask[:, None, None, :], tables, self._tensor(lens, torch.int32), window_mask, max(lens))
 
     def _prefill_metadata(self, prefills: list[ScheduledSeq], first_row: int) -> PrefillMetadata:
         tables, blocks, lens = self._context(prefills)

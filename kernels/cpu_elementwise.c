@@ -10,6 +10,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cpu_simd.h"
+
 /* residual_out = x + residual (or x when residual is NULL); out = weight * (residual_out * rsqrt(mean(r^2) + eps)).
  * x, residual, out, residual_out: (M, D) rows with their own row strides (in floats); D % 8 == 0. */
 void rms_norm_residual(const float *x, int64_t ldx, const float *residual, int64_t ldr, const float *weight, float eps,
@@ -51,23 +53,6 @@ void rotary_neox(const float *x, int64_t ldx, const float *table, int64_t M, int
       }
     }
   }
-}
-
-/* exp(x), Cephes' range reduction and degree-5 polynomial (~1 ulp), x clamped to [-87.3, 88.3] (no inf, no denormals). */
-static inline __m256 exp256(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n));
 }
 
 /* SwiGLU's gate: out (M, I) = silu(g) * u = g / (1 + exp(-g)) * u, gate_up (M, 2I) = [g | u] with row stride ld.

@@ -48,16 +48,17 @@ def supports(q: torch.Tensor, cache: torch.Tensor) -> bool:
 
 def paged_decode_cpu(
     lib: ctypes.CDLL, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-    block_size: int, scale: float, window: int = 0,
+    block_size: int, scale: float, window: int = 0, max_len: int = 0,
 ) -> torch.Tensor:
-    """q (n, heads, head_dim) float32 -> (n, heads, head_dim); cache (2, slots, kv_heads, head_dim) float32 or bfloat16."""
+    """q (n, heads, head_dim) float32 -> (n, heads, head_dim); cache (2, slots, kv_heads, head_dim) float32 or bfloat16.
+    max_len: max(context_lens) if the caller knows it (saves reading it back from the tensor every layer)."""
     n, heads, head_dim = q.shape
     kv_heads = cache.shape[2]
     assert supports(q, cache), "fp32 CPU q, fp32/bf16 cache, head_dim % 8 == 0, at most 16 query heads per KV head"
     assert cache.shape[0] == 2 and cache.shape[3] == head_dim and cache.is_contiguous()
     assert block_tables.dtype == context_lens.dtype == torch.int32 and block_tables.shape[0] == context_lens.shape[0] == n
     q, tables = q.contiguous(), block_tables.contiguous()
-    max_len = int(context_lens.max()) if n else 0
+    max_len = max_len or (int(context_lens.max()) if n else 0)
     scores = torch.empty(n * (heads + kv_heads) * max_len)  # scratch: per task, a row of scores per query head + slots
     out = torch.empty_like(q)
     lib.paged_decode(

@@ -20,14 +20,9 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "cpu_quantize.h" /* quantize_rows: x -> per-row, per-group int8 + scales + exact sums */
+#include "cpu_simd.h"
 
-/* ---- the GEMM ------------------------------------------------------------------------------------- */
-static inline float hsum(__m256 v) {
-  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
-}
+#include "cpu_quantize.h" /* quantize_rows: x -> per-row, per-group int8 + scales + exact sums */
 
 /* NT weight rows x MT activation rows, NS 64-value blocks per group (compile-time, so the group's unpacked
  * weights, NT x 2NS ymm, and the NT x MT fp32 accumulators stay in the 16 ymm registers). Per group and row, the

@@ -15,11 +15,7 @@
 
 #include "cpu_quantize.h"
 
-static inline float hsum(__m256 v) {
-  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
-}
+#include "cpu_simd.h"
 
 /* One weight row against MT rows of x, NB 32-value blocks per group (compile-time: the group's weights and their
  * absolute values, 2 x NB ymm, and the MT accumulators stay in registers). */

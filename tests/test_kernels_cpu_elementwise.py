@@ -4,13 +4,10 @@ Skipped, saying why, where the C kernels cannot be built."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from backend.ops import TorchOps
-from kernels.cpu_build import c_kernels_unavailable
 from kernels.cpu_elementwise import (
     load_elementwise,
     rms_norm_residual,
@@ -21,15 +18,14 @@ from kernels.cpu_elementwise import (
     silu_and_mul,
     silu_and_mul_ref,
 )
+from tests.c_kernels import build, requires_c_kernels
 
-pytestmark = pytest.mark.skipif(c_kernels_unavailable() is not None, reason=f"C kernels: {c_kernels_unavailable()}")
+pytestmark = requires_c_kernels
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory):
-    built = load_elementwise(Path(tmp_path_factory.mktemp("elementwise")))
-    assert built is not None
-    return built
+    return build(load_elementwise, tmp_path_factory, "elementwise")
 
 
 @pytest.mark.parametrize("with_residual", [False, True])

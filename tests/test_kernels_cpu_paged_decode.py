@@ -3,24 +3,20 @@ torch decode path. Skipped, saying why, where the C kernels cannot be built (not
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from backend.attention import decode_attention
 from backend.forward_batch import DecodeMetadata
-from kernels.cpu_build import c_kernels_unavailable
 from kernels.cpu_paged_decode import load_paged_decode, paged_decode_cpu, paged_decode_cpu_ref, store_kv_cpu, supports
+from tests.c_kernels import build, requires_c_kernels
 
-pytestmark = pytest.mark.skipif(c_kernels_unavailable() is not None, reason=f"C kernels: {c_kernels_unavailable()}")
+pytestmark = requires_c_kernels
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory):
-    built = load_paged_decode(Path(tmp_path_factory.mktemp("paged")))
-    assert built is not None, "the kernel did not build (see cpu_paged_decode.log in the build folder)"
-    return built
+    return build(load_paged_decode, tmp_path_factory, "paged_decode")
 
 
 def case(lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int = 16, seed: int = 0):

@@ -3,8 +3,6 @@ w4a8 mode. Skipped, saying why, where the kernel cannot be built (not x86 AVX2, 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -17,17 +15,15 @@ from kernels.cpu_w4a8 import (
     unpack_w4a8,
     w4a8_linear,
     w4a8_linear_ref,
-    w4a8_unavailable,
 )
+from tests.c_kernels import build, requires_c_kernels
 
-pytestmark = pytest.mark.skipif(w4a8_unavailable() is not None, reason=f"W4A8 kernel: {w4a8_unavailable()}")
+pytestmark = requires_c_kernels
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory):
-    built = load_w4a8(Path(tmp_path_factory.mktemp("w4a8")))
-    assert built is not None, "the kernel did not build (see cpu_w4a8.log in the build folder)"
-    return built
+    return build(load_w4a8, tmp_path_factory, "w4a8")
 
 
 def random_weight(n: int, k: int, group: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -3,23 +3,19 @@ Skipped, saying why, where the C kernels cannot be built (not x86 AVX2, no C com
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from backend.quant.lm_head import LowBitHead
-from kernels.cpu_build import c_kernels_unavailable
 from kernels.cpu_w8a8 import load_w8a8, pack_w8a8, w8a8_group, w8a8_linear, w8a8_linear_ref
+from tests.c_kernels import build, requires_c_kernels
 
-pytestmark = pytest.mark.skipif(c_kernels_unavailable() is not None, reason=f"C kernels: {c_kernels_unavailable()}")
+pytestmark = requires_c_kernels
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory):
-    built = load_w8a8(Path(tmp_path_factory.mktemp("w8a8")))
-    assert built is not None, "the kernel did not build (see cpu_w8a8.log in the build folder)"
-    return built
+    return build(load_w8a8, tmp_path_factory, "w8a8")
 
 
 @pytest.mark.parametrize(("n", "k"), [(40, 576), (17, 544), (64, 128)])  # groups of 64, of 32; odd rows
