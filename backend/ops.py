@@ -1,11 +1,12 @@
 """The model's hot ops, in two implementations: plain torch (CPU, anywhere) and Triton kernels (CUDA).
 
-The model calls `ops.rms_norm`, `ops.rope_table` (once per forward), `ops.rotary` and `ops.attention` and never
-knows which one runs.
-`select_ops("auto", device)` picks Triton on CUDA, and on a CPU torch plus the C paged decode kernel
-(kernels/cpu_paged_decode.c, x86 AVX2 + a C compiler: decode attention straight through the block table instead
-of a block gather + masked SDPA; `CpuOps`); "triton" on a CPU runs the kernels through Triton's interpreter
-(slow; for tests), "torch" forces the plain torch path anywhere.
+The model calls `ops.rms_norm`, `ops.rope_table` (once per forward), `ops.rotary`, `ops.attention` and
+`ops.silu_and_mul` and never knows which one runs.
+`select_ops("auto", device)` picks Triton on CUDA, and on a CPU `CpuOps`: torch plus the project's C kernels where
+they build (x86 AVX2 + a C compiler; kernels/cpu_paged_decode.c: K/V store and decode attention straight through
+the block table instead of a block gather + masked SDPA; kernels/cpu_elementwise.c: RMSNorm + residual, RoPE,
+SwiGLU), else plain torch; "triton" on a CPU runs the kernels through Triton's interpreter (slow; for tests),
+"torch" forces the plain torch path anywhere.
 """
 
 from __future__ import annotations
