@@ -45,9 +45,9 @@ class EngineConfig:
     # INT4 on CPU: also keep a dense copy of the weights for batched steps (2x faster from ~10 rows on; bf16 where
     # native, +2 bytes per weight, else fp32, +4); off serves every call from the int4 kernel (smallest memory).
     int4_dense_copy: bool = True
-    # INT4 on CPU: auto (the W4A8 kernel, kernels/cpu_w4a8.c, where it builds: x86 AVX2 + a C compiler; then the
-    # int4 weights are the only copy) | w4a8 (required: an error if it cannot build) | torch (torch's int4 kernel
-    # + the dense copy above)
+    # INT4 on CPU: auto (the W4A8 kernel, kernels/cpu_w4a8.c, where it builds, x86 AVX2 + a C compiler, and the CPU
+    # has no native bf16; then the int4 weights are the only copy) | w4a8 (required: an error if it cannot build) |
+    # torch (torch's int4 kernel + the dense copy above; auto's choice on AVX-512 BF16 / AMX CPUs)
     int4_cpu_kernel: str = "auto"
     # Full-precision weights on CPU: also keep a oneDNN-prepacked copy for calls with 2+ rows (prefill, batches,
     # speculative verify): 1.15x at 32 streams, ~2x for a 5-row lm_head call (backend/cpu_gemm.py); 2x the memory.

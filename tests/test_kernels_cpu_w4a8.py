@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from backend.cpu_gemm import dense_dtype
 from backend.quant.awq_format import pack, quantize
+from backend.quant.convert import w4a8_kernel
 from backend.quant.int4_linear import Int4Linear, dequantized_weight
 from kernels.cpu_w4a8 import (
     load_w4a8,
@@ -117,3 +119,13 @@ def test_int4_linear_w4a8_mode(lib, rows: int) -> None:
     y = layer(x.view(rows, 1, 256))
     assert y.shape == (rows, 1, 128)
     assert ((y.view(rows, 128) - ref).norm() / ref.norm()).item() < 0.02
+
+
+def test_the_engine_s_choice_of_kernel() -> None:
+    """auto: the kernel on CPUs without native bf16 (where it was measured); torch: never; w4a8: required."""
+    assert w4a8_kernel("torch") is None
+    auto = w4a8_kernel("auto")
+    assert (auto is not None) == (dense_dtype("cpu") == torch.float32)
+    assert w4a8_kernel("w4a8") is not None
+    with pytest.raises(ValueError, match="unknown int4_cpu_kernel"):
+        w4a8_kernel("int3")

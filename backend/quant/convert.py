@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import ctypes
 
+import torch
 from torch import nn
 
 from backend.config import cache_dir
+from backend.cpu_gemm import dense_dtype
 from backend.quant.config import AwqConfig
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear
@@ -54,10 +56,14 @@ def prepare_int4(model: nn.Module, quantize_lm_head: bool = True, dense_copy: bo
 
 
 def w4a8_kernel(choice: str) -> ctypes.CDLL | None:
-    """The W4A8 CPU kernel for `choice` auto (where it builds) | w4a8 (required) | torch (never)."""
+    """The W4A8 CPU kernel for `choice` auto | w4a8 (required) | torch (never). auto: where it builds and the CPU
+    has no native bf16 (AVX2-only: measured there, bench/README "C kernels"); a CPU with AVX-512 BF16 / AMX keeps
+    torch's int4 kernel + the bf16 dense copy, which were measured there and the W4A8 kernel was not."""
     if choice not in {"auto", "w4a8", "torch"}:
         raise ValueError(f"unknown int4_cpu_kernel {choice!r}: use auto, w4a8 or torch")
-    lib = load_w4a8(cache_dir() / "kernels") if choice != "torch" else None
+    if choice == "torch" or (choice == "auto" and dense_dtype("cpu") == torch.bfloat16):
+        return None
+    lib = load_w4a8(cache_dir() / "kernels")
     if lib is None and choice == "w4a8":
         why = w4a8_unavailable() or f"the build failed (log: {cache_dir() / 'kernels' / 'cpu_w4a8.log'})"
         raise ValueError(f"int4_cpu_kernel w4a8: {why}")
