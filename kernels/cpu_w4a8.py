@@ -1,6 +1,6 @@
 """W4A8 GEMM on x86 CPUs (AVX2 + FMA): the C kernel in cpu_w4a8.c, built once with the system C compiler.
 
-    lib = load_w4a8(build_dir)                       # None where it cannot run: say why with w4a8_unavailable()
+    lib = load_w4a8(build_dir)                       # None where it cannot run: cpu_build.c_kernels_unavailable() says why
     w = pack_w4a8(q, scales, zeros)                  # once per layer: q (N, K) 0..15, w = (q - zeros) * scales
     y = w4a8_linear(lib, x, w)                       # x (M, K) float32 -> (M, N) float32
     y_ref = w4a8_linear_ref(x, w)                    # the same arithmetic in torch (tests)
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .cpu_build import c_kernels_unavailable, load_c_kernel
+from .cpu_build import load_c_kernel
 
 SOURCE = Path(__file__).with_suffix(".c")
 GROUP_SIZES = (64, 128, 256)  # 64-value blocks; int16 per-group sums of 8 half-blocks at most (see the C file)
@@ -103,11 +103,6 @@ def w4a8_linear_ref(x: torch.Tensor, w: W4A8Weight) -> torch.Tensor:
 
 
 # ---- loading -------------------------------------------------------------------------------------------
-def w4a8_unavailable() -> str | None:
-    """Why the kernel cannot run here (None if it can be built)."""
-    return c_kernels_unavailable()
-
-
 def load_w4a8(build_dir: Path) -> ctypes.CDLL | None:
     """The compiled kernel (built on first use into `build_dir`, kernels/cpu_build.py), or None where it cannot run."""
     lib = load_c_kernel(SOURCE, Path(build_dir))

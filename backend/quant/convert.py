@@ -24,7 +24,8 @@ from backend.quant.config import AwqConfig
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear
 from backend.quant.lm_head import LowBitHead
-from kernels.cpu_w4a8 import load_w4a8, w4a8_unavailable
+from kernels.cpu_build import c_kernels_unavailable
+from kernels.cpu_w4a8 import load_w4a8
 from kernels.cpu_w8a8 import load_w8a8
 
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -65,7 +66,7 @@ def w4a8_kernel(choice: str) -> ctypes.CDLL | None:
         return None
     lib = load_w4a8(cache_dir() / "kernels")
     if lib is None and choice == "w4a8":
-        why = w4a8_unavailable() or f"the build failed (log: {cache_dir() / 'kernels' / 'cpu_w4a8.log'})"
+        why = c_kernels_unavailable() or f"the build failed (log: {cache_dir() / 'kernels' / 'cpu_w4a8.log'})"
         raise ValueError(f"int4_cpu_kernel w4a8: {why}")
     return lib
 
