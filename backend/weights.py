@@ -165,6 +165,10 @@ def load_model(
         from backend.quant.convert import prepare_int4
 
         prepare_int4(model, dense_copy=int4_dense_copy, cpu_kernel=int4_cpu_kernel)
+        if ops is not None and tp is None:
+            from backend.decode_stack import DecodeStack
+
+            model.decode_stack = DecodeStack.build(model, ops)
     elif quantization == "int8":
         from backend.quant.convert import quantize_int8
 

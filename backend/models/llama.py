@@ -9,6 +9,8 @@ residual stream is carried beside the hidden state so a norm can fuse the residu
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig
@@ -17,6 +19,9 @@ from backend.forward_batch import ForwardBatch
 from backend.models.rope import RotaryEmbedding
 from backend.ops import Ops, TorchOps
 from backend.sliding_window import layer_windows
+
+if TYPE_CHECKING:
+    from backend.decode_stack import DecodeStack
 
 
 class RMSNorm(nn.Module):
@@ -106,6 +111,7 @@ class LlamaForCausalLM(nn.Module):
         if ends and config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config, self.head_dim, max_positions)
+        self.decode_stack: DecodeStack | None = None  # all layers of a decode step in one C call (set by the loader)
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
         return self.embed_tokens(batch.input_ids)  # (num_tokens, hidden)
@@ -115,6 +121,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This model's decoder layers; kv_cache[i] belongs to self.layers[i]. Returns (last delta, stream)."""
         rope = self.ops.rope_table(batch.positions, self.rope.cos_sin, x.dtype)  # shared by every layer
+        if self.decode_stack is not None and self.decode_stack.takes(batch, residual, kv_cache):
+            return self.decode_stack(x, rope, batch, kv_cache)  # the same kernels, from C (backend/decode_stack.py)
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, rope, kv_cache[i], batch, self.ops)
         return x, residual
