@@ -6,7 +6,9 @@
 Engine "torch": `int4_cpu_kernel=torch` (torch's int4 kernel + a dense fp32/bf16 copy for batches, the int8/dense
 lm_head) and `kernel_backend=torch` (block gather + masked SDPA). Engine "c": the defaults on an x86 AVX2 CPU,
 i.e. the W4A8 projections and W8A8 lm_head (kernels/cpu_w4a8.c, cpu_w8a8.c), the paged decode attention
-(kernels/cpu_paged_decode.c) and, for INT4 models, a bf16 KV cache that kernel reads. Reported per engine:
+(kernels/cpu_paged_decode.c), the fused norms/RoPE/SwiGLU (cpu_elementwise.c), for INT4 models a bf16 KV cache that
+kernel reads and the decode stack (cpu_decode_layers.c: all layers of a decode step in one C call). Engine
+"c-layers": the same kernels called layer by layer from Python (the decode stack off). Reported per engine:
 held-out perplexity (backend/quant/data/heldout.txt, 512-token windows), the weight bytes it holds, the KV
 dtype, and the decode step time p50 at each batch size, the two engines stepping alternately on the same
 requests (the throughput bench's questions) so they see the same contexts at the same moments of a noisy
@@ -33,7 +35,8 @@ from bench.report import emit
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "cpu_kernels.json"
 HELDOUT = Path(__file__).parents[1] / "backend" / "quant" / "data" / "heldout.txt"
-ENGINES = {"torch": {"int4_cpu_kernel": "torch", "kernel_backend": "torch"}, "c": {}}
+ENGINES = {"torch": {"int4_cpu_kernel": "torch", "kernel_backend": "torch"}, "c-layers": {}, "c": {}}
+LAYER_BY_LAYER = {"c-layers"}  # engines whose decode stack is removed
 
 
 def weight_bytes(engine: LLMEngine) -> int:
@@ -70,6 +73,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         name: LLMEngine(EngineConfig(quantization=args.quantization, enable_prefix_caching=False, **overrides))
         for name, overrides in ENGINES.items()
     }
+    for name in LAYER_BY_LAYER:
+        engines[name].runner.model.decode_stack = None
     rows: dict[str, dict[str, Any]] = {
         name: {"ops": e.runner.model.ops.name, "kv_dtype": str(e.runner.kv_cache.dtype).removeprefix("torch."),
                "weight_bytes": weight_bytes(e)}
@@ -79,6 +84,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ids = engines["c"].tokenizer.encode(HELDOUT.read_text())
         ids = ids[: args.ppl_tokens] if args.ppl_tokens else ids
         for name, engine in engines.items():
+            if name in LAYER_BY_LAYER:
+                continue  # bit-identical logits to "c" (tests/test_decode_stack.py); prefill is the same path anyway
             rows[name]["perplexity"] = round(perplexity(engine, ids, 512)[0], 3)
     for batch in (int(b) for b in args.batches.split(",")):
         for name, ms in step_times(engines, batch, args.steps).items():
@@ -86,10 +93,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, row in rows.items():
         print(f"{name:<6} " + "  ".join(f"{k} {v}" for k, v in row.items()))
     ratios = {k: round(rows["torch"][k] / rows["c"][k], 3) for k in rows["c"] if k.startswith("step_ms")}
+    stack = {k: round(rows["c-layers"][k] / rows["c"][k], 3) for k in rows["c"] if k.startswith("step_ms")}
     for k, r in ratios.items():
-        print(f"{k}: torch / c = x{r:.2f}")
+        print(f"{k}: torch / c = x{r:.2f}, c-layers / c = x{stack[k]:.2f}")
     result = {"bench": "cpu_kernels", "quantization": args.quantization, "steps": args.steps,
-              "threads": torch.get_num_threads(), "engines": rows, "speedup": ratios}
+              "threads": torch.get_num_threads(), "engines": rows, "speedup": ratios,
+              "decode_stack_speedup": stack}
     return emit(result, args.out)
 
 

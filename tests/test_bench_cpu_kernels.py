@@ -24,3 +24,4 @@ def test_short_run_ends_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[
     # the same weights, and the decode attention paths agree closely enough for nearly the same perplexity
     assert abs(torch_row["perplexity"] - c_row["perplexity"]) / torch_row["perplexity"] < 1e-3
     assert torch_row["step_ms_b2"] > 0 and c_row["step_ms_b2"] > 0 and result["speedup"]["step_ms_b2"] > 0
+    assert result["engines"]["c-layers"]["step_ms_b2"] > 0 and result["decode_stack_speedup"]["step_ms_b2"] > 0
