@@ -18,6 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu_small_gemm import MAX_ROWS as SMALL_GEMM_ROWS
+from kernels.cpu_small_gemm import small_gemm
+from kernels.cpu_small_gemm import supports as small_gemm_supports
 from kernels.cpu_w8a8 import pack_w8a8, w8a8_linear
 
 
@@ -130,28 +133,41 @@ class DualLinear(nn.Module):
     GEMM does not beat it (elsewhere they run the packed copy too: `mkl_gemv_wins`); calls with more rows
     (prefill, batched decode, a speculative verify of 1 + k tokens) run the packed copy: measured 1.15x at 32
     streams and ~2x for the lm_head at 5 rows (bench/README, "Prepacked GEMM"). The price is a second copy of
-    the weights; `EngineConfig.packed_copy` turns it off."""
+    the weights; `EngineConfig.packed_copy` turns it off. With `small_gemm` (the C kernel kernels/cpu_small_gemm.c,
+    x86 AVX2) calls of up to 8 rows run it on the plain weight instead: it reads each weight once for all rows, so
+    a verify of 1 + k tokens costs about one plain step (oneDNN: 1.4x), and a row's result is the same at any M."""
 
-    def __init__(self, linear: nn.Linear, min_rows: int = 2) -> None:
+    def __init__(self, linear: nn.Linear, min_rows: int = 2, small_gemm: ctypes.CDLL | None = None) -> None:
         super().__init__()
         self.min_rows = min_rows  # calls with fewer rows use the plain weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameters (a tied lm_head stays tied)
         self.packed = PackedLinear(linear.weight, linear.bias)
+        fits = small_gemm is not None and small_gemm_supports(linear.weight)
+        self.small_gemm = small_gemm if fits and (linear.bias is None or linear.bias.dtype == torch.float32) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() >= self.min_rows * self.in_features:
+        rows = x.numel() // self.in_features
+        if self.small_gemm is not None and 0 < rows <= SMALL_GEMM_ROWS and x.dtype == torch.float32:
+            y = small_gemm(self.small_gemm, _unit_stride_rows(x.reshape(rows, self.in_features)), self.weight, self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
+        if rows >= self.min_rows:
             return self.packed(x)
         return F.linear(x, self.weight, self.bias)
 
 
-def add_packed_copies(model: nn.Module) -> int:
-    """Swap every full-precision CPU nn.Linear in `model` for a DualLinear; returns the bytes added."""
+def _unit_stride_rows(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def add_packed_copies(model: nn.Module, small_gemm: ctypes.CDLL | None = None) -> int:
+    """Swap every full-precision CPU nn.Linear in `model` for a DualLinear (`small_gemm`: the C kernel for calls of
+    up to 8 rows, see DualLinear); returns the bytes added."""
     added, min_rows = 0, 2 if mkl_gemv_wins() else 1
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.is_floating_point():
-                dual = DualLinear(child, min_rows)
+                dual = DualLinear(child, min_rows, small_gemm)
                 if dual.packed.packed:
                     setattr(module, name, dual)
                     added += dual.packed.nbytes()

@@ -30,6 +30,7 @@ from kernels.cpu_elementwise import (
     silu_supported,
 )
 from kernels.cpu_paged_decode import load_paged_decode
+from kernels.cpu_small_gemm import load_small_gemm
 
 
 class Ops(Protocol):
@@ -92,8 +93,9 @@ class CpuOps(TorchOps):
 
     name = "cpu"
 
-    def __init__(self, decode_kernel: ctypes.CDLL, elementwise: ctypes.CDLL) -> None:
+    def __init__(self, decode_kernel: ctypes.CDLL, elementwise: ctypes.CDLL, small_gemm: ctypes.CDLL | None = None) -> None:
         self.decode_kernel, self.elementwise = decode_kernel, elementwise
+        self.small_gemm = small_gemm  # fp32 GEMM of 1..8 rows (kernels/cpu_small_gemm.c): the loader hands it to the linears
 
     def rms_norm(self, x, weight, eps, residual):
         if norm_supported(x) and (residual is None or norm_supported(residual)) and weight.dtype == torch.float32:
@@ -193,4 +195,6 @@ def select_ops(backend: str, device: str, block_size: int) -> Ops:
     if backend != "auto" or device != "cpu":
         return TorchOps()
     decode, elementwise = load_paged_decode(cache_dir() / "kernels"), load_elementwise(cache_dir() / "kernels")
-    return CpuOps(decode, elementwise) if decode is not None and elementwise is not None else TorchOps()
+    if decode is None or elementwise is None:
+        return TorchOps()
+    return CpuOps(decode, elementwise, load_small_gemm(cache_dir() / "kernels"))

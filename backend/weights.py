@@ -18,7 +18,7 @@ from backend.config import cache_dir
 from backend.cpu_gemm import add_packed_copies
 from backend.models.llama import LlamaForCausalLM
 from backend.models.rope import RotaryEmbedding
-from backend.ops import Ops
+from backend.ops import CpuOps, Ops
 from backend.quant.config import AWQ_TENSORS, AwqConfig, GptqConfig, awq_config_of, gptq_config_of
 
 SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "smollm3"}
@@ -174,7 +174,7 @@ def load_model(
 
         quantize_int8(model)
     elif packed_copy:
-        add_packed_copies(model)
+        add_packed_copies(model, ops.small_gemm if isinstance(ops, CpuOps) else None)
     if tp is not None:
         from backend.tensor_parallel import make_row_parallel
 
