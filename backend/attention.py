@@ -99,6 +99,13 @@ def paged_attention(
         parts.append(out)
     elif batch.decode is not None:
         parts.append(decode_attention(q[:d], cache, batch.decode, scale, batch.block_size))
-    if batch.prefill is not None:
-        parts.append(prefill_attention(q[d:], cache, batch.prefill, scale, batch.block_size))
+    p = batch.prefill
+    if p is not None and p.query_context_lens is not None and decode_kernel is not None and supports(q, cache):
+        assert p.query_block_tables is not None  # short chunks: every token is a decode query over its prefix
+        parts.append(paged_decode_cpu(
+            decode_kernel, q[d:], cache, p.query_block_tables, p.query_context_lens, batch.block_size, scale,
+            batch.window, p.max_context_len,
+        ))
+    elif p is not None:
+        parts.append(prefill_attention(q[d:], cache, p, scale, batch.block_size))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -14,6 +14,10 @@ from backend.quant.int8_linear import Int8Linear
 from backend.scheduler import ScheduledSeq, SchedulerOutput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Chunks of at most this many tokens (speculative verifies, a draft model's catch-up) also get per-token decode
+# metadata: the paged decode kernel attends them row by row, as the plain decode steps would (bench/README,
+# "speculative"), instead of the padded SDPA path's ~15 small ops a layer.
+SHORT_CHUNK = 16
 
 
 def kv_cache_shape(model: LlamaForCausalLM, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -104,9 +108,14 @@ class ModelRunner:
             window_mask[:, :, 0] |= ~query_valid
             window_mask = window_mask[:, None]
         mask[:, :, 0] = True  # padded query rows attend to something, so softmax stays finite
+        short = max(q_lens) <= SHORT_CHUNK
         return PrefillMetadata(
             query_index, query_valid, blocks, mask[:, None], tables,
             self._tensor(lens, torch.int32), self._tensor(cu, torch.int32), window_mask,
+            tables.repeat_interleave(self._tensor(q_lens), dim=0) if short else None,
+            self._tensor([n - q + 1 + j for n, q in zip(lens, q_lens, strict=True) for j in range(q)], torch.int32)
+            if short else None,
+            max(lens),
         )
 
     def prepare(self, out: SchedulerOutput) -> ForwardBatch:

@@ -12,6 +12,7 @@ from backend.config import EngineConfig
 from backend.engine import LLMEngine
 from backend.sampling_params import SamplingParams
 from backend.spec.ngram import propose_ngram
+from tests.c_kernels import requires_c_kernels
 from tests.engine_helpers import (
     QUESTIONS,
     assert_no_leaks,
@@ -50,6 +51,21 @@ def test_greedy_speculation_is_exact(prompts: list[list[int]], reference: list[l
     stats = engine.speculator.stats
     assert stats.accepted > 0 and stats.proposed > stats.accepted
     assert_no_leaks(engine)
+
+
+@requires_c_kernels
+def test_verified_rows_have_plain_decodings_logprobs_to_the_bit(prompts: list[list[int]]) -> None:
+    """On the C kernels a verify attends each draft position as a plain decode step would (the paged decode kernel,
+    row by row) and a row's GEMM result does not depend on its batch-mates (kernels/cpu_small_gemm.c): the emitted
+    tokens' log-probabilities equal plain decoding's exactly, not just the tokens."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
+    logprobs = []
+    for k in (0, 4):
+        engine = make_engine(num_speculative_tokens=k)
+        outs = run_to_completion(engine, {0: [("r", prompts[0], params)]})
+        logprobs.append([lp for o in outs["r"] for d in o.deltas for lp in d.logprobs or ()])
+    assert engine.speculator.stats.accepted > 0 and len(logprobs[0]) == 24
+    assert logprobs[0] == logprobs[1]
 
 
 def test_reference_text_drafts_are_mostly_accepted(prompts: list[list[int]], reference: list[list[int]]) -> None:
