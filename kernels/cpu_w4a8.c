@@ -24,6 +24,10 @@
 
 #include "cpu_quantize.h" /* quantize_rows: x -> per-row, per-group int8 + scales + exact sums */
 
+/* Bytes ahead of the weight stream to prefetch (~7 rows of a 576-wide layer): one thread reads a small batch's weights
+ * at ~6 GB/s without, ~9 with (it has more loads in flight than the hardware prefetcher starts). */
+#define PREFETCH 2048
+
 /* NT weight rows x MT activation rows, NS 64-value blocks per group (compile-time, so the group's unpacked
  * weights, NT x 2NS ymm, and the NT x MT fp32 accumulators stay in the 16 ymm registers). Per group and row, the
  * int16 sum of 2NS vpmaddubsw results cannot overflow: |q * xq| <= 15 * 127, two per lane, 8 x 3810 < 32767. */
@@ -39,6 +43,7 @@
       __m256i lo[NT][NS], hi[NT][NS];                                                                            \
       for (int i = 0; i < NT; i++)                                                                               \
         for (int b = 0; b < NS; b++) {                                                                           \
+          _mm_prefetch((const char *)(wq + i * (K / 2) + (g * NS + b) * 32 + PREFETCH), _MM_HINT_T0);            \
           const __m256i v = _mm256_loadu_si256((const __m256i *)(wq + i * (K / 2) + (g * NS + b) * 32));        \
           lo[i][b] = _mm256_and_si256(v, mask);                                                                  \
           hi[i][b] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);                                            \

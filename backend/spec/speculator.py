@@ -32,6 +32,12 @@ from backend.spec.ngram import propose_ngram
 from backend.spec.prefix import process_target_rows, target_probs
 from backend.spec.verify import verify_greedy, verify_sampled
 
+# A draft model starts drafting for a sequence only if at most this many tokens per token it has left to generate
+# must first go through the draft's cache (the prompt at the first step; a sequence that ran in a batch too big to
+# speculate has its whole context to catch up when the batch shrinks). A token of catch-up costs ~1/20 of a target
+# step, a drafted token saves ~1/4 (1 thread; bench/README "speculative", seventh session).
+CATCH_UP_PER_TOKEN_LEFT = 4
+
 
 @dataclass
 class SpecStats:
@@ -80,6 +86,8 @@ class Speculator:
             if k <= 0:
                 continue
             if self.draft_model is not None and not seq.reference_ids:
+                if seq.num_tokens - seq.num_draft_computed > CATCH_UP_PER_TOKEN_LEFT * room:
+                    continue  # its draft cache lags too far behind (it ran in a big batch): catching up costs more
                 draft = [seq.token_ids[-1]] * k  # placeholders: the draft model writes them after scheduling
                 self._reserved.add(seq)
             elif self.medusa is not None and not seq.reference_ids:
