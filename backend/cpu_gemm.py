@@ -134,7 +134,7 @@ class DualLinear(nn.Module):
     (prefill, batched decode, a speculative verify of 1 + k tokens) run the packed copy: measured 1.15x at 32
     streams and ~2x for the lm_head at 5 rows (bench/README, "Prepacked GEMM"). The price is a second copy of
     the weights; `EngineConfig.packed_copy` turns it off. With `small_gemm` (the C kernel kernels/cpu_small_gemm.c,
-    x86 AVX2) calls of up to 8 rows run it on the plain weight instead: it reads each weight once for all rows, so
+    x86 AVX2) calls of up to 16 rows run it on the plain weight instead: it reads each weight once for all rows, so
     a verify of 1 + k tokens costs about one plain step (oneDNN: 1.4x), and a row's result is the same at any M."""
 
     def __init__(self, linear: nn.Linear, min_rows: int = 2, small_gemm: ctypes.CDLL | None = None) -> None:
@@ -162,7 +162,7 @@ def _unit_stride_rows(x: torch.Tensor) -> torch.Tensor:
 
 def add_packed_copies(model: nn.Module, small_gemm: ctypes.CDLL | None = None) -> int:
     """Swap every full-precision CPU nn.Linear in `model` for a DualLinear (`small_gemm`: the C kernel for calls of
-    up to 8 rows, see DualLinear); returns the bytes added."""
+    up to 16 rows, see DualLinear); returns the bytes added."""
     added, min_rows = 0, 2 if mkl_gemv_wins() else 1
     for module in list(model.modules()):
         for name, child in list(module.named_children()):

@@ -95,7 +95,7 @@ class CpuOps(TorchOps):
 
     def __init__(self, decode_kernel: ctypes.CDLL, elementwise: ctypes.CDLL, small_gemm: ctypes.CDLL | None = None) -> None:
         self.decode_kernel, self.elementwise = decode_kernel, elementwise
-        self.small_gemm = small_gemm  # fp32 GEMM of 1..8 rows (kernels/cpu_small_gemm.c): the loader hands it to the linears
+        self.small_gemm = small_gemm  # fp32 GEMM of 1..16 rows (kernels/cpu_small_gemm.c): the loader hands it to the linears
 
     def rms_norm(self, x, weight, eps, residual):
         if norm_supported(x) and (residual is None or norm_supported(residual)) and weight.dtype == torch.float32:

@@ -1,7 +1,7 @@
-"""fp32 GEMM for 1..8 rows of x on x86 CPUs (AVX2 + FMA): the C kernel in cpu_small_gemm.c.
+"""fp32 GEMM for 1..16 rows of x on x86 CPUs (AVX2 + FMA): the C kernel in cpu_small_gemm.c.
 
     lib = load_small_gemm(build_dir)            # None where it cannot run (kernels/cpu_build.py says why)
-    y = small_gemm(lib, x, weight, bias)        # x (M <= 8, K) float32, weight (N, K) -> (M, N) float32
+    y = small_gemm(lib, x, weight, bias)        # x (M <= 16, K) float32, weight (N, K) -> (M, N) float32
     y_ref = small_gemm_ref(x, weight, bias)     # float64 reference (tests)
 
 For full-precision decode steps and speculative verifies (a few rows against every weight once): each weight row
@@ -19,7 +19,7 @@ import torch
 from .cpu_build import load_c_kernel
 
 SOURCE = Path(__file__).with_suffix(".c")
-MAX_ROWS = 8  # the kernel's register tiles: 1..8 rows of x
+MAX_ROWS = 16  # the kernel's register tiles: 1..8 rows of x, then a second pass for 9..16
 
 
 def load_small_gemm(build_dir: Path) -> ctypes.CDLL | None:
@@ -38,7 +38,7 @@ def supports(weight: torch.Tensor) -> bool:
 
 
 def small_gemm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ weight.T (+ bias); x (M, K) float32 with 1 <= M <= 8 and unit column stride -> (M, N)."""
+    """y = x @ weight.T (+ bias); x (M, K) float32 with 1 <= M <= 16 and unit column stride -> (M, N)."""
     m, k = x.shape
     n = weight.shape[0]
     assert supports(weight) and weight.shape[1] == k, f"weight must be float32 (N, {k}) contiguous, K % 8 == 0"
