@@ -73,7 +73,7 @@ class EngineConfig:
     # medusa: a draft stops at the first head whose top probability is below this (0: always k tokens); an unsure
     # guess mostly costs a verified row (bench/README.md, "Medusa heads")
     medusa_min_confidence: float = 0.5
-    speculative_max_batch: int = 4  # no speculation while more sequences than this run (bench.speculative sweep)
+    speculative_max_batch: int = 3  # no speculation while more sequences than this run (bench.speculative sweep)
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds (0: never)
     tensor_parallel_size: int = 1  # > 1: shard every layer over a torch.distributed group (backend/tensor_parallel.py)
     pipeline_parallel_size: int = 1  # > 1: split the layers into stages, one per rank (backend/pipeline_parallel.py)
