@@ -23,6 +23,7 @@ def bert() -> tuple[torch.nn.Module, object]:
 def test_single_queries_match_transformers(bert: tuple) -> None:
     model, tok = bert
     ours = BertEncoder(model)
+    assert (ours.emb_norm.lib is None) == (c_kernels_unavailable() is not None)  # LayerNorm + residual in C where it can
     for text in TEXTS:
         enc = tok([text], return_tensors="pt")
         with torch.inference_mode():
