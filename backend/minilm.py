@@ -80,9 +80,10 @@ class _Layer:
 class BertEncoder:
     """Last hidden states of a BertModel (post-norm encoder, absolute positions, token type 0)."""
 
-    def __init__(self, bert: nn.Module, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, bert: nn.Module, dtype: torch.dtype = torch.float32, share: BertEncoder | None = None) -> None:
         """dtype: float32 or bfloat16 (weights and arithmetic), float16 (fp16 weights, fp32 arithmetic) or int8 (int8
-        weights and activations, fp32 elsewhere)."""
+        weights and activations, fp32 elsewhere). share: an encoder of the same model whose embedding tables (the word
+        table is 47 MB of MiniLM's ~90) this one reuses where its activations have the same dtype."""
         cfg = bert.config
         if cfg.hidden_act != "gelu" or getattr(cfg, "position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"unsupported BERT variant: hidden_act={cfg.hidden_act}, positions={cfg.position_embedding_type}")
@@ -90,10 +91,13 @@ class BertEncoder:
         self.num_heads = cfg.num_attention_heads
         norm_lib = load_elementwise(cache_dir() / "kernels")  # None where the C kernels cannot run
         emb = bert.embeddings
-        self.word = emb.word_embeddings.weight.detach().to(self.dtype)
-        # Token type 0 for every token (sentence embeddings have one segment): fold it into the positions.
-        self.position = (emb.position_embeddings.weight + emb.token_type_embeddings.weight[0]).detach().to(self.dtype)
-        self.emb_norm = _Norm.of(emb.LayerNorm, self.dtype, norm_lib)
+        if share is not None and share.dtype == self.dtype:
+            self.word, self.position, self.emb_norm = share.word, share.position, share.emb_norm
+        else:
+            self.word = emb.word_embeddings.weight.detach().to(self.dtype)
+            # Token type 0 for every token (sentence embeddings have one segment): fold it into the positions.
+            self.position = (emb.position_embeddings.weight + emb.token_type_embeddings.weight[0]).detach().to(self.dtype)
+            self.emb_norm = _Norm.of(emb.LayerNorm, self.dtype, norm_lib)
         self.layers = [self._layer(layer, dtype, self.dtype, norm_lib) for layer in bert.encoder.layer]
 
     @staticmethod
