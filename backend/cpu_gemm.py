@@ -93,7 +93,7 @@ class Int8ActLinear:
     """y = x @ W.T (+ b) with W in int8 rows (one scale each) and x quantized per row and group of 64 to int8: the
     W8A8 C kernel (kernels/cpu_w8a8.c, x86 AVX2). A quarter of fp32's weight bytes, integer SIMD products; for the
     embedder's short queries, whose cost is reading the weights. The bias and GELU run in the kernel's epilogue (as
-    torch ops they were ~1/6 of an int8 embedding of one query)."""
+    torch ops they and the LayerNorms were ~10% of an int8 embedding of one query: bench/README "cache")."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL) -> None:
         self.out_features, self.in_features = weight.shape

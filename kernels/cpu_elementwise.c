@@ -4,9 +4,10 @@
  * Why: at one sequence a decode step is ~1,900 torch ops, mostly tiny, and their dispatch costs more than their
  * arithmetic. RMSNorm with its residual add is ~7 ops in torch, rotate-half RoPE on q and k ~14 (roll = slices +
  * cat), SwiGLU's silu(g) * u 3; here each is one call. The same holds for the embedder's one short query: its 13
- * LayerNorms, each after a residual add, were ~1/8 of an int8 forward. The arithmetic is the reference's, operation for operation (products rounded,
- * then summed; built with -ffp-contract=off so no multiply-add is fused), except the norm's sum of squares,
- * whose order differs, and silu's exp (a polynomial of ~1 ulp, like torch's own vectorised one, not the same).
+ * LayerNorms, each after a residual add, were ~1/8 of an int8 forward in a torch profile. The arithmetic is the
+ * reference's, operation for operation (products rounded, then summed; built with -ffp-contract=off so no
+ * multiply-add is fused), except the norms' sums, whose order differs (and LayerNorm's two-pass moments against
+ * torch's Welford), and silu's exp (a polynomial of ~1 ulp, like torch's own vectorised one, not the same).
  */
 #include <immintrin.h>
 #include <math.h>

@@ -48,7 +48,8 @@ static inline __m256 gelu256(__m256 x) {
    * exactly (FMA), P - h = s + err exactly (two-sum), then exp(s) * (1 + err - l) */
   const __m256 h = _mm256_mul_ps(hx, xc), l = _mm256_fmsub_ps(hx, xc, h);
   const __m256 s = _mm256_sub_ps(p, h), bb = _mm256_sub_ps(s, p);
-  const __m256 err = _mm256_sub_ps(_mm256_sub_ps(p, _mm256_sub_ps(s, bb)), _mm256_add_ps(h, bb)); /* (p - (s - bb)) + (-h - bb) */
+  /* err = (p - (s - bb)) + (-h - bb), written as a difference of the same roundings */
+  const __m256 err = _mm256_sub_ps(_mm256_sub_ps(p, _mm256_sub_ps(s, bb)), _mm256_add_ps(h, bb));
   const __m256 ex = exp256(s);
   const __m256 e = _mm256_mul_ps(t, _mm256_fmadd_ps(ex, _mm256_sub_ps(err, l), ex)); /* erfc(|z|) */
   /* 3. 2 Phi(x): erfc(|z|) where x < 0, 2 - erfc(|z|) elsewhere */
