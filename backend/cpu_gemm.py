@@ -95,20 +95,19 @@ class HalfWeightLinear:
 class Int8ActLinear:
     """y = x @ W.T (+ b) with W in int8 rows (one scale each) and x quantized per row and group of 64 to int8: the
     W8A8 C kernel (kernels/cpu_w8a8.c, x86 AVX2). A quarter of fp32's weight bytes, integer SIMD products; for the
-    embedder's short queries, whose cost is reading the weights."""
+    embedder's short queries, whose cost is reading the weights. The bias and GELU run in the kernel's epilogue (as
+    torch ops they and the LayerNorms were ~10% of an int8 embedding of one query: bench/README "cache")."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL) -> None:
         self.out_features, self.in_features = weight.shape
         self.dtype = torch.float32  # what it takes and returns
         self.lib, self.weight = lib, pack_w8a8(weight.detach())
-        self.bias = None if bias is None else bias.detach().float()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
 
     def __call__(self, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
         """`activation`: "none" or "gelu" (erf GELU)."""
-        y = w8a8_linear(self.lib, x.reshape(-1, self.in_features).contiguous(), self.weight)
-        if self.bias is not None:
-            y += self.bias
-        y = F.gelu(y) if activation == "gelu" else y
+        rows = x.reshape(-1, self.in_features).contiguous()
+        y = w8a8_linear(self.lib, rows, self.weight, self.bias, gelu=activation == "gelu")
         return y.view(*x.shape[:-1], self.out_features)
 
     def nbytes(self) -> int:

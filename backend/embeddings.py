@@ -5,6 +5,9 @@ forward (backend/minilm.py, ~2x faster on a short query: the semantic cache wait
 request), other architectures transformers' own. The forward runs off the event loop, on the process's
 torch thread when there is one (the embedded engine's loop: `executor=engine`; one thread pool for all
 torch work, backend/async_engine.py says why), else on a thread of its own.
+
+The semantic cache may embed with a faster copy in another dtype (`for_cache`: int8 where the C kernels
+build), which shares the /v1/embeddings embedder's tokenizer, thread and embedding tables.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from backend.config import default_embedding_model_path
 from backend.cpu_gemm import half_weight_gemm_available, onednn_available
 from backend.errors import InvalidRequestError
 from backend.minilm import BertEncoder
+from kernels.cpu_build import c_kernels_unavailable
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 
@@ -38,25 +42,43 @@ class Embedder:
 
     def __init__(
         self, model_path: str | Path | None = None, batch_size: int = 32, dtype: str = "auto",
-        executor: Submitter | None = None,
+        executor: Submitter | None = None, share: Embedder | None = None,
     ) -> None:
         """dtype: float32 | bfloat16 | float16 (fp16 weights, fp32 arithmetic) | auto: bfloat16 where oneDNN runs
         it natively, else float16 where FBGEMM is there (x86), else float32. The forward reads its weights once
         per query, so half the bytes is 1.2-1.5x faster; vectors have cosine > 0.9999 to the float32 ones, and
-        the labelled cache set scores the same (bench/README "cache", "AVX2 CPUs"). int8 (opt-in: the W8A8 C kernel,
-        x86 AVX2): int8 weights and activations, 1.18x faster than float16 on an AMD EPYC, cosine to fp32 0.999 on
-        questions but 0.994 on "ok", the labelled set unchanged (bench/README "C kernels"). executor: where loading
-        and `embed` run (default: one thread of its own, so there is one forward at a time)."""
-        self._executor = executor or ThreadPoolExecutor(1, thread_name_prefix="embedder")
-        path = Path(model_path).expanduser() if model_path else default_embedding_model_path()
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = self._executor.submit(_load, path).result()
+        the labelled cache set scores the same (bench/README "cache", "AVX2 CPUs"). int8 (the W8A8 C kernel, x86 AVX2;
+        the semantic cache's default where it builds, `for_cache`, opt-in for /v1/embeddings): int8 weights and
+        activations, the fastest on an AMD EPYC (bench/README "cache"), cosine to fp32 0.999 on questions but 0.994
+        on "ok", the labelled set unchanged (bench/README "C kernels"). executor: where loading
+        and `embed` run (default: one thread of its own, so there is one forward at a time). share: an Embedder of the
+        same model whose tokenizer, executor and embedding tables this one uses (`variant`); model_path and executor
+        are then its."""
+        if share is not None:
+            self._executor, self.path, self.tokenizer = share._executor, share.path, share.tokenizer
+        else:
+            self._executor = executor or ThreadPoolExecutor(1, thread_name_prefix="embedder")
+            self.path = Path(model_path).expanduser() if model_path else default_embedding_model_path()
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+        model = self._executor.submit(_load, self.path).result()
         self.dimensions: int = int(model.config.hidden_size)
         self.max_length: int = int(min(self.tokenizer.model_max_length, model.config.max_position_embeddings))
         bert = model.config.model_type == "bert"
-        self._encoder = self._executor.submit(BertEncoder, model, _encoder_dtype(dtype)).result() if bert else None
+        weights = _encoder_dtype(dtype)
+        shared = share._encoder if share else None
+        self._encoder = self._executor.submit(BertEncoder, model, weights, shared).result() if bert else None
         self.model = None if self._encoder else model  # the weights live in the encoder's packed copies
+        self.dtype: str = _name(weights) if bert else "float32"  # what the forward runs in
+        # What produced a vector: the semantic cache keys its scopes by it (vectors of another model or dtype differ).
+        self.identity = f"{self.path.name}/{self.dtype}"
         self.batch_size = batch_size
+
+    def variant(self, dtype: str) -> Embedder:
+        """This model in another dtype, sharing this embedder's tokenizer, executor and (where the activations' dtype
+        is the same: float32, float16, int8) embedding tables; this embedder itself where that changes nothing."""
+        if self._encoder is None or _name(_encoder_dtype(dtype)) == self.dtype:
+            return self  # transformers' forward (not BERT) runs float32 whatever the dtype
+        return Embedder(batch_size=self.batch_size, dtype=dtype, share=self)
 
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         """Unit vectors, one per text, and the number of prompt tokens (special tokens included)."""
@@ -88,6 +110,15 @@ class Embedder:
         return mean_pool_normalize(hidden, enc["attention_mask"]).tolist(), int(lengths.sum())
 
 
+def for_cache(main: Embedder, dtype: str) -> Embedder:
+    """The semantic cache's embedder (`cache.embedding_dtype`): `same` is `main` (the /v1/embeddings one); `auto` is
+    int8 where the C kernels build (the query's embedding is most of a semantic hit's time: int8 is the fastest
+    there, and the labelled set scores the same), else `main`; any embedding dtype is `main.variant(dtype)`."""
+    if dtype == "auto":
+        dtype = "int8" if c_kernels_unavailable() is None else "same"
+    return main if dtype == "same" else main.variant(dtype)
+
+
 def _load(path: Path) -> torch.nn.Module:
     return AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
 
@@ -100,6 +131,10 @@ def _encoder_dtype(name: str) -> torch.dtype:
     if name not in ("float32", "bfloat16", "float16", "int8"):
         raise ValueError(f"embedding dtype {name!r}: use auto, float32, bfloat16, float16 or int8")
     return getattr(torch, name)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def mean_pool_normalize(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

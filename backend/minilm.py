@@ -5,12 +5,15 @@ latency is the cache hit's latency. transformers' BertModel spends most of a 10-
 per-call overhead: separate q/k/v projections, mask building, dropout and head-reshaping modules, and
 F.linear re-laying out every weight for oneDNN. This forward does the same arithmetic with fused QKV,
 weights prepacked once (backend/cpu_gemm.py), GELU fused into the up-projection and no mask when the
-batch has no padding. transformers still loads the weights; `tests/test_minilm.py` checks this forward
-against BertModel's.
+batch has no padding. Where the C kernels build (x86 AVX2), each LayerNorm and the residual add before it are
+one call (kernels/cpu_elementwise.c), and the int8 GEMMs add their bias and GELU in their epilogue: what is
+left of a short query's int8 forward after the weights is mostly such small ops' dispatch. transformers still
+loads the weights; `tests/test_minilm.py` checks this forward against BertModel's.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +22,7 @@ from torch import nn
 
 from backend.config import cache_dir
 from backend.cpu_gemm import HalfWeightLinear, Int8ActLinear, PackedLinear
+from kernels.cpu_elementwise import layer_norm_residual, load_elementwise
 from kernels.cpu_w8a8 import load_w8a8, w8a8_group
 
 Gemm = PackedLinear | HalfWeightLinear | Int8ActLinear
@@ -42,16 +46,25 @@ def _packed(*linears: nn.Linear, dtype: torch.dtype) -> Gemm:
 
 @dataclass
 class _Norm:
+    """LayerNorm(x + residual): one C call for float32 activations where the kernels build (`lib`), else torch's."""
+
     weight: torch.Tensor
     bias: torch.Tensor
     eps: float
+    lib: ctypes.CDLL | None
 
     @classmethod
-    def of(cls, norm: nn.LayerNorm, dtype: torch.dtype) -> _Norm:
-        return cls(norm.weight.detach().to(dtype), norm.bias.detach().to(dtype), norm.eps)
+    def of(cls, norm: nn.LayerNorm, dtype: torch.dtype, lib: ctypes.CDLL | None) -> _Norm:
+        w, b = norm.weight.detach().to(dtype).contiguous(), norm.bias.detach().to(dtype).contiguous()
+        return cls(w, b, norm.eps, lib if dtype == torch.float32 and w.shape[0] % 8 == 0 else None)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """x, residual: (..., hidden), the same shape."""
+        if self.lib is None:
+            return F.layer_norm(x + residual, x.shape[-1:], self.weight, self.bias, self.eps)
+        hidden = x.shape[-1]
+        rows, res = x.reshape(-1, hidden), residual.reshape(-1, hidden)
+        return layer_norm_residual(self.lib, rows, res, self.weight, self.bias, self.eps).view(x.shape)
 
 
 @dataclass
@@ -67,43 +80,49 @@ class _Layer:
 class BertEncoder:
     """Last hidden states of a BertModel (post-norm encoder, absolute positions, token type 0)."""
 
-    def __init__(self, bert: nn.Module, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, bert: nn.Module, dtype: torch.dtype = torch.float32, share: BertEncoder | None = None) -> None:
         """dtype: float32 or bfloat16 (weights and arithmetic), float16 (fp16 weights, fp32 arithmetic) or int8 (int8
-        weights and activations, fp32 elsewhere)."""
+        weights and activations, fp32 elsewhere). share: an encoder of the same model whose embedding tables (the word
+        table is 47 MB of MiniLM's ~90) this one reuses where its activations have the same dtype."""
         cfg = bert.config
         if cfg.hidden_act != "gelu" or getattr(cfg, "position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"unsupported BERT variant: hidden_act={cfg.hidden_act}, positions={cfg.position_embedding_type}")
         self.dtype = torch.float32 if dtype in (torch.float16, torch.int8) else dtype  # the activations'
         self.num_heads = cfg.num_attention_heads
+        norm_lib = load_elementwise(cache_dir() / "kernels")  # None where the C kernels cannot run
         emb = bert.embeddings
-        self.word = emb.word_embeddings.weight.detach().to(self.dtype)
-        # Token type 0 for every token (sentence embeddings have one segment): fold it into the positions.
-        self.position = (emb.position_embeddings.weight + emb.token_type_embeddings.weight[0]).detach().to(self.dtype)
-        self.emb_norm = _Norm.of(emb.LayerNorm, self.dtype)
-        self.layers = [self._layer(layer, dtype, self.dtype) for layer in bert.encoder.layer]
+        if share is not None and share.dtype == self.dtype:
+            self.word, self.position, self.emb_norm = share.word, share.position, share.emb_norm
+        else:
+            self.word = emb.word_embeddings.weight.detach().to(self.dtype)
+            # Token type 0 for every token (sentence embeddings have one segment): fold it into the positions.
+            self.position = (emb.position_embeddings.weight + emb.token_type_embeddings.weight[0]).detach().to(self.dtype)
+            self.emb_norm = _Norm.of(emb.LayerNorm, self.dtype, norm_lib)
+        self.layers = [self._layer(layer, dtype, self.dtype, norm_lib) for layer in bert.encoder.layer]
 
     @staticmethod
-    def _layer(layer: nn.Module, weights: torch.dtype, activations: torch.dtype) -> _Layer:
+    def _layer(layer: nn.Module, weights: torch.dtype, activations: torch.dtype, norm_lib: ctypes.CDLL | None) -> _Layer:
         att = layer.attention
         return _Layer(
             qkv=_packed(att.self.query, att.self.key, att.self.value, dtype=weights),
             out=_packed(att.output.dense, dtype=weights),
-            attn_norm=_Norm.of(att.output.LayerNorm, activations),
+            attn_norm=_Norm.of(att.output.LayerNorm, activations, norm_lib),
             up=_packed(layer.intermediate.dense, dtype=weights),
             down=_packed(layer.output.dense, dtype=weights),
-            mlp_norm=_Norm.of(layer.output.LayerNorm, activations),
+            mlp_norm=_Norm.of(layer.output.LayerNorm, activations, norm_lib),
         )
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """input_ids, attention_mask: (batch, seq) -> (batch, seq, hidden) in float32."""
-        seq = input_ids.shape[1]
-        x = self.emb_norm(self.word[input_ids] + self.position[:seq])  # (batch, seq, hidden)
+        batch, seq = input_ids.shape
+        positions = self.position[:seq].expand(batch, seq, -1)
+        x = self.emb_norm(self.word[input_ids], positions)  # (batch, seq, hidden)
         # Padding keys are masked out; an unpadded batch (a single query) needs no mask at all.
         mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
         for layer in self.layers:
-            x = layer.attn_norm(x + layer.out(self._attention(layer.qkv(x), mask)))
-            x = layer.mlp_norm(x + layer.down(layer.up(x, activation="gelu")))
+            x = layer.attn_norm(layer.out(self._attention(layer.qkv(x), mask)), x)
+            x = layer.mlp_norm(layer.down(layer.up(x, activation="gelu")), x)
         return x.float()
 
     def _attention(self, qkv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -4,10 +4,12 @@ through the full HTTP path with the real engine and embedder.
     python -m bench.cache [--hits 200] [--misses 10] [--only quality|lookup|http]
 
 1. quality: tests/data/semantic_cache_pairs.tsv scored with all-MiniLM-L6-v2 at the default
-   threshold (paraphrase hit rate; false hits as a share of all hits);
+   threshold, with the cache's embedder (`cache.embedding_dtype`: int8 where the C kernels build;
+   SMOLGATE_CACHE_* variables apply) (paraphrase hit rate; false hits as a share of all hits);
 2. lookup: exact get and semantic match (search + guards + get) in an in-process store holding
    10k and 100k entries in one scope (random unit vectors: the worst case, one matrix product);
-3. HTTP: a real gateway (real engine, embedder, in-process cache) in a subprocess, driven over one
+3. HTTP: a real gateway (real engine, embedders as `python -m gateway` builds them, in-process cache;
+   SMOLGATE_* variables apply, e.g. SMOLGATE_CACHE_EMBEDDING_DTYPE=same) in a subprocess, driven over one
    keep-alive connection: an exact hit, a semantic hit (a paraphrase), and a miss (a fresh question,
    64 generated tokens: ignore_eos).
 The last line of output is one JSON object.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -31,7 +34,6 @@ import numpy as np
 
 from bench.cache_pairs import score_with
 from bench.server import free_port, wait_ready
-from gateway.cache.config import CacheConfig
 from gateway.cache.semantic import match
 from gateway.cache.stores import MemoryStore
 
@@ -47,13 +49,15 @@ def _pct(values: list[float]) -> dict[str, float]:
 
 
 def quality() -> dict[str, Any]:
-    from backend.embeddings import Embedder
+    from backend.embeddings import Embedder, for_cache
+    from gateway.config import GatewayConfig, apply_env
 
-    threshold = CacheConfig().similarity_threshold
-    score = score_with(Embedder(batch_size=256).embed_sync, threshold)
+    cfg = apply_env(GatewayConfig(), os.environ).cache  # SMOLGATE_CACHE_EMBEDDING_DTYPE=same: the /v1/embeddings one
+    embedder = for_cache(Embedder(batch_size=256), cfg.embedding_dtype)
+    score = score_with(embedder.embed_sync, cfg.similarity_threshold)
     return {
-        "threshold": threshold, "pairs": score.pairs, "paraphrases": score.paraphrases,
-        "paraphrase_hit_rate": round(score.paraphrase_hit_rate, 4), "hits": score.hits,
+        "embedder": embedder.identity, "threshold": cfg.similarity_threshold, "pairs": score.pairs,
+        "paraphrases": score.paraphrases, "paraphrase_hit_rate": round(score.paraphrase_hit_rate, 4), "hits": score.hits,
         "false_hits": score.false_hits, "false_hit_rate": round(score.false_hit_rate, 4),
     }  # fmt: skip
 
@@ -93,16 +97,17 @@ def serve(port: int) -> None:
     import uvicorn
 
     from backend.async_engine import AsyncEngine
-    from backend.config import EngineConfig, engine_config_from_env
-    from backend.embeddings import Embedder
+    from backend.config import EngineConfig
+    from gateway.__main__ import build_embedders
     from gateway.app import build_context, create_app
-    from gateway.config import GatewayConfig
+    from gateway.config import GatewayConfig, apply_env
 
-    engine_cfg = engine_config_from_env(EngineConfig(max_model_len=2048, kv_cache_memory_mb=256), dict(os.environ))
-    config = GatewayConfig(api_keys=(API_KEY,), engine=engine_cfg)
+    defaults = GatewayConfig(engine=EngineConfig(max_model_len=2048, kv_cache_memory_mb=256))
+    config = dataclasses.replace(apply_env(defaults, os.environ), api_keys=(API_KEY,))
     sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
-    engine = AsyncEngine.from_config(engine_cfg)
-    app = create_app(build_context(config, engine, Embedder(executor=engine), log_sink=sink))
+    engine = AsyncEngine.from_config(config.engine)
+    embedder, cache_embedder = build_embedders(config, engine)
+    app = create_app(build_context(config, engine, embedder, log_sink=sink, cache_embedder=cache_embedder))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 

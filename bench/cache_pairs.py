@@ -136,10 +136,10 @@ def sweep(embed_sync: Callable[[list[str]], tuple[list[list[float]], int]], thre
 def main() -> None:
     import json
 
-    from backend.embeddings import Embedder
+    from backend.embeddings import Embedder, for_cache
     from gateway.cache.config import CacheConfig
 
-    rows = sweep(Embedder(batch_size=256).embed_sync, SWEEP)
+    rows = sweep(for_cache(Embedder(batch_size=256), CacheConfig().embedding_dtype).embed_sync, SWEEP)  # the cache's
     for row in rows:
         rates = f"paraphrase hits {row['paraphrase_hit_rate']:6.1%}  false hits {row['false_hit_rate']:6.1%}"
         print(f"threshold {row['threshold']:.2f}  {rates}")

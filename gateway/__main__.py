@@ -1,6 +1,6 @@
 """Composition root: `python -m gateway [--config FILE] [--host H] [--port P]`.
 
-The only place that builds the embedded engine and the embedder (both import torch,
+The only place that builds the embedded engine and the embedders (they import torch,
 lazily, inside functions), hands them to the app, and runs uvicorn. A gateway whose
 `models` section has no deployment of kind embedded never loads the engine.
 """
@@ -36,16 +36,21 @@ def build_engine(cfg: GatewayConfig) -> EngineClient | None:
     return engine
 
 
-def build_embedder(cfg: GatewayConfig, engine: EngineClient | None) -> EmbeddingClient | None:
-    """With the embedded engine, the embedder's torch work runs on the engine's loop thread (one torch
-    thread per process: backend/async_engine.py)."""
+def build_embedders(cfg: GatewayConfig, engine: EngineClient | None) -> tuple[EmbeddingClient | None, EmbeddingClient | None]:
+    """/v1/embeddings' embedder (`embedding_dtype`) and the semantic cache's (`cache.embedding_dtype`; the same object
+    when that changes nothing, or when the cache does no semantic matching). The cache's shares the first one's
+    tokenizer, thread and embedding tables. With the embedded engine, both run their torch work on the engine's loop
+    thread (one torch thread per process: backend/async_engine.py)."""
     if not cfg.embeddings:
-        return None
+        return None, None
     from backend.async_engine import AsyncEngine
-    from backend.embeddings import Embedder
+    from backend.embeddings import Embedder, for_cache
 
     executor = engine if isinstance(engine, AsyncEngine) else None
-    return Embedder(cfg.embedding_model or None, dtype=cfg.embedding_dtype, executor=executor)
+    embedder = Embedder(cfg.embedding_model or None, dtype=cfg.embedding_dtype, executor=executor)
+    if not (cfg.cache.enabled and cfg.cache.semantic):
+        return embedder, embedder
+    return embedder, for_cache(embedder, cfg.cache.embedding_dtype)
 
 
 def main(argv: list[str] | None = None, *, embedded_only: bool = False, prog: str = "python -m gateway") -> None:
@@ -59,7 +64,8 @@ def main(argv: list[str] | None = None, *, embedded_only: bool = False, prog: st
     if embedded_only:
         cfg = dataclasses.replace(cfg, routing=RoutingConfig())
     engine = build_engine(cfg)
-    app = create_app(build_context(cfg, engine, build_embedder(cfg, engine)))
+    embedder, cache_embedder = build_embedders(cfg, engine)
+    app = create_app(build_context(cfg, engine, embedder, cache_embedder=cache_embedder))
     uvicorn.run(
         app,
         host=cfg.host,

@@ -45,8 +45,10 @@ def build_context(
     embedder: EmbeddingClient | None = None,
     log_sink: TextIO | None = None,
     cache_store: CacheStore | None = None,
+    cache_embedder: EmbeddingClient | None = None,
 ) -> GatewayContext:
-    """`cache_store` replaces the configured response-cache backend (tests inject faults with it).
+    """`cache_store` replaces the configured response-cache backend (tests inject faults with it). `cache_embedder`:
+    what the semantic cache embeds with (`cache.embedding_dtype`: gateway/__main__.py builds it), default `embedder`.
 
     `engine` None: a gateway that only routes to upstreams (config.routing with no embedded deployment)."""
     created = int(time.time())
@@ -60,7 +62,8 @@ def build_context(
     engine = engine if engine is not None else NoEngine()
     logger = make_logger(log_sink or sys.stderr, config.log_level)
     ids = IdGenerator()
-    cache = build_cache(config, engine.model_name, embedder, CacheMetrics(metrics.registry), logger, ids, cache_store)
+    cache_embedder = cache_embedder or embedder
+    cache = build_cache(config, engine.model_name, cache_embedder, CacheMetrics(metrics.registry), logger, ids, cache_store)
     return GatewayContext(
         config=config,
         engine=engine,

@@ -48,6 +48,7 @@ class EmbeddingClient(Protocol):
 
     model_name: str
     dimensions: int
+    identity: str  # what produces the vectors (model, precision): vectors are comparable only within one identity
 
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         """L2-normalised vectors, one per text, and the number of prompt tokens."""

@@ -176,6 +176,10 @@ class HttpEmbedder:
     model_name: str
     dimensions: int = 0
 
+    @property
+    def identity(self) -> str:
+        return f"{self.model_name}@{self.upstream.cfg.base_url}"
+
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         try:
             data, _ = await self.upstream.post("/embeddings", {"model": self.model_name, "input": texts})

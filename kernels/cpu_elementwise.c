@@ -1,10 +1,13 @@
-/* The decoder layer's small fused ops for x86 CPUs (AVX2 + FMA, fp32), built by kernels/cpu_elementwise.py.
+/* The decoder layer's small fused ops for x86 CPUs (AVX2 + FMA, fp32), built by kernels/cpu_elementwise.py, and the
+ * BERT encoder's LayerNorm (backend/minilm.py).
  *
  * Why: at one sequence a decode step is ~1,900 torch ops, mostly tiny, and their dispatch costs more than their
  * arithmetic. RMSNorm with its residual add is ~7 ops in torch, rotate-half RoPE on q and k ~14 (roll = slices +
- * cat), SwiGLU's silu(g) * u 3; here each is one call. The arithmetic is the reference's, operation for operation (products rounded,
- * then summed; built with -ffp-contract=off so no multiply-add is fused), except the norm's sum of squares,
- * whose order differs, and silu's exp (a polynomial of ~1 ulp, like torch's own vectorised one, not the same).
+ * cat), SwiGLU's silu(g) * u 3; here each is one call. The same holds for the embedder's one short query: its 13
+ * LayerNorms, each after a residual add, were ~1/8 of an int8 forward in a torch profile. The arithmetic is the
+ * reference's, operation for operation (products rounded, then summed; built with -ffp-contract=off so no
+ * multiply-add is fused), except the norms' sums, whose order differs (and LayerNorm's two-pass moments against
+ * torch's Welford), and silu's exp (a polynomial of ~1 ulp, like torch's own vectorised one, not the same).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -32,6 +35,38 @@ void rms_norm_residual(const float *x, int64_t ldx, const float *residual, int64
     const __m256 vinv = _mm256_set1_ps(inv);
     for (int64_t j = 0; j < D; j += 8) /* 2. weight * (r * inv), the reference's order */
       _mm256_storeu_ps(out + m * D + j, _mm256_mul_ps(_mm256_loadu_ps(weight + j), _mm256_mul_ps(_mm256_loadu_ps(rm + j), vinv)));
+  }
+}
+
+/* out = (r - mean(r)) / sqrt(var(r) + eps) * weight + bias with r = x + residual (or x when residual is NULL), per row;
+ * var the biased one (torch's LayerNorm). x, residual: (M, D) rows with their own row strides (in floats); out (M, D)
+ * contiguous; D % 8 == 0. Mean and variance take two passes over the row in L1 (no E[x^2] - E[x]^2 cancellation). */
+void layer_norm_residual(const float *x, int64_t ldx, const float *residual, int64_t ldr, const float *weight,
+                         const float *bias, float eps, int64_t M, int64_t D, float *out) {
+  for (int64_t m = 0; m < M; m++) {
+    const float *xm = x + m * ldx;
+    float *om = out + m * D;
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < D; j += 8) { /* 1. r = x + residual (into out) and its sum */
+      __m256 r = _mm256_loadu_ps(xm + j);
+      if (residual) r = _mm256_add_ps(r, _mm256_loadu_ps(residual + m * ldr + j));
+      _mm256_storeu_ps(om + j, r);
+      sum = _mm256_add_ps(sum, r);
+    }
+    const float mean = hsum(sum) / (float)D;
+    const __m256 vmean = _mm256_set1_ps(mean);
+    __m256 ss = _mm256_setzero_ps();
+    for (int64_t j = 0; j < D; j += 8) { /* 2. the sum of squared deviations */
+      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(om + j), vmean);
+      ss = _mm256_add_ps(ss, _mm256_mul_ps(d, d));
+    }
+    const float rstd = 1.f / sqrtf(hsum(ss) / (float)D + eps);
+    /* 3. (r * rstd + (-mean * rstd)) * weight + bias: torch's order of operations */
+    const __m256 vscale = _mm256_set1_ps(rstd), vshift = _mm256_set1_ps(-mean * rstd);
+    for (int64_t j = 0; j < D; j += 8) {
+      const __m256 n = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(om + j), vscale), vshift);
+      _mm256_storeu_ps(om + j, _mm256_add_ps(_mm256_mul_ps(n, _mm256_loadu_ps(weight + j)), _mm256_loadu_ps(bias + j)));
+    }
   }
 }
 

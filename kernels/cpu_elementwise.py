@@ -4,10 +4,11 @@
     out, residual = rms_norm_residual(lib, x, residual, weight, eps)   # residual None: x is the stream
     q_rot = rotary_neox(lib, q, table)                       # q (M, H, D) rows may be strided; table (M, D) [cos | sin]
     h = silu_and_mul(lib, gate_up)                           # (M, 2I) -> silu(gate) * up, (M, I)
+    y = layer_norm_residual(lib, x, residual, weight, bias, eps)   # LayerNorm(x + residual), the BERT encoder's
 
 Each replaces a chain of tiny torch ops (RMSNorm with its residual add ~7, rotate-half RoPE ~7 per tensor) with
-one call: at one sequence a decode step's cost is mostly op dispatch. References: `rms_norm_residual_ref`,
-`rotary_neox_ref`, `silu_and_mul_ref`.
+one call: at one sequence a decode step's cost is mostly op dispatch, and so is an embedding of one short query.
+References: `rms_norm_residual_ref`, `rotary_neox_ref`, `silu_and_mul_ref`, `layer_norm_residual_ref`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def load_elementwise(build_dir: Path) -> ctypes.CDLL | None:
         lib.rms_norm_residual.argtypes = [p, i64, p, i64, p, ctypes.c_float, i64, i64, p, p]
         lib.rotary_neox.argtypes = [p, i64, p, i64, i64, i64, p]
         lib.silu_and_mul.argtypes = [p, i64, i64, i64, p]
+        lib.layer_norm_residual.argtypes = [p, i64, p, i64, p, p, ctypes.c_float, i64, i64, p]
         lib.rms_norm_residual.restype = lib.rotary_neox.restype = lib.silu_and_mul.restype = None
+        lib.layer_norm_residual.restype = None
     return lib
 
 
@@ -69,6 +72,24 @@ def rms_norm_residual(
     return out, stream
 
 
+def layer_norm_residual(
+    lib: ctypes.CDLL, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """LayerNorm(x + residual) * weight + bias, (M, D) float32; x, residual with unit column stride (rows may be
+    strided), D a multiple of 8."""
+    m, d = x.shape
+    assert norm_supported(x), "x: float32 (M, D) with unit column stride, D a multiple of 8"
+    assert residual is None or (residual.shape == x.shape and norm_supported(residual)), "residual: like x"
+    for p in (weight, bias):
+        assert p.shape == (d,) and p.dtype == torch.float32 and p.is_contiguous(), f"weight, bias: ({d},) float32"
+    out = torch.empty(m, d)
+    res_ptr, res_ld = (residual.data_ptr(), residual.stride(0)) if residual is not None else (None, 0)
+    lib.layer_norm_residual(
+        x.data_ptr(), x.stride(0), res_ptr, res_ld, weight.data_ptr(), bias.data_ptr(), eps, m, d, out.data_ptr()
+    )
+    return out
+
+
 def rotary_neox(lib: ctypes.CDLL, x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """x (M, H, D) float32 (heads contiguous in a row, rows may be strided) -> rotated (M, H, D) contiguous."""
     m, h, d = x.shape
@@ -84,6 +105,13 @@ def rms_norm_residual_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     stream = x if residual is None else x + residual
     return weight * (stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps)), stream
+
+
+def layer_norm_residual_ref(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    stream = x if residual is None else x + residual
+    return torch.nn.functional.layer_norm(stream, (x.shape[-1],), weight, bias, eps)
 
 
 def rotary_neox_ref(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,8 @@ from gateway_fixtures import API_KEY, gateway_test_config
 
 from gateway.app import build_context, create_app
 from gateway.cache.config import CacheConfig
+from gateway.cache.stores import MemoryStore
+from gateway.context import GatewayContext
 
 OTHER_KEY = "sk-test-other-tenant"
 REDIS_SKIP = "redis-server is not installed (make test installs it with apt-get when it can)"
@@ -69,13 +71,29 @@ def start_redis(port: int | None = None) -> RedisServer | None:
     raise RuntimeError("redis-server did not start")
 
 
+class RecordingStore(MemoryStore):
+    """The in-process store, keeping every question's vector as handed to it (which embedder made it is a test's
+    question)."""
+
+    def __init__(self, max_entries: int) -> None:
+        super().__init__(max_entries)
+        self.vectors: dict[str, list[float]] = {}
+
+    async def add_vector(self, scope: str, key: str, text: str, vector: list[float], ttl_s: int) -> None:
+        self.vectors[text] = vector
+        await super().add_vector(scope, key, text, vector, ttl_s)
+
+
 @dataclass
 class CacheStack:
-    """name -> live server URL: memory, redis1, redis2 (replicas), redis_down."""
+    """name -> live server URL: memory, redis1, redis2 (replicas), redis_down. The embedders are built as
+    `python -m gateway` builds them (the cache's own int8 copy where the C kernels build)."""
 
     log_path: Path
     redis: RedisServer | None
     urls: dict[str, str] = field(default_factory=dict)
+    contexts: dict[str, GatewayContext] = field(default_factory=dict)
+    memory_store: RecordingStore | None = None
     _servers: list[uvicorn.Server] = field(default_factory=list)
     _thread: threading.Thread | None = None
 
@@ -108,7 +126,7 @@ class CacheStack:
 
     def start(self) -> None:
         from backend.async_engine import AsyncEngine
-        from backend.embeddings import Embedder
+        from gateway.__main__ import build_embedders
 
         base = gateway_test_config()
         base = replace(base, api_keys=(API_KEY, OTHER_KEY))
@@ -119,12 +137,13 @@ class CacheStack:
         dead = CacheConfig(backend="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_retry_s=0.0)
         configs["redis_down"] = replace(base, cache=dead)
         engine = AsyncEngine.from_config(base.engine)
-        embedder = Embedder()
+        embedder, cache_embedder = build_embedders(base, engine)
         log = self.log_path.open("a", buffering=1)
-        apps = [
-            create_app(build_context(cfg, engine, embedder, log_sink=log), manage_engine=(i == 0))
-            for i, cfg in enumerate(configs.values())
-        ]
+        self.memory_store = RecordingStore(base.cache.max_entries)
+        for name, cfg in configs.items():
+            store = self.memory_store if name == "memory" else None
+            self.contexts[name] = build_context(cfg, engine, embedder, log, store, cache_embedder)
+        apps = [create_app(ctx, manage_engine=(i == 0)) for i, ctx in enumerate(self.contexts.values())]
         self._serve(list(configs), apps)
 
     def _serve(self, names: list[str], apps: list[Any]) -> None:

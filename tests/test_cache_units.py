@@ -13,7 +13,7 @@ from backend.sampling_params import SamplingParams
 from bench.cache_pairs import PairScore, load_pairs, score_with
 from gateway.cache.config import CacheConfig
 from gateway.cache.guards import same_key_terms
-from gateway.cache.keys import exact_key, namespace
+from gateway.cache.keys import exact_key, namespace, semantic_scope
 from gateway.cache.policy import CacheControl, from_body, from_header, semantic_allowed
 from gateway.cache.replay import replayable
 from gateway.cache.stores import MemoryStore
@@ -23,9 +23,10 @@ from gateway.errors import InvalidRequest
 
 @cache
 def _score() -> PairScore:
-    from backend.embeddings import Embedder
+    from backend.embeddings import Embedder, for_cache
 
-    return score_with(Embedder(batch_size=256).embed_sync, CacheConfig().similarity_threshold)  # few, short texts
+    cfg = CacheConfig()  # the cache's own embedder (int8 where the C kernels build), as the gateway builds it
+    return score_with(for_cache(Embedder(batch_size=256), cfg.embedding_dtype).embed_sync, cfg.similarity_threshold)
 
 
 def test_labelled_set_is_large_and_balanced() -> None:
@@ -100,6 +101,13 @@ def test_keys_separate_tenants_and_parameters() -> None:
     assert base != key(namespace("Bearer a"), params, {"response_format": {"type": "json_object"}})
 
 
+def test_semantic_scopes_separate_embedders() -> None:
+    """A Redis cache may be shared by replicas that embed in other dtypes: their vectors never meet."""
+    params, ctx = SamplingParams(temperature=0.0), [{"role": "system", "content": "Be brief."}]
+    scope = lambda embedder: semantic_scope("ns", "fp", embedder, "chat", {}, params, ctx)  # noqa: E731
+    assert scope("all-MiniLM-L6-v2/int8") == scope("all-MiniLM-L6-v2/int8") != scope("all-MiniLM-L6-v2/float16")
+
+
 def test_request_controls() -> None:
     assert from_body(None, 100) == CacheControl()
     assert from_body({"lookup": False, "ttl": 500}, 100) == CacheControl(lookup=False, ttl_s=100)
@@ -124,6 +132,12 @@ def test_cache_configuration_from_yaml_and_env(tmp_path: Path) -> None:
     path.write_text("cache: {size: 3}\n")
     with pytest.raises(ConfigError, match="unknown cache config keys"):
         load_config(path, environ={})
+    assert load_config(None, environ={}).cache.embedding_dtype == "auto"
+    path.write_text("cache: {embedding_dtype: same}\n")
+    assert load_config(path, environ={}).cache.embedding_dtype == "same"
+    assert load_config(path, environ={"SMOLGATE_CACHE_EMBEDDING_DTYPE": "int8"}).cache.embedding_dtype == "int8"
+    with pytest.raises(ConfigError, match=r"cache\.embedding_dtype"):
+        load_config(None, environ={"SMOLGATE_CACHE_EMBEDDING_DTYPE": "int4"})
 
 
 def test_semantic_policy_is_conservative() -> None:

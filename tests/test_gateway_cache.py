@@ -15,6 +15,8 @@ import pytest
 from cache_fixtures import OTHER_KEY, CacheStack
 from gateway_fixtures import API_KEY, assert_completion_chunk, assert_schema
 
+from kernels.cpu_build import c_kernels_unavailable
+
 cache_stack = cache_fixtures.cache_stack
 
 MAX = 6
@@ -172,6 +174,30 @@ def test_semantic_hit_and_guarded_near_misses(cache_stack: CacheStack) -> None:
              {"role": "user", "content": "What's the capital of France?"}]  # fmt: skip
     assert _create(client, **{**ask("x"), "messages": turns})[1]["x-cache"] == "miss"
     assert _create(cache_stack.client(key=OTHER_KEY), **ask("What's the capital of France?"))[1]["x-cache"] == "miss"
+
+
+def test_the_cache_embeds_with_its_own_copy_and_embeddings_keep_theirs(cache_stack: CacheStack) -> None:
+    """cache.embedding_dtype auto: the semantic cache embeds with an int8 copy where the C kernels build (it shares the
+    tokenizer, the engine's thread and the embedding tables); its vectors are what it stores; /v1/embeddings keeps
+    embedding_dtype's encoder."""
+    ctx = cache_stack.contexts["memory"]
+    main, own = ctx.embedder, ctx.cache.embedder
+    assert main is not None and own is not None
+    if c_kernels_unavailable() is not None:
+        assert own is main
+        return
+    assert own.dtype == "int8" and main.dtype in ("float16", "bfloat16") and own.identity.endswith("/int8")
+    assert own.tokenizer is main.tokenizer and own._executor is main._executor is ctx.engine  # the engine's loop thread
+    assert (own._encoder.word is main._encoder.word) == (main.dtype == "float16")  # fp32 activations: one table
+    question = _unique("What is the tallest mountain in Africa?")
+    _create(cache_stack.client(), **_ask(question))  # a miss: the answer and the question's vector are stored
+    stored = cache_stack.memory_store.vectors[question]
+    on_engine = lambda e: e._executor.submit(e.embed_sync, [question]).result()[0][0]  # noqa: E731 - as the cache runs it
+    assert stored == on_engine(own) and stored != on_engine(main)
+    resp = httpx.post(f"{cache_stack.urls['memory']}/v1/embeddings", headers={"authorization": f"Bearer {API_KEY}"},
+                      json={"model": "all-MiniLM-L6-v2", "input": [question], "encoding_format": "float"})  # fmt: skip
+    assert resp.json()["data"][0]["embedding"] == pytest.approx(on_engine(main), abs=1e-6)
+    assert resp.json()["data"][0]["embedding"] != pytest.approx(stored, abs=1e-6)
 
 
 def test_completions_exact_hit_json_and_stream(cache_stack: CacheStack) -> None:

@@ -1,5 +1,5 @@
-"""The fused elementwise C kernels (kernels/cpu_elementwise.c) against torch: RMSNorm with its residual add and
-SwiGLU's silu(g) * u within an ulp or two, rotate-half RoPE bit for bit (the engine's torch path included).
+"""The fused elementwise C kernels (kernels/cpu_elementwise.c) against torch: RMSNorm and LayerNorm with their residual
+add and SwiGLU's silu(g) * u within an ulp or two, rotate-half RoPE bit for bit (the engine's torch path included).
 Skipped, saying why, where the C kernels cannot be built."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import torch
 
 from backend.ops import TorchOps
 from kernels.cpu_elementwise import (
+    layer_norm_residual,
+    layer_norm_residual_ref,
     load_elementwise,
     rms_norm_residual,
     rms_norm_residual_ref,
@@ -41,6 +43,19 @@ def test_rms_norm_residual(lib, with_residual: bool, rows: int, dim: int) -> Non
     torch.testing.assert_close(out, torch.nn.functional.rms_norm(ref_stream, (dim,), weight, 1e-5), rtol=3e-7, atol=1e-6)
 
 
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize(("rows", "dim"), [(1, 384), (10, 384), (33, 64), (5, 8)])
+def test_layer_norm_residual(lib, with_residual: bool, rows: int, dim: int) -> None:
+    x = torch.randn(rows, dim * 2)[:, :dim] * 3 + 2  # a strided view; an offset mean, as residual streams have
+    residual = torch.randn(rows, dim + 8)[:, :dim] if with_residual else None
+    weight, bias = torch.randn(dim), torch.randn(dim)
+    out = layer_norm_residual(lib, x, residual, weight, bias, 1e-12)
+    torch.testing.assert_close(out, layer_norm_residual_ref(x, residual, weight, bias, 1e-12), rtol=1e-6, atol=2e-6)
+    stream = (x if residual is None else x + residual).double()  # the add is exact in float32, then float64 throughout
+    exact = torch.nn.functional.layer_norm(stream, (dim,), weight.double(), bias.double(), 1e-12)
+    torch.testing.assert_close(out.double(), exact, rtol=1e-6, atol=2e-6)
+
+
 def test_rotary_is_bit_exact(lib) -> None:
     rows, heads, kv_heads, d = 7, 9, 3, 64
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * d)
@@ -62,6 +77,10 @@ def test_launchers_check_shapes(lib) -> None:
         rotary_neox(lib, torch.randn(2, 3, 24), torch.randn(2, 24))  # D not a multiple of 16
     with pytest.raises(AssertionError):
         rms_norm_residual(lib, torch.randn(2, 12), None, torch.randn(12), 1e-5)
+    with pytest.raises(AssertionError):
+        layer_norm_residual(lib, torch.randn(2, 16), None, torch.randn(16), torch.randn(8), 1e-5)  # bias (8,)
+    with pytest.raises(AssertionError):
+        layer_norm_residual(lib, torch.randn(2, 16), torch.randn(3, 16), torch.randn(16), torch.randn(16), 1e-5)
 
 
 @pytest.mark.parametrize("rows", [1, 9])

@@ -1,13 +1,15 @@
-"""The W8A8 CPU kernel (kernels/cpu_w8a8.c) against its torch reference and a float32 matmul, and LowBitHead with it.
-Skipped, saying why, where the C kernels cannot be built (not x86 AVX2, no C compiler)."""
+"""The W8A8 CPU kernel (kernels/cpu_w8a8.c) against its torch reference and a float32 matmul, its bias + GELU
+epilogue against float64 GELU, and LowBitHead with it. Skipped, saying why, where the C kernels cannot be built (not
+x86 AVX2, no C compiler)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from backend.quant.lm_head import LowBitHead
-from kernels.cpu_w8a8 import load_w8a8, pack_w8a8, w8a8_group, w8a8_linear, w8a8_linear_ref
+from kernels.cpu_w8a8 import gelu_ref, load_w8a8, pack_w8a8, w8a8_group, w8a8_linear, w8a8_linear_ref
 from tests.c_kernels import build, requires_c_kernels
 
 pytestmark = requires_c_kernels
@@ -35,12 +37,48 @@ def test_matches_reference_and_float_matmul(lib, n: int, k: int, rows: int) -> N
     assert ((y - exact).norm() / exact.norm()).item() < 0.02
 
 
-def test_a_row_does_not_depend_on_its_batch(lib) -> None:
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_a_row_does_not_depend_on_its_batch(lib, epilogue: bool) -> None:
     w = pack_w8a8(torch.randn(48, 256))
     x = torch.randn(37, 256)
-    full = w8a8_linear(lib, x, w)
+    bias = torch.randn(48) if epilogue else None
+    full = w8a8_linear(lib, x, w, bias, gelu=epilogue)
     for rows in (slice(5, 6), slice(0, 4), slice(3, 36)):
-        assert torch.equal(w8a8_linear(lib, x[rows], w), full[rows])
+        assert torch.equal(w8a8_linear(lib, x[rows], w, bias, gelu=epilogue), full[rows])
+
+
+@pytest.mark.parametrize(("n", "k"), [(1536, 384), (40, 576), (21, 544)])  # the encoder's up-projection; 8-column tails
+@pytest.mark.parametrize("rows", [1, 10])
+def test_bias_and_gelu_epilogue(lib, n: int, k: int, rows: int) -> None:
+    g = torch.Generator().manual_seed(n + rows)
+    w = pack_w8a8(torch.randn(n, k, generator=g) * 0.3)
+    x, bias = torch.randn(rows, k, generator=g), torch.randn(n, generator=g)
+    plain = w8a8_linear(lib, x, w)
+    with_bias = w8a8_linear(lib, x, w, bias)
+    assert torch.equal(with_bias, plain + bias)  # the rounded product plus the bias, as torch's separate add
+    out = w8a8_linear(lib, x, w, bias, gelu=True)
+    assert with_bias.min() < -4 and with_bias.max() > 4  # GELU's tail and its linear part are both exercised
+    # relative, even in the tail (atol: below x ~ -13 GELU is under 1e-38, where the kernel's exp saturates)
+    torch.testing.assert_close(out.double(), gelu_ref(with_bias), rtol=1e-6, atol=1e-30)
+    ref = w8a8_linear_ref(x, w, bias, gelu=True)
+    assert ((out - ref).abs().max() / ref.abs().max()).item() < 1e-5
+    # torch's own F.gelu (AVX2: Abramowitz-Stegun erf) is up to ~4e-7 off exact; within that of ours
+    torch.testing.assert_close(out, F.gelu(with_bias), rtol=1e-6, atol=5e-7)
+
+
+def test_gelu_over_its_whole_range(lib) -> None:
+    """An identity weight puts chosen values into the epilogue: within 1e-6 relative of float64 GELU from -12 (where
+    GELU is -2e-32) to 12, and saturated beyond."""
+    eye = pack_w8a8(torch.eye(64))
+    x = torch.linspace(-12, 12, 64 * 1000).view(-1, 64)
+    pre = w8a8_linear(lib, x, eye)
+    torch.testing.assert_close(w8a8_linear(lib, x, eye, gelu=True).double(), gelu_ref(pre), rtol=1e-6, atol=0)
+    extremes = torch.tensor([30.0, -30.0, 1e4, -1e4, 0.0])
+    rows = torch.zeros(5, 64)
+    rows[range(5), range(5)] = extremes  # one value a row, so each has its own quantization scale
+    out = w8a8_linear(lib, rows, eye, gelu=True).diagonal()
+    assert out[0] == pytest.approx(30, rel=1e-6) and out[2] == pytest.approx(1e4, rel=1e-6)
+    assert abs(out[1]) < 1e-30 and abs(out[3]) < 1e-30 and out[4] == 0
 
 
 def test_shapes_it_cannot_take() -> None:

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from backend.config import default_embedding_model_path
-from backend.embeddings import Embedder, mean_pool_normalize
+from backend.embeddings import Embedder, for_cache, mean_pool_normalize
 from backend.minilm import BertEncoder
 from kernels.cpu_build import c_kernels_unavailable
 
@@ -23,6 +23,7 @@ def bert() -> tuple[torch.nn.Module, object]:
 def test_single_queries_match_transformers(bert: tuple) -> None:
     model, tok = bert
     ours = BertEncoder(model)
+    assert (ours.emb_norm.lib is None) == (c_kernels_unavailable() is not None)  # LayerNorm + residual in C where it can
     for text in TEXTS:
         enc = tok([text], return_tensors="pt")
         with torch.inference_mode():
@@ -53,6 +54,19 @@ def test_embedder_vectors_match_sentence_transformers_recipe(bert: tuple, dtype:
     assert tokens == int(enc["attention_mask"].sum())
     cosine = (torch.tensor(vectors) * ref).sum(dim=1)
     assert bool((cosine > min_cosine).all()), cosine
+
+
+def test_the_cache_variant_shares_what_it_can_and_embeds_like_its_own_embedder() -> None:
+    main = Embedder(dtype="float16")
+    assert for_cache(main, "same") is main and main.variant("float16") is main
+    own = for_cache(main, "auto")
+    if c_kernels_unavailable() is not None:
+        assert own is main
+        return
+    assert own.dtype == "int8" and own.identity == f"{main.path.name}/int8" != main.identity
+    assert own.tokenizer is main.tokenizer and own._executor is main._executor
+    assert own._encoder.word is main._encoder.word and own._encoder.position is main._encoder.position
+    assert own.embed_sync(TEXTS) == Embedder(dtype="int8").embed_sync(TEXTS)  # sharing changes nothing
 
 
 def test_embedder_refuses_an_unknown_dtype() -> None:

@@ -37,7 +37,7 @@ class LowBitHead(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         w = weight.detach()
-        self.bias = None if bias is None else bias.detach().float()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
         self.w8a8_lib = w8a8 if w.device.type == "cpu" and w8a8_group(self.in_features) else None
         if self.w8a8_lib is not None:
             self.w8a8, self.use_int8 = pack_w8a8(w), False
@@ -55,9 +55,10 @@ class LowBitHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.w8a8_lib is not None:
-            y = w8a8_linear(self.w8a8_lib, rows.float().contiguous(), self.w8a8)
-        elif self.use_int8 and rows.shape[0] < self.int8_max_rows:
+        if self.w8a8_lib is not None:  # the bias added in the kernel's epilogue, in fp32
+            y = w8a8_linear(self.w8a8_lib, rows.float().contiguous(), self.w8a8, self.bias)
+            return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        if self.use_int8 and rows.shape[0] < self.int8_max_rows:
             y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.weight_int8, self.scale)
         else:
             y = self.dense(rows.to(self.dense.dtype))

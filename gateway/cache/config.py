@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BACKENDS = ("memory", "redis", "off")
+# What the semantic cache embeds with: the /v1/embeddings embedder (same), any embedding dtype, or auto (int8 where the
+# C kernels build, else same). Resolved by the composition root (gateway/__main__.py), which may import torch.
+EMBEDDING_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8")
 
 
 @dataclass(frozen=True)
@@ -22,11 +25,14 @@ class CacheConfig:
     similarity_threshold: float = 0.86  # cosine (all-MiniLM-L6-v2) at or above which a guarded match hits
     near_miss_margin: float = 0.1  # candidates this far below the threshold are counted as near misses
     semantic_multi_turn: bool = False  # allow semantic hits for conversations (earlier turns stay in the key)
+    embedding_dtype: str = "auto"  # the semantic cache's embedder: EMBEDDING_DTYPES
     fingerprint: str = ""  # extra model fingerprint: change it when weights change under the same path
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"cache.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.embedding_dtype not in EMBEDDING_DTYPES:
+            raise ValueError(f"cache.embedding_dtype must be one of {EMBEDDING_DTYPES}, got {self.embedding_dtype!r}")
         if not 0.0 < self.similarity_threshold <= 1.0:
             raise ValueError("cache.similarity_threshold must be in (0, 1]")
         if self.ttl_s < 1 or self.max_ttl_s < 1 or self.max_entries < 1:

@@ -4,8 +4,10 @@
 - `model_fingerprint`: model id, weights (path, size, mtime), dtype, kernels, operator salt.
 - `exact_key`: namespace + fingerprint + endpoint + every output-affecting request field
   + the prompt token ids (so the chat template is part of the key).
-- `semantic_scope`: the same, minus the last user message; semantic matches happen only
-  inside one scope, so a different system prompt, history or parameter never matches.
+- `semantic_scope`: the same, minus the last user message, plus the identity of the embedder
+  (model and dtype: a Redis cache may be shared by replicas that embed differently); semantic
+  matches happen only inside one scope, so a different system prompt, history, parameter or
+  embedder never matches.
 """
 
 from __future__ import annotations
@@ -94,8 +96,18 @@ def exact_key(
 
 
 def semantic_scope(
-    ns: str, fingerprint: str, endpoint: str, body: Mapping[str, Any], params: SamplingParams, context: object
+    ns: str,
+    fingerprint: str,
+    embedder: str,
+    endpoint: str,
+    body: Mapping[str, Any],
+    params: SamplingParams,
+    context: object,
 ) -> str:
-    """Where a semantic match may come from: same tenant, model, parameters and earlier messages."""
-    material = {"ns": ns, "fp": fingerprint, "ep": endpoint, "params": _params(params), "extras": _extras(body), "ctx": context}
+    """Where a semantic match may come from: same tenant, model, embedder (`EmbeddingClient.identity`), parameters
+    and earlier messages."""
+    material = {
+        "ns": ns, "fp": fingerprint, "emb": embedder, "ep": endpoint, "params": _params(params), "extras": _extras(body),
+        "ctx": context,
+    }  # fmt: skip
     return _digest(material)[:32]

@@ -61,9 +61,10 @@ class Ticket:
             return self._done(rec)
         fp = self.cache.fingerprint
         self.key = exact_key(self.namespace, fp, self.endpoint, body, params, prompt, prompt_ids)
-        semantic = messages is not None and self.control.semantic and self.cache.embedder is not None
+        embedder = self.cache.embedder
+        semantic = messages is not None and self.control.semantic and embedder is not None
         if semantic and messages and semantic_allowed(cfg, body, messages, params):
-            self.scope = semantic_scope(self.namespace, fp, self.endpoint, body, params, messages[:-1])
+            self.scope = semantic_scope(self.namespace, fp, embedder.identity, self.endpoint, body, params, messages[:-1])
             self.query = messages[-1]["content"]
         if not self.control.lookup:
             return self._done(rec)
