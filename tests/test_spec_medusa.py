@@ -100,7 +100,7 @@ def test_greedy_medusa_is_exact_in_mixed_batches(
 ) -> None:
     """Every other request opts out of speculation; all must match HF's greedy output token for token."""
     engine = make_engine(num_speculative_tokens=3, **MEDUSA, speculative_model=str(trained[0]),
-                         **overrides)
+                         speculative_max_batch=len(prompts), **overrides)  # every step speculates, all 4 running too
     assert engine.speculator.medusa is not None and engine.speculator.medusa.heads.shared_lm_head
     check_mixed_speculation(engine, prompts, reference, MAX_NEW, preempts=bool(overrides))
 
