@@ -54,7 +54,8 @@ def plain() -> dict[str, tuple]:
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_speculation_with_every_sampling_parameter_is_exact(plain: dict[str, tuple], method: str) -> None:
-    engine = make_engine(num_speculative_tokens=4, speculative_method=method)
+    # all five requests speculate from their first decode step (the default max batch would wait for the tail)
+    engine = make_engine(num_speculative_tokens=4, speculative_method=method, speculative_max_batch=len(plain))
     if method == "draft":
         engine.speculator.draft_model.min_confidence = 0.0
     spec = run(engine)
