@@ -30,7 +30,7 @@ class DecodeStack:
         self.layers = layers
 
     @classmethod
-    def build(cls, model: LlamaForCausalLM, ops: Ops) -> DecodeStack | None:
+    def build(cls, model: LlamaForCausalLM, ops: Ops | None) -> DecodeStack | None:
         if not isinstance(ops, CpuOps) or not model.layers or not all(_on_w4a8(layer) for layer in model.layers):
             return None
         lib = load_decode_layers(cache_dir() / "kernels")

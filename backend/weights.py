@@ -165,7 +165,7 @@ def load_model(
         from backend.quant.convert import prepare_int4
 
         prepare_int4(model, dense_copy=int4_dense_copy, cpu_kernel=int4_cpu_kernel)
-        if ops is not None and tp is None:
+        if tp is None:  # (DecodeStack.build says None without CpuOps)
             from backend.decode_stack import DecodeStack
 
             model.decode_stack = DecodeStack.build(model, ops)
