@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from transformers import AutoModel, AutoTokenizer
+from tokenizers import Tokenizer
+from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from backend.config import default_embedding_model_path
 from backend.cpu_gemm import half_weight_gemm_available, onednn_available
@@ -56,10 +57,12 @@ class Embedder:
         are then its."""
         if share is not None:
             self._executor, self.path, self.tokenizer = share._executor, share.path, share.tokenizer
+            self._core = share._core
         else:
             self._executor = executor or ThreadPoolExecutor(1, thread_name_prefix="embedder")
             self.path = Path(model_path).expanduser() if model_path else default_embedding_model_path()
             self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+            self._core = _padding_core(self.tokenizer)
         model = self._executor.submit(_load, self.path).result()
         self.dimensions: int = int(model.config.hidden_size)
         self.max_length: int = int(min(self.tokenizer.model_max_length, model.config.max_position_embeddings))
@@ -94,8 +97,8 @@ class Embedder:
         return vectors, tokens
 
     def _embed_batch(self, texts: list[str]) -> tuple[list[list[float]], int]:
-        enc = self.tokenizer(texts, padding=True, truncation=False, return_tensors="pt")
-        lengths = enc["attention_mask"].sum(dim=1)
+        input_ids, attention_mask = self._tokenize(texts)
+        lengths = attention_mask.sum(dim=1)
         longest = int(lengths.max())
         if longest > self.max_length:
             raise InvalidRequestError(
@@ -104,10 +107,18 @@ class Embedder:
             )
         with torch.inference_mode():
             if self._encoder is not None:
-                hidden = self._encoder(enc["input_ids"], enc["attention_mask"])
+                hidden = self._encoder(input_ids, attention_mask)
             else:
-                hidden = self.model(**enc).last_hidden_state
-        return mean_pool_normalize(hidden, enc["attention_mask"]).tolist(), int(lengths.sum())
+                hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return mean_pool_normalize(hidden, attention_mask).tolist(), int(lengths.sum())
+
+    def _tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids, attention_mask), (batch, longest) each: `tokenizer(texts, padding=True, truncation=False)`."""
+        if self._core is None:
+            enc = self.tokenizer(texts, padding=True, truncation=False, return_tensors="pt")
+            return enc["input_ids"], enc["attention_mask"]
+        encodings = self._core.encode_batch(texts)
+        return torch.tensor([e.ids for e in encodings]), torch.tensor([e.attention_mask for e in encodings])
 
 
 def for_cache(main: Embedder, dtype: str) -> Embedder:
@@ -117,6 +128,18 @@ def for_cache(main: Embedder, dtype: str) -> Embedder:
     if dtype == "auto":
         dtype = "int8" if c_kernels_unavailable() is None else "same"
     return main if dtype == "same" else main.variant(dtype)
+
+
+def _padding_core(tokenizer: PreTrainedTokenizerBase) -> Tokenizer | None:
+    """A fast tokenizer's Rust core set up once as transformers sets it up on each padded call (no truncation, pad to
+    the longest): the wrapper cost ~0.12 ms a short query against ~0.04, on every semantic cache lookup. None for
+    slow tokenizers or none with a pad token."""
+    if not tokenizer.is_fast or tokenizer.pad_token_id is None:
+        return None
+    core = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    core.no_truncation()
+    core.enable_padding(direction=tokenizer.padding_side, pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
+    return core
 
 
 def _load(path: Path) -> torch.nn.Module:

@@ -82,3 +82,11 @@ def test_unsupported_variant_is_refused(bert: tuple) -> None:
             BertEncoder(model)
     finally:
         model.config.hidden_act = "gelu"
+
+
+def test_the_tokenizer_core_pads_and_ids_like_transformers_padded_call() -> None:
+    embedder = Embedder(dtype="float32")
+    texts = [*TEXTS, "", "héllo wörld 日本語 🙂", "long " * 600]  # the last past the model's 512 (refused later)
+    input_ids, attention_mask = embedder._tokenize(texts)
+    enc = embedder.tokenizer(texts, padding=True, truncation=False, return_tensors="pt")
+    assert torch.equal(input_ids, enc["input_ids"]) and torch.equal(attention_mask, enc["attention_mask"])
