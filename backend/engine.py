@@ -19,7 +19,7 @@ from backend.detokenizer import IncrementalDetokenizer
 from backend.errors import ContextLengthError, InvalidRequestError
 from backend.guided import GrammarCache, advance
 from backend.kv_cache import KVCacheManager
-from backend.model_runner import DTYPES, ModelRunner, kv_cache_dtype, num_kv_blocks
+from backend.model_runner import DTYPES, ModelRunner, kv_cache_dtype, num_kv_blocks, per_token_prefill
 from backend.ops import select_ops
 from backend.outputs import EngineStats, RequestOutput, TokenLogprob, request_output
 from backend.parallel import Driver, parallel_ranks
@@ -61,6 +61,7 @@ class LLMEngine:
         kv_dtype = kv_cache_dtype(
             config.kv_cache_dtype, model, dtype, self.device, single and ops.name != "triton", c_decode=ops.name == "cpu"
         )
+        per_token = per_token_prefill(model, ops.name, dtype, kv_dtype)  # the pipeline's stages attend alike
         if not single:
             model = Driver(model)
         blocks = num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, kv_dtype) if draft is None else \
@@ -72,7 +73,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, config.priority_aging_s
         )
-        self.runner = ModelRunner(model, self.kv, kv_dtype, self.device)
+        self.runner = ModelRunner(model, self.kv, kv_dtype, self.device, per_token)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.vocab_size = model.config.vocab_size
         self.sampler = Sampler(self.eos_token_id, config.seed, self.device)

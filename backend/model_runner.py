@@ -12,6 +12,7 @@ from backend.models.llama import LlamaForCausalLM
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear
 from backend.scheduler import ScheduledSeq, SchedulerOutput
+from kernels.cpu_paged_decode import supports_dims
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Chunks of at most this many tokens (speculative verifies, a draft model's catch-up) also get per-token decode
@@ -52,11 +53,26 @@ def num_kv_blocks(model: LlamaForCausalLM, block_size: int, memory_mb: int, dtyp
     return max(1, memory_mb * 2**20 // per_block)
 
 
+def per_token_prefill(model: LlamaForCausalLM, ops_name: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+    """Whether every prefill chunk attends through the C paged decode kernel, one decode query per token: on the C
+    kernels (CpuOps) where the kernel takes the model. A token's attention is then the same arithmetic whatever
+    chunk computes it, so a prefix-cache hit, chunked prefill or a batch-mate changes no logit of an INT4 (W4A8)
+    model, whose other ops are row-independent; with SDPA for long chunks, a cached prefix flipped near-tie greedy
+    tokens (5 of 20 repeated requests). Time to first token stays within -10% / +30% of SDPA's up to 2000 tokens
+    (bench/README, "prefill attention")."""
+    c = model.config
+    return ops_name == "cpu" and supports_dims(c.num_attention_heads, c.num_key_value_heads, model.head_dim, dtype, kv_dtype)
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, kv_dtype: torch.dtype, device: str) -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, kv: KVCacheManager, kv_dtype: torch.dtype, device: str, per_token: bool = False
+    ) -> None:
+        """per_token: every prefill chunk gets per-token decode metadata (`per_token_prefill`), not only short ones."""
         self.model = model
         self.kv = kv
         self.device = device
+        self.per_token = per_token
         self.window = max(model.layer_windows, default=0)  # sliding window of the windowed layers (0: none)
         self.kv_cache = torch.zeros(kv_cache_shape(model, kv.pool.num_blocks, kv.block_size), dtype=kv_dtype, device=device)
 
@@ -108,7 +124,7 @@ class ModelRunner:
             window_mask[:, :, 0] |= ~query_valid
             window_mask = window_mask[:, None]
         mask[:, :, 0] = True  # padded query rows attend to something, so softmax stays finite
-        short = max(q_lens) <= SHORT_CHUNK
+        short = self.per_token or max(q_lens) <= SHORT_CHUNK
         return PrefillMetadata(
             query_index, query_valid, blocks, mask[:, None], tables,
             self._tensor(lens, torch.int32), self._tensor(cu, torch.int32), window_mask,

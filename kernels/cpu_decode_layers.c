@@ -71,10 +71,10 @@ typedef struct { /* this step's tokens: M decode tokens, one per sequence */
 
 typedef struct { float *h, *qkv, *q, *k, *attn, *o, *gate_up, *act, *scores; void *block; } scratch;
 
-static scratch scratch_alloc(const dims *d, int64_t M, int64_t max_len) {
+static scratch scratch_alloc(const dims *d, int64_t M, int64_t max_len, int nthreads) {
   const int64_t E = d->hidden, HD = d->heads * d->head_dim, KD = d->kv_heads * d->head_dim, I = d->intermediate;
   const int64_t sizes[9] = {M * E, M * (HD + 2 * KD), M * HD, M * KD, M * HD, M * E, M * 2 * I, M * I,
-                            M * (d->heads + d->kv_heads) * max_len};
+                            nthreads * (d->heads / d->kv_heads + 1) * max_len}; /* paged_decode's, per thread */
   int64_t total = 0;
   for (int i = 0; i < 9; i++) total += (sizes[i] + 15) & ~(int64_t)15; /* 64-byte aligned parts */
   scratch s = {0};
@@ -111,7 +111,7 @@ static void attend(const kernels *k, const dims *d, const layer *l, const step *
 int decode_layers(const kernels *k, const dims *d, const layer *layers, int64_t num_layers, const step *st, int64_t M,
                   float *x, float *stream, int nthreads) {
   const int64_t E = d->hidden, I = d->intermediate;
-  const scratch s = scratch_alloc(d, M, st->max_len);
+  const scratch s = scratch_alloc(d, M, st->max_len, nthreads);
   if (!s.block) return -1;
   int err = 0;
   for (int64_t li = 0; li < num_layers && !err; li++) {

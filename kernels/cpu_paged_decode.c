@@ -9,11 +9,15 @@
  *
  * Layout: q, out (n, H, D); cache halves kc, vc (slots, KVH, D) with slot = block * bs + offset; tables (n,
  * max_blocks) int32; lens (n,) int32 = tokens in the cache, the new one included; window > 0 keeps the last
- * `window` tokens (sliding window). scores: scratch of n * KVH * (H / KVH + 1) * max_len floats.
+ * `window` tokens (sliding window). scores: scratch of nthreads * (H / KVH + 1) * max_len floats, one part per thread
+ * (per task, a prefill chunk's queries attended this way would need tens of MB each layer, freshly page-faulted).
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "cpu_simd.h"
 
@@ -106,7 +110,15 @@ static float softmax_row(float *s, int64_t start, int64_t len) {
 TASK(task_f32, float, load8_f32)
 TASK(task_bf16, uint16_t, load8_bf16)
 
-/* kv_bf16: the cache holds bf16 (kc, vc point at uint16 bits), else fp32. scratch: n * KVH * (G + 1) * max_len. */
+static inline int64_t thread_index(void) {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+/* kv_bf16: the cache holds bf16 (kc, vc point at uint16 bits), else fp32. scores: nthreads * (G + 1) * max_len. */
 void paged_decode(const float *q, const void *kc, const void *vc, const int32_t *tables, int64_t max_blocks,
                   const int32_t *lens, int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t window, float scale,
                   float *scores, int64_t max_len, float *out, int kv_bf16, int nthreads) {
@@ -115,7 +127,7 @@ void paged_decode(const float *q, const void *kc, const void *vc, const int32_t 
   for (int64_t task = 0; task < n * KVH; task++) {
     const int64_t i = task / KVH, kvh = task % KVH, len = lens[i];
     const int64_t start = window > 0 && len > window ? len - window : 0;
-    float *s = scores + task * (G + 1) * max_len;
+    float *s = scores + thread_index() * (G + 1) * max_len;
     int32_t *slots = (int32_t *)(s + G * max_len);
     if (kv_bf16)
       task_bf16(q + i * H * D, kc, vc, tables + i * max_blocks, len, start, H, KVH, D, bs, kvh, scale, s, slots, max_len, out + i * H * D);

@@ -41,9 +41,13 @@ def load_paged_decode(build_dir: Path) -> ctypes.CDLL | None:
 def supports(q: torch.Tensor, cache: torch.Tensor) -> bool:
     """Whether the kernel takes these shapes and dtypes (else the caller uses its torch path)."""
     heads, head_dim = q.shape[1:]
-    kv_heads = cache.shape[2]
-    return (q.dtype == torch.float32 and cache.dtype in (torch.float32, torch.bfloat16) and q.device.type == "cpu"
-            and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP)
+    return q.device.type == "cpu" and supports_dims(heads, cache.shape[2], head_dim, q.dtype, cache.dtype)
+
+
+def supports_dims(heads: int, kv_heads: int, head_dim: int, q_dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
+    """`supports` for a model's attention before any tensor exists (CPU tensors)."""
+    return (q_dtype == torch.float32 and cache_dtype in (torch.float32, torch.bfloat16) and head_dim % 8 == 0
+            and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP)
 
 
 def paged_decode_cpu(
@@ -59,12 +63,13 @@ def paged_decode_cpu(
     assert block_tables.dtype == context_lens.dtype == torch.int32 and block_tables.shape[0] == context_lens.shape[0] == n
     q, tables = q.contiguous(), block_tables.contiguous()
     max_len = max_len or (int(context_lens.max()) if n else 0)
-    scores = torch.empty(n * (heads + kv_heads) * max_len)  # scratch: per task, a row of scores per query head + slots
+    threads = torch.get_num_threads()
+    scores = torch.empty(threads * (heads // kv_heads + 1) * max_len)  # scratch per thread: scores per query head + slots
     out = torch.empty_like(q)
     lib.paged_decode(
         q.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(), tables.data_ptr(), tables.shape[1], context_lens.data_ptr(),
         n, heads, kv_heads, head_dim, block_size, window, scale, scores.data_ptr(), max_len, out.data_ptr(),
-        int(cache.dtype == torch.bfloat16), torch.get_num_threads(),
+        int(cache.dtype == torch.bfloat16), threads,
     )
     return out
 
