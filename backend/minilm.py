@@ -25,6 +25,7 @@ from backend.config import cache_dir
 from backend.cpu_gemm import HalfWeightLinear, Int8ActLinear, PackedLinear
 from kernels import cpu_encoder_layers as stack_kernel
 from kernels.cpu_elementwise import layer_norm_residual, load_elementwise
+from kernels.cpu_encoder_layers import encoder_attention_ref
 from kernels.cpu_w8a8 import load_w8a8, w8a8_group
 
 Gemm = PackedLinear | HalfWeightLinear | Int8ActLinear
@@ -126,17 +127,10 @@ class BertEncoder:
         keys = None if bool(attention_mask.all()) else attention_mask.bool()  # (batch, seq)
         if self.stack is not None:
             return self.stack(x, keys)
-        mask = None if keys is None else keys[:, None, None, :]
         for layer in self.layers:
-            x = layer.attn_norm(layer.out(self._attention(layer.qkv(x), mask)), x)
+            x = layer.attn_norm(layer.out(encoder_attention_ref(layer.qkv(x), keys, self.num_heads)), x)
             x = layer.mlp_norm(layer.down(layer.up(x, activation="gelu")), x)
         return x.float()
-
-    def _attention(self, qkv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        batch, seq, _ = qkv.shape
-        q, k, v = qkv.view(batch, seq, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # (batch, heads, seq, head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return out.transpose(1, 2).reshape(batch, seq, -1)  # (batch, seq, hidden)
 
 
 def _stack(layers: list[_Layer], heads: int, intermediate: int) -> stack_kernel.EncoderLayers | None:

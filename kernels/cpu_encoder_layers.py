@@ -154,7 +154,7 @@ def encoder_attention(lib: ctypes.CDLL, qkv: torch.Tensor, mask: torch.Tensor | 
 
 
 def encoder_attention_ref(qkv: torch.Tensor, mask: torch.Tensor | None, heads: int) -> torch.Tensor:
-    """backend/minilm.py's torch attention: SDPA with padding keys masked out."""
+    """SDPA with padding keys masked out: backend/minilm.py's layer loop attends with it."""
     b, s, _ = qkv.shape
     q, k, v = qkv.view(b, s, 3, heads, -1).permute(2, 0, 3, 1, 4)  # (batch, heads, seq, head_dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None, None, :])
