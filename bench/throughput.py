@@ -3,6 +3,7 @@
     python -m bench.throughput [--streams 1,32] [--new-tokens 128] [--hf-requests 3] [--dtype float32]
                                [--quantization awq|none] [--threads N]
     python -m bench.throughput --quick        # a tiny run (4 prompts, 8 new tokens, 1 HF request)
+    python -m bench.throughput --llama-server PATH   # llama.cpp's server measured in the same run (bench/peer.py)
 
 Every request is a chat prompt from QUESTIONS (built with the model's chat template) that generates
 exactly --new-tokens tokens (greedy, ignore_eos). The engine runs its serving configuration (SMOLGATE_*
@@ -10,9 +11,11 @@ variables apply; by default the AWQ INT4 copy of the default model). Per concurr
 engine is loaded, warmed up with one request, then `max(streams, --min-requests)` requests run with at
 most `streams` in flight. Per request it records TTFT (submit -> first token) and inter-token latencies
 (the gap between successive deltas, divided evenly when a delta carries several tokens). The baseline
-is HF transformers `generate` on the full-precision weights, one request at a time. The CPU column is
-the cores this process kept busy (process time / wall): the dev machine is shared. The last line
-printed is one JSON object with every figure; it is also written to bench/results/throughput.json.
+is HF transformers `generate` on the full-precision weights, one request at a time. With --llama-server
+(or --peer-url) the peer serves the same token ids at each concurrency level in the same run; without,
+it is reported as absent. The CPU column is the cores this process kept busy (process time / wall): the
+dev machine is shared. The last line printed is one JSON object with every figure; it is also written
+to bench/results/throughput.json.
 """
 
 from __future__ import annotations
@@ -33,11 +36,9 @@ import torch
 from backend.async_engine import AsyncEngine
 from backend.config import EngineConfig, engine_config_from_env
 from backend.sampling_params import SamplingParams
+from backend.tokenizer import apply_chat_template, load_tokenizer
 from backend.weights import resolve_model_dir
-
-# External reference measurements (not produced by this script): llama.cpp's own server with this
-# model (Q4_1 GGUF) on the 2-core dev machine, aggregate tokens/s by concurrent streams (issue 2).
-LLAMA_CPP_SERVER_TOK_S = {1: 111.0, 32: 206.0}
+from bench import peer
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "throughput.json"
 QUICK_PROMPTS = 4
@@ -117,6 +118,12 @@ class LevelResult:
             "itl_p99_ms": _ms(itls, 99),
             "preemptions": self.preemptions,
         }
+
+
+def peer_summary(streams: int, timings: list[peer.PeerTiming], wall_s: float) -> dict[str, Any]:
+    """The peer's figures in the engine's columns (its CPU use is another process's: not known here)."""
+    level = LevelResult(streams, [RequestTiming(t.ttft_s, t.itls_s, t.wall_s, t.new_tokens) for t in timings], wall_s, 0.0, 0)
+    return {**level.summary(), "cpu_cores_used": None, "preemptions": None}
 
 
 def _ms(values: list[float], q: float) -> float | None:
@@ -234,13 +241,26 @@ def bench_hf(
 
 
 # ---- report ------------------------------------------------------------------------------------
-def ratios(levels: list[LevelResult], hf_tok_s: float) -> dict[str, float]:
+def ratios(levels: list[LevelResult], hf_tok_s: float, peer_levels: dict[int, dict[str, Any]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for level in levels:
         tok_s = level.tokens / level.wall_s
         out[f"ratio_{level.streams}_vs_hf"] = _ratio(tok_s, hf_tok_s)
-        if level.streams in LLAMA_CPP_SERVER_TOK_S:
-            out[f"ratio_{level.streams}_vs_llama_cpp"] = _ratio(tok_s, LLAMA_CPP_SERVER_TOK_S[level.streams])
+        if level.streams in peer_levels:
+            out[f"ratio_{level.streams}_vs_peer"] = _ratio(tok_s, peer_levels[level.streams]["tok_s"])
+    return out
+
+
+def measure_peer(args: argparse.Namespace, model_dir: Path, threads: int) -> dict[int, dict[str, Any]]:
+    """The peer at every level of this run, on the same prompts (token ids) as the engine."""
+    tokenizer = load_tokenizer(model_dir)
+    out: dict[int, dict[str, Any]] = {}
+    with peer.peer_url_or_server(args, threads, max(args.streams), ctx_per_slot=1024) as url:
+        for s in args.streams:
+            prompts = [apply_chat_template(tokenizer, [{"role": "user", "content": q}])
+                       for q in questions_for(max(s, args.min_requests))]
+            timings, wall = asyncio.run(peer.run_level(url, prompts, s, args.new_tokens, args.peer_api_key))
+            out[s] = peer_summary(s, timings, wall)
     return out
 
 
@@ -272,17 +292,17 @@ def format_table(result: dict[str, Any], streams: list[int]) -> str:
         f"({result['threads']} threads), {result['new_tokens']} new tokens per request, greedy, ignore_eos",
         f"{'run':<22}" + "".join(h.rjust(w) for h, _, w, _ in COLUMNS) + "   (latencies in ms)",
         *(_row(f"engine, {n} stream{'s' * (n > 1)}", result[f"engine_{n}"]) for n in streams),
+        *(_row(f"peer, {n} stream{'s' * (n > 1)}", result[f"peer_{n}"]) for n in streams if f"peer_{n}" in result),
         _row("HF generate, 1 by 1", result["hf_sequential"]),
         f"(CPU: cores this process kept busy, of {result['threads']}; well below that means other load)",
         "",
     ]
     for n in streams:
         lines.append(f"engine {n:>2} streams / HF sequential   x{result[f'ratio_{n}_vs_hf']:.2f}")
-        if n in LLAMA_CPP_SERVER_TOK_S:
-            lines.append(
-                f"engine {n:>2} streams / llama.cpp server x{result[f'ratio_{n}_vs_llama_cpp']:.3f}"
-                f"   (external reference: {LLAMA_CPP_SERVER_TOK_S[n]:.0f} tok/s)"
-            )
+        if f"ratio_{n}_vs_peer" in result:
+            lines.append(f"engine {n:>2} streams / peer            x{result[f'ratio_{n}_vs_peer']:.3f}")
+    if result["peer"]["status"] == "absent":
+        lines.append(f"peer: absent ({result['peer']['how']})")
     return "\n".join(lines)
 
 
@@ -304,6 +324,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="", help="HF model dir or .gguf (default: the fetched SmolLM2)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON result")
     p.add_argument("--quick", action="store_true", help="tiny run: 4 prompts, 8 new tokens, 1 HF request")
+    peer.add_peer_args(p)
     args = p.parse_args(argv)
     args.streams = sorted({int(s) for s in args.streams.split(",") if s.strip()})
     if args.quick:
@@ -344,6 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(config.num_threads)  # the engine set it already; HF runs with the same
     model_dir = resolve_model_dir(replace(config, quantization="none").resolved_model())  # full precision
     hf = bench_hf(model_dir, args.dtype, device, questions_for(args.hf_requests), args.new_tokens)
+    peer_levels = measure_peer(args, model_dir, torch.get_num_threads()) if peer.wanted(args) else {}
     result: dict[str, Any] = {
         "bench": "throughput",
         "model": model_dir.name,
@@ -355,11 +377,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "load_avg_1m_at_start": round(load_at_start, 2),
         **{f"engine_{lv.streams}": lv.summary() for lv in levels},
         "hf_sequential": hf,
-        **ratios(levels, hf["tok_s"]),
-        "llama_cpp_server_reference_tok_s": {
-            "note": "external reference measurement (llama.cpp server, Q4_1, 2-core dev machine)",
-            **{str(k): v for k, v in LLAMA_CPP_SERVER_TOK_S.items()},
-        },
+        "peer": peer.describe(args) if peer.wanted(args) else peer.absent(),
+        **{f"peer_{n}": figures for n, figures in peer_levels.items()},
+        **ratios(levels, hf["tok_s"], peer_levels),
     }
     print(format_table(result, args.streams))
     line = json.dumps(result)

@@ -22,7 +22,7 @@ RESULTS = {
     "throughput": {
         "engine_quantization": "awq", "threads": 2, "new_tokens": 128, "device": "cpu",
         "engine_1": _engine(15.0), "engine_32": _engine(46.0), "hf_sequential": {"tok_s": 1.3},
-        "llama_cpp_server_reference_tok_s": {"note": "reference", "1": 111.0, "32": 206.0},
+        "peer": {"status": "measured", "peer": "llama-server"}, "peer_1": _engine(100.0), "peer_32": _engine(200.0),
     },
     "cache_pairs": {
         "pairs": 252, "default_threshold": 0.86,

