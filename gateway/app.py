@@ -20,6 +20,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.access_log import make_logger
+from gateway.anthropic.endpoint import Messages
+from gateway.anthropic.errors import error_response as anthropic_error_response
+from gateway.anthropic.errors import is_anthropic_path
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.service import build_cache
 from gateway.cache.stores import CacheStore
@@ -36,6 +39,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.middleware import GatewayMiddleware
 from gateway.models import ModelCatalog, ServedModel
 from gateway.ops import Operations
+from gateway.record import record_of
 from gateway.router import Router
 
 
@@ -97,9 +101,12 @@ def routes(ctx: GatewayContext, router: Router | None = None) -> list[Route]:
             return await router.handle("completions", request)
 
     dashboard = Dashboard(ctx)
+    messages = Messages(ctx, chat, router)  # Anthropic's Messages API, served by the chat handler
     return [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/messages", messages.create, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/v1/embeddings", Embeddings(ctx).handle, methods=["POST"]),
         Route("/v1/models", ops.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", ops.get_model, methods=["GET"]),
@@ -113,7 +120,9 @@ def routes(ctx: GatewayContext, router: Router | None = None) -> list[Route]:
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
-    """Router 404/405s, rendered as OpenAI errors like everything else."""
+    """Router 404/405s, rendered as OpenAI errors like everything else (Anthropic's shape under /v1/messages)."""
+    if is_anthropic_path(request.url.path):
+        return anthropic_error_response(to_gateway_error(exc), record_of(request).request_id)
     return error_response(to_gateway_error(exc))
 
 

@@ -84,6 +84,10 @@ class RateLimited(GatewayError):
         return {"retry-after": str(self.retry_after_s)}
 
 
+class ServerBusy(RateLimited):
+    """The server, not the caller's key, is at capacity (queue full, too many requests in flight)."""
+
+
 class InternalError(GatewayError):
     status = 500
     error_type = "server_error"
@@ -115,7 +119,7 @@ def to_gateway_error(exc: BaseException, *, retry_after_s: int = 1) -> GatewayEr
     if isinstance(exc, InvalidRequestError):
         return InvalidRequest(str(exc), param=exc.param)
     if isinstance(exc, QueueFullError):
-        return RateLimited("The server is busy: its request queue is full. Retry later.", retry_after_s=retry_after_s)
+        return ServerBusy("The server is busy: its request queue is full. Retry later.", retry_after_s=retry_after_s)
     if isinstance(exc, EngineDeadError):
         return ServiceUnavailable("The inference engine is not running.")
     if isinstance(exc, HTTPException):

@@ -11,8 +11,10 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.access_log import log_request
+from gateway.anthropic.errors import error_response as anthropic_error_response
+from gateway.anthropic.errors import is_anthropic_path
 from gateway.context import GatewayContext
-from gateway.errors import AuthenticationFailed, PayloadTooLarge, RateLimited, RequestTimeout, error_response, to_gateway_error
+from gateway.errors import AuthenticationFailed, PayloadTooLarge, RequestTimeout, ServerBusy, error_response, to_gateway_error
 from gateway.ids import IdGenerator
 from gateway.record import SCOPE_KEY, RequestRecord
 
@@ -24,6 +26,17 @@ _STATS_PATH = "/v1/stats"  # the dashboard's polling: not counted in the traffic
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     wanted = {b"authorization", b"x-request-id", b"content-length"}
     return {k: v for k, v in scope["headers"] if k in wanted}
+
+
+def _with_api_key(scope: Scope) -> Scope:
+    """Anthropic clients send the key as `x-api-key`: without an Authorization header it stands for
+    `Authorization: Bearer KEY`, so every key check, limit, priority and cache namespace sees one key."""
+    headers = scope["headers"]
+    names = {k for k, _ in headers}
+    if b"authorization" in names or b"x-api-key" not in names:
+        return scope
+    key = next(v for k, v in headers if k == b"x-api-key")
+    return {**scope, "headers": [*headers, (b"authorization", b"Bearer " + key.strip())]}
 
 
 def _request_id(headers: dict[bytes, bytes], ids: IdGenerator) -> str:
@@ -70,6 +83,7 @@ class GatewayMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope = _with_api_key(scope)
         headers = _headers(scope)
         rec = RequestRecord(_request_id(headers, self.ctx.ids), scope["method"], scope["path"], time.perf_counter())
         scope[SCOPE_KEY] = rec
@@ -93,7 +107,9 @@ class GatewayMiddleware:
             err = to_gateway_error(exc, retry_after_s=self.ctx.config.retry_after_s)
             self.ctx.report_error(rec, exc, err)
             if not started:
-                await error_response(err)(scope, receive, send_with_id)
+                anthropic = is_anthropic_path(scope["path"])
+                response = anthropic_error_response(err, rec.request_id) if anthropic else error_response(err)
+                await response(scope, receive, send_with_id)
         finally:
             if admitted:
                 self.ctx.stats.in_flight -= 1
@@ -116,7 +132,7 @@ class GatewayMiddleware:
         stats = self.ctx.stats
         if self._limit and stats.in_flight >= self._limit:
             stats.rejected += 1
-            raise RateLimited(
+            raise ServerBusy(
                 f"The server is busy: {self._limit} requests are in progress. Retry later.",
                 retry_after_s=self.ctx.config.retry_after_s,
             )
@@ -125,7 +141,9 @@ class GatewayMiddleware:
 
     def _check_key(self, authorization: bytes | None) -> bytes:
         if not authorization:
-            raise AuthenticationFailed("You didn't provide an API key. Send it in the Authorization header: 'Bearer YOUR_KEY'.")
+            raise AuthenticationFailed(
+                "You didn't provide an API key. Send it in the Authorization header ('Bearer YOUR_KEY') or in x-api-key."
+            )
         scheme, _, key = authorization.partition(b" ")
         key = key.strip()
         ok = scheme.lower() == b"bearer" and any(hmac.compare_digest(key, k) for k in self._keys)
