@@ -13,6 +13,7 @@ import httpx
 import pytest
 from gateway_fixtures import API_KEY, LiveStack
 from jsonschema import Draft202012Validator
+from pydantic import BaseModel, Field
 
 live = gateway_fixtures.live
 
@@ -203,6 +204,15 @@ def test_structured_output_through_constrained_decoding(client: anthropic.Anthro
     schema = {"type": "object", "properties": {"fruit": {"type": "string", "maxLength": 12}}, "required": ["fruit"]}
     msg = _create(client, max_tokens=30, output_config={"format": {"type": "json_schema", "schema": schema}})
     Draft202012Validator(schema).validate(json.loads(msg.content[0].text))
+
+
+class Fruit(BaseModel):
+    fruit: str = Field(max_length=12)
+
+
+def test_sdk_parse_with_a_pydantic_output_format(client: anthropic.Anthropic) -> None:
+    parsed = client.messages.parse(model=MODEL, max_tokens=30, messages=ASK, output_format=Fruit, extra_body=GREEDY)
+    assert isinstance(parsed.parsed_output, Fruit) and parsed.parsed_output.fruit
 
 
 def test_count_tokens_equals_the_prompt_usage(client: anthropic.Anthropic) -> None:
