@@ -1,0 +1,261 @@
+"""gateway/anthropic/ without a server: the request translation (what each field becomes; malformed bodies are
+always a 400, never a crash), the stream translator (events split anywhere, stop sequences held back, tool
+calls, errors, keep-alives), x-api-key in the middleware, and a key's priority reaching the engine."""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import replace
+from typing import Any
+
+import gateway_fixtures
+import httpx
+import orjson
+import pytest
+from gateway_fixtures import API_KEY, LiveStack, gateway_test_config
+
+from backend.errors import InvalidRequestError
+from gateway.anthropic.request import translate, translate_count
+from gateway.anthropic.response import message, split_stop
+from gateway.anthropic.stream import EventStream, held_back
+from gateway.app import build_context, create_app
+from gateway.cache.config import CacheConfig
+from gateway.errors import InvalidRequest
+from gateway.middleware import _with_api_key
+from gateway.protocol import parse_chat
+
+live = gateway_fixtures.live
+
+CALL = {"type": "tool_use", "id": "toolu_1", "name": "get", "input": {"city": "Paris"}}
+RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18C"}]}
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
+BODY: dict[str, Any] = {
+    "model": "m",
+    "max_tokens": 10,
+    "system": [{"type": "text", "text": "Be terse.", "cache_control": {"type": "ephemeral"}}],
+    "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me see."}, CALL]},
+        {"role": "user", "content": [RESULT, {"type": "text", "text": "Thanks."}]},
+    ],
+    "tools": [{"name": "get", "description": "Weather", "input_schema": SCHEMA}],
+    "tool_choice": {"type": "tool", "name": "get", "disable_parallel_tool_use": True},
+    "stop_sequences": ["END"],
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "top_k": 40,
+    "metadata": {"user_id": "u1"},
+    "stream": True,
+}
+
+
+def test_every_field_is_translated() -> None:
+    req = translate(BODY)
+    assert req.stream and req.stop_sequences == ("END",) and req.model == "m"
+    chat = req.chat
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Let me see.", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get", "arguments": '{"city":"Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "18C"},
+        {"role": "user", "content": "Thanks."},
+    ]  # fmt: skip
+    assert chat["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "get", "description": "Weather", "parameters": BODY["tools"][0]["input_schema"]},
+        }
+    ]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "get"}} and chat["parallel_tool_calls"] is False
+    assert chat["stop"] == ["END"] and chat["include_stop_str_in_output"] is True
+    assert (chat["temperature"], chat["top_p"], chat["top_k"], chat["max_tokens"], chat["user"]) == (0.5, 0.9, 40, 10, "u1")
+    assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}
+    parsed = parse_chat(chat)  # the chat pipeline takes it as is
+    assert parsed.tools is not None and parsed.params.stop == ("END",) and parsed.params.top_k == 40
+
+
+def test_only_what_was_sent_is_set() -> None:
+    chat = translate({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}).chat
+    assert chat == {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
+    choices = {"auto": "auto", "any": "required", "none": "none"}
+    for kind, chat_choice in choices.items():
+        out = translate({**BODY, "tool_choice": {"type": kind}}).chat
+        assert out["tool_choice"] == chat_choice and "parallel_tool_calls" not in out
+    model, count = translate_count({k: BODY[k] for k in ("model", "system", "messages", "tools")})
+    assert model == "m" and "max_tokens" not in count and parse_chat(count).tools is not None
+
+
+def _mutations(rng: random.Random, body: Any, depth: int = 0) -> Any:
+    """`body` with one value somewhere replaced by a random JSON value (or a key dropped or added)."""
+    junk = [None, 0, -1, 1.5, "", "x", True, [], {}, [1], {"type": "x"}, [{"type": "text"}], 10**12, {"type": "image"}]
+    if isinstance(body, dict) and body and rng.random() < 0.8:
+        key = rng.choice(list(body))
+        roll = rng.random()
+        if roll < 0.15:
+            return {k: v for k, v in body.items() if k != key}
+        if roll < 0.2:
+            return {**body, rng.choice(["extra", "type", "content", "name"]): rng.choice(junk)}
+        return {**body, key: _mutations(rng, body[key], depth + 1) if rng.random() < 0.6 else rng.choice(junk)}
+    if isinstance(body, list) and body and rng.random() < 0.8:
+        i = rng.randrange(len(body))
+        return [*body[:i], _mutations(rng, body[i], depth + 1) if rng.random() < 0.6 else rng.choice(junk), *body[i + 1 :]]
+    return rng.choice(junk)
+
+
+def test_malformed_bodies_are_400s_never_crashes() -> None:
+    rng = random.Random(24)
+    rejected = 0
+    for _ in range(3000):
+        body = _mutations(rng, copy.deepcopy(BODY))
+        try:
+            if not isinstance(body, dict):
+                continue
+            req = translate(body)
+            parse_chat({k: v for k, v in req.chat.items() if k != "cache"})
+        except (InvalidRequest, InvalidRequestError):
+            rejected += 1
+    assert rejected > 1000
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _chunk(content: str | None = None, finish: str | None = None, tool: dict[str, Any] | None = None) -> bytes:
+    delta: dict[str, Any] = {}
+    if content is not None:
+        delta["content"] = content
+    if tool is not None:
+        delta["tool_calls"] = [tool]
+    return _sse({"model": "served", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def _events(raw: bytes) -> list[dict[str, Any]]:
+    out = []
+    for block in raw.decode().split("\n\n"):
+        if block.strip():
+            name, data = block.split("\n")
+            event = orjson.loads(data.removeprefix("data: "))
+            assert name == f"event: {event['type']}"
+            out.append(event)
+    return out
+
+
+def _run(stream: EventStream, parts: list[bytes], split: int) -> list[dict[str, Any]]:
+    raw = b"".join(parts)
+    return _events(b"".join(stream.feed(raw[i : i + split]) for i in range(0, len(raw), split)))
+
+
+def _text(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+
+
+@pytest.mark.parametrize("split", [1, 7, 10_000])
+def test_stream_text_with_a_stop_sequence_split_anywhere(split: int) -> None:
+    usage = _sse({"model": "served", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}})
+    parts = [
+        _chunk(""),
+        _chunk("Hello E"),
+        b": ping - now\n\n",
+        _chunk("NDING E"),
+        _chunk("ND", "stop"),
+        usage,
+        b"data: [DONE]\n\n",
+    ]
+    events = _run(EventStream("msg_1", "asked", 9, ("END",), "rid"), parts, split)
+    kinds = [e["type"] for e in events]
+    assert kinds[:3] == ["message_start", "ping", "content_block_start"] and kinds[-2:] == ["message_delta", "message_stop"]
+    assert "ping" in kinds[3:]  # the keep-alive comment
+    assert events[0]["message"]["model"] == "served" and events[0]["message"]["usage"] == {"input_tokens": 9, "output_tokens": 0}
+    assert _text(events) == "Hello ENDING "
+    assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    assert events[-2]["usage"] == {"input_tokens": 9, "output_tokens": 4}
+    assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 1
+
+
+def test_stream_held_back_text_is_sent_when_no_stop_sequence_ends_it() -> None:
+    parts = [_chunk("It is EN"), _chunk(None, "length"), b"data: [DONE]\n\n"]
+    events = _run(EventStream("m", "asked", 1, ("END",), "rid"), parts, 10_000)
+    assert _text(events) == "It is EN" and events[-2]["delta"]["stop_reason"] == "max_tokens"
+    assert held_back("It is EN", ("END", "NOPE")) == 2 and held_back("xyz", ("END",)) == 0
+
+
+def test_stream_tool_calls_become_tool_use_blocks() -> None:
+    parts = [
+        _chunk(""),
+        _chunk(tool={"index": 0, "id": "call_abc", "type": "function", "function": {"name": "get", "arguments": ""}}),
+        _chunk(tool={"index": 0, "function": {"arguments": '{"city":'}}),
+        _chunk(tool={"index": 0, "function": {"arguments": '"Paris"}'}}),
+        _chunk(tool={"index": 1, "id": "call_def", "type": "function", "function": {"name": "add", "arguments": "{}"}}),
+        _chunk(None, "tool_calls"),
+        b"data: [DONE]\n\n",
+    ]
+    events = _run(EventStream("m", "asked", 1, (), "rid"), parts, 5)
+    starts = [e for e in events if e["type"] == "content_block_start"]
+    assert [s["content_block"] for s in starts] == [
+        {"type": "tool_use", "id": "toolu_abc", "name": "get", "input": {}},
+        {"type": "tool_use", "id": "toolu_def", "name": "add", "input": {}},
+    ]
+    fragments = [(e["index"], e["delta"]["partial_json"]) for e in events if e["type"] == "content_block_delta"]
+    assert fragments == [(0, '{"city":'), (0, '"Paris"}'), (1, "{}")]
+    assert [e["index"] for e in events if e["type"] == "content_block_stop"] == [0, 1]
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_stream_error_event_ends_the_stream() -> None:
+    error = b'event: error\ndata: {"error":{"message":"boom","type":"server_error","code":"internal_error"}}\n\n'
+    events = _run(EventStream("m", "asked", 1, (), "rid"), [_chunk("Hi"), error, _chunk("late")], 10_000)
+    assert events[-1] == {"type": "error", "error": {"type": "api_error", "message": "boom"}, "request_id": "rid"}
+    assert "message_stop" not in [e["type"] for e in events] and _text(events) == "Hi"
+
+
+def test_non_streamed_message() -> None:
+    chat = {
+        "model": "served",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi END"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
+    msg = message(chat, "msg_1", "asked", ("END", "D"))
+    assert msg["content"] == [{"type": "text", "text": "Hi "}] and msg["stop_sequence"] == "END"
+    assert msg["stop_reason"] == "stop_sequence" and msg["usage"] == {"input_tokens": 3, "output_tokens": 2}
+    assert split_stop("Hi END", "length", ("END",)) == ("Hi END", None)
+    calls = [{"id": "call_x", "type": "function", "function": {"name": "get", "arguments": '{"a":1}'}}]
+    chat["choices"][0] = {"index": 0, "message": {"content": None, "tool_calls": calls}, "finish_reason": "tool_calls"}
+    msg = message(chat, "msg_2", "asked", ())
+    assert msg["content"] == [{"type": "tool_use", "id": "toolu_x", "name": "get", "input": {"a": 1}}]
+    assert msg["stop_reason"] == "tool_use"
+
+
+def test_x_api_key_stands_for_a_bearer_key() -> None:
+    scope = {"headers": [(b"x-api-key", b"sk-1")]}
+    assert (b"authorization", b"Bearer sk-1") in _with_api_key(scope)["headers"]
+    both = {"headers": [(b"x-api-key", b"sk-1"), (b"authorization", b"Bearer sk-2")]}
+    assert _with_api_key(both) is both
+
+
+class PrioritySpy:
+    """The real engine, noting the priority each request was submitted with."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.priorities = real, []
+        self.model_name, self.max_model_len = real.model_name, real.max_model_len
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def generate(self, prompt: Any, params: Any, request_id: str) -> Any:
+        self.priorities.append(params.priority)
+        return self.real.generate(prompt, params, request_id)
+
+
+async def test_the_keys_priority_applies_with_x_api_key(live: LiveStack) -> None:
+    spy = PrioritySpy(live.engine)
+    config = replace(gateway_test_config(), api_key_priorities={API_KEY: 7}, cache=CacheConfig(backend="off"))
+    app = create_app(build_context(config, spy, None, log_sink=open("/dev/null", "w")), manage_engine=False)  # noqa: SIM115
+    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+        resp = await client.post("/v1/messages", json=body, headers={"x-api-key": API_KEY})
+    assert resp.status_code == 200 and resp.json()["type"] == "message"
+    assert spy.priorities == [7]
