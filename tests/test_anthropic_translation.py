@@ -221,6 +221,9 @@ def test_non_streamed_message() -> None:
     assert msg["content"] == [{"type": "text", "text": "Hi "}] and msg["stop_sequence"] == "END"
     assert msg["stop_reason"] == "stop_sequence" and msg["usage"] == {"input_tokens": 3, "output_tokens": 2}
     assert split_stop("Hi END", "length", ("END",)) == ("Hi END", None)
+    chat["choices"][0]["finish_reason"] = "length"
+    assert message(chat, "msg_1", "asked", ())["stop_reason"] == "max_tokens"
+    assert message(chat, "msg_1", "asked", (), window=True)["stop_reason"] == "model_context_window_exceeded"
     calls = [{"id": "call_x", "type": "function", "function": {"name": "get", "arguments": '{"a":1}'}}]
     chat["choices"][0] = {"index": 0, "message": {"content": None, "tool_calls": calls}, "finish_reason": "tool_calls"}
     msg = message(chat, "msg_2", "asked", ())

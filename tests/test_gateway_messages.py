@@ -117,6 +117,18 @@ def test_max_tokens_stop_reason(client: anthropic.Anthropic) -> None:
     assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 3
 
 
+def test_a_max_tokens_beyond_the_context_window_is_a_cap(client: anthropic.Anthropic) -> None:
+    """Clients send Anthropic-sized max_tokens (thousands): generation stops at the context window instead."""
+    counted = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "word " * 2000}])
+    room = gateway_fixtures.TEST_MAX_MODEL_LEN - counted.input_tokens
+    assert 0 < room < 40, counted
+    filler = [{"role": "user", "content": "word " * 2000}]
+    msg = _create(client, max_tokens=64_000, messages=filler, extra_body=GREEDY)
+    assert msg.usage.input_tokens == counted.input_tokens and msg.usage.output_tokens <= room
+    assert msg.stop_reason in ("end_turn", "model_context_window_exceeded")
+    assert (msg.stop_reason == "model_context_window_exceeded") == (msg.usage.output_tokens == room)
+
+
 def test_stream_assembles_the_same_message(client: anthropic.Anthropic) -> None:
     msg = _create(client, max_tokens=16)
     final, kinds = _streamed(client, max_tokens=16)
@@ -301,6 +313,8 @@ def test_unknown_model_is_not_found(client: anthropic.Anthropic) -> None:
         ({"output_config": {"effort": "high"}}, "output_config.effort"),
         ({"metadata": {"user_id": "u", "plan": "pro"}}, "metadata.plan"),
         ({"container": "c-1"}, "container"),
+        ({"output_config": {"format": {"type": "json_schema", "schema": {"not": {"type": "string"}}}}}, "not"),
+        ({"messages": [{"role": "user", "content": "word " * 3000}]}, "messages"),
     ],
 )
 def test_bad_or_unsupported_input_is_a_400_naming_the_field(live: LiveStack, change: dict[str, Any], named: str) -> None:

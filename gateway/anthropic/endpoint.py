@@ -120,13 +120,21 @@ class Messages:
             raw = await read_json(request, self.ctx.config.max_body_bytes)
             req = translate(raw)
             message_id = f"msg_{self.ctx.ids.new()}"
+            chat, window = req.chat, False
+            embedded = self.router is None and not isinstance(self.ctx.engine, NoEngine)
+            prompt = self._prompt_tokens(chat) if req.stream or embedded else 0
+            room = self.ctx.engine.max_model_len - prompt if embedded else 0
+            if 0 < room < chat["max_tokens"]:
+                # Anthropic's max_tokens is a cap that clients set high (thousands): like Anthropic's newer
+                # models, generate up to the context window and say so (model_context_window_exceeded)
+                chat, window = {**chat, "max_tokens": room}, True
             stream = None
             if req.stream:  # message_start carries the prompt's size; message_delta the engine's own count
-                stream = EventStream(message_id, req.model, self._prompt_tokens(req.chat), req.stop_sequences, rec.request_id)
-            inner = await self.chat(sub_request(request, req.chat))
+                stream = EventStream(message_id, req.model, prompt, req.stop_sequences, rec.request_id, window)
+            inner = await self.chat(sub_request(request, chat))
         except Exception as exc:
             return self._error(rec, exc)
-        to_message = lambda chat: out.message(chat, message_id, req.model, req.stop_sequences)  # noqa: E731
+        to_message = lambda body: out.message(body, message_id, req.model, req.stop_sequences, window)  # noqa: E731
         return Relay(inner, stream, to_message, rec)  # type: ignore[return-value]
 
     async def count_tokens(self, request: Request) -> Response:

@@ -2,7 +2,8 @@
 
 - stop_reason: finish_reason stop -> end_turn (or stop_sequence when the text ends with one of the
   request's stop_sequences: the chat request asked for it to be included, and it is cut off here),
-  length -> max_tokens, tool_calls -> tool_use.
+  length -> max_tokens (model_context_window_exceeded when max_tokens was lowered to fit the context
+  window), tool_calls -> tool_use.
 - tool calls -> tool_use blocks with their arguments parsed into `input`; ids `toolu_...`.
 - usage: input_tokens = the prompt's tokens, output_tokens = the completion's.
 """
@@ -43,9 +44,12 @@ def split_stop(text: str, finish: str | None, stops: tuple[str, ...]) -> tuple[s
     return text[: len(text) - len(stop)], stop
 
 
-def stop_reason(finish: str | None, stop_sequence: str | None) -> str:
+def stop_reason(finish: str | None, stop_sequence: str | None, window: bool = False) -> str:
+    """`window`: max_tokens was lowered to what the context window had left."""
     if stop_sequence is not None:
         return "stop_sequence"
+    if finish == "length" and window:
+        return "model_context_window_exceeded"
     return _REASONS.get(finish or "stop", "end_turn")
 
 
@@ -66,7 +70,7 @@ def tool_input(arguments: object) -> dict[str, Any]:
     return value
 
 
-def message(chat: dict[str, Any], message_id: str, model: str, stops: tuple[str, ...]) -> dict[str, Any]:
+def message(chat: dict[str, Any], message_id: str, model: str, stops: tuple[str, ...], window: bool = False) -> dict[str, Any]:
     """The Anthropic Message for a chat.completion body (its first choice: Messages has no `n`)."""
     try:
         choice = chat["choices"][0]
@@ -92,7 +96,7 @@ def message(chat: dict[str, Any], message_id: str, model: str, stops: tuple[str,
         "role": "assistant",
         "model": chat.get("model") or model,
         "content": content,
-        "stop_reason": stop_reason(finish, stop),
+        "stop_reason": stop_reason(finish, stop, window),
         "stop_sequence": stop,
         "usage": usage(chat.get("usage")),
     }

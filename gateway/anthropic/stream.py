@@ -36,7 +36,10 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
 class EventStream:
     """Feed it the chat stream's bytes as they come; it returns the Anthropic events to send."""
 
-    def __init__(self, message_id: str, model: str, input_tokens: int, stops: tuple[str, ...], request_id: str) -> None:
+    def __init__(
+        self, message_id: str, model: str, input_tokens: int, stops: tuple[str, ...], request_id: str, window: bool = False
+    ) -> None:
+        self.window = window
         self.message_id = message_id
         self.model = model
         self.input_tokens = input_tokens
@@ -174,7 +177,7 @@ class EventStream:
         self.ended = True
         out = self._start(None) + self._flush(final=True) + self._close()
         counts = usage(self.usage) if self.usage is not None else {"input_tokens": self.input_tokens, "output_tokens": 0}
-        delta = {"stop_reason": stop_reason(self.finish, self.stop), "stop_sequence": self.stop}
+        delta = {"stop_reason": stop_reason(self.finish, self.stop, self.window), "stop_sequence": self.stop}
         out.append(sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": counts}))
         out.append(sse_event("message_stop", {"type": "message_stop"}))
         return out
