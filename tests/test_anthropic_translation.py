@@ -87,6 +87,21 @@ def test_only_what_was_sent_is_set() -> None:
     assert model == "m" and "max_tokens" not in count and parse_chat(count).tools is not None
 
 
+def test_consecutive_turns_are_combined() -> None:
+    turns = [
+        {"role": "user", "content": "Hi."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+        {"role": "assistant", "content": "Let me see."},
+        {"role": "assistant", "content": [CALL]},
+        {"role": "user", "content": [RESULT]},
+        {"role": "user", "content": "Thanks."},
+    ]
+    messages = translate({"model": "m", "max_tokens": 5, "messages": turns}).chat["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "user"]
+    assert messages[0]["content"] == "Hi.\nWeather?"
+    assert messages[1]["content"] == "Let me see." and len(messages[1]["tool_calls"]) == 1
+
+
 def _mutations(rng: random.Random, body: Any, depth: int = 0) -> Any:
     """`body` with one value somewhere replaced by a random JSON value (or a key dropped or added)."""
     junk = [None, 0, -1, 1.5, "", "x", True, [], {}, [1], {"type": "x"}, [{"type": "text"}], 10**12, {"type": "image"}]

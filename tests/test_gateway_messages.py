@@ -102,6 +102,17 @@ def test_create_returns_an_anthropic_message(client: anthropic.Anthropic) -> Non
     assert set(body) == {"id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"}
 
 
+def test_access_log_and_metrics_name_the_messages_route(live: LiveStack, client: anthropic.Anthropic) -> None:
+    rid = "messages-log-test-1"
+    msg = _create(client, metadata={"user_id": "end-user-9"}, extra_headers={"x-request-id": rid})
+    (line,) = live.log_lines_of(rid)
+    assert line["route"] == "/v1/messages" and line["status"] == 200 and line["model"] == MODEL
+    assert line["user"] == "end-user-9" and line["prompt_tokens"] == msg.usage.input_tokens
+    assert line["completion_tokens"] == msg.usage.output_tokens and API_KEY not in json.dumps(line)
+    metrics = httpx.get(f"{live.url}/metrics").text
+    assert f'smolgate_requests_total{{model="{MODEL}",route="/v1/messages",status="200"}}' in metrics
+
+
 def test_string_and_block_content_and_system_blocks_are_one_prompt(client: anthropic.Anthropic) -> None:
     plain = _create(client, system="You are terse.", messages=[{"role": "user", "content": "Name a fruit."}])
     blocks = _create(

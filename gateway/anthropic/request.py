@@ -231,6 +231,22 @@ def _messages(raw: object, system: str | None) -> list[dict[str, Any]]:
             out.append(_assistant(msg["content"], where))
         else:
             raise _bad(f"Invalid value for '{where}.role': {role!r}; expected 'user' or 'assistant'.", f"{where}.role")
+    return _merged(out)
+
+
+def _merged(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive user (or assistant) turns are one turn, as Anthropic combines them."""
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        last = out[-1] if out else None
+        if last is None or msg["role"] != last["role"] or msg["role"] not in ("user", "assistant"):
+            out.append(msg)
+            continue
+        merged = {**last, "content": "\n".join(t for t in (last["content"], msg["content"]) if t)}
+        calls = [*last.get("tool_calls", ()), *msg.get("tool_calls", ())]
+        if calls:
+            merged["tool_calls"] = calls
+        out[-1] = merged
     return out
 
 
