@@ -100,3 +100,16 @@ def test_bind_tools_stream_aggregates_the_same_call(live: LiveStack) -> None:
     (call,) = merged.tool_calls
     assert call["name"] == "GetWeather" and call["args"] == whole.tool_calls[0]["args"]
     assert merged.response_metadata.get("stop_reason") == "tool_use"
+
+
+class Fruit(BaseModel):
+    """A fruit."""
+
+    name: str = Field(max_length=12)
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_with_structured_output(live: LiveStack, method: str) -> None:
+    structured = _llm(live, max_tokens=40).with_structured_output(Fruit, method=method)
+    fruit = structured.invoke([HumanMessage("Name a fruit.")])
+    assert isinstance(fruit, Fruit) and fruit.name
