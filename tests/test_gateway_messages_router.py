@@ -72,6 +72,7 @@ def test_the_upstream_gets_a_chat_request_and_the_client_a_message(rig: Rig) -> 
     (body,) = rig.fakes["a"].bodies
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     assert body["model"] == "up-a" and body["max_tokens"] == 8 and body["stop"] == ["STOP"] and body["user"] == "u1"
+    assert "include_stop_str_in_output" not in body  # an OpenAI upstream would refuse the vLLM extension
 
 
 def test_a_stream_through_the_router_assembles_the_same_message(rig: Rig) -> None:

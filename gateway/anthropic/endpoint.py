@@ -120,7 +120,10 @@ class Messages:
             raw = await read_json(request, self.ctx.config.max_body_bytes)
             req = translate(raw)
             message_id = f"msg_{self.ctx.ids.new()}"
-            chat, window = req.chat, False
+            chat, window, stops = req.chat, False, req.stop_sequences
+            if self.router is not None and "include_stop_str_in_output" in chat:
+                # a vLLM extension an OpenAI upstream would refuse: upstream, a stop sequence ends the text unnamed
+                chat, stops = {k: v for k, v in chat.items() if k != "include_stop_str_in_output"}, ()
             embedded = self.router is None and not isinstance(self.ctx.engine, NoEngine)
             prompt = self._prompt_tokens(chat) if req.stream or embedded else 0
             room = self.ctx.engine.max_model_len - prompt if embedded else 0
@@ -130,11 +133,11 @@ class Messages:
                 chat, window = {**chat, "max_tokens": room}, True
             stream = None
             if req.stream:  # message_start carries the prompt's size; message_delta the engine's own count
-                stream = EventStream(message_id, req.model, prompt, req.stop_sequences, rec.request_id, window)
+                stream = EventStream(message_id, req.model, prompt, stops, rec.request_id, window)
             inner = await self.chat(sub_request(request, chat))
         except Exception as exc:
             return self._error(rec, exc)
-        to_message = lambda body: out.message(body, message_id, req.model, req.stop_sequences, window)  # noqa: E731
+        to_message = lambda body: out.message(body, message_id, req.model, stops, window)  # noqa: E731
         return Relay(inner, stream, to_message, rec)  # type: ignore[return-value]
 
     async def count_tokens(self, request: Request) -> Response:
