@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.auto import AutoRouter
 from gateway.balancer import Balancer, Choice, DeploymentState, affinity_key
+from gateway.cache.tenancy import forwarded_headers
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
 from gateway.errors import InvalidRequest, ModelNotFound, RateLimited
@@ -238,10 +239,13 @@ class Router:
             response = await self.local[endpoint](request, body)
         else:
             upstream = self.upstreams[(model, state.index)]
+            # a backend replica caches under the tenant this gateway authenticated (signed), or not at all
+            headers = forwarded_headers(self.cfg.cache.tenant_secret, request.headers) if state.cfg.kind == "backend" else None
             if raw.get("stream"):
-                call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, StreamLimits.of(self.cfg), outcome)
+                limits = StreamLimits.of(self.cfg)
+                call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, limits, outcome, headers)
             else:
-                call = call_json(upstream, _PATHS[endpoint], body, rec, self.count)
+                call = call_json(upstream, _PATHS[endpoint], body, rec, self.count, headers)
             response = await unless_disconnected(request.receive, call)  # a client gone cancels the upstream call
         rec.model = model
         balancer = self.balancers[model]

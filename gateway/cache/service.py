@@ -11,6 +11,7 @@ from gateway.cache.keys import model_fingerprint
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import take_control
 from gateway.cache.stores import CacheStore, MemoryStore, SafeStore, describe
+from gateway.cache.tenancy import request_namespace
 from gateway.cache.ticket import Ticket
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
@@ -45,7 +46,7 @@ class ResponseCache:
     def ticket(self, endpoint: str, headers: Mapping[str, str], body: dict[str, Any]) -> Ticket:
         """Takes the `cache` extension out of `body` (always, so the parser never sees it)."""
         control = take_control(body, headers, self.cfg.max_ttl_s)
-        return Ticket(self, endpoint, control, headers.get("authorization"))
+        return Ticket(self, endpoint, control, request_namespace(headers, self.cfg.tenant_secret))
 
     def backend_error(self, op: str, exc: BaseException | None) -> None:
         self.metrics.backend_errors.labels(op).inc()
@@ -77,9 +78,11 @@ def build_cache(
     logger: Any,
     ids: IdGenerator,
     store: CacheStore | None = None,
+    resolved: Mapping[str, Any] | None = None,
 ) -> ResponseCache:
-    """`store` overrides the configured backend (tests wrap a real store to inject faults)."""
+    """`store` overrides the configured backend (tests wrap a real store to inject faults); `resolved`: the engine's
+    `output_identity` (its `auto` settings as resolved on this machine), part of the model fingerprint."""
     cfg = config.cache
-    fingerprint = model_fingerprint(model_id, config.engine, cfg.fingerprint)
+    fingerprint = model_fingerprint(model_id, config.engine, cfg.fingerprint, resolved)
     chosen = store if store is not None else make_store(cfg)
     return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, StreamLimits.of(config))
