@@ -23,8 +23,6 @@ from gateway.sse import SSEStream, StreamLimits, guarded
 from gateway.token_count import completion_text, delta_text, usage_of
 from gateway.upstream import Upstream, UpstreamError
 
-_PASSED_HEADERS = ("x-cache", "x-cache-similarity")
-
 
 class UpstreamFailed(GatewayError):
     """A stream broke off after it started: it can't be retried transparently."""
@@ -55,7 +53,9 @@ async def call_json(
     rec: RequestRecord,
     count: Callable[[str], int],
     headers: dict[str, str] | None = None,
+    relay: tuple[str, ...] = (),
 ) -> Response:
+    """`headers`: extra request headers; `relay`: response headers of the upstream's passed on to the client."""
     data, upstream_headers = await upstream.post(path, body, headers)
     if not isinstance(data.get("usage"), dict):
         data["usage"] = usage_of(count, body, completion_text(data))
@@ -63,7 +63,7 @@ async def call_json(
     if data.get("choices"):
         rec.first_token()
     response = json_response(data)
-    for name in _PASSED_HEADERS:  # a backend replica's cache verdict reaches the client
+    for name in relay:
         if name in upstream_headers:
             response.headers[name] = upstream_headers[name]
     return response

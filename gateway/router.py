@@ -41,6 +41,7 @@ from gateway.upstream import HttpEmbedder, Upstream
 Endpoint = Literal["chat", "completions"]
 LocalHandler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
 _PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
+_CACHE_VERDICT = ("x-cache", "x-cache-similarity")
 
 
 class Tracked:
@@ -240,12 +241,14 @@ class Router:
         else:
             upstream = self.upstreams[(model, state.index)]
             # a backend replica caches under the tenant this gateway authenticated (signed), or not at all
-            headers = forwarded_headers(self.cfg.cache.tenant_secret, request.headers) if state.cfg.kind == "backend" else None
+            ours = state.cfg.kind == "backend"
+            headers = forwarded_headers(self.cfg.cache.tenant_secret, request.headers) if ours else None
             if raw.get("stream"):
                 limits = StreamLimits.of(self.cfg)
                 call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, limits, outcome, headers)
             else:
-                call = call_json(upstream, _PATHS[endpoint], body, rec, self.count, headers)
+                relay = _CACHE_VERDICT if ours else ()  # its x-cache reaches the client; a third party's means nothing
+                call = call_json(upstream, _PATHS[endpoint], body, rec, self.count, headers, relay)
             response = await unless_disconnected(request.receive, call)  # a client gone cancels the upstream call
         rec.model = model
         balancer = self.balancers[model]

@@ -4,14 +4,18 @@ tests/test_tenancy_topology.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
+from routing_fixtures import FakeUpstream, Servers
 
+from gateway.app import build_context, create_app
 from gateway.cache.config import CacheConfig
 from gateway.cache.keys import namespace
 from gateway.cache.tenancy import ROUTED_PREFIX, SIGNATURE_HEADER, TENANT_HEADER, forwarded_headers, request_namespace, sign
-from gateway.config import ConfigError, load_config
+from gateway.config import ConfigError, from_mapping, load_config
 
 SECRET = "s3cret"
 
@@ -54,3 +58,34 @@ def test_the_secret_comes_from_the_environment_only(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="SMOLGATE_CACHE_TENANT_SECRET"):
         load_config(path, environ={})
     assert CacheConfig().tenant_secret == ""
+
+
+def test_only_backend_replicas_get_the_tenant_and_only_their_verdict_is_relayed() -> None:
+    """A real router (no engine) over two fake upstreams: one of kind backend, one of kind openai (a third party)."""
+    fakes = {"ours": FakeUpstream("ours", cache_verdict="hit"), "theirs": FakeUpstream("theirs", cache_verdict="hit")}
+    upstreams = Servers()
+    urls = dict(zip(fakes, upstreams.start([f.app() for f in fakes.values()]), strict=True))
+    config = from_mapping({
+        "api_keys": ["sk-a"], "embeddings": False, "cache": {"backend": "off"},
+        "models": {"ours": {"deployments": [{"kind": "backend", "base_url": f"{urls['ours']}/v1"}]},
+                   "theirs": {"deployments": [{"kind": "openai", "base_url": f"{urls['theirs']}/v1"}]}},
+    })  # fmt: skip
+    config = replace(config, cache=replace(config.cache, tenant_secret=SECRET))
+    gateway = Servers()
+    (url,) = gateway.start([create_app(build_context(config, None))])
+    try:
+        verdicts = {}
+        for model in fakes:
+            body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+            response = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"authorization": "Bearer sk-a"})
+            assert response.status_code == 200, response.text
+            verdicts[model] = response.headers.get("x-cache")
+        ours, theirs = fakes["ours"].headers[-1], fakes["theirs"].headers[-1]
+        tenant = namespace("Bearer sk-a")
+        assert (ours[TENANT_HEADER], ours[SIGNATURE_HEADER]) == (tenant, sign(SECRET, tenant))
+        assert not {TENANT_HEADER, SIGNATURE_HEADER, "x-smolgate-cache"} & set(theirs)
+        assert "sk-a" not in "".join(ours.values()) + "".join(theirs.values())  # the client's key stays here
+        assert verdicts == {"ours": "hit", "theirs": None}
+    finally:
+        gateway.stop()
+        upstreams.stop()
