@@ -39,15 +39,16 @@ def test_a_backend_trusts_only_a_signed_namespace() -> None:
     tenant = namespace("Bearer sk-a")
     signed = {TENANT_HEADER: tenant, SIGNATURE_HEADER: sign(SECRET, tenant)}
     assert request_namespace(signed, SECRET) == ROUTED_PREFIX + tenant
-    assert request_namespace(signed, "") == "public"  # a backend without the secret trusts no router
-    assert request_namespace(signed, "another") == "public"
-    assert request_namespace({TENANT_HEADER: tenant}, SECRET) == "public"
-    forged = {TENANT_HEADER: tenant, SIGNATURE_HEADER: sign("guess", tenant), "authorization": "Bearer x"}
-    assert request_namespace(forged, SECRET) == namespace("Bearer x")
-    # a signature for one tenant does not carry over to another
-    assert request_namespace({**signed, TENANT_HEADER: namespace("Bearer sk-b")}, SECRET) == "public"
-    # a client's own key sent straight to the backend never lands in a routed namespace
-    assert not request_namespace({"authorization": "Bearer sk-a"}, SECRET).startswith(ROUTED_PREFIX)
+    # a tenant header that does not verify: no namespace at all (the request is neither served nor stored)
+    assert request_namespace(signed, "") is None  # a backend without the secret (misconfigured): no pooling
+    assert request_namespace(signed, "another") is None
+    assert request_namespace({TENANT_HEADER: tenant}, SECRET) is None
+    forged = {TENANT_HEADER: tenant, SIGNATURE_HEADER: sign("guess", tenant), "authorization": "Bearer sk-a"}
+    assert request_namespace(forged, SECRET) is None
+    assert request_namespace({**signed, TENANT_HEADER: namespace("Bearer sk-b")}, SECRET) is None  # not transferable
+    # without the header: the request's own key, never a routed namespace
+    assert request_namespace({"authorization": "Bearer sk-a"}, SECRET) == namespace("Bearer sk-a")
+    assert not namespace("Bearer sk-a").startswith(ROUTED_PREFIX) and request_namespace({}, "") == "public"
 
 
 def test_the_secret_comes_from_the_environment_only(tmp_path: Path) -> None:

@@ -6,9 +6,11 @@
   only the deployment's. The router signs the client's namespace with `cache.tenant_secret` (a secret shared by the
   router and its backends, from the environment: `SMOLGATE_CACHE_TENANT_SECRET`) and sends both in
   `x-smolgate-tenant` / `x-smolgate-tenant-signature` (HMAC-SHA256; the secret itself never travels). A backend
-  configured with the same secret caches that request under `router:<tenant>`; a tenant header without a valid
-  signature is ignored (the request keeps the namespace of its own `Authorization`, which never starts with
-  `router:`), so no client reaches another tenant's entries by sending the header itself.
+  configured with the same secret caches that request under `router:<tenant>`. A tenant header it cannot verify (no
+  signature, a wrong one, or no secret of its own) turns the cache off for that request: a client sending the header
+  straight to a backend reaches no tenant's entries, and a backend left without the router's secret does not pool
+  every tenant in one namespace. Requests without the header keep the namespace of their own `Authorization`,
+  which never starts with `router:`.
 - A router without a secret cannot vouch for a tenant: it tells its backends not to cache the request at all
   (`x-smolgate-cache: no-lookup, no-store`), rather than let every tenant share the deployment's one namespace.
 
@@ -47,10 +49,13 @@ def forwarded_headers(secret: str, client: Mapping[str, str]) -> dict[str, str]:
     return headers
 
 
-def request_namespace(headers: Mapping[str, str], secret: str) -> str:
-    """The namespace a request's cache entries live in (see the module docstring)."""
-    tenant = headers.get(TENANT_HEADER) or ""
+def request_namespace(headers: Mapping[str, str], secret: str) -> str | None:
+    """The namespace a request's cache entries live in (see the module docstring); None: a tenant header that does
+    not verify, so the request must neither read nor write the cache."""
+    if TENANT_HEADER not in headers:
+        return namespace(headers.get("authorization"))
+    tenant = headers[TENANT_HEADER]
     signature = (headers.get(SIGNATURE_HEADER) or "").encode()
     if secret and 0 < len(tenant) <= _MAX_TENANT and hmac.compare_digest(signature, sign(secret, tenant).encode()):
         return ROUTED_PREFIX + tenant
-    return namespace(headers.get("authorization"))
+    return None
