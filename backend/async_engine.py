@@ -70,6 +70,7 @@ class AsyncEngine:
         self.engine = built.result()  # what building raised is raised here
         self.model_name = self.engine.model_name
         self.max_model_len = self.engine.max_model_len
+        self.output_identity = self.engine.output_identity  # the gateway's cache fingerprint reads it
         self._stats = self.engine.stats()
 
     @classmethod

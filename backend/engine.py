@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from typing import Any
@@ -33,6 +34,20 @@ from backend.spec.medusa import MedusaDrafter, load_medusa_heads
 from backend.spec.speculator import Speculator
 from backend.tokenizer import load_tokenizer
 from backend.weights import load_model, resolve_model_dir
+
+_QUANTIZED_LAYERS = ("Int4Linear", "Int8Linear", "LowBitHead")
+_SHAPE = re.compile(r"\b(in|out)=\d+,\s*")
+
+
+def kernel_modes(model: torch.nn.Module) -> list[str]:
+    """How the quantized layers run (their extra_repr without the shapes: INT4 mode w4a8 / int4pack / triton, int8 or
+    W8A8 lm_head; `dense` when they also keep a dense copy for batched calls); [] for a full-precision model."""
+    modes = set()
+    for m in model.modules():
+        if type(m).__name__ in _QUANTIZED_LAYERS:
+            dense = ", dense" if getattr(m, "dense", None) is not None else ""
+            modes.add(f"{type(m).__name__}({_SHAPE.sub('', m.extra_repr())}{dense})")
+    return sorted(modes)
 
 
 class LLMEngine:
@@ -62,6 +77,12 @@ class LLMEngine:
             config.kv_cache_dtype, model, dtype, self.device, single and ops.name != "triton", c_decode=ops.name == "cpu"
         )
         per_token = per_token_prefill(model, ops.name, dtype, kv_dtype)  # the pipeline's stages attend alike
+        # The `auto` settings as resolved on this machine: part of the gateway's response-cache fingerprint.
+        self.output_identity = {
+            "device": self.device, "kernels": ops.name, "kv_cache_dtype": str(kv_dtype).removeprefix("torch."),
+            "per_token_prefill": per_token, "layers": kernel_modes(model), "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        }  # fmt: skip
         if not single:
             model = Driver(model)
         blocks = num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, kv_dtype) if draft is None else \

@@ -164,6 +164,8 @@ def _cache_from_mapping(value: object) -> CacheConfig:
     unknown = set(value) - {f.name for f in fields(base)}
     if unknown:
         raise ConfigError(f"unknown cache config keys: {sorted(unknown)}")
+    if "tenant_secret" in value:
+        raise ConfigError("cache.tenant_secret is a secret: set it in the environment (SMOLGATE_CACHE_TENANT_SECRET)")
     return _valid_cache(base, {k: _coerce(f"cache.{k}", v, getattr(base, k)) for k, v in value.items()})
 
 

@@ -47,15 +47,26 @@ def _set_usage(rec: RequestRecord, usage: dict[str, Any]) -> None:
 
 
 async def call_json(
-    upstream: Upstream, path: str, body: dict[str, Any], rec: RequestRecord, count: Callable[[str], int]
+    upstream: Upstream,
+    path: str,
+    body: dict[str, Any],
+    rec: RequestRecord,
+    count: Callable[[str], int],
+    headers: dict[str, str] | None = None,
+    relay: tuple[str, ...] = (),
 ) -> Response:
-    data, _ = await upstream.post(path, body)
+    """`headers`: extra request headers; `relay`: response headers of the upstream's passed on to the client."""
+    data, upstream_headers = await upstream.post(path, body, headers)
     if not isinstance(data.get("usage"), dict):
         data["usage"] = usage_of(count, body, completion_text(data))
     _set_usage(rec, data["usage"])
     if data.get("choices"):
         rec.first_token()
-    return json_response(data)
+    response = json_response(data)
+    for name in relay:
+        if name in upstream_headers:
+            response.headers[name] = upstream_headers[name]
+    return response
 
 
 async def call_stream(
@@ -66,9 +77,10 @@ async def call_stream(
     count: Callable[[str], int],
     limits: StreamLimits,
     outcome: Outcome,
+    headers: dict[str, str] | None = None,
 ) -> Response:
     want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    events = upstream.stream(path, {**body, "stream_options": {"include_usage": True}})
+    events = upstream.stream(path, {**body, "stream_options": {"include_usage": True}}, headers)
     try:
         first = await anext(events)
     except StopAsyncIteration:

@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.auto import AutoRouter
 from gateway.balancer import Balancer, Choice, DeploymentState, affinity_key
+from gateway.cache.tenancy import forwarded_headers
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
 from gateway.errors import InvalidRequest, ModelNotFound, RateLimited
@@ -40,6 +41,7 @@ from gateway.upstream import HttpEmbedder, Upstream
 Endpoint = Literal["chat", "completions"]
 LocalHandler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
 _PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
+_CACHE_VERDICT = ("x-cache", "x-cache-similarity")
 
 
 class Tracked:
@@ -238,10 +240,15 @@ class Router:
             response = await self.local[endpoint](request, body)
         else:
             upstream = self.upstreams[(model, state.index)]
+            # a backend replica caches under the tenant this gateway authenticated (signed), or not at all
+            ours = state.cfg.kind == "backend"
+            headers = forwarded_headers(self.cfg.cache.tenant_secret, request.headers) if ours else None
             if raw.get("stream"):
-                call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, StreamLimits.of(self.cfg), outcome)
+                limits = StreamLimits.of(self.cfg)
+                call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, limits, outcome, headers)
             else:
-                call = call_json(upstream, _PATHS[endpoint], body, rec, self.count)
+                relay = _CACHE_VERDICT if ours else ()  # its x-cache reaches the client; a third party's means nothing
+                call = call_json(upstream, _PATHS[endpoint], body, rec, self.count, headers, relay)
             response = await unless_disconnected(request.receive, call)  # a client gone cancels the upstream call
         rec.model = model
         balancer = self.balancers[model]

@@ -98,10 +98,12 @@ class Upstream:
     async def close(self) -> None:
         await self.pool.aclose()
 
-    async def post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], httpx.Headers]:
+    async def post(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> tuple[dict[str, Any], httpx.Headers]:
         shard = self.pool.lease()
         try:
-            call = self.pool.clients[shard].post(path, content=orjson.dumps(body))
+            call = self.pool.clients[shard].post(path, content=orjson.dumps(body), headers=headers)
             response = await asyncio.wait_for(call, self.cfg.timeout_s)
         except (httpx.TransportError, TimeoutError) as exc:
             raise UpstreamError(f"upstream unreachable or too slow: {type(exc).__name__}") from exc
@@ -117,21 +119,23 @@ class Upstream:
             raise UpstreamError("upstream sent a non-object JSON body")
         return data, response.headers
 
-    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def stream(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> AsyncIterator[bytes]:
         """The `data:` payloads of an SSE response, up to (not including) [DONE].
 
         The first payload must come within first_token_timeout_s, each next one within idle_timeout_s;
         a stream that ends without [DONE] raises (the upstream broke off)."""
         shard = self.pool.lease()
         try:
-            async with aclosing(self._stream(self.pool.clients[shard], path, body)) as payloads:
+            async with aclosing(self._stream(self.pool.clients[shard], path, body, headers)) as payloads:
                 async for payload in payloads:
                     yield payload
         finally:
             self.pool.release(shard)
 
-    async def _stream(self, client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        request = client.build_request("POST", path, content=orjson.dumps(body))
+    async def _stream(
+        self, client: httpx.AsyncClient, path: str, body: dict[str, Any], headers: dict[str, str] | None
+    ) -> AsyncIterator[bytes]:
+        request = client.build_request("POST", path, content=orjson.dumps(body), headers=headers)
         try:
             response = await asyncio.wait_for(client.send(request, stream=True), self.cfg.first_token_timeout_s)
         except (httpx.TransportError, TimeoutError) as exc:

@@ -76,11 +76,14 @@ class FakeUpstream:
     script: deque[str] = field(default_factory=deque)
     received: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # each request's headers
+    cache_verdict: str = ""  # when set, JSON answers carry `x-cache: <it>` (as a backend replica's do)
 
     def play(self, *behaviours: str, default: str | None = None) -> None:
         self.script = deque(behaviours)
         self.received = 0
         self.bodies = []
+        self.headers = []
         if default is not None:
             self.default = default
 
@@ -96,6 +99,7 @@ class FakeUpstream:
         body = orjson.loads(await request.body())
         self.received += 1
         self.bodies.append(body)
+        self.headers.append(dict(request.headers))
         behaviour = self.script.popleft() if self.script else self.default
         chat = request.url.path.endswith("/chat/completions")
         if behaviour == "500":
@@ -116,7 +120,8 @@ class FakeUpstream:
         out.update(model=body["model"], choices=[{**choice, "finish_reason": "stop", "logprobs": None}])
         if usage:
             out["usage"] = {"prompt_tokens": 11, "completion_tokens": 6, "total_tokens": 17}
-        return JSONResponse(out, headers={"x-served-by": self.name})
+        verdict = {"x-cache": self.cache_verdict} if self.cache_verdict else {}
+        return JSONResponse(out, headers={"x-served-by": self.name, **verdict})
 
     async def _events(self, body: dict[str, Any], chat: bool, usage: bool, drop: bool) -> AsyncIterator[bytes]:
         base = {

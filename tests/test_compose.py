@@ -49,3 +49,21 @@ def test_the_topology_hangs_together() -> None:
         assert (ROOT / "docker" / dockerfile).is_file()
     requirements = (ROOT / "docker" / "gateway-requirements.txt").read_text().splitlines()
     assert not [r for r in requirements if r.startswith(("torch", "transformers", "triton"))]
+
+
+def test_the_cache_lives_in_the_compose_redis_and_tenants_are_signed() -> None:
+    """Both backends cache in the compose Redis (so replicas share entries), under namespaces the gateway signs with
+    the same secret it has; the gateway's own cache section points at that Redis too."""
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    gateway_secret = services["gateway"]["environment"]["SMOLGATE_CACHE_TENANT_SECRET"]
+    assert gateway_secret
+    for name in ("backend-1", "backend-2"):
+        env = services[name]["environment"]
+        assert env["SMOLGATE_CACHE_BACKEND"] == "redis" and env["SMOLGATE_CACHE_REDIS_URL"].startswith("redis://redis:")
+        assert env["SMOLGATE_CACHE_TENANT_SECRET"] == gateway_secret
+        assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
+        cfg = load_config(None, environ={k: str(v) for k, v in env.items()})
+        assert cfg.cache.backend == "redis" and cfg.cache.tenant_secret
+    gateway = load_config(ROOT / "docker" / "gateway.yaml", environ={"SMOLGATE_CACHE_TENANT_SECRET": "s"})
+    assert gateway.cache.backend == "redis" and gateway.cache.redis_url.startswith("redis://redis:")
+    assert gateway.cache.tenant_secret == "s"

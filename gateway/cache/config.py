@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 BACKENDS = ("memory", "redis", "off")
 # What the semantic cache embeds with: the /v1/embeddings embedder (same), any embedding dtype, or auto (int8 where the
@@ -27,6 +27,9 @@ class CacheConfig:
     semantic_multi_turn: bool = False  # allow semantic hits for conversations (earlier turns stay in the key)
     embedding_dtype: str = "auto"  # the semantic cache's embedder: EMBEDDING_DTYPES
     fingerprint: str = ""  # extra model fingerprint: change it when weights change under the same path
+    # Shared by a router and its backend replicas (env SMOLGATE_CACHE_TENANT_SECRET only, never the file): the router
+    # signs each request's tenant namespace with it, a backend trusts only a signed one (gateway/cache/tenancy.py).
+    tenant_secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

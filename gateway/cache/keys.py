@@ -1,7 +1,11 @@
 """Cache keys: a hash over everything that shapes the output, one namespace per API key.
 
 - `namespace`: the tenant; entries written under one API key are never seen under another.
-- `model_fingerprint`: model id, weights (path, size, mtime), dtype, kernels, operator salt.
+- `model_fingerprint`: model id, the files that define the model (weights, config, tokenizer, chat template: name,
+  size, mtime), every engine setting that can change the generated text (OUTPUT_ENGINE_FIELDS) and their values as
+  the running engine resolved them (`auto` device, KV dtype, INT4 kernel...), plus the operator's salt. The engine
+  settings left out are listed with the reason in NON_OUTPUT_ENGINE_FIELDS; tests/test_cache_keys.py fails when an
+  EngineConfig field is in neither.
 - `exact_key`: namespace + fingerprint + endpoint + every output-affecting request field
   + the prompt token ids (so the chat template is part of the key).
 - `semantic_scope`: the same, minus the last user message, plus the identity of the embedder
@@ -35,7 +39,28 @@ NON_OUTPUT_FIELDS = frozenset(
         "priority",  # scheduling only: the same answer whatever the priority
     }
 )  # fmt: skip
-_FINGERPRINT_FIELDS = ("model", "quantization", "served_model_name", "dtype", "max_model_len", "kernel_backend")
+# EngineConfig fields that can change the text a request gets: in the fingerprint.
+OUTPUT_ENGINE_FIELDS = (
+    "model", "quantization", "served_model_name", "dtype", "device", "max_model_len",
+    "int4_dense_copy", "int4_cpu_kernel", "packed_copy", "kernel_backend", "kv_cache_dtype", "block_size",  # numerics
+    "num_speculative_tokens", "speculative_method", "speculative_model", "medusa_min_confidence",  # sampled text
+    "speculative_max_batch",
+    "tensor_parallel_size", "pipeline_parallel_size", "num_threads",  # reduction order
+    "seed",  # the sampler's generator for requests without a seed
+)  # fmt: skip
+# EngineConfig fields left out, and why: capacity and scheduling. What runs next to a request, how its prompt is
+# chunked, whether its prefix was still cached, are run-time state no key can hold; on the batch-invariant path
+# (the default INT4 model on the C kernels, README "Batch invariance") they change nothing, elsewhere they move
+# near-tie tokens exactly as batch-mates do.
+NON_OUTPUT_ENGINE_FIELDS = {
+    "kv_cache_memory_mb": "how many KV blocks fit, not what they hold",
+    "max_num_seqs": "how many sequences run at once (batch composition)",
+    "max_num_batched_tokens": "how prompts are chunked (batch composition)",
+    "max_waiting": "how long the queue may grow",
+    "enable_prefix_caching": "whether earlier prompts' KV blocks are reused (run-time state)",
+    "priority_aging_s": "the order waiting requests are served in",
+}
+_MODEL_FILES = ("*.safetensors", "*.gguf", "*.json", "*.jinja")  # weights, config, tokenizer, chat template
 
 
 def _digest(obj: Any) -> str:
@@ -50,7 +75,7 @@ def namespace(authorization: str | None) -> str:
 
 
 def _weights_stat(path: Path) -> list[Any]:
-    files = [path] if path.is_file() else sorted(path.glob("*.safetensors")) + sorted(path.glob("*.gguf"))
+    files = [path] if path.is_file() else sorted(f for pattern in _MODEL_FILES for f in path.glob(pattern))
     stats = []
     for f in files:
         try:
@@ -61,10 +86,15 @@ def _weights_stat(path: Path) -> list[Any]:
     return stats
 
 
-def model_fingerprint(model_id: str, engine: EngineConfig, salt: str = "") -> str:
-    """Changes whenever the weights, their precision or the kernels that run them change."""
-    fields = {name: getattr(engine, name, None) for name in _FINGERPRINT_FIELDS}
-    return _digest({"id": model_id, "engine": fields, "weights": _weights_stat(engine.resolved_model()), "salt": salt})[:32]
+def model_fingerprint(
+    model_id: str, engine: EngineConfig, salt: str = "", resolved: Mapping[str, Any] | None = None
+) -> str:
+    """Changes whenever the weights, their precision, the kernels that run them or the decoding settings change.
+
+    `resolved`: what the running engine made of the `auto` settings (`AsyncEngine.output_identity`)."""
+    fields = {name: getattr(engine, name, None) for name in OUTPUT_ENGINE_FIELDS}
+    material = {"id": model_id, "engine": fields, "resolved": dict(resolved or {}), "salt": salt}
+    return _digest({**material, "weights": _weights_stat(engine.resolved_model())})[:32]
 
 
 def _params(params: SamplingParams) -> dict[str, Any]:

@@ -9,8 +9,9 @@ from typing import Any
 from gateway.cache.config import CacheConfig
 from gateway.cache.keys import model_fingerprint
 from gateway.cache.metrics import CacheMetrics
-from gateway.cache.policy import take_control
+from gateway.cache.policy import CacheControl, take_control
 from gateway.cache.stores import CacheStore, MemoryStore, SafeStore, describe
+from gateway.cache.tenancy import request_namespace
 from gateway.cache.ticket import Ticket
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
@@ -41,11 +42,26 @@ class ResponseCache:
         self.fingerprint = fingerprint
         self.stream_limits = stream_limits
         self._last_warning = -_WARN_EVERY_S
+        self._last_tenant_warning = -_WARN_EVERY_S
 
     def ticket(self, endpoint: str, headers: Mapping[str, str], body: dict[str, Any]) -> Ticket:
         """Takes the `cache` extension out of `body` (always, so the parser never sees it)."""
         control = take_control(body, headers, self.cfg.max_ttl_s)
-        return Ticket(self, endpoint, control, headers.get("authorization"))
+        ns = request_namespace(headers, self.cfg.tenant_secret)
+        if ns is None:  # a tenant header this process cannot verify: no lookup, no store
+            self._unverified_tenant()
+            return Ticket(self, endpoint, CacheControl(lookup=False, store=False, semantic=False), "unverified")
+        return Ticket(self, endpoint, control, ns)
+
+    def _unverified_tenant(self) -> None:
+        now = time.monotonic()
+        if now - self._last_tenant_warning >= _WARN_EVERY_S:
+            self._last_tenant_warning = now
+            self.logger.warning(
+                "cache_tenant_unverified",
+                detail="a request named a tenant without a valid signature: not cached (a router and its backends need "
+                "the same SMOLGATE_CACHE_TENANT_SECRET)",
+            )
 
     def backend_error(self, op: str, exc: BaseException | None) -> None:
         self.metrics.backend_errors.labels(op).inc()
@@ -77,9 +93,11 @@ def build_cache(
     logger: Any,
     ids: IdGenerator,
     store: CacheStore | None = None,
+    resolved: Mapping[str, Any] | None = None,
 ) -> ResponseCache:
-    """`store` overrides the configured backend (tests wrap a real store to inject faults)."""
+    """`store` overrides the configured backend (tests wrap a real store to inject faults); `resolved`: the engine's
+    `output_identity` (its `auto` settings as resolved on this machine), part of the model fingerprint."""
     cfg = config.cache
-    fingerprint = model_fingerprint(model_id, config.engine, cfg.fingerprint)
+    fingerprint = model_fingerprint(model_id, config.engine, cfg.fingerprint, resolved)
     chosen = store if store is not None else make_store(cfg)
     return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, StreamLimits.of(config))

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from backend.outputs import RequestOutput
 from backend.sampling_params import SamplingParams
 from gateway.cache import replay
-from gateway.cache.keys import exact_key, namespace, semantic_scope
+from gateway.cache.keys import exact_key, semantic_scope
 from gateway.cache.policy import CacheControl, exact_allowed, semantic_allowed
 from gateway.cache.semantic import NearMiss, embed_query, match
 from gateway.generation import Generation
@@ -32,11 +32,12 @@ _HEADER_VALUE = {"hit": "hit", "semantic-hit": "semantic-hit", "miss": "miss", "
 class Ticket:
     """status: none (cache off) | bypass (not cacheable / lookup skipped) | miss | hit | semantic-hit."""
 
-    def __init__(self, cache: ResponseCache, endpoint: str, control: CacheControl, authorization: str | None) -> None:
+    def __init__(self, cache: ResponseCache, endpoint: str, control: CacheControl, ns: str) -> None:
+        """`ns`: the tenant namespace (gateway/cache/tenancy.py: the client's key, or one signed by the router)."""
         self.cache = cache
         self.endpoint = endpoint
         self.control = control
-        self.namespace = namespace(authorization)
+        self.namespace = ns
         self.status = "none" if cache.store is None else "bypass"
         self.key: str | None = None
         self.scope: str | None = None
