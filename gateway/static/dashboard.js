@@ -103,14 +103,14 @@ function askForKey(message) {
 async function poll() {
   const key = sessionStorage.getItem(KEY_SLOT);
   if (authRequired && !key) {
-    askForKey("API key required");
+    askForKey("admin key required");
     return;
   }
   try {
     const resp = await fetch("/v1/stats", { headers: key ? { Authorization: "Bearer " + key } : {}, cache: "no-store" });
     if (resp.status === 401) {
       sessionStorage.removeItem(KEY_SLOT);
-      askForKey("API key rejected");
+      askForKey("admin key rejected");
       return;
     }
     if (!resp.ok) throw new Error("HTTP " + resp.status);
