@@ -1,5 +1,5 @@
 // smolgate dashboard: polls GET /v1/stats once a second and fills the page. No build step, no libraries.
-// With API keys enabled the key is typed into the page (or passed once as #key=... in the URL), kept in
+// With API keys enabled the admin key (admin_keys) is typed into the page (or passed once as #key=... in the URL), kept in
 // sessionStorage for this tab only, and sent as a Bearer header like any OpenAI client does.
 "use strict";
 
