@@ -109,7 +109,7 @@ def test_access_log_and_metrics_name_the_messages_route(live: LiveStack, client:
     assert line["route"] == "/v1/messages" and line["status"] == 200 and line["model"] == MODEL
     assert line["user"] == "end-user-9" and line["prompt_tokens"] == msg.usage.input_tokens
     assert line["completion_tokens"] == msg.usage.output_tokens and API_KEY not in json.dumps(line)
-    metrics = httpx.get(f"{live.url}/metrics").text
+    metrics = httpx.get(f"{live.url}/metrics", headers={"authorization": f"Bearer {API_KEY}"}).text
     assert f'smolgate_requests_total{{model="{MODEL}",route="/v1/messages",status="200"}}' in metrics
 
 

@@ -160,15 +160,17 @@ class Messages:
 
     def _resolve(self, request: Request, model: str) -> str:
         """The served model, as the chat endpoint would pick it (aliases, the key's allowed models)."""
+        rec = record_of(request)
+        policy = rec.policy if rec.policy is not None else self.ctx.guard.anonymous
         router = self.router
         if router is None:
-            return self.ctx.catalog.resolve(model, "chat").id
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        policy = router.keys.get(key.strip()) if scheme.lower() == "bearer" else None
-        name = router.aliases.get(model, model)
-        known = name in router.balancers or (model == "auto" and router.auto_enabled)
-        allowed = policy is None or not policy.models or model in policy.models or name in policy.models
-        if not (known and allowed):
+            name = self.ctx.catalog.resolve(model, "chat").id
+            allowed = self.ctx.guard.allows(policy, name, self.ctx.catalog.canonical)
+        else:
+            name = router.aliases.get(model, model)
+            known = name in router.balancers or (model == "auto" and router.auto_enabled)
+            allowed = known and router.guard.allows(policy, name, lambda n: router.aliases.get(n, n))
+        if not allowed:
             raise ModelNotFound(f"The model `{model}` does not exist or you do not have access to it.", param="model")
         return name
 
