@@ -104,6 +104,7 @@ def serve(port: int) -> None:
 
     defaults = GatewayConfig(engine=EngineConfig(max_model_len=2048, kv_cache_memory_mb=256))
     config = dataclasses.replace(apply_env(defaults, os.environ), api_keys=(API_KEY,))
+    config = dataclasses.replace(config, cache=dataclasses.replace(config.cache, semantic=True))  # off by default
     sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
     engine = AsyncEngine.from_config(config.engine)
     embedder, cache_embedder = build_embedders(config, engine)

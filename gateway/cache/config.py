@@ -21,7 +21,9 @@ class CacheConfig:
     max_ttl_s: int = 86400  # the longest TTL a request may ask for
     max_entries: int = 10000  # in-process LRU size (and per-scope vector index size)
     only_deterministic: bool = True  # cache only temperature 0 or seeded requests
-    semantic: bool = True  # match paraphrases of the last user message
+    # Off by default: match paraphrases of the last user message. On independent question pairs the embedding
+    # threshold and word-list guards served a wrong answer for about a third of semantic hits (docs/caching.md).
+    semantic: bool = False
     similarity_threshold: float = 0.86  # cosine (all-MiniLM-L6-v2) at or above which a guarded match hits
     near_miss_margin: float = 0.1  # candidates this far below the threshold are counted as near misses
     semantic_multi_turn: bool = False  # allow semantic hits for conversations (earlier turns stay in the key)
