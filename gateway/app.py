@@ -63,7 +63,10 @@ def build_context(
     logger = make_logger(log_sink or sys.stderr, config.log_level)
     ids = IdGenerator()
     cache_embedder = cache_embedder or embedder
-    cache = build_cache(config, engine.model_name, cache_embedder, CacheMetrics(metrics.registry), logger, ids, cache_store)
+    cache = build_cache(
+        config, engine.model_name, cache_embedder, CacheMetrics(metrics.registry), logger, ids, cache_store,
+        engine=None if isinstance(engine, NoEngine) else engine,
+    )
     return GatewayContext(
         config=config,
         engine=engine,

@@ -36,10 +36,12 @@ def test_labelled_set_is_large_and_balanced() -> None:
     assert sum(p.label == "paraphrase" for p in pairs) >= 100 and sum(p.label == "negative" for p in pairs) >= 100
 
 
-def test_default_threshold_hits_paraphrases_and_never_hard_negatives() -> None:
+def test_lexical_mode_hits_paraphrases_and_never_hard_negatives() -> None:
+    """The matcher without the engine verifier (cosine + guards + the lexical check, content words in order), at the
+    default threshold, on the old labelled set (the verified mode is measured on the dev/test splits, bench.cache)."""
     score = _score()
     assert score.false_hit_rate <= 0.01, score.false_examples
-    assert score.paraphrase_hit_rate >= 0.70, score.missed_examples
+    assert score.paraphrase_hit_rate >= 0.45, score.missed_examples
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import take_control
 from gateway.cache.stores import CacheStore, MemoryStore, SafeStore, describe
 from gateway.cache.ticket import Ticket
+from gateway.cache.verify import Criterion, EngineVerifier
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
 from gateway.ids import IdGenerator
@@ -31,7 +32,9 @@ class ResponseCache:
         ids: IdGenerator,
         fingerprint: str,
         stream_limits: StreamLimits,
+        verifier: EngineVerifier | None = None,
     ) -> None:
+        """`verifier`: scores semantic candidates with the embedded engine; None = the lexical check alone."""
         self.cfg = cfg
         self.store = SafeStore(store, self.backend_error, cfg.redis_retry_s) if store is not None else None
         self.embedder = embedder if cfg.semantic else None
@@ -40,6 +43,7 @@ class ResponseCache:
         self.ids = ids
         self.fingerprint = fingerprint
         self.stream_limits = stream_limits
+        self.verifier = verifier if self.embedder is not None else None
         self._last_warning = -_WARN_EVERY_S
 
     def ticket(self, endpoint: str, headers: Mapping[str, str], body: dict[str, Any]) -> Ticket:
@@ -77,9 +81,15 @@ def build_cache(
     logger: Any,
     ids: IdGenerator,
     store: CacheStore | None = None,
+    engine: Any = None,
 ) -> ResponseCache:
-    """`store` overrides the configured backend (tests wrap a real store to inject faults)."""
+    """`store` overrides the configured backend (tests wrap a real store to inject faults); `engine` (an
+    EngineClient serving `model_id`, or None) verifies semantic candidates when `cache.semantic_verify` is auto."""
     cfg = config.cache
     fingerprint = model_fingerprint(model_id, config.engine, cfg.fingerprint)
     chosen = store if store is not None else make_store(cfg)
-    return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, StreamLimits.of(config))
+    verifier = None
+    if engine is not None and model_id and cfg.semantic and cfg.semantic_verify == "auto":
+        verifier = EngineVerifier(engine, Criterion(cfg.verify_max_drop, cfg.verify_mean_drop), ids.new)
+    limits = StreamLimits.of(config)
+    return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, limits, verifier)
