@@ -62,19 +62,19 @@ def _pct(values: list[float]) -> dict[str, float]:
 def quality(threshold: float | None = None) -> dict[str, Any]:
     """The held-out split, scored once with the configured threshold and criterion (SMOLGATE_CACHE_* apply)."""
     from bench.cache_pairs import SPLITS_DIR, evaluate, score_lookups
-    from gateway.cache.verify import Criterion
+    from gateway.cache.service import criterion_of
     from gateway.config import GatewayConfig, apply_env
 
     cfg = apply_env(GatewayConfig(), os.environ).cache
     t = cfg.similarity_threshold if threshold is None else threshold
     lookups = asyncio.run(evaluate(SPLITS_DIR / "test.tsv", t))  # per-pair records stay here: aggregates only
-    criterion = Criterion(cfg.verify_max_drop, cfg.verify_mean_drop)
+    criterion = criterion_of(cfg)
     out: dict[str, Any] = {"split": "test", "pairs": len(lookups), "threshold": t}
     for mode in ("lexical", "verified"):
         score = score_lookups(lookups, mode, t, criterion).as_dict()
         score["verifications_per_lookup"] = round(score.pop("verifications") / max(len(lookups), 1), 3)
         out[mode] = {k: v for k, v in score.items() if k not in ("mode", "threshold")}
-    out["criterion"] = {"max_drop": criterion.max_drop, "mean_drop": criterion.mean_drop}
+    out["criterion"] = dataclasses.asdict(criterion)
     return out
 
 

@@ -300,7 +300,7 @@ async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float,
     async def look(p: Pair) -> Lookup:
         seen: list[Examined] = []
 
-        async def record(entry: bytes) -> bool:
+        async def record(entry: bytes, reordered: bool) -> bool:
             text = orjson.loads(entry)["query"]
             new = await verifier.score(prompt[p.query], answers[text].token_ids)
             right = _norm(text) == _norm(p.query) or (_norm(text), _norm(p.query)) in equivalent
@@ -332,7 +332,8 @@ def score_lookups(lookups: list[Lookup], mode: str, threshold: float, criterion:
                     break
                 continue
             verifications += 1
-            if ex.new is not None and criterion.accept(ex.original, ex.new):  # type: ignore[attr-defined]
+            reordered = ex.verdict == lexical.REORDERED
+            if ex.new is not None and criterion.accept(ex.original, ex.new, reordered):  # type: ignore[attr-defined]
                 served = ex
                 break
         if served is None:

@@ -41,6 +41,15 @@ def test_criterion_rejects_one_token_that_falls_sharply() -> None:
     assert crit.accept(original, [*original[:20], -1.5, *original[21:]])
 
 
+def test_reordered_candidates_face_the_strict_setting() -> None:
+    """Same content words in another order may be a role reversal: only a nearly unchanged answer passes."""
+    crit = Criterion(max_drop=5.0, mean_drop=0.2, reordered_max_drop=0.9, reordered_mean_drop=0.1)
+    original = [-0.05] * 10
+    shifted = [*original[:5], -2.0, *original[6:]]  # one token 1.95 nats less likely
+    assert crit.accept(original, shifted) and not crit.accept(original, shifted, reordered=True)
+    assert crit.accept(original, [x - 0.05 for x in original], reordered=True)
+
+
 def test_criterion_rejects_what_it_cannot_compare() -> None:
     crit = Criterion()
     assert crit.accept([], []) is False

@@ -27,16 +27,19 @@ class CacheConfig:
     # Off by default: match paraphrases of the last user message. On independent question pairs the embedding
     # threshold and word-list guards served a wrong answer for about a third of semantic hits (docs/caching.md).
     semantic: bool = False
-    similarity_threshold: float = 0.80  # cosine (all-MiniLM-L6-v2) at or above which a candidate is examined
+    similarity_threshold: float = 0.70  # cosine (all-MiniLM-L6-v2) at or above which a candidate is examined
     near_miss_margin: float = 0.1  # candidates this far below the threshold are counted as near misses
     semantic_multi_turn: bool = False  # allow semantic hits for conversations (earlier turns stay in the key)
     embedding_dtype: str = "auto"  # the semantic cache's embedder: EMBEDDING_DTYPES
     semantic_verify: str = "auto"  # VERIFY_MODES
     # The verifier's criterion (gateway/cache/verify.py), calibrated on tests/data/cache_pairs/dev.tsv: the largest
-    # single-token and the mean drop in log-probability (nats) of the cached answer under the new question.
+    # single-token and the mean drop in log-probability (nats) of the cached answer under the new question, for
+    # candidates with the same content words in the same order, and (stricter) in another order.
     # Lower = fewer wrong answers and fewer hits.
-    verify_max_drop: float = 2.0
-    verify_mean_drop: float = 0.15
+    verify_max_drop: float = 5.0
+    verify_mean_drop: float = 0.2
+    verify_reordered_max_drop: float = 0.9
+    verify_reordered_mean_drop: float = 0.1
     fingerprint: str = ""  # extra model fingerprint: change it when weights change under the same path
 
     def __post_init__(self) -> None:
@@ -46,8 +49,9 @@ class CacheConfig:
             raise ValueError(f"cache.embedding_dtype must be one of {EMBEDDING_DTYPES}, got {self.embedding_dtype!r}")
         if self.semantic_verify not in VERIFY_MODES:
             raise ValueError(f"cache.semantic_verify must be one of {VERIFY_MODES}, got {self.semantic_verify!r}")
-        if self.verify_max_drop < 0 or self.verify_mean_drop < 0:
-            raise ValueError("cache.verify_max_drop and cache.verify_mean_drop must be non-negative")
+        drops = (self.verify_max_drop, self.verify_mean_drop, self.verify_reordered_max_drop, self.verify_reordered_mean_drop)
+        if min(drops) < 0:
+            raise ValueError("cache.verify_*_drop thresholds must be non-negative")
         if not 0.0 < self.similarity_threshold <= 1.0:
             raise ValueError("cache.similarity_threshold must be in (0, 1]")
         if self.ttl_s < 1 or self.max_ttl_s < 1 or self.max_entries < 1:

@@ -51,8 +51,9 @@ async def embed_query(embedder: EmbeddingClient, text: str, logger: Any) -> list
     return vectors[0]
 
 
-# Given a candidate's stored entry: does its answer fit the new question? (None: no verifier, lexical mode)
-Verify = Callable[[bytes], Awaitable[bool]]
+# Given a candidate's stored entry and whether its content words were reordered: does its answer fit the new
+# question? (None: no verifier, lexical mode)
+Verify = Callable[[bytes, bool], Awaitable[bool]]
 
 
 async def match(
@@ -79,7 +80,7 @@ async def match(
         entry = await store.get(cand.key)
         if entry is None:
             continue
-        if verify is not None and not await verify(entry):
+        if verify is not None and not await verify(entry, verdict == lexical.REORDERED):
             near = near or NearMiss(cand, "verifier")
             continue
         return SemanticMatch(cand, entry, near)

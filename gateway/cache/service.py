@@ -63,6 +63,10 @@ class ResponseCache:
             await self.store.close()
 
 
+def criterion_of(cfg: CacheConfig) -> Criterion:
+    return Criterion(cfg.verify_max_drop, cfg.verify_mean_drop, cfg.verify_reordered_max_drop, cfg.verify_reordered_mean_drop)
+
+
 def make_store(cfg: CacheConfig) -> CacheStore | None:
     if cfg.backend == "memory":
         return MemoryStore(cfg.max_entries)
@@ -90,6 +94,6 @@ def build_cache(
     chosen = store if store is not None else make_store(cfg)
     verifier = None
     if engine is not None and model_id and cfg.semantic and cfg.semantic_verify == "auto":
-        verifier = EngineVerifier(engine, Criterion(cfg.verify_max_drop, cfg.verify_mean_drop), ids.new)
+        verifier = EngineVerifier(engine, criterion_of(cfg), ids.new)
     limits = StreamLimits.of(config)
     return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, limits, verifier)

@@ -105,11 +105,11 @@ class Ticket:
             return None
         prompt_ids = self.prompt_ids
 
-        async def verify(entry: bytes) -> bool:
+        async def verify(entry: bytes, reordered: bool) -> bool:
             answer = Answer.from_json(orjson.loads(entry).get("answer"))
             if answer is None:  # stored without its log-probabilities: it cannot be verified, so it is not served
                 return False
-            accepted = await verifier.verify(prompt_ids, answer)
+            accepted = await verifier.verify(prompt_ids, answer, reordered)
             self.cache.metrics.verifications.labels("accepted" if accepted else "rejected").inc()
             return accepted
 

@@ -11,7 +11,8 @@ the opposite adjective), the tokens that echo or depend on the changed part fall
 The criterion (`Criterion.accept`) compares per-token log-probabilities: the answer's tokens under the
 original prompt (recorded when the answer was generated: the engine returns each sampled token's
 log-probability) against the same tokens under the new prompt. It accepts when the largest single-token
-drop and the mean drop are both under thresholds calibrated on the dev split
+drop and the mean drop are both under thresholds (looser when the content words come in the same order,
+strict when they were reordered) calibrated on the dev split
 (tests/data/cache_pairs/dev.tsv, `python -m bench.cache_pairs --calibrate`).
 
 Nothing here imports torch: scoring goes through `EngineClient.generate` with `prompt_logprobs=0`.
@@ -31,19 +32,28 @@ from backend.sampling_params import SamplingParams
 @dataclass(frozen=True)
 class Criterion:
     """Accept a cached answer for a new prompt when no answer token lost more than `max_drop` nats of
-    log-probability and the tokens lost at most `mean_drop` nats on average."""
+    log-probability and the tokens lost at most `mean_drop` nats on average.
 
-    max_drop: float = 2.0
-    mean_drop: float = 0.15
+    Two settings: one for candidates whose content words come in the same order as the new question's (the
+    lexical check already vouches for them: the verifier only catches gross mismatches), a much stricter one
+    for reordered content words (a reordered paraphrase, or a role reversal that no word check can see)."""
 
-    def drops(self, original: Sequence[float], new: Sequence[float]) -> list[float]:
+    max_drop: float = 5.0
+    mean_drop: float = 0.2
+    reordered_max_drop: float = 0.9
+    reordered_mean_drop: float = 0.1
+
+    @staticmethod
+    def drops(original: Sequence[float], new: Sequence[float]) -> list[float]:
         return [o - n for o, n in zip(original, new, strict=True)]
 
-    def accept(self, original: Sequence[float], new: Sequence[float]) -> bool:
+    def accept(self, original: Sequence[float], new: Sequence[float], reordered: bool = False) -> bool:
         if not original or len(original) != len(new):
             return False
         drops = self.drops(original, new)
-        return max(drops) <= self.max_drop and sum(drops) / len(drops) <= self.mean_drop
+        max_drop, mean_drop = (self.reordered_max_drop, self.reordered_mean_drop) if reordered else (
+            self.max_drop, self.mean_drop)  # fmt: skip
+        return max(drops) <= max_drop and sum(drops) / len(drops) <= mean_drop
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,6 @@ class EngineVerifier:
             return None
         return None
 
-    async def verify(self, prompt_ids: Sequence[int], answer: Answer) -> bool:
+    async def verify(self, prompt_ids: Sequence[int], answer: Answer, reordered: bool = False) -> bool:
         new = await self.score(prompt_ids, answer.token_ids)
-        return new is not None and self.criterion.accept(answer.logprobs, new)
+        return new is not None and self.criterion.accept(answer.logprobs, new, reordered)
