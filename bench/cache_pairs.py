@@ -11,6 +11,7 @@ a hard negative's partner, or an unrelated entry — is a false hit.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from gateway.cache.semantic import match
 from gateway.cache.stores import MemoryStore
 
 PAIRS_PATH = Path(__file__).resolve().parents[1] / "tests" / "data" / "semantic_cache_pairs.tsv"
+SPLITS_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "cache_pairs"  # dev.tsv (tune) and test.tsv
 Embed = Callable[[list[str]], Awaitable[list[list[float]]]]
 
 
@@ -52,10 +54,12 @@ class PairScore:
 
 
 def load_pairs(path: Path = PAIRS_PATH) -> list[Pair]:
+    """label, kind, cached, query; or (tests/data/cache_pairs/*.tsv) label, kind, domain, cached, query."""
     pairs = []
     for line in path.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
-            label, kind, cached, query = line.split("\t")
+            fields = line.split("\t")
+            label, kind, cached, query = fields[0], fields[1], fields[-2], fields[-1]
             pairs.append(Pair(label, kind, cached, query))
     return pairs
 
@@ -133,8 +137,59 @@ def sweep(embed_sync: Callable[[list[str]], tuple[list[list[float]], int]], thre
     return rows
 
 
-def main() -> None:
+def lookups_to_json(lookups: list[Lookup]) -> list[dict]:
+    return [{"pair": dataclasses.asdict(look.pair), "examined": [dataclasses.asdict(e) for e in look.examined]}
+            for look in lookups]  # fmt: skip
+
+
+def lookups_from_json(rows: list[dict]) -> list[Lookup]:
+    def ex(e: dict) -> Examined:
+        new = None if e["new"] is None else tuple(e["new"])
+        return Examined(e["cached"], e["similarity"], e["verdict"], e["right"], tuple(e["original"]), new)
+
+    return [Lookup(Pair(**r["pair"]), tuple(ex(e) for e in r["examined"])) for r in rows]
+
+
+def calibrate(out: Path, floor: float) -> None:
+    """Collect the dev split and the old labelled set with the engine (bench/results/cache_calibration.json), then
+    print the sweep of thresholds and criteria. Tuning happens here, on dev only: the test split is never read."""
     import json
+
+    sets = {"dev": SPLITS_DIR / "dev.tsv", "old": PAIRS_PATH}
+    data = json.loads(out.read_text()) if out.exists() else {}
+    for name, path in sets.items():
+        if name not in data:
+            data[name] = lookups_to_json(asyncio.run(evaluate(path, floor)))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(data))
+    print_sweep({name: lookups_from_json(rows) for name, rows in data.items()})
+
+
+def print_sweep(sets: dict[str, list[Lookup]]) -> None:
+    from gateway.cache.verify import Criterion
+
+    for threshold in (0.70, 0.75, 0.80, 0.86):
+        for name, lookups in sets.items():
+            print(name, score_lookups(lookups, "lexical", threshold).as_dict())
+        for max_drop in (1.0, 1.5, 2.0, 2.5, 3.0, 4.0):
+            for mean_drop in (0.05, 0.1, 0.15, 0.2, 0.3):
+                crit = Criterion(max_drop, mean_drop)
+                row = [score_lookups(lookups, "verified", threshold, crit).as_dict() for lookups in sets.values()]
+                cells = "  ".join(f"{r['paraphrase_hit_rate']:.3f}/{r['false_hits']}/{r['hits']}" for r in row)
+                print(f"t={threshold:.2f} max={max_drop} mean={mean_drop}  {cells}")
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m bench.cache_pairs")
+    parser.add_argument("--calibrate", action="store_true", help="collect dev + the old set with the engine, sweep")
+    parser.add_argument("--floor", type=float, default=0.70)
+    args = parser.parse_args()
+    if args.calibrate:
+        calibrate(Path(__file__).parent / "results" / "cache_calibration.json", args.floor)
+        return
 
     from backend.embeddings import Embedder, for_cache
     from gateway.cache.config import CacheConfig
@@ -155,6 +210,163 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result))
+
+
+
+# ---- the full mechanism: cosine + guards + lexical check + engine verification ------------------------------------
+#
+# One pass with the real engine collects, for every incoming question, every candidate the matcher would examine
+# (cosine >= a floor, guards and the lexical check passed) with its verifier scores; any threshold and criterion is
+# then scored from those records without the engine. `python -m bench.cache_pairs --calibrate` sweeps them on dev.
+
+
+@dataclass(frozen=True)
+class Examined:
+    """One candidate the matcher reached for one incoming question."""
+
+    cached: str
+    similarity: float
+    verdict: str  # lexical.SAME | lexical.REORDERED
+    right: bool  # serving it would be a correct answer
+    original: tuple[float, ...]  # answer-token log-probabilities under the cached question
+    new: tuple[float, ...] | None  # ... under the incoming question (None: the engine could not score it)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    pair: Pair
+    examined: tuple[Examined, ...]  # best first
+
+
+@dataclass(frozen=True)
+class MechanismScore:
+    mode: str  # lexical | verified
+    threshold: float
+    paraphrases: int
+    paraphrase_hits: int
+    hits: int
+    false_hits: int
+    verifications: int  # prefills the verifier ran
+
+    @property
+    def paraphrase_hit_rate(self) -> float:
+        return self.paraphrase_hits / self.paraphrases if self.paraphrases else 0.0
+
+    @property
+    def false_hit_rate(self) -> float:
+        return self.false_hits / self.hits if self.hits else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "mode": self.mode, "threshold": self.threshold, "paraphrases": self.paraphrases,
+            "paraphrase_hits": self.paraphrase_hits, "paraphrase_hit_rate": round(self.paraphrase_hit_rate, 4),
+            "hits": self.hits, "false_hits": self.false_hits, "false_hit_rate": round(self.false_hit_rate, 4),
+            "verifications": self.verifications,
+        }  # fmt: skip
+
+
+async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float, max_tokens: int = 64) -> list[Lookup]:
+    """Generate every cached question's answer with the engine (greedy, as the cache stores it, with its tokens'
+    log-probabilities), index the questions in one scope, and look every incoming question up through the real
+    matcher with a verifier that scores (and records) each candidate it is handed."""
+    import orjson
+
+    from backend.sampling_params import SamplingParams
+    from gateway.cache import lexical
+    from gateway.cache.verify import Answer, Criterion, EngineVerifier
+    from gateway.generation import collect as drain
+
+    equivalent = {(_norm(p.cached), _norm(p.query)) for p in pairs if p.label == "paraphrase"}
+    cached = sorted({p.cached for p in pairs})
+    queries = sorted({p.query for p in pairs})
+    prompt = {q: engine.apply_chat_template([{"role": "user", "content": q}]) for q in cached + queries}  # type: ignore[attr-defined]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0)
+
+    async def answer(i: int, q: str) -> Answer:
+        gen = await drain(engine.generate(prompt[q], params, f"bench-gen-{i}"), lambda: None)  # type: ignore[attr-defined]
+        choice = gen.ordered()[0]
+        return Answer(tuple(choice.token_ids), tuple(lp.logprob for lp in choice.logprobs))
+
+    answers = dict(zip(cached, await asyncio.gather(*(answer(i, q) for i, q in enumerate(cached))), strict=True))
+    vectors = await embed(cached + queries)
+    vec = dict(zip(cached + queries, vectors, strict=True))
+    store = MemoryStore(max_entries=len(cached) + 1)
+    for text in cached:
+        await store.put(text, orjson.dumps({"query": text, "answer": answers[text].to_json()}), 3600)
+        await store.add_vector("scope", text, text, vec[text], 3600)
+    counter = iter(range(10**9))
+    verifier = EngineVerifier(engine, Criterion(), lambda: str(next(counter)))
+
+    async def look(p: Pair) -> Lookup:
+        seen: list[Examined] = []
+
+        async def record(entry: bytes, reordered: bool) -> bool:
+            text = orjson.loads(entry)["query"]
+            new = await verifier.score(prompt[p.query], answers[text].token_ids)
+            right = _norm(text) == _norm(p.query) or (_norm(text), _norm(p.query)) in equivalent
+            sim = float(sum(a * b for a, b in zip(vec[text], vec[p.query], strict=True)))
+            verdict = lexical.compare(p.query, text)
+            seen.append(Examined(text, sim, verdict, right, answers[text].logprobs, None if new is None else tuple(new)))
+            return False  # reject every candidate, so all of them are examined
+
+        await match(store, "scope", p.query, vec[p.query], floor, 0.0, record)
+        return Lookup(p, tuple(seen))
+
+    return list(await asyncio.gather(*(look(p) for p in pairs)))
+
+
+def score_lookups(lookups: list[Lookup], mode: str, threshold: float, criterion: object = None) -> MechanismScore:
+    """What the matcher serves at `threshold`: lexical mode, the first SAME candidate; verified mode, the first
+    candidate (SAME or REORDERED) the criterion accepts (each one tried costs a verification)."""
+    from gateway.cache import lexical
+
+    hits = false_hits = paraphrase_hits = verifications = 0
+    for look in lookups:
+        served = None
+        for ex in look.examined:
+            if ex.similarity < threshold:
+                continue
+            if mode == "lexical":
+                if ex.verdict == lexical.SAME:
+                    served = ex
+                    break
+                continue
+            verifications += 1
+            reordered = ex.verdict == lexical.REORDERED
+            if ex.new is not None and criterion.accept(ex.original, ex.new, reordered):  # type: ignore[attr-defined]
+                served = ex
+                break
+        if served is None:
+            continue
+        hits += 1
+        if not served.right:
+            false_hits += 1
+        elif look.pair.label == "paraphrase" and _norm(served.cached) == _norm(look.pair.cached):
+            paraphrase_hits += 1
+    paraphrases = sum(look.pair.label == "paraphrase" for look in lookups)
+    return MechanismScore(mode, threshold, paraphrases, paraphrase_hits, hits, false_hits, verifications)
+
+
+async def evaluate(path: Path, floor: float, max_tokens: int = 64) -> list[Lookup]:
+    """`collect` on one split with the engine and the cache's embedder as the gateway builds them (SMOLGATE_* apply)."""
+    import os
+
+    from backend.async_engine import AsyncEngine
+    from backend.config import EngineConfig
+    from backend.embeddings import Embedder, for_cache
+    from gateway.config import GatewayConfig, apply_env
+
+    config = apply_env(GatewayConfig(engine=EngineConfig(max_model_len=2048, kv_cache_memory_mb=512)), os.environ)
+    engine = AsyncEngine.from_config(config.engine)
+    embedder = for_cache(Embedder(batch_size=256, executor=engine), config.cache.embedding_dtype)
+
+    async def embed(texts: list[str]) -> list[list[float]]:
+        return (await embedder.embed(texts))[0]
+
+    try:
+        return await collect(load_pairs(path), engine, embed, floor, max_tokens)
+    finally:
+        await engine.shutdown()
 
 
 if __name__ == "__main__":

@@ -73,7 +73,8 @@ def build_context(
     cache_embedder = cache_embedder or embedder
     resolved = getattr(engine, "output_identity", None)  # the embedded engine's resolved `auto` settings
     cache = build_cache(
-        config, engine.model_name, cache_embedder, CacheMetrics(metrics.registry), logger, ids, cache_store, resolved
+        config, engine.model_name, cache_embedder, CacheMetrics(metrics.registry), logger, ids, cache_store, resolved,
+        engine=None if isinstance(engine, NoEngine) else engine,
     )
     return GatewayContext(
         config=config,

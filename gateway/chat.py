@@ -55,7 +55,7 @@ class ChunkMaker:
         if self.tools is not None:
             return [self.chunk([choice]) for choice in self.tools.choices(d)]
         out = []
-        if d.text or d.logprobs:
+        if d.text or (d.logprobs and self.with_logprobs):
             logprobs = chat_logprobs(d.logprobs or ()) if self.with_logprobs else None
             choice = {
                 "index": d.index,
@@ -112,6 +112,8 @@ class ChatCompletions:
         # A near-miss cached answer is never served, but the engine may copy drafts from it (verified).
         near = await ticket.near_miss_answer()
         params = req.params if near is None else replace(req.params, spec_reference=near)
+        if ticket.records_answer and params.logprobs is None:  # kept with the entry for the cache's verifier
+            params = replace(params, logprobs=0)
         stream = self.ctx.engine.generate(prompt, params, completion_id)
         tools = ToolStream(self._call_id) if req.tools is not None else None
         maker = ChunkMaker(completion_id, int(time.time()), model.id, req.stream.include_usage, req.logprobs, tools)
@@ -121,7 +123,7 @@ class ChatCompletions:
         gen: Generation = await unless_disconnected(request.receive, collect(stream, rec.first_token))
         rec.set_usage(gen.usage)
         body = self._body(maker, req, gen)
-        await ticket.store(body)
+        await ticket.store(body, gen)
         return ticket.mark(json_response(body))
 
     def _body(self, maker: ChunkMaker, req: ChatRequest, gen: Generation) -> dict[str, Any]:

@@ -129,12 +129,15 @@ class CacheStack:
         from gateway.__main__ import build_embedders
 
         base = gateway_test_config()
-        base = replace(base, api_keys=(API_KEY, OTHER_KEY))
+        base = replace(base, api_keys=(API_KEY, OTHER_KEY), cache=CacheConfig(semantic=True))  # opted in
         configs = {"memory": base}
         if self.redis is not None:
-            redis_cfg = CacheConfig(backend="redis", redis_url=self.redis.url, key_prefix=f"t{free_port()}")
+            redis_cfg = CacheConfig(
+                backend="redis", redis_url=self.redis.url, key_prefix=f"t{free_port()}", semantic=True
+            )
             configs["redis1"] = configs["redis2"] = replace(base, cache=redis_cfg)
-        dead = CacheConfig(backend="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_retry_s=0.0)
+        dead_url = f"redis://127.0.0.1:{free_port()}/0"
+        dead = CacheConfig(backend="redis", redis_url=dead_url, redis_retry_s=0.0, semantic=True)
         configs["redis_down"] = replace(base, cache=dead)
         engine = AsyncEngine.from_config(base.engine)
         embedder, cache_embedder = build_embedders(base, engine)

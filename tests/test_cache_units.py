@@ -36,10 +36,12 @@ def test_labelled_set_is_large_and_balanced() -> None:
     assert sum(p.label == "paraphrase" for p in pairs) >= 100 and sum(p.label == "negative" for p in pairs) >= 100
 
 
-def test_default_threshold_hits_paraphrases_and_never_hard_negatives() -> None:
+def test_lexical_mode_hits_paraphrases_and_never_hard_negatives() -> None:
+    """The matcher without the engine verifier (cosine + guards + the lexical check, content words in order), at the
+    default threshold, on the old labelled set (the verified mode is measured on the dev/test splits, bench.cache)."""
     score = _score()
     assert score.false_hit_rate <= 0.01, score.false_examples
-    assert score.paraphrase_hit_rate >= 0.70, score.missed_examples
+    assert score.paraphrase_hit_rate >= 0.45, score.missed_examples
 
 
 @pytest.mark.parametrize(
@@ -140,8 +142,16 @@ def test_cache_configuration_from_yaml_and_env(tmp_path: Path) -> None:
         load_config(None, environ={"SMOLGATE_CACHE_EMBEDDING_DTYPE": "int4"})
 
 
+def test_semantic_matching_is_off_by_default_and_opt_in() -> None:
+    """Exact caching stays on; paraphrase matching needs `cache.semantic: true` (docs/caching.md)."""
+    default = load_config(None, environ={}).cache
+    assert default.enabled and not default.semantic
+    assert not semantic_allowed(default, {}, [{"role": "user", "content": "hi"}], SamplingParams(temperature=0.0))
+    assert load_config(None, environ={"SMOLGATE_CACHE_SEMANTIC": "true"}).cache.semantic is True
+
+
 def test_semantic_policy_is_conservative() -> None:
-    cfg, greedy = CacheConfig(), SamplingParams(temperature=0.0)
+    cfg, greedy = CacheConfig(semantic=True), SamplingParams(temperature=0.0)
     user = [{"role": "user", "content": "hi"}]
     assert semantic_allowed(cfg, {}, user, greedy)
     assert not semantic_allowed(cfg, {}, user, SamplingParams(temperature=0.7))
@@ -151,7 +161,7 @@ def test_semantic_policy_is_conservative() -> None:
     assert not semantic_allowed(cfg, tool_result, user, greedy)
     turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, *user]
     assert not semantic_allowed(cfg, {}, turns, greedy)
-    assert semantic_allowed(CacheConfig(semantic_multi_turn=True), {}, turns, greedy)
+    assert semantic_allowed(CacheConfig(semantic=True, semantic_multi_turn=True), {}, turns, greedy)
 
 
 def test_only_plain_text_answers_are_stored() -> None:

@@ -8,6 +8,9 @@ BACKENDS = ("memory", "redis", "off")
 # What the semantic cache embeds with: the /v1/embeddings embedder (same), any embedding dtype, or auto (int8 where the
 # C kernels build, else same). Resolved by the composition root (gateway/__main__.py), which may import torch.
 EMBEDDING_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8")
+# How a semantic candidate is confirmed (docs/caching.md): auto = the embedded engine scores the cached answer under the
+# new question (one prefill) when it serves the model, else the lexical check alone; lexical = never ask the engine.
+VERIFY_MODES = ("auto", "lexical")
 
 
 @dataclass(frozen=True)
@@ -21,11 +24,22 @@ class CacheConfig:
     max_ttl_s: int = 86400  # the longest TTL a request may ask for
     max_entries: int = 10000  # in-process LRU size (and per-scope vector index size)
     only_deterministic: bool = True  # cache only temperature 0 or seeded requests
-    semantic: bool = True  # match paraphrases of the last user message
-    similarity_threshold: float = 0.86  # cosine (all-MiniLM-L6-v2) at or above which a guarded match hits
+    # Off by default: match paraphrases of the last user message. On independent question pairs the embedding
+    # threshold and word-list guards served a wrong answer for about a third of semantic hits (docs/caching.md).
+    semantic: bool = False
+    similarity_threshold: float = 0.70  # cosine (all-MiniLM-L6-v2) at or above which a candidate is examined
     near_miss_margin: float = 0.1  # candidates this far below the threshold are counted as near misses
     semantic_multi_turn: bool = False  # allow semantic hits for conversations (earlier turns stay in the key)
     embedding_dtype: str = "auto"  # the semantic cache's embedder: EMBEDDING_DTYPES
+    semantic_verify: str = "auto"  # VERIFY_MODES
+    # The verifier's criterion (gateway/cache/verify.py), calibrated on tests/data/cache_pairs/dev.tsv: the largest
+    # single-token and the mean drop in log-probability (nats) of the cached answer under the new question, for
+    # candidates with the same content words in the same order, and (stricter) in another order.
+    # Lower = fewer wrong answers and fewer hits.
+    verify_max_drop: float = 5.0
+    verify_mean_drop: float = 0.2
+    verify_reordered_max_drop: float = 0.9
+    verify_reordered_mean_drop: float = 0.1
     fingerprint: str = ""  # extra model fingerprint: change it when weights change under the same path
     # Shared by a router and its backend replicas (env SMOLGATE_CACHE_TENANT_SECRET only, never the file): the router
     # signs each request's tenant namespace with it, a backend trusts only a signed one (gateway/cache/tenancy.py).
@@ -36,6 +50,11 @@ class CacheConfig:
             raise ValueError(f"cache.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.embedding_dtype not in EMBEDDING_DTYPES:
             raise ValueError(f"cache.embedding_dtype must be one of {EMBEDDING_DTYPES}, got {self.embedding_dtype!r}")
+        if self.semantic_verify not in VERIFY_MODES:
+            raise ValueError(f"cache.semantic_verify must be one of {VERIFY_MODES}, got {self.semantic_verify!r}")
+        drops = (self.verify_max_drop, self.verify_mean_drop, self.verify_reordered_max_drop, self.verify_reordered_mean_drop)
+        if min(drops) < 0:
+            raise ValueError("cache.verify_*_drop thresholds must be non-negative")
         if not 0.0 < self.similarity_threshold <= 1.0:
             raise ValueError("cache.similarity_threshold must be in (0, 1]")
         if self.ttl_s < 1 or self.max_ttl_s < 1 or self.max_entries < 1:

@@ -15,8 +15,15 @@ class CacheMetrics:
         )
         self.near_misses = Counter(
             "smolgate_cache_near_misses",
-            "Semantic candidates rejected: below the threshold (within the margin) or failing a key-term guard",
+            "Semantic candidates rejected: below the threshold (within the margin), by a key-term guard, by the lexical "
+            "check or by the engine verifier",
             ["reason"],
+            registry=registry,
+        )
+        self.verifications = Counter(
+            "smolgate_cache_verifications",
+            "Semantic candidates the engine scored under the new question (one prefill each): accepted or rejected",
+            ["outcome"],
             registry=registry,
         )
         self.tokens_saved = Counter(

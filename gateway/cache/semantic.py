@@ -1,5 +1,11 @@
-"""Semantic lookup: embed the user's last message, search its scope, and accept a candidate only
-when cosine >= threshold AND the key-term guards agree (numbers, entities, negations...).
+"""Semantic lookup: embed the user's last message, search its scope, and accept a candidate only when
+
+1. cosine >= threshold (the embedding finds candidates, it never decides alone),
+2. the key-term guards agree (numbers, operators, negations: gateway/cache/guards.py),
+3. the lexical check passes (gateway/cache/lexical.py): the same content words, inflection aside, and
+4. either the content words come in the same order and nothing can verify (lexical mode: models the
+   engine cannot score), or the engine verifier accepts the cached answer under the new question
+   (gateway/cache/verify.py: one teacher-forced prefill), which also judges reordered questions.
 
 The best rejected candidate comes back as `near_miss`: the extension point for speculative
 decoding (a near miss's answer is a good draft for the engine, never served as the answer).
@@ -7,9 +13,11 @@ decoding (a near miss's answer is a good draft for the engine, never served as t
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.cache import lexical
 from gateway.cache.guards import same_key_terms
 from gateway.cache.index import Candidate
 from gateway.cache.stores import CacheStore
@@ -21,7 +29,9 @@ TOP_K = 8
 @dataclass(frozen=True)
 class NearMiss:
     candidate: Candidate
-    reason: str  # "threshold" (similar, not enough) | "guard" (a number, entity or negation differs)
+    # "threshold" (similar, not enough) | "guard" (a number, entity or negation differs) | "lexical" (a content word
+    # differs, or the order differs with no verifier) | "verifier" (the engine found the answer does not fit)
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -41,8 +51,19 @@ async def embed_query(embedder: EmbeddingClient, text: str, logger: Any) -> list
     return vectors[0]
 
 
+# Given a candidate's stored entry and whether its content words were reordered: does its answer fit the new
+# question? (None: no verifier, lexical mode)
+Verify = Callable[[bytes, bool], Awaitable[bool]]
+
+
 async def match(
-    store: CacheStore, scope: str, query: str, vector: list[float], threshold: float, margin: float
+    store: CacheStore,
+    scope: str,
+    query: str,
+    vector: list[float],
+    threshold: float,
+    margin: float,
+    verify: Verify | None = None,
 ) -> SemanticMatch:
     near: NearMiss | None = None
     for cand in await store.search(scope, vector, TOP_K, threshold - margin):
@@ -52,7 +73,15 @@ async def match(
         if not same_key_terms(query, cand.text):
             near = near or NearMiss(cand, "guard")
             continue
+        verdict = lexical.compare(query, cand.text)
+        if verdict == lexical.DIFFERENT or (verdict == lexical.REORDERED and verify is None):
+            near = near or NearMiss(cand, "lexical")
+            continue
         entry = await store.get(cand.key)
-        if entry is not None:
-            return SemanticMatch(cand, entry, near)
+        if entry is None:
+            continue
+        if verify is not None and not await verify(entry, verdict == lexical.REORDERED):
+            near = near or NearMiss(cand, "verifier")
+            continue
+        return SemanticMatch(cand, entry, near)
     return SemanticMatch(near_miss=near)

@@ -13,6 +13,7 @@ from gateway.cache.policy import CacheControl, take_control
 from gateway.cache.stores import CacheStore, MemoryStore, SafeStore, describe
 from gateway.cache.tenancy import request_namespace
 from gateway.cache.ticket import Ticket
+from gateway.cache.verify import Criterion, EngineVerifier
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
 from gateway.ids import IdGenerator
@@ -32,7 +33,9 @@ class ResponseCache:
         ids: IdGenerator,
         fingerprint: str,
         stream_limits: StreamLimits,
+        verifier: EngineVerifier | None = None,
     ) -> None:
+        """`verifier`: scores semantic candidates with the embedded engine; None = the lexical check alone."""
         self.cfg = cfg
         self.store = SafeStore(store, self.backend_error, cfg.redis_retry_s) if store is not None else None
         self.embedder = embedder if cfg.semantic else None
@@ -41,6 +44,7 @@ class ResponseCache:
         self.ids = ids
         self.fingerprint = fingerprint
         self.stream_limits = stream_limits
+        self.verifier = verifier if self.embedder is not None else None
         self._last_warning = -_WARN_EVERY_S
         self._last_tenant_warning = -_WARN_EVERY_S
 
@@ -75,6 +79,10 @@ class ResponseCache:
             await self.store.close()
 
 
+def criterion_of(cfg: CacheConfig) -> Criterion:
+    return Criterion(cfg.verify_max_drop, cfg.verify_mean_drop, cfg.verify_reordered_max_drop, cfg.verify_reordered_mean_drop)
+
+
 def make_store(cfg: CacheConfig) -> CacheStore | None:
     if cfg.backend == "memory":
         return MemoryStore(cfg.max_entries)
@@ -94,10 +102,16 @@ def build_cache(
     ids: IdGenerator,
     store: CacheStore | None = None,
     resolved: Mapping[str, Any] | None = None,
+    engine: Any = None,
 ) -> ResponseCache:
     """`store` overrides the configured backend (tests wrap a real store to inject faults); `resolved`: the engine's
-    `output_identity` (its `auto` settings as resolved on this machine), part of the model fingerprint."""
+    `output_identity` (its `auto` settings as resolved on this machine), part of the model fingerprint; `engine` (an
+    EngineClient serving `model_id`, or None) verifies semantic candidates when `cache.semantic_verify` is auto."""
     cfg = config.cache
     fingerprint = model_fingerprint(model_id, config.engine, cfg.fingerprint, resolved)
     chosen = store if store is not None else make_store(cfg)
-    return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, StreamLimits.of(config))
+    verifier = None
+    if engine is not None and model_id and cfg.semantic and cfg.semantic_verify == "auto":
+        verifier = EngineVerifier(engine, criterion_of(cfg), ids.new)
+    limits = StreamLimits.of(config)
+    return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, limits, verifier)

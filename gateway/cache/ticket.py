@@ -15,7 +15,8 @@ from backend.sampling_params import SamplingParams
 from gateway.cache import replay
 from gateway.cache.keys import exact_key, semantic_scope
 from gateway.cache.policy import CacheControl, exact_allowed, semantic_allowed
-from gateway.cache.semantic import NearMiss, embed_query, match
+from gateway.cache.semantic import NearMiss, Verify, embed_query, match
+from gateway.cache.verify import Answer
 from gateway.generation import Generation
 from gateway.jsonio import json_response
 from gateway.protocol import StreamOptions
@@ -45,6 +46,7 @@ class Ticket:
         self.vector: list[float] | None = None
         self.similarity: float | None = None
         self.near_miss: NearMiss | None = None  # extension point: a draft for speculative decoding
+        self.prompt_ids: tuple[int, ...] = ()
 
     async def lookup(
         self,
@@ -67,6 +69,7 @@ class Ticket:
         if semantic and messages and semantic_allowed(cfg, body, messages, params):
             self.scope = semantic_scope(self.namespace, fp, embedder.identity, self.endpoint, body, params, messages[:-1])
             self.query = messages[-1]["content"]
+            self.prompt_ids = tuple(prompt_ids or ())
         if not self.control.lookup:
             return self._done(rec)
         self.status = "miss"
@@ -85,7 +88,9 @@ class Ticket:
         self.vector = await embed_query(embedder, self.query, self.cache.logger)
         if self.vector is None:
             return None
-        found = await match(store, self.scope, self.query, self.vector, cfg.similarity_threshold, cfg.near_miss_margin)
+        found = await match(
+            store, self.scope, self.query, self.vector, cfg.similarity_threshold, cfg.near_miss_margin, self._verify()
+        )
         self.near_miss = found.near_miss
         if found.near_miss is not None:
             self.cache.metrics.near_misses.labels(found.near_miss.reason).inc()
@@ -93,6 +98,29 @@ class Ticket:
             return None
         self.similarity = found.hit.similarity
         return found.entry
+
+    def _verify(self) -> Verify | None:
+        """The engine check of a candidate entry, when this cache has a verifier and the prompt's token ids."""
+        verifier = self.cache.verifier
+        if verifier is None or not self.prompt_ids:
+            return None
+        prompt_ids = self.prompt_ids
+
+        async def verify(entry: bytes, reordered: bool) -> bool:
+            answer = Answer.from_json(orjson.loads(entry).get("answer"))
+            if answer is None:  # stored without its log-probabilities: it cannot be verified, so it is not served
+                return False
+            accepted = await verifier.verify(prompt_ids, answer, reordered)
+            self.cache.metrics.verifications.labels("accepted" if accepted else "rejected").inc()
+            return accepted
+
+        return verify
+
+    @property
+    def records_answer(self) -> bool:
+        """Whether the generation should return its tokens' log-probabilities, kept with the entry for verification
+        (the response shows them only if the client asked)."""
+        return self.cache.verifier is not None and self.scope is not None and self.storing
 
     async def near_miss_answer(self) -> str | None:
         """The answer cached for the nearest rejected question: chat hands it to the engine as the
@@ -139,13 +167,18 @@ class Ticket:
     def storing(self) -> bool:
         return self.key is not None and self.control.store and self.status in ("miss", "bypass")
 
-    async def store(self, body: dict[str, Any]) -> None:
-        """Keep a finished answer (and its question's vector, for semantic lookups)."""
+    async def store(self, body: dict[str, Any], gen: Generation | None = None) -> None:
+        """Keep a finished answer (and its question's vector, for semantic lookups). `gen`: the generation, whose
+        token ids and log-probabilities are kept for the verifier when it recorded them."""
         store = self.cache.store
         if store is None or self.key is None or not self.storing or not replay.replayable(body):
             return
         ttl = self.control.ttl_s or self.cache.cfg.ttl_s
-        await store.put(self.key, orjson.dumps({"v": 1, "query": self.query, "body": body}), ttl)
+        entry: dict[str, Any] = {"v": 1, "query": self.query, "body": body}
+        answer = _answer_of(gen)
+        if answer is not None and self.scope is not None:
+            entry["answer"] = answer.to_json()
+        await store.put(self.key, orjson.dumps(entry), ttl)
         self.cache.metrics.stores.labels(self.endpoint).inc()
         if self.scope is None or self.cache.embedder is None:
             return
@@ -171,4 +204,14 @@ class Ticket:
                 finished = out.finished
                 yield out
         if finished and not aborted:
-            await self.store(build(gen))
+            await self.store(build(gen), gen)
+
+
+def _answer_of(gen: Generation | None) -> Answer | None:
+    """One choice's token ids with a log-probability for each (n > 1 answers are not verified)."""
+    if gen is None or len(gen.choices) != 1:
+        return None
+    choice = next(iter(gen.choices.values()))
+    if not choice.token_ids or len(choice.logprobs) != len(choice.token_ids):
+        return None
+    return Answer(tuple(choice.token_ids), tuple(lp.logprob for lp in choice.logprobs))

@@ -1,0 +1,106 @@
+"""Engine-verified semantic hits: before a paraphrase is answered from the cache, the model that wrote
+the cached answer reads it again under the *new* question (one teacher-forced prefill: new prompt +
+cached answer, no decoding) and the hit is served only if the answer is about as likely under the new
+question as it was under the question it was written for.
+
+Why it works: a small instruction model copies the question into its answer ("The capital of France
+is Paris", "To convert miles to kilometers, multiply..."). When the new question is a paraphrase, every
+answer token keeps its probability; when it asks something else (another city, the reverse conversion,
+the opposite adjective), the tokens that echo or depend on the changed part fall sharply.
+
+The criterion (`Criterion.accept`) compares per-token log-probabilities: the answer's tokens under the
+original prompt (recorded when the answer was generated: the engine returns each sampled token's
+log-probability) against the same tokens under the new prompt. It accepts when the largest single-token
+drop and the mean drop are both under thresholds (looser when the content words come in the same order,
+strict when they were reordered) calibrated on the dev split
+(tests/data/cache_pairs/dev.tsv, `python -m bench.cache_pairs --calibrate`).
+
+Nothing here imports torch: scoring goes through `EngineClient.generate` with `prompt_logprobs=0`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from backend.errors import EngineError
+from backend.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """Accept a cached answer for a new prompt when no answer token lost more than `max_drop` nats of
+    log-probability and the tokens lost at most `mean_drop` nats on average.
+
+    Two settings: one for candidates whose content words come in the same order as the new question's (the
+    lexical check already vouches for them: the verifier only catches gross mismatches), a much stricter one
+    for reordered content words (a reordered paraphrase, or a role reversal that no word check can see)."""
+
+    max_drop: float = 5.0
+    mean_drop: float = 0.2
+    reordered_max_drop: float = 0.9
+    reordered_mean_drop: float = 0.1
+
+    @staticmethod
+    def drops(original: Sequence[float], new: Sequence[float]) -> list[float]:
+        return [o - n for o, n in zip(original, new, strict=True)]
+
+    def accept(self, original: Sequence[float], new: Sequence[float], reordered: bool = False) -> bool:
+        if not original or len(original) != len(new):
+            return False
+        drops = self.drops(original, new)
+        max_drop, mean_drop = (self.reordered_max_drop, self.reordered_mean_drop) if reordered else (
+            self.max_drop, self.mean_drop)  # fmt: skip
+        return max(drops) <= max_drop and sum(drops) / len(drops) <= mean_drop
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What verification needs of a cached answer: its token ids and their log-probabilities under the
+    prompt it was generated for."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ids": list(self.token_ids), "lps": [round(x, 5) for x in self.logprobs]}
+
+    @staticmethod
+    def from_json(raw: object) -> Answer | None:
+        if not isinstance(raw, dict):
+            return None
+        ids, lps = raw.get("ids"), raw.get("lps")
+        if not isinstance(ids, list) or not isinstance(lps, list) or not ids or len(ids) != len(lps):
+            return None
+        return Answer(tuple(int(i) for i in ids), tuple(float(x) for x in lps))
+
+
+class EngineVerifier:
+    """Scores a cached answer under a new prompt with the embedded engine (one prefill)."""
+
+    def __init__(self, engine: Any, criterion: Criterion, new_id: Any) -> None:
+        self.engine = engine  # an EngineClient: generate() with prompt_logprobs
+        self.criterion = criterion
+        self._new_id = new_id
+
+    async def score(self, prompt_ids: Sequence[int], answer_ids: Sequence[int]) -> list[float] | None:
+        """log P(answer token | new prompt, earlier answer tokens) for each answer token; None when the
+        engine cannot take the request (queue full, too long)."""
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, speculate=False)
+        ids = [*prompt_ids, *answer_ids]
+        try:
+            stream = self.engine.generate(ids, params, f"cache-verify-{self._new_id()}")
+            async with aclosing(stream):
+                async for out in stream:
+                    if out.prompt_logprobs is not None:
+                        tail = out.prompt_logprobs[len(prompt_ids) :]
+                        return [lp.logprob if lp is not None else float("-inf") for lp in tail]
+        except EngineError:
+            return None
+        return None
+
+    async def verify(self, prompt_ids: Sequence[int], answer: Answer, reordered: bool = False) -> bool:
+        new = await self.score(prompt_ids, answer.token_ids)
+        return new is not None and self.criterion.accept(answer.logprobs, new, reordered)

@@ -1,0 +1,159 @@
+"""The semantic cache's general mechanism: the lexical check, the verifier's criterion, and, through the live
+servers (real engine, real embedder, no mocks), the engine verifier accepting a paraphrase and rejecting a
+look-alike, and semantic matching staying off by default."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import cache_fixtures
+import gateway_fixtures
+import pytest
+from cache_fixtures import CacheStack
+from gateway_fixtures import LiveStack
+
+from gateway.cache import lexical
+from gateway.cache.verify import Answer, Criterion
+
+cache_stack = cache_fixtures.cache_stack
+live = gateway_fixtures.live
+
+
+# ---- the criterion --------------------------------------------------------------------------------------------------
+
+
+def test_criterion_accepts_an_answer_that_keeps_its_probability() -> None:
+    crit = Criterion(max_drop=2.0, mean_drop=0.15)
+    original = [-0.1, -0.5, -2.0, -0.01]
+    assert crit.accept(original, original)
+    assert crit.accept(original, [-0.2, -0.4, -2.3, -0.01])  # drops 0.1, -0.1, 0.3, 0: mean 0.075
+    assert crit.accept(original, [-5.0, -5.0, -5.0, -5.0]) is False  # every token fell
+    assert crit.accept(original, [x + 1.0 for x in original])  # more likely under the new prompt: fine
+
+
+def test_criterion_rejects_one_token_that_falls_sharply() -> None:
+    """One answer token that echoes what changed ("France" asked as "Germany") is enough to reject."""
+    crit = Criterion(max_drop=2.0, mean_drop=0.15)
+    original = [-0.05] * 40
+    fallen = [*original[:20], -6.0, *original[21:]]  # the mean drop is only 0.15: the max catches it
+    assert crit.accept(original, fallen) is False
+    assert crit.accept(original, [*original[:20], -1.5, *original[21:]])
+
+
+def test_reordered_candidates_face_the_strict_setting() -> None:
+    """Same content words in another order may be a role reversal: only a nearly unchanged answer passes."""
+    crit = Criterion(max_drop=5.0, mean_drop=0.2, reordered_max_drop=0.9, reordered_mean_drop=0.1)
+    original = [-0.05] * 10
+    shifted = [*original[:5], -2.0, *original[6:]]  # one token 1.95 nats less likely
+    assert crit.accept(original, shifted) and not crit.accept(original, shifted, reordered=True)
+    assert crit.accept(original, [x - 0.05 for x in original], reordered=True)
+
+
+def test_criterion_rejects_what_it_cannot_compare() -> None:
+    crit = Criterion()
+    assert crit.accept([], []) is False
+    assert crit.accept([-0.1, -0.2], [-0.1]) is False
+
+
+def test_answers_round_trip_through_json_and_reject_malformed_entries() -> None:
+    answer = Answer((1, 2, 3), (-0.1, -0.25, -3.0))
+    assert Answer.from_json(answer.to_json()) == answer
+    for raw in (None, {}, {"ids": [1], "lps": []}, {"ids": [], "lps": []}, {"ids": "x", "lps": [0.0]}):
+        assert Answer.from_json(raw) is None
+
+
+# ---- the lexical check ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("What is the capital of France?", "what's the capital of france"),
+        ("How many legs does a spider have?", "how many legs do spiders have"),
+        ("How do I reverse a list in Python?", "Can you please tell me how to reverse a list in python?"),
+        ("how r u supposed to boil an egg", "How are you supposed to boil eggs?"),
+        ("why is the sky blue", "Quick question: why is the sky blue? Thanks in advance!"),
+    ],
+)
+def test_lexical_check_passes_rephrasings(a: str, b: str) -> None:
+    assert lexical.compare(b, a) == lexical.SAME
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("is it safe to eat raw cookie dough", "is it unsafe to eat raw cookie dough"),  # negating prefix
+        ("why is my cat sneezing", "why is my dog sneezing"),  # sibling
+        ("best way to warm up soup", "best way to cool down soup"),  # antonym
+        ("can dogs eat grapes", "can dogs not eat grapes"),  # negation
+        ("do all birds fly", "do some birds fly"),  # quantifier
+        ("recipe for vegetarian lasagna", "recipe for lasagna"),  # dropped modifier
+        ("summarize this article", "translate this article"),  # another task
+        ("how do i get rid of weeds", "how do i eliminate weeds"),  # a synonym: a missed hit, never a wrong one
+    ],
+)
+def test_lexical_check_rejects_a_changed_content_word(a: str, b: str) -> None:
+    assert lexical.compare(b, a) == lexical.DIFFERENT
+
+
+def test_lexical_check_leaves_word_order_to_the_verifier() -> None:
+    assert lexical.compare("convert miles to kilometers", "convert kilometers to miles") == lexical.REORDERED
+    assert lexical.compare("in python, how do i sort a list", "how do i sort a list in python") == lexical.REORDERED
+
+
+# ---- through the live servers --------------------------------------------------------------------------------------
+
+
+def _ask(system: str, question: str, max_tokens: int = 24) -> dict[str, Any]:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    return {"model": "gpt-4o-mini", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+
+
+def _post(stack: CacheStack, body: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    raw = stack.client().chat.completions.with_raw_response.create(**body)
+    return raw.http_response.json(), raw.headers
+
+
+def _verifications(stack: CacheStack, outcome: str) -> float:
+    return stack.metric("memory", f'smolgate_cache_verifications_total{{outcome="{outcome}"}}')
+
+
+def test_the_verifier_accepts_a_paraphrase_and_rejects_a_look_alike(cache_stack: CacheStack) -> None:
+    """Both questions pass the embedding threshold, the guards and the lexical check (the same content words);
+    only the engine, scoring the cached answer under the new question, tells them apart."""
+    system = f"You are a helpful assistant. Session {uuid.uuid4().hex[:8]}."
+    original, _ = _post(cache_stack, _ask(system, "Can anxiety cause chest pain?"))
+    accepted, rejected = _verifications(cache_stack, "accepted"), _verifications(cache_stack, "rejected")
+    body, headers = _post(cache_stack, _ask(system, "can anxiety cause chest pain"))
+    assert headers["x-cache"] == "semantic-hit" and body["choices"] == original["choices"]
+    assert _verifications(cache_stack, "accepted") == accepted + 1
+    _, headers = _post(cache_stack, _ask(system, "Can chest pain cause anxiety?"))  # the roles reversed
+    assert headers["x-cache"] == "miss"
+    assert _verifications(cache_stack, "rejected") == rejected + 1
+    assert cache_stack.metric("memory", 'smolgate_cache_near_misses_total{reason="verifier"}') >= 1
+
+
+def test_entries_carry_the_answer_for_the_verifier_and_responses_do_not_show_it(cache_stack: CacheStack) -> None:
+    import orjson
+
+    system = f"You are terse. Session {uuid.uuid4().hex[:8]}."
+    body, _ = _post(cache_stack, _ask(system, "Why is the sky blue?", max_tokens=8))
+    assert body["choices"][0]["logprobs"] is None  # recorded for the cache, not shown: the client did not ask
+    stored = [orjson.loads(v) for v, _ in cache_stack.memory_store._entries.values()]
+    entry = next(e for e in stored if e.get("query") == "Why is the sky blue?" and e["body"]["id"] == body["id"])
+    answer = Answer.from_json(entry["answer"])
+    assert answer is not None and len(answer.token_ids) == body["usage"]["completion_tokens"]
+    assert all(lp <= 0.0 for lp in answer.logprobs)
+
+
+def test_semantic_matching_is_off_by_default(live: LiveStack) -> None:
+    """The default configuration caches exact repeats only: a paraphrase is generated, not served from the cache."""
+    question = f"What is the capital of France? (ticket {uuid.uuid4().int % 10**6})"
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": question}], "max_tokens": 6, "temperature": 0}
+    client = live.client()
+    first = client.chat.completions.with_raw_response.create(**body)
+    again = client.chat.completions.with_raw_response.create(**body)
+    paraphrase = {**body, "messages": [{"role": "user", "content": question.replace("What is", "What's")}]}
+    other = client.chat.completions.with_raw_response.create(**paraphrase)
+    assert (first.headers["x-cache"], again.headers["x-cache"], other.headers["x-cache"]) == ("miss", "hit", "miss")
