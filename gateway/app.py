@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TextIO
+from typing import Any, TextIO
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -35,6 +35,7 @@ from gateway.ids import IdGenerator
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import GatewayMiddleware
 from gateway.models import ModelCatalog, ServedModel
+from gateway.openai_responses.api import ResponsesAPI
 from gateway.ops import Operations
 from gateway.router import Router
 
@@ -84,7 +85,18 @@ def build_router(ctx: GatewayContext) -> Router | None:
     return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder)  # type: ignore[arg-type]
 
 
-def routes(ctx: GatewayContext, router: Router | None = None) -> list[Route]:
+def responses_api(ctx: GatewayContext, router: Router | None = None) -> ResponsesAPI:
+    """/v1/responses, translated into chat-completions requests run by the chat handler (or the router)."""
+    chat: Callable[[Request, dict[str, Any]], Awaitable[Response]] = ChatCompletions(ctx).handle
+    if router is not None:
+
+        async def chat(request: Request, raw: dict[str, Any]) -> Response:
+            return await router.handle("chat", request, raw)
+
+    return ResponsesAPI(ctx, chat)
+
+
+def routes(ctx: GatewayContext, router: Router | None = None, responses: ResponsesAPI | None = None) -> list[Route]:
     ops = Operations(ctx)
     chat: Callable[[Request], Awaitable[Response]] = ChatCompletions(ctx).handle
     completions: Callable[[Request], Awaitable[Response]] = Completions(ctx).handle
@@ -100,6 +112,7 @@ def routes(ctx: GatewayContext, router: Router | None = None) -> list[Route]:
     return [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        *(responses.routes() if responses is not None else ()),
         Route("/v1/embeddings", Embeddings(ctx).handle, methods=["POST"]),
         Route("/v1/models", ops.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", ops.get_model, methods=["GET"]),
@@ -120,6 +133,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
     """The ASGI app. With manage_engine, the lifespan starts and shuts down the engine."""
     router = build_router(ctx)
+    responses = responses_api(ctx, router)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -132,13 +146,14 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
         finally:
             ctx.readiness.ready = False
             await ctx.cache.close()
+            await responses.close()
             if router is not None:
                 await router.close()
             if manage_engine:
                 await ctx.engine.shutdown()
 
     app = Starlette(
-        routes=routes(ctx, router),
+        routes=routes(ctx, router, responses),
         middleware=[Middleware(GatewayMiddleware, ctx=ctx)],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
