@@ -99,8 +99,11 @@ class ResponsesAPI:
         try:
             history, body = await self._chat_request(request, req)
             inner = await self.chat(request, body)
-        except InvalidRequest as err:
-            raise _renamed(err) from None
+        except Exception as exc:  # the chat pipeline's 400s (the engine's too) name Responses fields
+            err = to_gateway_error(exc, retry_after_s=self.ctx.config.retry_after_s)
+            if isinstance(err, InvalidRequest):
+                raise _renamed(err) from None
+            raise
         base = {**echo_fields(req)}
         builder = ResponseBuilder(self._new_id("resp_"), base, self._new_id)
         builder.model = req.model
@@ -228,8 +231,11 @@ class ResponsesAPI:
             if req.truncation == "auto":
                 body = self.tokens.truncated(body, req.max_output_tokens)
             count = self.tokens.count(body)
-        except InvalidRequest as err:
-            raise _renamed(err) from None
+        except Exception as exc:
+            err = to_gateway_error(exc)
+            if isinstance(err, InvalidRequest):
+                raise _renamed(err) from None
+            raise
         return json_response({"object": "response.input_tokens", "input_tokens": count})
 
 

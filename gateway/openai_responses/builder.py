@@ -24,7 +24,7 @@ def response_usage(chat_usage: Mapping[str, Any] | None) -> dict[str, Any] | Non
     prompt, completion = int(chat_usage.get("prompt_tokens", 0)), int(chat_usage.get("completion_tokens", 0))
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": int(details.get("cached_tokens") or 0)},
+        "input_tokens_details": {"cached_tokens": int(details.get("cached_tokens") or 0), "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
@@ -74,7 +74,7 @@ class ResponseBuilder:
             "incomplete_details": incomplete,
             "model": self.model,
             "output": [dict(item) for item in self.output],
-            "usage": self.usage,
+            **({"usage": self.usage} if self.usage is not None else {}),  # an object when present (never null)
             **self.base,
         }
 

@@ -382,7 +382,7 @@ def echo_fields(req: ResponsesRequest) -> Mapping[str, Any]:
         "parallel_tool_calls": req.parallel_tool_calls,
         "text": req.text,
         "metadata": req.metadata,
-        "user": req.user,
+        **({"user": req.user} if req.user is not None else {}),  # a string when present (never null)
         "store": req.store,
         "truncation": req.truncation,
         "top_logprobs": req.top_logprobs or 0,
