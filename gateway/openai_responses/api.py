@@ -45,9 +45,12 @@ def _event_bytes(event: dict[str, Any]) -> bytes:
 
 def _renamed(err: InvalidRequest) -> InvalidRequest:
     """A chat-pipeline 400 with its parameter named as the Responses request names it."""
-    if err.param:
+    old = err.param
+    if old:
         for pattern, repl in _PARAMS:
             err.param = pattern.sub(repl, err.param)
+        if err.param != old:
+            err.message = err.message.replace(f"'{old}'", f"'{err.param}'")
     return err
 
 
