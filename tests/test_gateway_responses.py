@@ -19,6 +19,7 @@ from pydantic import BaseModel
 cache_stack = cache_fixtures.cache_stack
 
 MODEL = "gpt-4o-mini"
+TIMEOUT = 600
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -37,18 +38,24 @@ def _unique(text: str) -> str:
     return f"{text} (case {uuid.uuid4().int % 10**8})"
 
 
+def _client(stack: CacheStack, name: str = "memory", key: str = API_KEY) -> openai.OpenAI:
+    """The SDK client for one of the stack's servers, patient: the tests share two CPU cores with much else."""
+    stack.client(name, key)  # skips when that server is absent (no redis-server)
+    return openai.OpenAI(base_url=f"{stack.urls[name]}/v1", api_key=key, max_retries=0, timeout=TIMEOUT)
+
+
 def _headers(key: str = API_KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
 def _post(url: str, body: dict[str, Any], key: str = API_KEY) -> httpx.Response:
-    return httpx.post(f"{url}/v1/responses", json=body, headers=_headers(key), timeout=120)
+    return httpx.post(f"{url}/v1/responses", json=body, headers=_headers(key), timeout=TIMEOUT)
 
 
 def _events(url: str, body: dict[str, Any], key: str = API_KEY) -> tuple[httpx.Headers, list[dict[str, Any]]]:
     """A streamed response's events, each checked: its SSE `event:` name is its type, it fits the spec."""
     events = []
-    with httpx.stream("POST", f"{url}/v1/responses", json={**body, "stream": True}, headers=_headers(key), timeout=120) as r:
+    with httpx.stream("POST", f"{url}/v1/responses", json={**body, "stream": True}, headers=_headers(key), timeout=TIMEOUT) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         name = None
         for line in r.iter_lines():
@@ -105,7 +112,7 @@ def _create(client: openai.OpenAI, **kw: Any) -> tuple[dict[str, Any], Any]:
 
 
 def test_text_response_through_the_sdk(cache_stack: CacheStack) -> None:
-    client = cache_stack.client()
+    client = _client(cache_stack)
     body, raw = _create(
         client,
         model=MODEL,
@@ -129,7 +136,7 @@ def test_text_response_through_the_sdk(cache_stack: CacheStack) -> None:
 
 def test_max_output_tokens_cut_is_incomplete(cache_stack: CacheStack) -> None:
     body, raw = _create(
-        cache_stack.client(), model=MODEL, input=_unique("Write a long story about a dragon."), max_output_tokens=16
+        _client(cache_stack), model=MODEL, input=_unique("Write a long story about a dragon."), max_output_tokens=16
     )
     resp = raw.parse()
     assert resp.status == "incomplete" and resp.incomplete_details is not None
@@ -152,7 +159,7 @@ def test_stream_events_follow_the_spec(cache_stack: CacheStack) -> None:
 
 
 def test_sdk_stream_helper(cache_stack: CacheStack) -> None:
-    client = cache_stack.client()
+    client = _client(cache_stack)
     with client.responses.stream(model=MODEL, input=_unique("Name two colors."), max_output_tokens=20, temperature=0) as stream:
         deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
         final = stream.get_final_response()
@@ -165,7 +172,7 @@ def test_sdk_stream_helper(cache_stack: CacheStack) -> None:
 
 
 def test_function_call_then_its_output_with_previous_response_id(cache_stack: CacheStack) -> None:
-    client = cache_stack.client()
+    client = _client(cache_stack)
     _, raw = _create(client, model=MODEL, input="What is the weather in Paris?", tools=[WEATHER], tool_choice="required",
                         max_output_tokens=64, temperature=0)  # fmt: skip
     first = raw.parse()
@@ -191,7 +198,7 @@ def test_streamed_function_call(cache_stack: CacheStack) -> None:
     final = _check_sequence(events)
     assert [i["type"] for i in final["output"]] == ["function_call"]
     assert any(e["type"] == "response.function_call_arguments.delta" for e in events)
-    client = cache_stack.client()
+    client = _client(cache_stack)
     with client.responses.stream(**{k: v for k, v in body.items()}) as stream:
         done = [e for e in stream if e.type == "response.function_call_arguments.done"]
         resp = stream.get_final_response()
@@ -199,7 +206,7 @@ def test_streamed_function_call(cache_stack: CacheStack) -> None:
 
 
 def test_named_tool_choice_and_none(cache_stack: CacheStack) -> None:
-    client = cache_stack.client()
+    client = _client(cache_stack)
     forced = client.responses.create(model=MODEL, input="What time is it in Berlin?", tools=[WEATHER, TIME],
                                      tool_choice={"type": "function", "name": "get_time"}, max_output_tokens=48,
                                      temperature=0)  # fmt: skip
@@ -208,6 +215,22 @@ def test_named_tool_choice_and_none(cache_stack: CacheStack) -> None:
     plain = client.responses.create(model=MODEL, input="What time is it in Berlin?", tools=[WEATHER, TIME], tool_choice="none",
                                     max_output_tokens=16, temperature=0)  # fmt: skip
     assert [i.type for i in plain.output] == ["message"] and plain.output_text
+
+
+def test_logprobs_when_included(cache_stack: CacheStack) -> None:
+    url = cache_stack.urls["memory"]
+    body = {"model": MODEL, "input": _unique("Name a color."), "max_output_tokens": 16, "temperature": 0,
+            "include": ["message.output_text.logprobs"], "top_logprobs": 2}  # fmt: skip
+    resp = _post(url, body).json()
+    assert_schema("Response", resp)
+    part = resp["output"][0]["content"][0]
+    assert 0 < len(part["logprobs"]) <= resp["usage"]["output_tokens"] and resp["top_logprobs"] == 2
+    assert all(len(lp["top_logprobs"]) == 2 and lp["logprob"] <= 0 for lp in part["logprobs"])
+    assert "".join(lp["token"] for lp in part["logprobs"]) == part["text"]
+    _, events = _events(url, body)
+    final = _check_sequence(events)
+    streamed = [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    assert streamed == final["output"][0]["content"][0]["logprobs"] and streamed
 
 
 # ---- structured output -----------------------------------------------------------------------------------
@@ -219,7 +242,7 @@ class Person(BaseModel):
 
 
 def test_json_schema_output(cache_stack: CacheStack) -> None:
-    client = cache_stack.client()
+    client = _client(cache_stack)
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
     body, raw = _create(client, model=MODEL, input="Invent a person.", max_output_tokens=64, temperature=0,
@@ -234,7 +257,7 @@ def test_json_schema_output(cache_stack: CacheStack) -> None:
 
 
 def test_json_object_output(cache_stack: CacheStack) -> None:
-    resp = cache_stack.client().responses.create(model=MODEL, input="Give a JSON object describing a cat.", max_output_tokens=48,
+    resp = _client(cache_stack).responses.create(model=MODEL, input="Give a JSON object describing a cat.", max_output_tokens=48,
                                                  temperature=0, text={"format": {"type": "json_object"}})  # fmt: skip
     if resp.status == "completed":
         assert isinstance(json.loads(resp.output_text), dict)
@@ -246,7 +269,7 @@ def test_json_object_output(cache_stack: CacheStack) -> None:
 
 
 def test_retrieve_input_items_pagination_and_delete(cache_stack: CacheStack) -> None:
-    client = cache_stack.client()
+    client = _client(cache_stack)
     url = cache_stack.urls["memory"]
     inputs = [
         {"role": "developer", "content": "Answer briefly."},
@@ -273,7 +296,7 @@ def test_retrieve_input_items_pagination_and_delete(cache_stack: CacheStack) -> 
 
 
 def test_store_false_is_not_kept(cache_stack: CacheStack) -> None:
-    client = cache_stack.client()
+    client = _client(cache_stack)
     resp = client.responses.create(model=MODEL, input=_unique("Say yes."), max_output_tokens=16, store=False)
     assert resp.store is False
     with pytest.raises(openai.NotFoundError):
@@ -284,10 +307,11 @@ def test_store_false_is_not_kept(cache_stack: CacheStack) -> None:
 
 
 def test_get_with_stream_replays_the_events(cache_stack: CacheStack) -> None:
-    client = cache_stack.client()
+    client = _client(cache_stack)
     resp = client.responses.create(model=MODEL, input=_unique("Name an animal."), max_output_tokens=16, temperature=0)
     events = []
-    with httpx.stream("GET", f"{cache_stack.urls['memory']}/v1/responses/{resp.id}?stream=true", headers=_headers()) as r:
+    url = f"{cache_stack.urls['memory']}/v1/responses/{resp.id}?stream=true"
+    with httpx.stream("GET", url, headers=_headers(), timeout=TIMEOUT) as r:
         for line in r.iter_lines():
             if line.startswith("data:"):
                 events.append(json.loads(line[5:]))
@@ -297,7 +321,7 @@ def test_get_with_stream_replays_the_events(cache_stack: CacheStack) -> None:
 
 
 def test_previous_response_id_carries_the_conversation(cache_stack: CacheStack) -> None:
-    client = cache_stack.client()
+    client = _client(cache_stack)
     first = client.responses.create(model=MODEL, input=_unique("My name is Ada."), max_output_tokens=16, temperature=0)
     second = client.responses.create(model=MODEL, input="What is my name?", previous_response_id=first.id, max_output_tokens=16,
                                      temperature=0)  # fmt: skip
@@ -309,7 +333,7 @@ def test_previous_response_id_carries_the_conversation(cache_stack: CacheStack) 
 
 
 def test_input_tokens_counts_what_generation_sees(cache_stack: CacheStack) -> None:
-    client = cache_stack.client()
+    client = _client(cache_stack)
     kw = {"model": MODEL, "input": _unique("Count me."), "instructions": "Be brief.", "tools": [WEATHER]}
     counted = client.responses.input_tokens.count(**kw)  # type: ignore[arg-type]
     resp = client.responses.create(**kw, max_output_tokens=16, temperature=0)  # type: ignore[arg-type]
@@ -319,7 +343,7 @@ def test_input_tokens_counts_what_generation_sees(cache_stack: CacheStack) -> No
 
 
 def test_truncation_auto_drops_the_oldest_turns(cache_stack: CacheStack) -> None:
-    client = cache_stack.client()
+    client = _client(cache_stack)
     filler = " ".join(["The quick brown fox jumps over the lazy dog."] * 60)  # ~600 tokens a turn
     turns: list[dict[str, Any]] = []
     for i in range(4):
@@ -336,7 +360,7 @@ def test_truncation_auto_drops_the_oldest_turns(cache_stack: CacheStack) -> None
 
 
 def test_another_tenant_can_neither_read_nor_continue(cache_stack: CacheStack) -> None:
-    mine, theirs = cache_stack.client(), cache_stack.client(key=OTHER_KEY)
+    mine, theirs = _client(cache_stack), _client(cache_stack, key=OTHER_KEY)
     resp = mine.responses.create(model=MODEL, input=_unique("A private note."), max_output_tokens=16)
     with pytest.raises(openai.NotFoundError):
         theirs.responses.retrieve(resp.id)
@@ -352,20 +376,20 @@ def test_another_tenant_can_neither_read_nor_continue(cache_stack: CacheStack) -
 
 
 def test_redis_replicas_share_stored_responses(cache_stack: CacheStack) -> None:
-    one, two = cache_stack.client("redis1"), cache_stack.client("redis2")
+    one, two = _client(cache_stack, "redis1"), _client(cache_stack, "redis2")
     resp = one.responses.create(model=MODEL, input=_unique("Name a river."), max_output_tokens=16)
     assert two.responses.retrieve(resp.id).output_text == resp.output_text
     follow = two.responses.create(model=MODEL, input="Another one?", previous_response_id=resp.id, max_output_tokens=16)
     assert one.responses.retrieve(follow.id).previous_response_id == resp.id
     with pytest.raises(openai.NotFoundError):
-        cache_stack.client("redis2", key=OTHER_KEY).responses.retrieve(resp.id)
+        _client(cache_stack, "redis2", key=OTHER_KEY).responses.retrieve(resp.id)
     two.responses.delete(resp.id)
     with pytest.raises(openai.NotFoundError):
         one.responses.retrieve(resp.id)
 
 
 def test_store_down_still_answers(cache_stack: CacheStack) -> None:
-    client = cache_stack.client("redis_down")
+    client = _client(cache_stack, "redis_down")
     resp = client.responses.create(model=MODEL, input=_unique("Say hi."), max_output_tokens=16)
     assert resp.output_text
     with pytest.raises(openai.InternalServerError) as err:

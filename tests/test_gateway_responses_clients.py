@@ -17,7 +17,7 @@ langchain_openai = pytest.importorskip("langchain_openai")
 
 def _agents_model(cache_stack: CacheStack) -> agents.OpenAIResponsesModel:
     agents.set_tracing_disabled(True)
-    client = openai.AsyncOpenAI(base_url=f"{cache_stack.urls['memory']}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    client = openai.AsyncOpenAI(base_url=f"{cache_stack.urls['memory']}/v1", api_key=API_KEY, max_retries=0, timeout=600)
     return agents.OpenAIResponsesModel(model="gpt-4o-mini", openai_client=client)
 
 
@@ -91,6 +91,7 @@ def _chat(cache_stack: CacheStack, **kw: object) -> langchain_openai.ChatOpenAI:
         model="gpt-4o-mini",
         temperature=0,
         max_retries=0,
+        timeout=600,
         use_responses_api=True,
         **{"max_tokens": 24, **kw},  # type: ignore[arg-type]
     )
