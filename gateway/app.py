@@ -40,6 +40,7 @@ from gateway.keys import Endpoint
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import GatewayMiddleware
 from gateway.models import ModelCatalog, ModelKind, ServedModel
+from gateway.openai_responses.api import ResponsesAPI
 from gateway.ops import Operations
 from gateway.record import record_of
 from gateway.router import Router
@@ -96,14 +97,13 @@ def build_router(ctx: GatewayContext) -> Router | None:
     return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder, ctx.guard)  # type: ignore[arg-type]
 
 
-def checked(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+def guarded(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Handler:
     """`handler` behind the API key's policy (gateway/keys.py): its models, caps, priority and rate limits. The
     router applies the same checks itself (after `auto` and before fallbacks)."""
     kind: ModelKind = "embedding" if endpoint == "embeddings" else "chat"
 
-    async def handle(request: Request) -> Response:
+    async def handle(request: Request, raw: dict[str, Any]) -> Response:
         rec = record_of(request)
-        raw = await read_json(request, ctx.config.max_body_bytes)
         policy = rec.policy if rec.policy is not None else ctx.guard.anonymous
         name = raw.get("model")
         if isinstance(name, str) and name and policy.models and (kind == "chat" or ctx.embedder is not None):
@@ -117,7 +117,28 @@ def checked(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Callab
     return handle
 
 
-def routes(ctx: GatewayContext, router: Router | None = None) -> list[Route]:
+def checked(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """`guarded(handler)` as a route: reads the JSON body first."""
+    inner = guarded(ctx, endpoint, handler)
+
+    async def handle(request: Request) -> Response:
+        return await inner(request, await read_json(request, ctx.config.max_body_bytes))
+
+    return handle
+
+
+def responses_api(ctx: GatewayContext, router: Router | None = None) -> ResponsesAPI:
+    """/v1/responses, translated into chat-completions requests run by the chat handler (or the router)."""
+    chat: Callable[[Request, dict[str, Any]], Awaitable[Response]] = guarded(ctx, "chat", ChatCompletions(ctx).handle)
+    if router is not None:
+
+        async def chat(request: Request, raw: dict[str, Any]) -> Response:
+            return await router.handle("chat", request, raw)
+
+    return ResponsesAPI(ctx, chat)
+
+
+def routes(ctx: GatewayContext, router: Router | None = None, responses: ResponsesAPI | None = None) -> list[Route]:
     ops = Operations(ctx)
     chat = checked(ctx, "chat", ChatCompletions(ctx).handle)
     completions = checked(ctx, "completions", Completions(ctx).handle)
@@ -136,6 +157,7 @@ def routes(ctx: GatewayContext, router: Router | None = None) -> list[Route]:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/messages", messages.create, methods=["POST"]),
         Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
+        *(responses.routes() if responses is not None else ()),
         Route("/v1/embeddings", checked(ctx, "embeddings", Embeddings(ctx).handle), methods=["POST"]),
         Route("/v1/models", ops.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", ops.get_model, methods=["GET"]),
@@ -158,6 +180,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
     """The ASGI app. With manage_engine, the lifespan starts and shuts down the engine."""
     router = build_router(ctx)
+    responses = responses_api(ctx, router)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -171,13 +194,14 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
             ctx.readiness.ready = False
             await ctx.cache.close()
             await ctx.guard.close()
+            await responses.close()
             if router is not None:
                 await router.close()
             if manage_engine:
                 await ctx.engine.shutdown()
 
     app = Starlette(
-        routes=routes(ctx, router),
+        routes=routes(ctx, router, responses),
         middleware=[Middleware(GatewayMiddleware, ctx=ctx)],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,

@@ -109,9 +109,10 @@ class Router:
             self._last_warning = time.monotonic()
             self.logger.warning("rate_limit_store_unavailable", error=type(exc).__name__)
 
-    async def handle(self, endpoint: Endpoint, request: Request) -> Response:
+    async def handle(self, endpoint: Endpoint, request: Request, raw: dict[str, Any] | None = None) -> Response:
+        """`raw`: the body, when a translating endpoint (/v1/responses) built it from its own."""
         rec = record_of(request)
-        raw = await read_json(request, self.cfg.max_body_bytes)
+        raw = raw if raw is not None else await read_json(request, self.cfg.max_body_bytes)
         name = raw.get("model")
         if not isinstance(name, str) or not name:
             raise InvalidRequest("you must provide a model parameter", param="model")

@@ -264,6 +264,35 @@ def test_key_limits_hold_with_the_embedded_engine_alone(rig: Rig) -> None:
     _chat(rig.client(ALL, url), "gpt-4o-mini", max_tokens=1)  # other keys are not limited
 
 
+def test_responses_and_messages_apply_the_same_key_policy(rig: Rig) -> None:
+    """/v1/responses and /v1/messages translate into chat requests: the key's models, priority ceiling and
+    max_tokens cap hold on them exactly as on /v1/chat/completions."""
+    url = rig.embedded
+    with pytest.raises(openai.NotFoundError):  # the engine's model is not this key's
+        rig.client(EMBED_ONLY, url).responses.create(model="gpt-4o-mini", input="Name a color.")
+    denied = httpx.post(
+        f"{url}/v1/messages",
+        json={"model": "gpt-4o-mini", "max_tokens": 4, "messages": MSG},
+        headers={"x-api-key": EMBED_ONLY},
+        timeout=120,
+    )
+    assert denied.status_code == 404 and denied.json()["error"]["type"] == "not_found_error"
+    plain = rig.client(ALL, url)
+    with pytest.raises(openai.BadRequestError):  # jumping the queue through the Responses API
+        plain.responses.create(model="gpt-4o-mini", input="Name a color.", extra_body={"priority": -1})
+    with pytest.raises(openai.BadRequestError):  # over the key's max_tokens cap
+        plain.responses.create(model="gpt-4o-mini", input="Name a color.", max_output_tokens=CAP + 100)
+    over = httpx.post(
+        f"{url}/v1/messages",
+        json={"model": "gpt-4o-mini", "max_tokens": 4, "messages": MSG, "priority": -1},
+        headers={"x-api-key": ALL},
+        timeout=120,
+    )
+    assert over.status_code == 400 and over.json()["error"]["type"] == "invalid_request_error"
+    ok = plain.responses.create(model="gpt-4o-mini", input="Name a color.")  # the cap is its default
+    assert ok.status in ("completed", "incomplete") and ok.usage is not None and ok.usage.output_tokens <= CAP
+
+
 def _spawn_gateway(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {**os.environ, "SMOLGATE_CONFIG": str(config), "SMOLGATE_NUM_THREADS": "1"}

@@ -1,0 +1,222 @@
+"""gateway/openai_responses without a model: request translation, items, the event builder (checked against
+the OpenAPI spec), the in-process bridge over a real chat SSE response (a stream that breaks ends in
+`error` + response.failed), and the store's TTL, LRU and tenant keys."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from gateway_fixtures import assert_schema
+
+from gateway.errors import GatewayError, InternalError, InvalidRequest
+from gateway.jsonio import json_response
+from gateway.openai_responses.bridge import StreamBroke, run_json, run_stream
+from gateway.openai_responses.builder import ResponseBuilder, feed_chunk, feed_completion
+from gateway.openai_responses.items import chat_messages, parse_input
+from gateway.openai_responses.request import chat_body, echo_fields, parse_request
+from gateway.openai_responses.store import MemoryResponseStore, StoredResponses
+from gateway.sse import SSEStream, StreamLimits, sse_data, sse_error
+
+_counter = itertools.count()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{next(_counter):032x}"
+
+
+def _builder(**body: Any) -> ResponseBuilder:
+    req = parse_request({"model": "m", "input": "hi", **body}, new_id)
+    return ResponseBuilder(new_id("resp_"), echo_fields(req), new_id)
+
+
+def _chunk(delta: dict[str, Any] | None = None, finish: str | None = None, usage: dict[str, Any] | None = None) -> dict[str, Any]:
+    choices = [] if delta is None and finish is None else [{"index": 0, "delta": delta or {}, "finish_reason": finish}]
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m", "choices": choices, "usage": usage}
+
+
+USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "prompt_tokens_details": {"cached_tokens": 2}}
+
+
+# ---- request translation -------------------------------------------------------------------------------------
+
+
+def test_chat_body_carries_every_setting() -> None:
+    req = parse_request(
+        {
+            "model": "m", "input": "hi", "instructions": "Be brief.", "max_output_tokens": 32, "temperature": 0.2,
+            "top_p": 0.9, "user": "u", "stream": True, "seed": 7,
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}, "strict": True}},
+        },
+        new_id,
+    )  # fmt: skip
+    body = chat_body(req, chat_messages(req.input, 0), "m")
+    assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert body["max_completion_tokens"] == 32 and body["temperature"] == 0.2 and body["top_p"] == 0.9 and body["seed"] == 7
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True} and body["user"] == "u"
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": True},
+    }
+
+
+def test_tools_and_tool_choices_translate() -> None:
+    tools = [{"type": "function", "name": n, "parameters": {"type": "object"}} for n in ("a", "b")]
+    allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "b"}]}
+    for choice, chat_choice, names in [
+        (None, "auto", ["a", "b"]),
+        ("required", "required", ["a", "b"]),
+        ({"type": "function", "name": "a"}, {"type": "function", "function": {"name": "a"}}, ["a", "b"]),
+        (allowed, "required", ["b"]),
+    ]:
+        req = parse_request(
+            {"model": "m", "input": "hi", "tools": tools, "tool_choice": choice, "parallel_tool_calls": False}, new_id
+        )
+        body = chat_body(req, [{"role": "user", "content": "hi"}], "m")
+        assert body["tool_choice"] == chat_choice and [t["function"]["name"] for t in body["tools"]] == names
+        assert body["parallel_tool_calls"] is False
+    req = parse_request({"model": "m", "input": "hi", "tools": tools, "tool_choice": "none"}, new_id)
+    assert "tools" not in chat_body(req, [{"role": "user", "content": "hi"}], "m")
+    assert req.tools[0]["strict"] is True  # Responses function tools are strict unless told otherwise
+
+
+def test_items_become_chat_messages() -> None:
+    items = parse_input(
+        [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me check."}]},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "g", "arguments": '{"x":1}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "one"},
+            {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "two"}]},
+        ],
+        new_id,
+    )
+    assert all(item["id"] for item in items)
+    messages = chat_messages(items, 0)
+    assert messages[:2] == [{"role": "system", "content": "S"}, {"role": "user", "content": "a\nb"}]
+    assert messages[2]["content"] == "Let me check." and [c["id"] for c in messages[2]["tool_calls"]] == ["c1", "c2"]
+    assert messages[3:] == [
+        {"role": "tool", "tool_call_id": "c1", "content": "one"},
+        {"role": "tool", "tool_call_id": "c2", "content": "two"},
+    ]
+    with pytest.raises(InvalidRequest) as err:
+        chat_messages(parse_input([{"type": "function_call_output", "call_id": "zz", "output": "x"}], new_id), 0)
+    assert err.value.param == "input[0]"
+
+
+# ---- the builder ---------------------------------------------------------------------------------------------
+
+
+def test_builder_events_text_then_tool_call_fit_the_spec() -> None:
+    b = _builder(tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}])
+    events = feed_chunk(b, _chunk({"role": "assistant", "content": ""}))
+    events += feed_chunk(b, _chunk({"content": "Hel"}))
+    events += feed_chunk(b, _chunk({"content": "lo"}))
+    events += feed_chunk(
+        b, _chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}]})
+    )
+    events += feed_chunk(b, _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a":'}}]}))
+    events += feed_chunk(b, _chunk({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}))
+    events += feed_chunk(b, _chunk(finish="tool_calls"))
+    events += feed_chunk(b, _chunk(usage=USAGE))
+    events += b.complete()
+    for event in events:
+        assert_schema("ResponseStreamEvent", event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed",
+    ]  # fmt: skip
+    final = events[-1]["response"]
+    assert_schema("Response", final)
+    assert final["output"][0]["content"][0]["text"] == "Hello" and final["output"][1]["arguments"] == '{"a":1}'
+    assert final["usage"]["input_tokens_details"]["cached_tokens"] == 2 and final["usage"]["total_tokens"] == 15
+    assert events[2]["item"]["content"] == [] and events[2]["item"]["status"] == "in_progress"
+
+
+def test_non_streaming_equals_the_streamed_final_object() -> None:
+    completion = {
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "m", "usage": USAGE,
+        "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "Hello"}}],
+    }  # fmt: skip
+    ids = iter(["resp_1", "msg_1", "resp_1", "msg_1"])
+    one = ResponseBuilder("resp_1", echo_fields(parse_request({"model": "m", "input": "hi"}, new_id)), lambda p: next(ids))
+    final = feed_completion(one, completion)
+    assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert final["output"][0]["status"] == "incomplete"
+    assert_schema("Response", final)
+
+
+# ---- the bridge over a real chat SSE response -----------------------------------------------------------------
+
+SCOPE = {
+    "type": "http",
+    "method": "POST",
+    "path": "/v1/responses",
+    "headers": [],
+    "query_string": b"",
+    "asgi": {"version": "3.0"},
+}
+LIMITS = StreamLimits(ping_s=15, send_timeout_s=5, drain_s=1)
+
+
+def _sse(parts: list[bytes]) -> SSEStream:
+    async def events() -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    return SSEStream(events(), [], LIMITS, lambda: None)
+
+
+async def test_bridge_reads_chunks_and_a_broken_stream_fails_the_response() -> None:
+    broken = _sse([sse_data(_chunk({"role": "assistant", "content": ""})), sse_data(_chunk({"content": "Hi"})),
+                   sse_error(InternalError("The engine failed."))])  # fmt: skip
+    _, chunks = await run_stream(broken, SCOPE)
+    got = []
+    with pytest.raises(StreamBroke) as err:
+        async for chunk in chunks:
+            got.append(chunk)
+    assert len(got) == 2 and err.value.message == "The engine failed."
+    b = _builder()
+    events = feed_chunk(b, got[0]) + feed_chunk(b, got[1]) + b.fail(err.value)
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    for event in events:
+        assert_schema("ResponseStreamEvent", event)
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert failed["output"][0]["status"] == "incomplete"
+
+
+async def test_bridge_json_and_inner_errors() -> None:
+    _, body = await run_json(json_response({"object": "chat.completion", "choices": []}), SCOPE)
+    assert body["object"] == "chat.completion"
+    with pytest.raises(GatewayError):
+        await run_json(json_response({"error": {"message": "nope", "type": "invalid_request_error"}}, status=400), SCOPE)
+
+
+# ---- the store ---------------------------------------------------------------------------------------------------
+
+
+async def test_memory_store_ttl_lru_and_tenants() -> None:
+    now = [0.0]
+    store = MemoryResponseStore(max_entries=2, clock=lambda: now[0])
+    stored = StoredResponses(store, "p", ttl_s=10, logger=None)
+    await stored.put("Bearer a", "resp_1", {"x": 1})
+    assert await stored.get("Bearer a", "resp_1") == {"x": 1}
+    assert await stored.get("Bearer b", "resp_1") is None  # another tenant's key
+    assert not await stored.delete("Bearer b", "resp_1")
+    now[0] = 11.0
+    assert await stored.get("Bearer a", "resp_1") is None  # expired
+    for i in range(3):
+        await stored.put("Bearer a", f"resp_{i}", {"i": i})
+    assert await stored.get("Bearer a", "resp_0") is None and await stored.get("Bearer a", "resp_2") == {"i": 2}  # LRU
