@@ -395,3 +395,27 @@ def test_blocks_are_found_in_nested_lists() -> None:
     """The parser sees fences indented under list items (docs/engine.md's AWQ command)."""
     assert any(b.path.name == "engine.md" and "backend.quant.awq" in b.code for b in ALL_BLOCKS)
 
+
+
+def test_inline_commands_name_real_things() -> None:
+    """`python -m X` and `make X` written inline in the prose name real modules and targets too."""
+    targets, wrong = make_targets(), []
+    for p in DOC_FILES:
+        text = p.read_text()
+        for module in re.findall(r"`[^`\n]*?python[0-9.]* -m ([A-Za-z_][\w.]*)[^`\n]*`", text):
+            if not module_exists(module):
+                wrong.append(f"{p.relative_to(ROOT)}: python -m {module}")
+        for target in re.findall(r"`make ([a-z][\w-]*)[^`\n]*`", text):
+            if target not in targets:
+                wrong.append(f"{p.relative_to(ROOT)}: make {target}")
+    assert not wrong, f"inline commands naming nothing real: {wrong}"
+
+
+@pytest.mark.parametrize("field", ["speculate", "spec_reference"])
+def test_speculation_is_not_a_request_field(field: str) -> None:
+    """docs/speculative.md: per-request `speculate` / `spec_reference` are refused with a 400 (InvalidRequest)."""
+    from gateway.errors import InvalidRequest
+    from gateway.protocol import parse_chat
+
+    with pytest.raises(InvalidRequest):
+        parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], field: False})
