@@ -109,10 +109,10 @@ def config_classes() -> dict[str, type]:
     routing = top["routing"][1]
     rfields = _dataclass_fields(routing)
     route = _inner(rfields["models"][1])
+    nested = {f"{name}.": hint for name, (_, hint) in top.items() if dataclasses.is_dataclass(hint) and name != "routing"}
     return {
         "": GatewayConfig,
-        "engine.": top["engine"][1],
-        "cache.": top["cache"][1],
+        **nested,  # engine., cache., and any section added later
         "router.": rfields["router"][1],
         "auto.": rfields["auto"][1],
         "models.<name>.deployments[].": _inner(_dataclass_fields(route)["deployments"][1]),
