@@ -450,3 +450,25 @@ def test_links_between_docs_resolve() -> None:
             if anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 wrong.append(f"{p.relative_to(ROOT)}: {target} (no such heading)")
     assert not wrong, f"broken links: {wrong}"
+
+
+def test_readme_is_a_short_manual() -> None:
+    """README.md is read in ten minutes; the details live in docs/."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move details into docs/"
+
+
+HISTORY = re.compile(
+    r"\b(?:(?:first|second|third|fourth|fifth|sixth|seventh|eighth|this|earlier|previous|last) sessions?"
+    r"|we used to|before the C kernels|in an earlier version)\b",
+    re.I,
+)
+
+
+def test_docs_tell_no_history() -> None:
+    """How the work went belongs to git, not to the manual."""
+    found = [
+        f"{p.relative_to(ROOT)}: {m.group(0)!r}" for p in DOC_FILES for m in HISTORY.finditer(p.read_text())
+    ]
+    dated = re.findall(r"\b20\d\d-\d\d-\d\d\b", (ROOT / "README.md").read_text())
+    assert not found and not dated, f"lab history in the docs: {found + dated}"
