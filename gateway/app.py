@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TextIO
+from typing import Any, TextIO
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -35,12 +35,16 @@ from gateway.dashboard import Dashboard
 from gateway.embeddings import Embeddings
 from gateway.errors import error_response, to_gateway_error
 from gateway.ids import IdGenerator
+from gateway.jsonio import read_json
+from gateway.keys import Endpoint
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import GatewayMiddleware
-from gateway.models import ModelCatalog, ServedModel
+from gateway.models import ModelCatalog, ModelKind, ServedModel
 from gateway.ops import Operations
 from gateway.record import record_of
 from gateway.router import Router
+
+Handler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
 
 
 def build_context(
@@ -64,7 +68,7 @@ def build_context(
         models.append(ServedModel(embedder.model_name, "embedding", created))
     metrics = GatewayMetrics(engine.stats if engine is not None else None)
     engine = engine if engine is not None else NoEngine()
-    logger = make_logger(log_sink or sys.stderr, config.log_level)
+    logger = make_logger(log_sink or sys.stderr, config.log_level, config.secrets())
     ids = IdGenerator()
     cache_embedder = cache_embedder or embedder
     resolved = getattr(engine, "output_identity", None)  # the embedded engine's resolved `auto` settings
@@ -88,13 +92,34 @@ def build_router(ctx: GatewayContext) -> Router | None:
     if not ctx.config.routing.enabled:
         return None
     local = {"chat": ChatCompletions(ctx).handle, "completions": Completions(ctx).handle}
-    return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder)  # type: ignore[arg-type]
+    return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder, ctx.guard)  # type: ignore[arg-type]
+
+
+def checked(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """`handler` behind the API key's policy (gateway/keys.py): its models, caps, priority and rate limits. The
+    router applies the same checks itself (after `auto` and before fallbacks)."""
+    kind: ModelKind = "embedding" if endpoint == "embeddings" else "chat"
+
+    async def handle(request: Request) -> Response:
+        rec = record_of(request)
+        raw = await read_json(request, ctx.config.max_body_bytes)
+        policy = rec.policy if rec.policy is not None else ctx.guard.anonymous
+        name = raw.get("model")
+        if isinstance(name, str) and name and policy.models and (kind == "chat" or ctx.embedder is not None):
+            model = ctx.catalog.resolve(name, kind)
+            if not ctx.guard.allows(policy, model.id, ctx.catalog.canonical):
+                raise ctx.guard.not_found(name)
+        raw = ctx.guard.check_body(policy, endpoint, raw)
+        await ctx.guard.admit(policy, rec)
+        return await handler(request, raw)
+
+    return handle
 
 
 def routes(ctx: GatewayContext, router: Router | None = None) -> list[Route]:
     ops = Operations(ctx)
-    chat: Callable[[Request], Awaitable[Response]] = ChatCompletions(ctx).handle
-    completions: Callable[[Request], Awaitable[Response]] = Completions(ctx).handle
+    chat = checked(ctx, "chat", ChatCompletions(ctx).handle)
+    completions = checked(ctx, "completions", Completions(ctx).handle)
     if router is not None:  # Starlette needs real coroutine functions (a lambda would run in a thread)
 
         async def chat(request: Request) -> Response:
@@ -110,7 +135,7 @@ def routes(ctx: GatewayContext, router: Router | None = None) -> list[Route]:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/messages", messages.create, methods=["POST"]),
         Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
-        Route("/v1/embeddings", Embeddings(ctx).handle, methods=["POST"]),
+        Route("/v1/embeddings", checked(ctx, "embeddings", Embeddings(ctx).handle), methods=["POST"]),
         Route("/v1/models", ops.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", ops.get_model, methods=["GET"]),
         Route("/health", ops.health, methods=["GET"]),
@@ -144,6 +169,7 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
         finally:
             ctx.readiness.ready = False
             await ctx.cache.close()
+            await ctx.guard.close()
             if router is not None:
                 await router.close()
             if manage_engine:

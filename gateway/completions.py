@@ -131,8 +131,7 @@ class Completions:
         raw = raw if raw is not None else await read_json(request, self.ctx.config.max_body_bytes)
         ticket = self.ctx.cache.ticket("completions", request.headers, raw)  # takes the `cache` extension out
         req = parse_completion(raw)
-        req = replace(req, params=with_key_priority(req.params, raw, request.headers.get("authorization"),
-                                                     self.ctx.config.api_key_priorities))
+        req = replace(req, params=with_key_priority(req.params, raw, rec.policy))
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user

@@ -17,7 +17,17 @@ import yaml
 
 from backend.config import EngineConfig, engine_config_from_env
 from gateway.cache.config import CacheConfig
-from gateway.routing_config import KeyPolicy, RoutingConfig, RoutingConfigError, parse_key, parse_routing
+from gateway.routing_config import (
+    KeyLimits,
+    KeyPolicy,
+    RoutingConfig,
+    RoutingConfigError,
+    check_key,
+    parse_key,
+    parse_limits,
+    parse_routing,
+    parse_secret_entry,
+)
 
 ENV_PREFIX = "SMOLGATE_"
 
@@ -70,9 +80,30 @@ class GatewayConfig:
     # Routing (gateway/router.py): empty `routing.models` = serve the embedded engine only, as always.
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     key_policies: tuple[KeyPolicy, ...] = field(default=(), repr=False)  # api_keys given as mappings
+    # Security (docs/security.md): the limits of every key that sets none itself (and of anonymous requests
+    # when no key is configured), and the keys that may read /metrics and /v1/stats.
+    key_defaults: KeyLimits = field(default_factory=KeyLimits)
+    admin_keys: tuple[str, ...] = field(default=(), repr=False)  # keys or sha256:<hex>; none = only without api_keys
 
     def accepted_keys(self) -> tuple[str, ...]:
         return self.api_keys + tuple(p.key for p in self.key_policies)
+
+    def policies(self) -> tuple[KeyPolicy, ...]:
+        """Every accepted key with its policy: plain keys get `key_defaults` (and their `api_key_priorities`)."""
+        out = []
+        for i, key in enumerate(self.api_keys):
+            long_literal = len(key) >= 16 and not key.startswith("sha256:")
+            name = "…" + key[-4:] if long_literal else f"key{i}"  # the dashboard's label: never a short key
+            limits = replace(self.key_defaults, priority=self.api_key_priorities.get(key, self.key_defaults.priority))
+            out.append(KeyPolicy.of(name, key, limits))
+        for p in self.key_policies:
+            out.append(replace(p, priority=self.api_key_priorities[p.key]) if p.key in self.api_key_priorities else p)
+        return tuple(out)
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret this configuration holds (client, admin and upstream keys): never logged."""
+        upstream = [d.api_key for m in self.routing.models for d in m.deployments if d.api_key]
+        return tuple(s for s in (*self.accepted_keys(), *self.admin_keys, *upstream) if s and not s.startswith("sha256:"))
 
 
 _SCALAR_ENV = {
@@ -126,13 +157,17 @@ def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
     changes: dict[str, Any] = {}
     try:
         changes["routing"] = parse_routing({k: v for k, v in data.items() if k in _ROUTING_KEYS}, env)
+        defaults = parse_limits("key_defaults", data.get("key_defaults", {}), KeyLimits())
     except RoutingConfigError as exc:
         raise ConfigError(str(exc)) from exc
+    changes["key_defaults"] = defaults
     for name, value in data.items():
-        if name in _ROUTING_KEYS:
+        if name in _ROUTING_KEYS or name == "key_defaults":
             continue
         if name == "api_keys":
-            changes["api_keys"], changes["key_policies"] = _api_keys(value, env)
+            changes["api_keys"], changes["key_policies"] = _api_keys(value, env, defaults)
+        elif name == "admin_keys":
+            changes["admin_keys"] = _admin_keys(value, env)
         elif name == "engine":
             changes[name] = _engine_from_mapping(value)
         elif name == "cache":
@@ -201,17 +236,33 @@ def _coerce(name: str, value: object, like: object) -> Any:
     return value
 
 
-def _api_keys(value: object, env: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[KeyPolicy, ...]]:
-    """Plain strings (every model, no limits) and mappings (KeyPolicy: models, rpm, tpm)."""
+def _api_keys(value: object, env: Mapping[str, str], defaults: KeyLimits) -> tuple[tuple[str, ...], tuple[KeyPolicy, ...]]:
+    """Plain strings (every model, `key_defaults`) and mappings (KeyPolicy: models, rpm, tpm, priority, caps);
+    either may be `sha256:<hex>` of the key instead of the key."""
     items = [value] if isinstance(value, str | dict) else value
     if not isinstance(items, list):
         raise ConfigError("api_keys must be a list of keys or key mappings")
     plain = [k for k in items if not isinstance(k, dict)]
     try:
-        policies = tuple(parse_key(f"api_keys[{i}]", k, env) for i, k in enumerate(items) if isinstance(k, dict))
+        policies = tuple(parse_key(f"api_keys[{i}]", k, env, defaults) for i, k in enumerate(items) if isinstance(k, dict))
+        names = [p.name for p in policies]
+        if len(set(names)) != len(names):
+            raise RoutingConfigError(f"api_keys: two keys have the same name ({sorted(names)})")
+        keys = tuple(check_key("api_keys", k) for k in _str_tuple("api_keys", plain)) if plain else ()
     except RoutingConfigError as exc:
         raise ConfigError(str(exc)) from exc
-    return (_str_tuple("api_keys", plain) if plain else ()), policies
+    return keys, policies
+
+
+def _admin_keys(value: object, env: Mapping[str, str]) -> tuple[str, ...]:
+    """`admin_keys`: strings (a key or sha256:<hex>) or `{key_env: NAME}` mappings."""
+    items = [value] if isinstance(value, str | dict) else value
+    if not isinstance(items, list):
+        raise ConfigError("admin_keys must be a list of keys or {key_env: NAME} mappings")
+    try:
+        return tuple(parse_secret_entry(f"admin_keys[{i}]", k, env) for i, k in enumerate(items))
+    except RoutingConfigError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _str_tuple(name: str, value: object) -> tuple[str, ...]:
@@ -255,7 +306,9 @@ def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
         changes["port"] = _parse_env("PORT", env["PORT"], cfg.port)
     keys = env.get(f"{ENV_PREFIX}API_KEYS", env.get(f"{ENV_PREFIX}API_KEY"))
     if keys is not None:
-        changes["api_keys"] = tuple(k.strip() for k in keys.split(",") if k.strip())
+        changes["api_keys"] = _env_keys(f"{ENV_PREFIX}API_KEYS", keys)
+    if f"{ENV_PREFIX}ADMIN_KEYS" in env:
+        changes["admin_keys"] = _env_keys(f"{ENV_PREFIX}ADMIN_KEYS", env[f"{ENV_PREFIX}ADMIN_KEYS"])
     if f"{ENV_PREFIX}API_KEY_PRIORITIES" in env:
         changes["api_key_priorities"] = _parse_priorities(env[f"{ENV_PREFIX}API_KEY_PRIORITIES"])
     if f"{ENV_PREFIX}MODEL_ALIASES" in env:
@@ -269,6 +322,13 @@ def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
         changes["routing"] = replace(cfg.routing, router=router)
     changes["engine"] = engine_config_from_env(cfg.engine, dict(env))
     return replace(cfg, **changes)
+
+
+def _env_keys(name: str, raw: str) -> tuple[str, ...]:
+    try:
+        return tuple(check_key(name, k.strip()) for k in raw.split(",") if k.strip())
+    except RoutingConfigError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _parse_env(name: str, raw: str, like: object) -> Any:

@@ -10,6 +10,7 @@ from gateway.client import EmbeddingClient, EngineClient
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, InternalError
 from gateway.ids import IdGenerator
+from gateway.keys import KeyGuard
 from gateway.metrics import GatewayMetrics
 from gateway.models import ModelCatalog
 from gateway.record import RequestRecord
@@ -35,6 +36,11 @@ class GatewayContext:
     readiness: Readiness = field(default_factory=Readiness)
     ids: IdGenerator = field(default_factory=IdGenerator)
     stats: LiveStats = field(default_factory=LiveStats)
+    guard: KeyGuard = None  # type: ignore[assignment]  # keys and their policies; built from `config` when not given
+
+    def __post_init__(self) -> None:
+        if self.guard is None:
+            object.__setattr__(self, "guard", KeyGuard(self.config, self.logger))
 
     def report_error(self, rec: RequestRecord, exc: BaseException, err: GatewayError) -> None:
         """Note a failed request; unexpected exceptions are logged with their traceback."""

@@ -1,7 +1,8 @@
 """GET /dashboard (a static page and its script, shipped in the package) and GET /v1/stats (its data).
 
-The page itself holds no data and is served without a key; the figures come from /v1/stats, which sits
-under /v1/ and so needs an API key whenever keys are configured. The page sends the key as a Bearer header.
+The page itself holds no data and is served without a key; the figures come from /v1/stats, which needs an
+admin key (`admin_keys`) whenever keys are configured (gateway/middleware.py; every tenant's traffic is in it).
+The page asks for that key and sends it as a Bearer header.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _asset(name: str) -> str:
 class Dashboard:
     def __init__(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
-        auth = "required" if ctx.config.accepted_keys() else "none"
+        auth = "required" if ctx.guard.ops_protected else "none"
         self._page = _asset("dashboard.html").replace("{{AUTH}}", auth).encode()
         self._script = _asset("dashboard.js").encode()
 

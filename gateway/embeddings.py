@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -20,9 +22,10 @@ class Embeddings:
     def __init__(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
 
-    async def handle(self, request: Request) -> Response:
+    async def handle(self, request: Request, raw: dict[str, Any] | None = None) -> Response:
+        """`raw`: the body, when it has been read already (the API key's checks read it: gateway/app.py)."""
         rec = record_of(request)
-        req = parse_embedding(await read_json(request, self.ctx.config.max_body_bytes))
+        req = parse_embedding(raw if raw is not None else await read_json(request, self.ctx.config.max_body_bytes))
         embedder = self.ctx.embedder
         if embedder is None:
             raise ModelNotFound("Embeddings are not enabled on this server.", param="model")

@@ -1,10 +1,10 @@
-"""The gateway's one ASGI middleware: request id, API-key check, body limit, admission limit, body-read
+"""The gateway's one ASGI middleware: request id, API-key check (gateway/keys.py; an admin key for /metrics and
+/v1/stats), body limit, admission limit, body-read
 deadline, error translation, and — when the response is over — the access-log line, metrics and stats."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import re
 import time
 
@@ -14,13 +14,14 @@ from gateway.access_log import log_request
 from gateway.anthropic.errors import error_response as anthropic_error_response
 from gateway.anthropic.errors import is_anthropic_path
 from gateway.context import GatewayContext
-from gateway.errors import AuthenticationFailed, PayloadTooLarge, RequestTimeout, ServerBusy, error_response, to_gateway_error
+from gateway.errors import PayloadTooLarge, RequestTimeout, ServerBusy, error_response, to_gateway_error
 from gateway.ids import IdGenerator
 from gateway.record import SCOPE_KEY, RequestRecord
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _PROTECTED_PREFIX = "/v1/"
 _STATS_PATH = "/v1/stats"  # the dashboard's polling: not counted in the traffic it shows
+_OPS_PATHS = frozenset({"/metrics", _STATS_PATH})  # every tenant's traffic: an admin key when keys are configured
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -42,11 +43,6 @@ def _with_api_key(scope: Scope) -> Scope:
 def _request_id(headers: dict[bytes, bytes], ids: IdGenerator) -> str:
     given = headers.get(b"x-request-id", b"").decode("latin-1")
     return given if _REQUEST_ID.fullmatch(given) else ids.new()
-
-
-def _key_label(key: bytes) -> str:
-    """How the dashboard names an API key: its last 4 characters, like OpenAI's key list."""
-    return "…" + key[-4:].decode("latin-1")
 
 
 def _body_deadline(receive: Receive, timeout_s: float) -> Receive:
@@ -76,7 +72,6 @@ class GatewayMiddleware:
     def __init__(self, app: ASGIApp, ctx: GatewayContext) -> None:
         self.app = app
         self.ctx = ctx
-        self._keys = tuple(k.encode() for k in ctx.config.accepted_keys())
         self._limit = ctx.config.max_concurrent_requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -100,7 +95,7 @@ class GatewayMiddleware:
             await send(message)
 
         try:
-            rec.key = self._guard(scope["path"], headers)
+            self._guard(scope["path"], headers, rec)
             admitted = self._admit(scope)
             await self.app(scope, _body_deadline(receive, self.ctx.config.body_timeout_s), send_with_id)
         except Exception as exc:
@@ -113,17 +108,20 @@ class GatewayMiddleware:
         finally:
             if admitted:
                 self.ctx.stats.in_flight -= 1
+            await self.ctx.guard.spend(rec)
             self._done(scope, rec)
 
-    def _guard(self, path: str, headers: dict[bytes, bytes]) -> str:
-        """Check the key and the declared body size; the key's dashboard label."""
-        label = "anonymous"
-        if self._keys and path.startswith(_PROTECTED_PREFIX):
-            label = _key_label(self._check_key(headers.get(b"authorization")))
+    def _guard(self, path: str, headers: dict[bytes, bytes], rec: RequestRecord) -> None:
+        """Check the key (an admin key for the operations pages) and the declared body size."""
+        guard = self.ctx.guard
+        if path in _OPS_PATHS:
+            guard.check_admin(headers.get(b"authorization"))
+        elif path.startswith(_PROTECTED_PREFIX):
+            rec.policy = guard.authenticate(headers.get(b"authorization"))
+            rec.key = rec.policy.name
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.ctx.config.max_body_bytes:
             raise PayloadTooLarge(f"Request body too large: the limit is {self.ctx.config.max_body_bytes} bytes.")
-        return label
 
     def _admit(self, scope: Scope) -> bool:
         """Count a POST /v1/ request in flight, or turn it away (429) when `max_concurrent_requests` are."""
@@ -138,18 +136,6 @@ class GatewayMiddleware:
             )
         stats.in_flight += 1
         return True
-
-    def _check_key(self, authorization: bytes | None) -> bytes:
-        if not authorization:
-            raise AuthenticationFailed(
-                "You didn't provide an API key. Send it in the Authorization header ('Bearer YOUR_KEY') or in x-api-key."
-            )
-        scheme, _, key = authorization.partition(b" ")
-        key = key.strip()
-        ok = scheme.lower() == b"bearer" and any(hmac.compare_digest(key, k) for k in self._keys)
-        if not ok:
-            raise AuthenticationFailed("Incorrect API key provided.")
-        return key
 
     def _done(self, scope: Scope, rec: RequestRecord) -> None:
         route = scope.get("route")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,6 +41,10 @@ class ModelCatalog:
             )
         return model
 
+    def canonical(self, name: str) -> str:
+        """The served model id a name stands for (an alias resolved); the name itself when it is neither."""
+        return self._aliases.get(name, name)
+
     def lookup(self, name: str) -> dict[str, Any]:
         """The Model object for GET /v1/models/{id}; an alias is shown under its own name."""
         model = self._models.get(self._aliases.get(name, name))
@@ -48,7 +52,8 @@ class ModelCatalog:
             raise ModelNotFound(f"The model `{name}` does not exist or you do not have access to it.", param="model")
         return model.to_json(shown_id=name)
 
-    def listing(self) -> list[dict[str, Any]]:
-        served = [m.to_json() for m in self._models.values()]
-        aliases = [self._models[t].to_json(shown_id=a) for a, t in sorted(self._aliases.items())]
+    def listing(self, allowed: Callable[[str], bool] = lambda _: True) -> list[dict[str, Any]]:
+        """Served models and aliases; `allowed(model id)`: only those an API key may use."""
+        served = [m.to_json() for m in self._models.values() if allowed(m.id)]
+        aliases = [self._models[t].to_json(shown_id=a) for a, t in sorted(self._aliases.items()) if allowed(t)]
         return served + aliases

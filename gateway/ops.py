@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -9,6 +11,7 @@ from gateway.context import GatewayContext
 from gateway.errors import ServiceUnavailable
 from gateway.jsonio import json_response
 from gateway.metrics import CONTENT_TYPE
+from gateway.record import record_of
 
 
 class Operations:
@@ -28,8 +31,18 @@ class Operations:
     async def metrics(self, request: Request) -> Response:
         return Response(self.ctx.metrics.render(), media_type=CONTENT_TYPE)
 
+    def _allowed(self, request: Request) -> Callable[[str], bool]:
+        """The models this request's API key may use (every one without a restriction)."""
+        policy = record_of(request).policy
+        if policy is None or not policy.models:
+            return lambda _: True
+        return lambda model: self.ctx.guard.allows(policy, model, self.ctx.catalog.canonical)
+
     async def list_models(self, request: Request) -> Response:
-        return json_response({"object": "list", "data": self.ctx.catalog.listing()})
+        return json_response({"object": "list", "data": self.ctx.catalog.listing(self._allowed(request))})
 
     async def get_model(self, request: Request) -> Response:
-        return json_response(self.ctx.catalog.lookup(request.path_params["model_id"]))
+        name = request.path_params["model_id"]
+        if not self._allowed(request)(self.ctx.catalog.canonical(name)):
+            raise self.ctx.guard.not_found(name)
+        return json_response(self.ctx.catalog.lookup(name))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 
@@ -32,6 +33,8 @@ class RequestRecord:
     error_type: str | None = None
     deployment: str = ""  # the router's deployment that answered ("" without routing)
     cache: str = "none"  # response cache: none (off) | bypass (not cacheable) | miss | hit | semantic-hit
+    policy: Any = None  # the API key's KeyPolicy (gateway/keys.py), set by the middleware on /v1/ requests
+    limit: Any = None  # the key's rate Limit once the request was admitted (its tokens are spent when it ends)
 
     def first_token(self) -> None:
         if self.ttft_s is None:

@@ -1,6 +1,7 @@
 """The router: one client request -> a model (alias, `auto`, fallbacks) -> a deployment, with retries.
 
-Per request: the API key's policy (allowed models, rpm/tpm) is checked; the model's deployments are
+Per request: the API key's policy (gateway/keys.py: allowed models, caps, rpm/tpm) is checked against the
+model that will serve (`auto` and fallbacks choose only among the key's models); the model's deployments are
 tried by gateway/balancer.py's choice, an attempt failing with a connect error, a timeout, a 429 or a
 5xx is retried on another deployment (or the same one later) after an exponential, jittered backoff;
 a deployment's Retry-After keeps traffic away from it that long. When every deployment of a model has
@@ -11,6 +12,7 @@ failed, the next fallback model is tried; when those fail too, the client gets o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -20,14 +22,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.auto import AutoRouter
+from gateway.auto import AutoChoice, AutoRouter
 from gateway.balancer import Balancer, Choice, DeploymentState, affinity_key
 from gateway.cache.tenancy import forwarded_headers
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
-from gateway.errors import InvalidRequest, ModelNotFound, RateLimited
+from gateway.errors import GatewayError, InvalidRequest, RateLimited
 from gateway.generation import unless_disconnected
 from gateway.jsonio import read_json
+from gateway.keys import KeyGuard
 from gateway.proxy import Outcome, call_json, call_stream
 from gateway.ratelimit import Limit, OverLimit, build_limiter
 from gateway.record import RequestRecord, record_of
@@ -67,15 +70,16 @@ class Router:
         metrics_registry: Any,
         logger: Any,
         embedder: EmbeddingClient | None,
+        guard: KeyGuard | None = None,
     ) -> None:
         rc = config.routing
+        self.guard = guard if guard is not None else KeyGuard(config, logger)
         self.cfg, self.rcfg, self.local, self.logger = config, rc.router, local, logger
         self.balancers = {m.name: Balancer(m.deployments, rc.router) for m in rc.models}
         self.upstreams = {
             (m.name, i): Upstream.open(d) for m in rc.models for i, d in enumerate(m.deployments) if d.kind != "embedded"
         }
         self.aliases = {a: t for a, t in config.model_aliases.items() if t in self.balancers}
-        self.keys = {p.key: p for p in config.key_policies}
         self.metrics = RouterMetrics(metrics_registry, lambda: self.balancers)
         self.limiter = build_limiter(rc.router.redis_url, rc.router.redis_prefix, self._limiter_error)
         self.auto = AutoRouter(rc.auto.small, rc.auto.large, rc.auto.threshold, self._auto_embedder(embedder))
@@ -112,47 +116,63 @@ class Router:
         if not isinstance(name, str) or not name:
             raise InvalidRequest("you must provide a model parameter", param="model")
         asked, headers = name, {}
-        policy = self.keys.get(_bearer(request))
-        allowed = set(policy.models) if policy is not None and policy.models else None  # None: every model
-        if name == "auto" and self.auto_enabled and (allowed is None or "auto" in allowed):
-            choice = await self.auto.choose(raw)
+        policy = rec.policy if rec.policy is not None else self.guard.anonymous
+
+        def allowed(model: str) -> bool:  # the key's allow-list holds for the model that actually serves
+            return self.guard.allows(policy, model, lambda n: self.aliases.get(n, n))
+
+        if name == "auto" and self.auto_enabled and allowed("auto"):
+            choice = await self._auto_choice(raw, allowed)
+            if choice is None:  # neither of auto's models is one this key may use
+                raise self.guard.not_found(asked)
             self.metrics.auto.labels(choice.tier, choice.model).inc()
             headers = {"x-smolgate-auto-tier": choice.tier, "x-smolgate-auto-score": str(choice.score)}
             name = choice.model
         model = self.aliases.get(name, name)
-        if model not in self.balancers or (allowed is not None and model not in allowed and asked != "auto"):
-            raise ModelNotFound(f"The model `{asked}` does not exist or you do not have access to it.", param="model")
-        key_limit = Limit(f"key:{policy.name}", policy.rpm, policy.tpm) if policy else Limit("", 0, 0)
+        if model not in self.balancers or not allowed(model):
+            raise self.guard.not_found(asked)
+        raw = self.guard.check_body(policy, endpoint, raw)
         try:
-            await self.limiter.admit(key_limit)
-        except OverLimit as exc:
+            await self.guard.admit(policy, rec)
+        except RateLimited:
             self.metrics.rate_limited.labels("key").inc()
-            raise RateLimited(
-                f"Rate limit reached for your API key: {exc.what} per minute.", retry_after_s=exc.retry_after_s
-            ) from None
+            raise
         rec.model = model
-        response = await self._route(endpoint, request, raw, [model, *self._fallbacks(model)], rec, key_limit)
+        chain = [model, *(m for m in self._fallbacks(model) if allowed(m))]  # fallbacks outside the list: skipped
+        response = await self._route(endpoint, request, raw, chain, rec)
         response.headers.update(headers)
         return response  # type: ignore[return-value]
+
+    async def _auto_choice(self, raw: dict[str, Any], allowed: Callable[[str], bool]) -> AutoChoice | None:
+        """`auto`'s pick; the other tier when the key may not use the picked model; None when it may use neither."""
+        choice = await self.auto.choose(raw)
+        if allowed(choice.model):
+            return choice
+        other = self.auto.small if choice.tier == "large" else self.auto.large
+        if not allowed(other):
+            return None
+        return dataclasses.replace(choice, model=other, tier="small" if choice.tier == "large" else "large")
 
     def _fallbacks(self, model: str) -> tuple[str, ...]:
         return self.cfg.routing.fallbacks.get(model, ())
 
     async def _route(
-        self, endpoint: Endpoint, request: Request, raw: dict[str, Any], chain: list[str], rec: RequestRecord, key_limit: Limit
+        self, endpoint: Endpoint, request: Request, raw: dict[str, Any], chain: list[str], rec: RequestRecord
     ) -> Any:
         tried: list[Attempted] = []
         for i, model in enumerate(chain):
             if i:
                 self.metrics.fallbacks.labels(chain[0], model).inc()
             attempted = Attempted()
-            response = await self._try_model(endpoint, request, raw, model, rec, key_limit, attempted)
+            response = await self._try_model(endpoint, request, raw, model, rec, attempted)
             if response is not None:
                 response.headers["x-smolgate-model"] = model
                 return response
             tried.append(attempted)
         self.metrics.exhausted.labels(chain[0]).inc()
-        raise final_error(chain, tried)
+        err = final_error(chain, tried)
+        err.message = self.guard.redact(err.message)
+        raise err
 
     async def _try_model(
         self,
@@ -161,7 +181,6 @@ class Router:
         raw: dict[str, Any],
         model: str,
         rec: RequestRecord,
-        key_limit: Limit,
         attempted: Attempted,
     ) -> Any:
         balancer = self.balancers[model]
@@ -195,11 +214,14 @@ class Router:
             if attempts:
                 self.metrics.retries.labels(model).inc()
             try:
-                return await self._attempt(endpoint, request, raw, model, choice, rec, key_limit, dep_limit)
+                return await self._attempt(endpoint, request, raw, model, choice, rec, dep_limit)
             except Exception as exc:
                 if not retryable(exc):
                     balancer.release(state)
-                    raise client_error(exc) from None
+                    err = client_error(exc)
+                    if isinstance(err, GatewayError):  # an upstream's words: never a secret of ours
+                        err.message = self.guard.redact(err.message)
+                    raise err from None
                 self._failed(balancer, model, state, exc)
                 attempted.last = exc
                 failed.add(state.index)
@@ -228,7 +250,6 @@ class Router:
         model: str,
         choice: Choice,
         rec: RequestRecord,
-        key_limit: Limit,
         dep_limit: Limit,
     ) -> Any:
         state = choice.state
@@ -256,8 +277,7 @@ class Router:
         async def done(ok: bool) -> None:
             self.metrics.attempts.labels(model, state.name, "success" if ok else "failure").inc()
             balancer.done(state, ok)
-            tokens = rec.prompt_tokens + rec.completion_tokens
-            await asyncio.gather(self.limiter.spend(key_limit, tokens), self.limiter.spend(dep_limit, tokens))
+            await self.limiter.spend(dep_limit, rec.prompt_tokens + rec.completion_tokens)  # the key's: the middleware
 
         response.headers["x-smolgate-deployment"] = rec.deployment = state.name
         return Tracked(response, done, outcome, rec)
@@ -270,11 +290,6 @@ class Router:
         else:
             text = str(raw.get("prompt", ""))
         return affinity_key(model, text, self.rcfg.affinity_prefix_chars)
-
-
-def _bearer(request: Request) -> str:
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    return key.strip() if scheme.lower() == "bearer" else ""
 
 
 def _soonest(balancer: Balancer, skip: set[int]) -> float | None:

@@ -56,14 +56,33 @@ class ModelRoute:
 
 
 @dataclass(frozen=True)
+class KeyLimits:
+    """What a key may ask of the engine (docs/security.md). `key_defaults` sets these for every key (plain ones,
+    mappings that leave a field out, and anonymous requests when no key is configured)."""
+
+    rpm: int = 0  # requests per minute; 0 = unlimited
+    tpm: int = 0  # tokens (prompt + completion) per minute
+    priority: int = 0  # the best (lowest) `priority` a request may ask for, and its default; 0 = the normal class
+    max_tokens: int = 1024  # cap on max_tokens / max_completion_tokens, and the value when a request sets none; 0 = none
+    max_sequences: int = 16  # sequences one request may start: n (or best_of) x the number of prompts
+
+
+@dataclass(frozen=True)
 class KeyPolicy:
-    """What one API key may do. `models` empty: every model."""
+    """What one API key may do. `models` empty: every model. `key`: the key itself or `sha256:<hex>` of it."""
 
     name: str = ""
     key: str = field(default="", repr=False)
     models: tuple[str, ...] = ()
     rpm: int = 0
     tpm: int = 0
+    priority: int = 0
+    max_tokens: int = 1024
+    max_sequences: int = 16
+
+    @classmethod
+    def of(cls, name: str, key: str, limits: KeyLimits, models: tuple[str, ...] = ()) -> KeyPolicy:
+        return cls(name=name, key=key, models=models, **{f.name: getattr(limits, f.name) for f in fields(limits)})
 
 
 @dataclass(frozen=True)
@@ -142,12 +161,14 @@ def _typed(name: str, value: object, like: object) -> Any:
     return value
 
 
-def _secret(where: str, env_name: object, env: Mapping[str, str], required: bool) -> str:
+def _secret(where: str, env_name: object, env: Mapping[str, str]) -> str:
+    """The value of the environment variable `env_name`; unset or empty stops startup (never an empty secret)."""
     if not isinstance(env_name, str) or not env_name:
         raise RoutingConfigError(f"{where} must name an environment variable")
-    if required and not env.get(env_name):
-        raise RoutingConfigError(f"{where}: environment variable {env_name} is not set")
-    return env.get(env_name, "")
+    value = env.get(env_name, "").strip()
+    if not value:
+        raise RoutingConfigError(f"{where}: environment variable {env_name} is not set or empty")
+    return value
 
 
 def parse_deployment(where: str, value: object, env: Mapping[str, str]) -> DeploymentConfig:
@@ -164,7 +185,7 @@ def parse_deployment(where: str, value: object, env: Mapping[str, str]) -> Deplo
         raise RoutingConfigError(f"{where}.weight must be > 0")
     changes: dict[str, Any] = {"base_url": dep.base_url.rstrip("/")}
     if env_name is not None:
-        changes["api_key"] = _secret(f"{where}.api_key_env", env_name, env, required=False)
+        changes["api_key"] = _secret(f"{where}.api_key_env (deployment {dep.label!r})", env_name, env)
     if dep.kind == "backend" and "prefix_affinity" not in raw:
         changes["prefix_affinity"] = True
     return replace(dep, **changes)
@@ -199,23 +220,65 @@ def parse_fallbacks(value: object) -> Mapping[str, tuple[str, ...]]:
     return MappingProxyType(out)
 
 
-def parse_key(where: str, value: object, env: Mapping[str, str]) -> KeyPolicy:
-    """`{key_env: NAME}` or `{key: literal}`, optional name, models, rpm, tpm."""
+SHA256_PREFIX = "sha256:"
+_LIMIT_FIELDS = {f.name for f in fields(KeyLimits)}
+
+
+def check_key(where: str, key: str) -> str:
+    """A key as written in the configuration: the key itself, or `sha256:` and the 64 hex digits of its SHA-256."""
+    if key.startswith(SHA256_PREFIX):
+        digest = key[len(SHA256_PREFIX) :].strip().lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise RoutingConfigError(f"{where}: a sha256: key needs the 64 hex digits of the key's SHA-256")
+        return SHA256_PREFIX + digest
+    return key
+
+
+def parse_limits(where: str, value: object, base: KeyLimits) -> KeyLimits:
+    """`key_defaults`, or the limit fields of one key mapping (the rest of `base` is kept)."""
+    if not isinstance(value, dict):
+        raise RoutingConfigError(f"{where} must be a mapping")
+    unknown = set(value) - _LIMIT_FIELDS
+    if unknown:
+        raise RoutingConfigError(f"unknown {where} keys: {sorted(unknown)}")
+    changes: dict[str, Any] = {}
+    for k, v in value.items():
+        if k == "priority":  # vLLM's convention: any 32-bit integer, lower = earlier
+            if not isinstance(v, int) or isinstance(v, bool) or not -(2**31) <= v < 2**31:
+                raise RoutingConfigError(f"{where}.priority must be a 32-bit integer, got {v!r}")
+            changes[k] = v
+        else:
+            changes[k] = _typed(f"{where}.{k}", v, getattr(base, k))
+    if changes.get("max_sequences", base.max_sequences) < 1:
+        raise RoutingConfigError(f"{where}.max_sequences must be at least 1")
+    return replace(base, **changes)
+
+
+def parse_secret_entry(where: str, value: object, env: Mapping[str, str]) -> str:
+    """A key given as `{key_env: NAME}` (preferred), `{key: literal}` or a string; `sha256:<hex>` is a hash."""
+    if isinstance(value, str) and value:
+        return check_key(where, value)
+    if not isinstance(value, dict):
+        raise RoutingConfigError(f"{where} must be a string or a mapping")
+    if "key_env" in value:
+        return check_key(where, _secret(f"{where}.key_env", value["key_env"], env))
+    if isinstance(value.get("key"), str) and value["key"]:
+        return check_key(where, value["key"])
+    raise RoutingConfigError(f"{where} needs key_env (preferred) or key")
+
+
+def parse_key(where: str, value: object, env: Mapping[str, str], defaults: KeyLimits | None = None) -> KeyPolicy:
+    """`{key_env: NAME}` or `{key: literal or sha256:<hex>}`, optional name, models and any KeyLimits field."""
     if not isinstance(value, dict):
         raise RoutingConfigError(f"{where} must be a string or a mapping")
     raw = dict(value)
-    if "key_env" in raw:
-        key = _secret(f"{where}.key_env", raw.pop("key_env"), env, required=True)
-    elif isinstance(raw.get("key"), str) and raw["key"]:
-        key = raw.pop("key")
-    else:
-        raise RoutingConfigError(f"{where} needs key_env (preferred) or key")
+    key = parse_secret_entry(where, {k: raw.pop(k) for k in ("key_env", "key") if k in raw}, env)
     models = raw.pop("models", [])
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
         raise RoutingConfigError(f"{where}.models must be a list of model names")
     name = raw.pop("name", "") or f"key{where.rsplit('[', 1)[-1].rstrip(']')}"
-    limits: KeyPolicy = _dataclass_from(KeyPolicy, where, raw, skip=("name", "key", "models"))
-    return replace(limits, name=str(name), key=key, models=tuple(models))
+    limits = parse_limits(where, raw, defaults or KeyLimits())
+    return KeyPolicy.of(str(name), key, limits, tuple(models))
 
 
 def parse_routing(data: Mapping[str, Any], env: Mapping[str, str]) -> RoutingConfig:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 
 from backend.sampling_params import SamplingParams
 from gateway import fields as f
 from gateway.fields import Body
+from gateway.routing_config import KeyPolicy
 
 # Keys read here; each endpoint adds its own.
 SAMPLING_KEYS = frozenset(
@@ -51,12 +51,9 @@ def sampling_params(
     )
 
 
-def with_key_priority(
-    params: SamplingParams, body: Body, authorization: str | None, priorities: Mapping[str, int]
-) -> SamplingParams:
-    """The API key's default priority (config `api_key_priorities`) when the request sets none itself."""
-    if "priority" in body or not priorities or not authorization:
+def with_key_priority(params: SamplingParams, body: Body, policy: KeyPolicy | None) -> SamplingParams:
+    """The API key's priority (its `priority`, or `api_key_priorities`) when the request sets none itself; what a
+    request may set is checked against the key before (gateway/keys.py)."""
+    if body.get("priority") is not None or policy is None or policy.priority == params.priority:
         return params
-    scheme, _, key = authorization.partition(" ")
-    default = priorities.get(key.strip()) if scheme.lower() == "bearer" else None
-    return params if default is None else replace(params, priority=default)
+    return replace(params, priority=policy.priority)

@@ -103,7 +103,7 @@ class CacheStack:
         return openai.OpenAI(base_url=f"{self.urls[name]}/v1", api_key=key, max_retries=0, timeout=120)
 
     def metrics(self, name: str) -> str:
-        return httpx.get(f"{self.urls[name]}/metrics").text
+        return httpx.get(f"{self.urls[name]}/metrics", headers={"authorization": f"Bearer {API_KEY}"}).text
 
     def metric(self, name: str, series: str) -> float:
         """One sample's value from /metrics (0 when absent)."""

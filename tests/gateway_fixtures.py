@@ -175,7 +175,8 @@ class LiveStack:
 
 def gateway_test_config() -> GatewayConfig:
     engine = engine_config_from_env(EngineConfig(max_model_len=TEST_MAX_MODEL_LEN, kv_cache_memory_mb=256))
-    return GatewayConfig(api_keys=(API_KEY,), max_body_bytes=MAX_BODY_BYTES, engine=engine)
+    # The test key is the operators' key too (admin_keys): it reads /metrics and /v1/stats.
+    return GatewayConfig(api_keys=(API_KEY,), admin_keys=(API_KEY,), max_body_bytes=MAX_BODY_BYTES, engine=engine)
 
 
 @cache

@@ -72,7 +72,7 @@ def test_dashboard_shows_live_numbers_in_a_real_browser(live: LiveStack, browser
     problems = _watch_console(page)
     page.goto(f"{live.url}/dashboard")
     expect = _expect()
-    expect(page.locator("#status")).to_have_text("API key required")
+    expect(page.locator("#status")).to_have_text("admin key required")
     page.fill("#key", API_KEY)
     page.click("#auth button")
     expect(page.locator("#status")).to_have_text(re.compile(r"^live"))
@@ -99,6 +99,6 @@ def test_dashboard_with_a_wrong_key_asks_again(live: LiveStack, browser: Any) ->
     page = browser.new_page()
     page.set_default_timeout(60_000)
     page.goto(f"{live.url}/dashboard#key=sk-wrong")
-    _expect()(page.locator("#status")).to_have_text("API key rejected")
+    _expect()(page.locator("#status")).to_have_text("admin key rejected")
     assert page.is_visible("#key")
     assert "#key" not in page.url  # the key never stays in the address bar

@@ -83,10 +83,10 @@ def test_metrics(live: LiveStack, client: openai.OpenAI) -> None:
     client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
     wanted = 'smolgate_requests_total{model="SmolLM2-135M-Instruct",route="/v1/chat/completions",status="200"}'
     deadline = time.monotonic() + 5
-    text = httpx.get(f"{live.url}/metrics").text
+    text = httpx.get(f"{live.url}/metrics", headers=AUTH).text  # the test key is an admin key too
     while wanted not in text and time.monotonic() < deadline:  # recorded just after the response
         time.sleep(0.02)
-        text = httpx.get(f"{live.url}/metrics").text
+        text = httpx.get(f"{live.url}/metrics", headers=AUTH).text  # the test key is an admin key too
     for name in (
         'smolgate_requests_total{model="SmolLM2-135M-Instruct",route="/v1/chat/completions",status="200"}',
         "smolgate_request_duration_seconds_bucket",

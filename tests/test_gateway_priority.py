@@ -11,7 +11,7 @@ import pytest
 
 from backend.sampling_params import SamplingParams
 from gateway.cache.keys import exact_key
-from gateway.config import ConfigError, load_config
+from gateway.config import ConfigError, from_mapping, load_config
 from gateway.errors import InvalidRequest
 from gateway.protocol import parse_chat, parse_completion
 from gateway.sampling import with_key_priority
@@ -32,12 +32,14 @@ def test_priority_is_parsed_and_validated() -> None:
 
 
 def test_api_key_default_applies_only_when_the_request_sets_none() -> None:
+    cfg = from_mapping({"api_keys": ["sk-batch", "sk-interactive", "sk-other"], "api_key_priorities": KEYS})
+    batch, interactive, other = cfg.policies()
     params = SamplingParams()
-    assert with_key_priority(params, {}, "Bearer sk-batch", KEYS).priority == 10
-    assert with_key_priority(params, {}, "bearer  sk-interactive ", KEYS).priority == -5
-    assert with_key_priority(SamplingParams(priority=1), {"priority": 1}, "Bearer sk-batch", KEYS).priority == 1
-    assert with_key_priority(params, {}, "Bearer sk-other", KEYS).priority == 0
-    assert with_key_priority(params, {}, None, KEYS).priority == 0
+    assert with_key_priority(params, {}, batch).priority == 10
+    assert with_key_priority(params, {}, interactive).priority == -5
+    assert with_key_priority(SamplingParams(priority=11), {"priority": 11}, batch).priority == 11
+    assert with_key_priority(params, {}, other).priority == 0
+    assert with_key_priority(params, {}, None).priority == 0
 
 
 def test_config_from_yaml_and_env(tmp_path: Path) -> None:
@@ -65,7 +67,8 @@ def test_priority_is_not_part_of_the_cache_key() -> None:
 
 
 def test_priority_through_the_openai_sdk(client: openai.OpenAI) -> None:
-    resp = client.chat.completions.create(model="gpt-4o-mini", messages=MSG, max_tokens=4, extra_body={"priority": -5})
+    # a later class than the key's (docs/security.md: a request may only ask for its key's class or a later one)
+    resp = client.chat.completions.create(model="gpt-4o-mini", messages=MSG, max_tokens=4, extra_body={"priority": 5})
     assert resp.choices[0].message.content
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="gpt-4o-mini", messages=MSG, max_tokens=4, extra_body={"priority": "high"})

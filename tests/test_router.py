@@ -29,7 +29,7 @@ class Rig:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=120)
 
     def metric(self, prefix: str) -> float:
-        text = httpx.get(f"{self.url}/metrics").text
+        text = httpx.get(f"{self.url}/metrics", headers={"authorization": f"Bearer {KEY}"}).text
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
@@ -39,6 +39,7 @@ def _config(urls: dict[str, str]) -> dict[str, Any]:
 
     return {
         "api_keys": [KEY, {"key": NARROW, "name": "narrow", "models": ["small", "auto"], "rpm": 3}],
+        "admin_keys": [KEY],
         "embeddings": False,
         "cache": {"backend": "off"},
         "models": {

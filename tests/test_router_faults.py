@@ -33,7 +33,7 @@ class Rig:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=KEY, max_retries=0, timeout=30)
 
     def metric(self, prefix: str) -> float:
-        text = httpx.get(f"{self.url}/metrics").text
+        text = httpx.get(f"{self.url}/metrics", headers={"authorization": f"Bearer {KEY}"}).text
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
     def reset(self) -> None:
@@ -51,6 +51,7 @@ def _config(urls: dict[str, str]) -> dict[str, Any]:
 
     return {
         "api_keys": [KEY],
+        "admin_keys": [KEY],
         "model_aliases": {"gpt-4o-mini": "main"},
         "embeddings": False,
         "cache": {"backend": "off"},

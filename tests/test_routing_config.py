@@ -49,8 +49,35 @@ def test_the_example_file_loads_with_its_secrets() -> None:
         ({"api_keys": [{"key_env": "MISSING"}]}, "MISSING is not set"),
         ({"api_keys": [{"models": ["m"]}]}, "key_env"),
         ({"router": {"num_retries": "3"}}, "router.num_retries"),
+        ({"models": {"m": {"deployments": [{"kind": "openai", "base_url": "http://x/v1", "api_key_env": "NOPE"}]}}},
+         "NOPE is not set or empty"),
+        ({"api_keys": ["sha256:abc"]}, "64 hex digits"),
+        ({"api_keys": [{"key": "k1", "priority": "high"}]}, "32-bit integer"),
+        ({"api_keys": [{"key": "k1", "name": "a"}, {"key": "k2", "name": "a"}]}, "same name"),
+        ({"key_defaults": {"max_tokns": 5}}, "unknown key_defaults"),
+        ({"key_defaults": {"max_sequences": 0}}, "max_sequences"),
+        ({"admin_keys": [{"key_env": "MISSING_ADMIN"}]}, "MISSING_ADMIN"),
     ],
 )
 def test_bad_routing_sections_are_rejected(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         from_mapping(data, {})
+
+
+def test_key_policies_defaults_admin_keys_and_hashes() -> None:
+    digest = "sha256:" + "AB" * 32
+    cfg = from_mapping(
+        {
+            "key_defaults": {"max_tokens": 64, "priority": 5},
+            "api_keys": ["a-plain-key-long-enough", digest, {"key_env": "K", "name": "t", "max_sequences": 2}],
+            "admin_keys": [{"key_env": "OPS"}],
+        },
+        {"K": "sk-team", "OPS": "sk-ops"},
+    )
+    plain, hashed, team = cfg.policies()
+    assert (plain.name, plain.max_tokens, plain.priority) == ("…ough", 64, 5)
+    assert (hashed.name, hashed.key) == ("key1", digest.lower())
+    assert (team.name, team.key, team.max_tokens, team.max_sequences) == ("t", "sk-team", 64, 2)
+    assert cfg.admin_keys == ("sk-ops",) and "sk-ops" not in repr(cfg) and "sk-ops" in cfg.secrets()
+    env = load_config(None, environ={"SMOLGATE_API_KEYS": "k1", "SMOLGATE_ADMIN_KEYS": f"ops1,{digest}"})
+    assert env.admin_keys == ("ops1", digest.lower())

@@ -56,6 +56,7 @@ def _gateway_config(backends: dict[str, str], redis_url: str) -> dict[str, objec
         "embeddings": False,
         "cache": {"backend": "off"},
         "api_keys": [KEY, {"key": LIMITED_KEY, "name": "limited", "rpm": LIMITED_RPM}],
+        "admin_keys": [KEY],
         "models": {"smollm": {"deployments": [dep("b1"), dep("b2")]}},
         "model_aliases": {"gpt-4o-mini": "smollm"},
         "router": {"redis_url": redis_url, "redis_prefix": f"topo{free_port()}", "cooldown_failures": 1, "cooldown_s": 60.0,
@@ -112,7 +113,7 @@ def _chat(t: Topology, gateway: int, first: str, turns: int = 1, max_tokens: int
 
 
 def _metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
+    text = httpx.get(f"{url}/metrics", headers={"authorization": f"Bearer {KEY}"}).text
     return next(float(x.split()[-1]) for x in text.splitlines() if x.startswith(name + " "))
 
 

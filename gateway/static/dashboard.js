@@ -1,5 +1,5 @@
 // smolgate dashboard: polls GET /v1/stats once a second and fills the page. No build step, no libraries.
-// With API keys enabled the key is typed into the page (or passed once as #key=... in the URL), kept in
+// With API keys enabled the admin key (admin_keys) is typed into the page (or passed once as #key=... in the URL), kept in
 // sessionStorage for this tab only, and sent as a Bearer header like any OpenAI client does.
 "use strict";
 
@@ -103,14 +103,14 @@ function askForKey(message) {
 async function poll() {
   const key = sessionStorage.getItem(KEY_SLOT);
   if (authRequired && !key) {
-    askForKey("API key required");
+    askForKey("admin key required");
     return;
   }
   try {
     const resp = await fetch("/v1/stats", { headers: key ? { Authorization: "Bearer " + key } : {}, cache: "no-store" });
     if (resp.status === 401) {
       sessionStorage.removeItem(KEY_SLOT);
-      askForKey("API key rejected");
+      askForKey("admin key rejected");
       return;
     }
     if (!resp.ok) throw new Error("HTTP " + resp.status);
