@@ -67,7 +67,7 @@ class GatewayConfig:
     # auto (bfloat16 where native, else float16 weights) | float32 | bfloat16 | float16 | int8 (W8A8 C kernel, x86 AVX2)
     embedding_dtype: str = "auto"
     sse_ping_s: float = 15.0
-    # Operations (README: Operations): shutdown drain, admission and timeouts against stuck clients.
+    # Operations (docs/deployment.md): shutdown drain, admission and timeouts against stuck clients.
     drain_timeout_s: float = 30.0  # on SIGTERM, in-flight requests get this long to finish
     max_concurrent_requests: int = 1024  # /v1/ requests in progress; beyond it 429 + Retry-After (0: no limit)
     body_timeout_s: float = 30.0  # a request body must arrive within this long (else 408)

@@ -1,7 +1,7 @@
 """`tools`, `tool_choice`, `parallel_tool_calls` -> a ToolConfig: the tool prompt and the call grammar.
 
 The model's chat template has no tool support (SmolLM2's has none), so tools are described in the
-system message in a documented format (README, "Structured outputs and tools"), and a call is
+system message in a documented format (docs/structured-outputs.md), and a call is
 
     <tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>
 
