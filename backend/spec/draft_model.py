@@ -44,7 +44,7 @@ def load_draft_model(
     path = Path(config.speculative_model).expanduser() if config.speculative_model else default_awq_model_path()
     draft = load_model(
         resolve_model_dir(path), dtype, device, max_model_len, ops, config.int4_dense_copy, packed_copy=config.packed_copy,
-        int4_cpu_kernel=config.int4_cpu_kernel,
+        int4_cpu_kernel=config.int4_cpu_kernel, deterministic=config.deterministic,
     )
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft model {path} has {draft.config.vocab_size} tokens, the target {target.config.vocab_size}: "
