@@ -27,6 +27,7 @@ from backend.model_runner import ModelRunner, kv_cache_shape
 from backend.models.llama import LlamaForCausalLM
 from backend.ops import Ops
 from backend.request import Sequence
+from backend.sampler import seeded_noise
 from backend.spec.prefix import needs_processing, process_row, target_probs
 from backend.weights import load_model, resolve_model_dir
 
@@ -153,6 +154,9 @@ class DraftModel:
             return None
         if seq.params.greedy:
             token = int(row.argmax())
+        elif seq.generator is not None:  # the target's noise at this position: the draft guesses the token it draws
+            token = int((probs[0] / seeded_noise(seq, upto, probs.shape[1], probs.device)).argmax())
+            q.append(probs)
         else:  # the target's filters too (temperature, top-k/p), so q is close to p
             token = int(torch.multinomial(probs[0], 1, generator=seq.generator or generator))
             q.append(probs)
