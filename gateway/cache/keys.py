@@ -35,7 +35,9 @@ NON_OUTPUT_FIELDS = frozenset(
         "priority",  # scheduling only: the same answer whatever the priority
     }
 )  # fmt: skip
-_FINGERPRINT_FIELDS = ("model", "quantization", "served_model_name", "dtype", "max_model_len", "kernel_backend")
+_FINGERPRINT_FIELDS = (
+    "model", "quantization", "served_model_name", "dtype", "max_model_len", "kernel_backend", "deterministic",
+)
 
 
 def _digest(obj: Any) -> str:
