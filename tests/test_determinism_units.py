@@ -1,11 +1,15 @@
-"""Seeded draws keyed by position (backend/sampler.py, docs/determinism.md): a seeded row's token depends only on its
-logits, its seed, choice index and position; not on its batch-mates, their order, or earlier draws. A seeded
-speculative verify (`verify_seeded`) emits exactly the tokens plain sampling draws at those positions."""
+"""What determinism (docs/determinism.md) rests on, without a model. Seeded draws keyed by position
+(backend/sampler.py): a seeded row's token depends only on its logits, its seed, choice index and position; not on its
+batch-mates, their order, or earlier draws. A seeded speculative verify (`verify_seeded`) emits exactly the tokens
+plain sampling draws at those positions. The response's system_fingerprint changes with EngineConfig.deterministic."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from backend.config import EngineConfig
 from backend.request import Sequence
 from backend.sampler import Sampler, seeded_noise
 from backend.sampling_params import SamplingParams
@@ -51,3 +55,12 @@ def test_a_seeded_verify_emits_the_tokens_plain_sampling_draws() -> None:
     assert verify_seeded(probs, plain[:3], noise) == (3, plain[3])  # all accepted, the bonus is plain's 4th
     wrong = [plain[0], (plain[1] + 1) % VOCAB, plain[2]]
     assert verify_seeded(probs, wrong, noise) == (1, plain[1])  # the first mismatch emits plain's token
+
+
+def test_system_fingerprint_changes_with_the_deterministic_switch() -> None:
+    from gateway.cache.keys import model_fingerprint
+    from gateway.responses import system_fingerprint
+
+    on = EngineConfig(quantization="none")
+    fingerprints = {system_fingerprint(model_fingerprint("m", c)) for c in (on, replace(on, deterministic=False))}
+    assert len(fingerprints) == 2 and all(f.startswith("fp_") for f in fingerprints)
