@@ -49,6 +49,12 @@ class EngineConfig:
     # has no native bf16; then the int4 weights are the only copy) | w4a8 (required: an error if it cannot build) |
     # torch (torch's int4 kernel + the dense copy above; auto's choice on AVX-512 BF16 / AMX CPUs)
     int4_cpu_kernel: str = "auto"
+    # Batch-invariant numerics (docs/determinism.md): a sequence's logits are bit-identical whatever else runs in the
+    # batch and however its tokens got there (whole or chunked prefill, prefix cache, preemption, speculative
+    # verification), so greedy and seeded outputs repeat. On CPU int4_cpu_kernel auto then takes the W4A8 kernel
+    # wherever it builds, and INT8 weights run on the W8A8 kernel (one reduction order per row at any row count);
+    # off: torch's int4/int8 kernels with dense copies for batches on bf16 CPUs (faster prefill, batch-dependent bits).
+    deterministic: bool = True
     # Full-precision weights on CPU: also keep a oneDNN-prepacked copy for calls with 2+ rows (prefill, batches,
     # speculative verify): 1.15x at 32 streams, ~2x for a 5-row lm_head call (backend/cpu_gemm.py); 2x the memory.
     packed_copy: bool = True

@@ -134,9 +134,13 @@ class DualLinear(nn.Module):
     streams and ~2x for the lm_head at 5 rows (bench/README, "Prepacked GEMM"). The price is a second copy of
     the weights; `EngineConfig.packed_copy` turns it off. With `small_gemm` (the C kernel kernels/cpu_small_gemm.c,
     x86 AVX2) calls of up to 16 rows run it on the plain weight instead: it reads each weight once for all rows, so
-    a verify of 1 + k tokens costs about one plain step (oneDNN: 1.4x), and a row's result is the same at any M."""
+    a verify of 1 + k tokens costs about one plain step (oneDNN: 1.4x), and a row's result is the same at any M.
+    `row_invariant` (EngineConfig.deterministic): every call runs that kernel, 16 rows at a time, so a row's result
+    never depends on the call's row count (oneDNN's blocking does: docs/determinism.md)."""
 
-    def __init__(self, linear: nn.Linear, min_rows: int = 2, small_gemm: ctypes.CDLL | None = None) -> None:
+    def __init__(
+        self, linear: nn.Linear, min_rows: int = 2, small_gemm: ctypes.CDLL | None = None, row_invariant: bool = False
+    ) -> None:
         super().__init__()
         self.min_rows = min_rows  # calls with fewer rows use the plain weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -144,9 +148,15 @@ class DualLinear(nn.Module):
         self.packed = PackedLinear(linear.weight, linear.bias)
         fits = small_gemm is not None and small_gemm_supports(linear.weight)
         self.small_gemm = small_gemm if fits and (linear.bias is None or linear.bias.dtype == torch.float32) else None
+        self.row_invariant = row_invariant and self.small_gemm is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
+        if self.row_invariant and rows > SMALL_GEMM_ROWS and x.dtype == torch.float32:
+            flat = _unit_stride_rows(x.reshape(rows, self.in_features))
+            parts = [small_gemm(self.small_gemm, flat[i : i + SMALL_GEMM_ROWS], self.weight, self.bias)
+                     for i in range(0, rows, SMALL_GEMM_ROWS)]
+            return torch.cat(parts).view(*x.shape[:-1], self.out_features)
         if self.small_gemm is not None and 0 < rows <= SMALL_GEMM_ROWS and x.dtype == torch.float32:
             y = small_gemm(self.small_gemm, _unit_stride_rows(x.reshape(rows, self.in_features)), self.weight, self.bias)
             return y.view(*x.shape[:-1], self.out_features)
@@ -159,14 +169,14 @@ def _unit_stride_rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def add_packed_copies(model: nn.Module, small_gemm: ctypes.CDLL | None = None) -> int:
+def add_packed_copies(model: nn.Module, small_gemm: ctypes.CDLL | None = None, row_invariant: bool = False) -> int:
     """Swap every full-precision CPU nn.Linear in `model` for a DualLinear (`small_gemm`: the C kernel for calls of
-    up to 16 rows, see DualLinear); returns the bytes added."""
+    up to 16 rows, `row_invariant`: for every call, see DualLinear); returns the bytes added."""
     added, min_rows = 0, 2 if mkl_gemv_wins() else 1
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.is_floating_point():
-                dual = DualLinear(child, min_rows, small_gemm)
+                dual = DualLinear(child, min_rows, small_gemm, row_invariant)
                 if dual.packed.packed:
                     setattr(module, name, dual)
                     added += dual.packed.nbytes()

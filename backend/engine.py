@@ -69,6 +69,7 @@ class LLMEngine:
         model = load_model(
             model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization, tp, pp,
             packed_copy=config.packed_copy, int4_cpu_kernel=config.int4_cpu_kernel,
+            deterministic=config.deterministic,
         )
         draft = load_draft_model(config, model, dtype, self.device, self.max_model_len, ops)
         heads = load_medusa_heads(config, model.config.vocab_size, model.config.hidden_size, dtype, self.device)

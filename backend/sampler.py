@@ -3,11 +3,14 @@
 A ladder of small functions, each a no-op for rows that don't use it:
   logit_bias -> min_tokens -> penalties -> greedy | (temperature -> top_k -> top_p -> min_p -> draw)
 Draws use the exponential race (argmax p / E with E ~ Exp(1)), which equals sampling from p;
-rows with a seed draw E from their own generator, so their text ignores the rest of the batch.
+rows with a seed draw E from their own generator, keyed by (seed, choice index, position of the token drawn):
+a seeded draw depends on nothing but that key and p, so its text ignores the rest of the batch, and speculative
+verification can draw the very token plain decoding would (`seeded_noise`, backend/spec/verify.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -69,11 +72,21 @@ def apply_top_k_top_p_min_p(probs: torch.Tensor, seqs: list[Sequence]) -> torch.
     return probs
 
 
+def seeded_noise(seq: Sequence, position: int, vocab: int, device: torch.device | str) -> torch.Tensor:
+    """(vocab,) Exp(1) noise of seeded `seq`'s draw of the token at `position` (its index in token_ids): the
+    sequence's generator reseeded from (seed, choice index, position), so the draw is the same however many draws
+    (speculative drafts, verifications, batch-mates) came before it."""
+    assert seq.generator is not None and seq.params.seed is not None
+    key = hashlib.blake2b(f"{seq.params.seed}:{seq.index}:{position}".encode(), digest_size=8).digest()
+    seq.generator.manual_seed(int.from_bytes(key, "little") >> 1)
+    return torch.empty(vocab, device=device).exponential_(generator=seq.generator)
+
+
 def draw(probs: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> torch.Tensor:
     noise = torch.empty_like(probs).exponential_(generator=generator)
     for row, seq in enumerate(seqs):
         if seq.generator is not None:
-            noise[row].exponential_(generator=seq.generator)
+            noise[row] = seeded_noise(seq, seq.num_tokens, probs.shape[1], probs.device)
     return (probs / noise).argmax(dim=-1)
 
 

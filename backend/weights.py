@@ -135,12 +135,14 @@ def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | Non
 def load_model(
     path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None, int4_dense_copy: bool = True,
     quantization: str = "none", tp: tuple[int, int] | None = None, pp: tuple[int, int] | None = None,
-    packed_copy: bool = False, int4_cpu_kernel: str = "auto",
+    packed_copy: bool = False, int4_cpu_kernel: str = "auto", deterministic: bool = False,
 ) -> LlamaForCausalLM:
     """quantization "int8" quantizes a full-precision checkpoint's projections at load time; a quantized
     checkpoint (AWQ, GPTQ) always loads as it says. packed_copy: full-precision linears on CPU also keep a
-    oneDNN-prepacked copy for multi-row calls (backend/cpu_gemm.py). tp = (rank, world): this rank's tensor-parallel shard
-    (backend/tensor_parallel.py); pp = (rank, world): this rank's pipeline stage (backend/pipeline_parallel.py)."""
+    oneDNN-prepacked copy for multi-row calls (backend/cpu_gemm.py). deterministic: the linears on kernels whose
+    result for a row does not depend on the row count (EngineConfig.deterministic). tp = (rank, world): this rank's
+    tensor-parallel shard (backend/tensor_parallel.py); pp = (rank, world): this rank's pipeline stage
+    (backend/pipeline_parallel.py)."""
     model_dir = resolve_model_dir(path)
     config = load_config(model_dir)
     awq = awq_config_of(config)  # an AWQ checkpoint swaps in INT4 layers (backend/quant)
@@ -164,7 +166,7 @@ def load_model(
     if awq is not None:
         from backend.quant.convert import prepare_int4
 
-        prepare_int4(model, dense_copy=int4_dense_copy, cpu_kernel=int4_cpu_kernel)
+        prepare_int4(model, dense_copy=int4_dense_copy, cpu_kernel=int4_cpu_kernel, deterministic=deterministic)
         if tp is None:  # (DecodeStack.build says None without CpuOps)
             from backend.decode_stack import DecodeStack
 
@@ -172,9 +174,9 @@ def load_model(
     elif quantization == "int8":
         from backend.quant.convert import quantize_int8
 
-        quantize_int8(model)
+        quantize_int8(model, deterministic)
     elif packed_copy:
-        add_packed_copies(model, ops.small_gemm if isinstance(ops, CpuOps) else None)
+        add_packed_copies(model, ops.small_gemm if isinstance(ops, CpuOps) else None, deterministic)
     if tp is not None:
         from backend.tensor_parallel import make_row_parallel
 

@@ -18,7 +18,7 @@ from gateway.jsonio import json_response, read_json
 from gateway.logprobs import chat_logprobs
 from gateway.protocol import ChatRequest, parse_chat
 from gateway.record import RequestRecord, record_of
-from gateway.responses import chat_completion, usage_json
+from gateway.responses import chat_completion, system_fingerprint, usage_json
 from gateway.sampling import with_key_priority
 from gateway.sse import SSEStream, StreamLimits, chain, guarded, sse_data
 from gateway.tool_output import ToolStream, with_tool_calls
@@ -34,6 +34,7 @@ class ChunkMaker:
     include_usage: bool
     with_logprobs: bool
     tools: ToolStream | None = None  # set when the text may hold tool calls
+    system_fingerprint: str | None = None
 
     def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
         obj: dict[str, Any] = {
@@ -43,6 +44,8 @@ class ChunkMaker:
             "model": self.model,
             "choices": choices,
         }
+        if self.system_fingerprint is not None:
+            obj["system_fingerprint"] = self.system_fingerprint
         if self.include_usage:
             obj["usage"] = usage
         return sse_data(obj)
@@ -116,7 +119,8 @@ class ChatCompletions:
             params = replace(params, logprobs=0)
         stream = self.ctx.engine.generate(prompt, params, completion_id)
         tools = ToolStream(self._call_id) if req.tools is not None else None
-        maker = ChunkMaker(completion_id, int(time.time()), model.id, req.stream.include_usage, req.logprobs, tools)
+        maker = ChunkMaker(completion_id, int(time.time()), model.id, req.stream.include_usage, req.logprobs, tools,
+                           system_fingerprint(self.ctx.cache.fingerprint))
         if req.stream.stream:
             build = lambda g: self._body(maker, req, g)  # noqa: E731
             return ticket.mark(await self._stream(request, req, maker, ticket.tap(stream, build), rec))
@@ -127,7 +131,8 @@ class ChatCompletions:
         return ticket.mark(json_response(body))
 
     def _body(self, maker: ChunkMaker, req: ChatRequest, gen: Generation) -> dict[str, Any]:
-        body = chat_completion(maker.id, maker.created, maker.model, gen.ordered(), gen.usage, req.logprobs)
+        body = chat_completion(maker.id, maker.created, maker.model, gen.ordered(), gen.usage, req.logprobs,
+                               maker.system_fingerprint)
         return body if req.tools is None else with_tool_calls(body, self._call_id)
 
     def _call_id(self) -> str:

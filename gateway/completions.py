@@ -20,7 +20,7 @@ from gateway.jsonio import json_response, read_json
 from gateway.logprobs import completion_logprobs, generated_items
 from gateway.protocol import CompletionRequest, Prompt, parse_completion
 from gateway.record import RequestRecord, record_of
-from gateway.responses import add_usage, text_completion, usage_json
+from gateway.responses import add_usage, system_fingerprint, text_completion, usage_json
 from gateway.sampling import with_key_priority
 from gateway.sse import SSEStream, StreamLimits, chain, guarded, sse_data
 
@@ -77,12 +77,15 @@ class CompletionChunks:
     want_logprobs: bool
     echoes: list[Echo | None]
     offsets: dict[int, int] = field(default_factory=dict)
+    system_fingerprint: str | None = None
 
     def chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> bytes:
         obj: dict[str, Any] = {
             "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
             "choices": choices,
         }  # fmt: skip
+        if self.system_fingerprint is not None:
+            obj["system_fingerprint"] = self.system_fingerprint
         if usage is not None:
             obj["usage"] = usage_json(usage)
         return sse_data(obj)
@@ -139,13 +142,14 @@ class Completions:
         if cached is not None:
             return cached
         completion_id = f"cmpl-{self.ctx.ids.new()}"
+        fingerprint = system_fingerprint(self.ctx.cache.fingerprint)
         streams = [self.ctx.engine.generate(p, req.params, f"{completion_id}-{i}") for i, p in enumerate(req.prompts)]
         if req.stream.stream:
             if len(streams) == 1 and not req.echo:  # stored from the stream: one prompt, nothing echoed
                 want = req.params.logprobs is not None
                 streams = [ticket.tap(streams[0], lambda g: text_completion(
                     completion_id, int(time.time()), model.id, [completion_choice(c.index, c, None, want) for c in g.ordered()],
-                    g.usage))]  # fmt: skip
+                    g.usage, fingerprint))]  # fmt: skip
             return ticket.mark(await self._stream(request, req, completion_id, model.id, streams, rec))
         gens = await unless_disconnected(request.receive, gather_or_cancel([collect(s, rec.first_token) for s in streams]))
         usage = _total(g.usage for g in gens)
@@ -156,7 +160,7 @@ class Completions:
             echo = self._echo(req, prompt, gen.prompt_token_ids, gen.prompt_logprobs)
             for state in gen.ordered():
                 choices.append(completion_choice(i * req.params.n + state.index, state, echo, want))
-        body = text_completion(completion_id, int(time.time()), model.id, choices, usage)
+        body = text_completion(completion_id, int(time.time()), model.id, choices, usage, fingerprint)
         await ticket.store(body)
         return ticket.mark(json_response(body))
 
@@ -192,6 +196,7 @@ class Completions:
             req.stream.include_usage,
             req.params.logprobs is not None,
             echoes,
+            system_fingerprint=system_fingerprint(self.ctx.cache.fingerprint),
         )
         merged = merge([chain(f, s) for f, s in zip(firsts, streams, strict=True)])
         events = completion_events(chunks, merged, rec)

@@ -46,8 +46,9 @@ def chat_completion(
     choices: Sequence[ChoiceState],
     usage: Usage,
     with_logprobs: bool,
+    system_fingerprint: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    body = {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
@@ -55,10 +56,19 @@ def chat_completion(
         "choices": [chat_choice(c, with_logprobs) for c in choices],
         "usage": usage_json(usage),
     }
+    return body if system_fingerprint is None else {**body, "system_fingerprint": system_fingerprint}
+
+
+def system_fingerprint(model_fingerprint: str) -> str:
+    """OpenAI's `system_fingerprint`: the backend configuration that determines the output. From the model
+    fingerprint (gateway/cache/keys.py: weights, precision, kernels, EngineConfig.deterministic), so it changes
+    whenever the same request could get different tokens (docs/determinism.md)."""
+    return f"fp_{model_fingerprint[:12]}"
 
 
 def text_completion(
-    completion_id: str, created: int, model: str, choices: list[dict[str, Any]], usage: Usage | None
+    completion_id: str, created: int, model: str, choices: list[dict[str, Any]], usage: Usage | None,
+    system_fingerprint: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": completion_id,
@@ -67,6 +77,8 @@ def text_completion(
         "model": model,
         "choices": choices,
     }
+    if system_fingerprint is not None:
+        body["system_fingerprint"] = system_fingerprint
     if usage is not None:
         body["usage"] = usage_json(usage)
     return body

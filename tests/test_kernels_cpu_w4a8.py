@@ -122,10 +122,12 @@ def test_int4_linear_w4a8_mode(lib, rows: int) -> None:
 
 
 def test_the_engine_s_choice_of_kernel() -> None:
-    """auto: the kernel on CPUs without native bf16 (where it was measured); torch: never; w4a8: required."""
-    assert w4a8_kernel("torch") is None
+    """auto: the kernel wherever it builds when deterministic (the default: its rows are batch-invariant), else on
+    CPUs without native bf16 (where it was measured); torch: never; w4a8: required."""
+    assert w4a8_kernel("torch") is None and w4a8_kernel("torch", deterministic=True) is None
     auto = w4a8_kernel("auto")
     assert (auto is not None) == (dense_dtype("cpu") == torch.float32)
+    assert w4a8_kernel("auto", deterministic=True) is not None
     assert w4a8_kernel("w4a8") is not None
     with pytest.raises(ValueError, match="unknown int4_cpu_kernel"):
         w4a8_kernel("int3")

@@ -42,11 +42,15 @@ def swap_in_int4(model: nn.Module, awq: AwqConfig) -> None:
             setattr(parent, name, int4)
 
 
-def prepare_int4(model: nn.Module, quantize_lm_head: bool = True, dense_copy: bool = True, cpu_kernel: str = "auto") -> None:
+def prepare_int4(
+    model: nn.Module, quantize_lm_head: bool = True, dense_copy: bool = True, cpu_kernel: str = "auto",
+    deterministic: bool = False,
+) -> None:
     """Repack every Int4Linear for its device (`dense_copy`: plus a dense copy for batched calls on CPU when
-    torch's int4 kernel serves them; `cpu_kernel`: see EngineConfig.int4_cpu_kernel); give the lm_head a low-bit
-    copy (embeddings untouched): with the C kernels, int8 rows served by the W8A8 kernel."""
-    lib = w4a8_kernel(cpu_kernel) if next(model.parameters()).device.type == "cpu" else None
+    torch's int4 kernel serves them; `cpu_kernel`, `deterministic`: see EngineConfig.int4_cpu_kernel and
+    w4a8_kernel); give the lm_head a low-bit copy (embeddings untouched): with the C kernels, int8 rows served by
+    the W8A8 kernel."""
+    lib = w4a8_kernel(cpu_kernel, deterministic) if next(model.parameters()).device.type == "cpu" else None
     for module in model.modules():
         if isinstance(module, Int4Linear):
             module.prepare(dense_copy, lib)
@@ -56,13 +60,15 @@ def prepare_int4(model: nn.Module, quantize_lm_head: bool = True, dense_copy: bo
         model.lm_head = LowBitHead(head.weight, head.bias, head_lib)
 
 
-def w4a8_kernel(choice: str) -> ctypes.CDLL | None:
-    """The W4A8 CPU kernel for `choice` auto | w4a8 (required) | torch (never). auto: where it builds and the CPU
-    has no native bf16 (AVX2-only: measured there, bench/README "C kernels"); a CPU with AVX-512 BF16 / AMX keeps
-    torch's int4 kernel + the bf16 dense copy, which were measured there and the W4A8 kernel was not."""
+def w4a8_kernel(choice: str, deterministic: bool = False) -> ctypes.CDLL | None:
+    """The W4A8 CPU kernel for `choice` auto | w4a8 (required) | torch (never). auto: where it builds, if
+    `deterministic` (EngineConfig.deterministic: its result for a row is the same at any row count, while torch's
+    int4 kernel for few rows and the dense copy for many round differently: docs/determinism.md); otherwise only
+    where the CPU has no native bf16 (AVX2-only: measured there, bench/README "C kernels"), a CPU with AVX-512 BF16
+    / AMX keeping torch's int4 kernel + the bf16 dense copy (faster prefill there)."""
     if choice not in {"auto", "w4a8", "torch"}:
         raise ValueError(f"unknown int4_cpu_kernel {choice!r}: use auto, w4a8 or torch")
-    if choice == "torch" or (choice == "auto" and dense_dtype("cpu") == torch.bfloat16):
+    if choice == "torch" or (choice == "auto" and not deterministic and dense_dtype("cpu") == torch.bfloat16):
         return None
     lib = load_w4a8(cache_dir() / "kernels")
     if lib is None and choice == "w4a8":
@@ -76,14 +82,19 @@ def int4_weight_bytes(model: nn.Module) -> int:
     return sum(m.weight_bytes() for m in model.modules() if isinstance(m, Int4Linear))
 
 
-def quantize_int8(model: nn.Module) -> None:
-    """Weight-only INT8 at load time: every projection's weight -> int8 with one scale per output channel."""
+def quantize_int8(model: nn.Module, deterministic: bool = False) -> None:
+    """INT8 at load time: every projection's weight -> int8 with one scale per output channel. `deterministic`
+    (EngineConfig.deterministic): on a CPU where the C kernels build, the projections and the lm_head run on the
+    W8A8 kernel (the same int8 weights, activations quantized per row and group; a row's result does not depend on
+    the row count), else torch's int8 kernel for few rows and a dense GEMM for many (weight-only, batch-dependent)."""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    lib = load_w8a8(cache_dir() / "kernels") if deterministic and on_cpu else None
     for layer in model.layers:
         for path in PROJECTIONS:
             parent_name, name = path.split(".")
             parent = getattr(layer, parent_name)
             linear: nn.Linear = getattr(parent, name)
-            setattr(parent, name, Int8Linear(linear.weight, linear.bias))
+            setattr(parent, name, Int8Linear(linear.weight, linear.bias, lib))
     head = model.lm_head
     if isinstance(head, nn.Linear):
-        model.lm_head = LowBitHead(head.weight, head.bias)
+        model.lm_head = LowBitHead(head.weight, head.bias, lib)

@@ -9,15 +9,23 @@ fp32 bytes, so decode steps (a few rows: memory bound) run faster. It streams th
 row, so from DENSE_ROWS rows on (prefill) a call instead dequantizes the weight once and runs a dense GEMM
 (bf16, or fp32 on an AVX2-only CPU: `cpu_gemm.dense_dtype`). On CUDA the layer keeps a bf16 weight
 (`F.linear`); int8 then only saves load-time memory.
+
+With the W8A8 kernel (kernels/cpu_w8a8.c; `EngineConfig.deterministic` hands it in where the C kernels build) the
+same int8 rows and scales serve every call: x is quantized per row and group to int8 and the products run on integer
+SIMD, one reduction order per row whatever the row count (the torch path's two kernels round differently, so a
+row's output depended on how many rows the call had: docs/determinism.md).
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from backend.cpu_gemm import dense_dtype
+from kernels.cpu_w8a8 import W8A8Weight, w8a8_group, w8a8_linear
 
 DENSE_ROWS = 32  # from this many rows on, dequantize + dense GEMM beats the int8 kernel (measured crossover 32-64)
 
@@ -30,29 +38,39 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, w8a8: ctypes.CDLL | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         q, scale = quantize_int8(weight.detach())
-        self.bias = None if bias is None else bias.detach().float()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
         self.on_cpu = weight.device.type == "cpu"
-        if self.on_cpu:
+        group = w8a8_group(self.in_features)
+        self.w8a8_lib = w8a8 if self.on_cpu and group else None
+        if self.w8a8_lib is not None:  # pack_w8a8's quantization is quantize_int8's: the same rows and scales
+            self.w8a8 = W8A8Weight(q, scale.float().contiguous(), group)
+            self.weight_int8, self.scale = q, scale.to(torch.bfloat16)  # weight_bytes() reads them
+        elif self.on_cpu:
             self.weight_int8, self.scale = q, scale.to(torch.bfloat16)
             self.dense_dtype = dense_dtype(weight.device)  # of the prefill path's dequantized weight
         else:  # no int8 GEMM of ours on CUDA: serve the (rounded) bf16 weight
             self.weight_bf16 = (q.float() * scale[:, None]).to(torch.bfloat16)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, int8={self.on_cpu}"
+        return f"in={self.in_features}, out={self.out_features}, int8={self.on_cpu}, w8a8={self.w8a8_lib is not None}"
 
     def dequantized(self) -> torch.Tensor:
         """The float32 (out, in) weight this layer computes with."""
         if not self.on_cpu:
             return self.weight_bf16.float()
+        if self.w8a8_lib is not None:
+            return self.w8a8.q.float() * self.w8a8.scales[:, None]
         return self.weight_int8.float() * self.scale.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
+        if self.w8a8_lib is not None:  # the bias added in the kernel's epilogue, in fp32
+            y = w8a8_linear(self.w8a8_lib, rows.float().contiguous(), self.w8a8, self.bias)
+            return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         if not self.on_cpu:
             y = F.linear(rows.to(torch.bfloat16), self.weight_bf16)
         elif rows.shape[0] < DENSE_ROWS:

@@ -27,6 +27,7 @@ from backend.model_runner import ModelRunner, kv_cache_shape
 from backend.models.llama import LlamaForCausalLM
 from backend.ops import Ops
 from backend.request import Sequence
+from backend.sampler import seeded_noise
 from backend.spec.prefix import needs_processing, process_row, target_probs
 from backend.weights import load_model, resolve_model_dir
 
@@ -44,7 +45,7 @@ def load_draft_model(
     path = Path(config.speculative_model).expanduser() if config.speculative_model else default_awq_model_path()
     draft = load_model(
         resolve_model_dir(path), dtype, device, max_model_len, ops, config.int4_dense_copy, packed_copy=config.packed_copy,
-        int4_cpu_kernel=config.int4_cpu_kernel,
+        int4_cpu_kernel=config.int4_cpu_kernel, deterministic=config.deterministic,
     )
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft model {path} has {draft.config.vocab_size} tokens, the target {target.config.vocab_size}: "
@@ -153,6 +154,9 @@ class DraftModel:
             return None
         if seq.params.greedy:
             token = int(row.argmax())
+        elif seq.generator is not None:  # the target's noise at this position: the draft guesses the token it draws
+            token = int((probs[0] / seeded_noise(seq, upto, probs.shape[1], probs.device)).argmax())
+            q.append(probs)
         else:  # the target's filters too (temperature, top-k/p), so q is close to p
             token = int(torch.multinomial(probs[0], 1, generator=seq.generator or generator))
             q.append(probs)

@@ -25,12 +25,13 @@ import torch
 
 from backend.kv_cache import KVCacheManager
 from backend.request import Sequence
+from backend.sampler import seeded_noise
 from backend.scheduler import ScheduledSeq, SchedulerOutput
 from backend.spec.draft_model import DraftModel
 from backend.spec.medusa import MedusaDrafter
 from backend.spec.ngram import propose_ngram
 from backend.spec.prefix import process_target_rows, target_probs
-from backend.spec.verify import verify_greedy, verify_sampled
+from backend.spec.verify import verify_greedy, verify_sampled, verify_seeded
 
 # A draft model starts drafting for a sequence only if at most this many tokens per token it has left to generate
 # must first go through the draft's cache (the prompt at the first step; a sequence that ran in a batch too big to
@@ -140,6 +141,9 @@ class Speculator:
         process_target_rows(logits, seq, seq.token_ids, draft, self.eos_token_id)
         if seq.params.greedy:
             accepted, bonus = verify_greedy(logits, draft)
+        elif seq.generator is not None:  # row i draws the token at position base + i
+            noise = torch.stack([seeded_noise(seq, base + i, logits.shape[1], logits.device) for i in range(len(draft) + 1)])
+            accepted, bonus = verify_seeded(target_probs(logits, seq), draft, noise)
         else:
             accepted, bonus = verify_sampled(target_probs(logits, seq), draft, q, seq.generator or generator)
         seq.num_computed_tokens = base + accepted  # KV of the last real token and the accepted drafts is valid

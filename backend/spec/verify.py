@@ -6,6 +6,10 @@
 # norm(max(0, p - q)) and stop. Every emitted token is then distributed exactly as p says.
 With greedy decoding, p is a point mass on the argmax, so a draft token is accepted iff it is
 the argmax, and the output is token-identical to decoding without speculation.
+A seeded request's draws are keyed by position (backend/sampler.py, `seeded_noise`), so its verification
+draws the token plain decoding would at each position (the exponential race with that position's noise) and
+accepts a draft token iff it is that token (`verify_seeded`): the output is token-identical to decoding without
+speculation too, and still exactly distributed as p.
 """
 
 from __future__ import annotations
@@ -40,6 +44,12 @@ def verify_sampled(
                 residual = probs[i]
             return i, _draw(residual, generator)
     return len(draft), _draw(probs[len(draft)], generator)
+
+
+def verify_seeded(probs: torch.Tensor, draft: list[int], noise: torch.Tensor) -> tuple[int, int]:
+    """probs: (k+1, vocab) target distributions; noise: (k+1, vocab) the seeded draws' Exp(1) noise at those
+    positions. Row i's token is the one plain sampling draws there; drafts are accepted while they equal it."""
+    return verify_greedy(probs / noise, draft)
 
 
 def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
