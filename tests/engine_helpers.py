@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from functools import cache
 from pathlib import Path
 
 import torch
 
-from backend.config import EngineConfig, default_model_path
+from backend.config import EngineConfig, cache_dir, default_model_path
 from backend.engine import LLMEngine
 from backend.outputs import RequestOutput
 from backend.sampling_params import SamplingParams
@@ -41,6 +43,23 @@ QUESTIONS = [
 
 def model_path() -> Path:
     return default_model_path()
+
+
+@cache
+def rtn_int4_model() -> Path:
+    """The default model in the serving copy's INT4 format (round-to-nearest, group 64), made once per cache.
+
+    `make test` has no AWQ copy (`make test-models` fetches with --no-awq): tests of the INT4 path (determinism, the
+    draft model) use this one. Only the weights' values differ from AWQ's search, not the format or the kernels."""
+    from backend.quant.awq import quantize_model
+
+    out = cache_dir() / "test-models" / "SmolLM2-135M-Instruct-rtn-g64"
+    if not (out / "model.safetensors").exists():
+        tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+        quantize_model(model_path(), tmp, group_size=64, method="rtn", progress=False)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return out
 
 
 def make_engine(**overrides: object) -> LLMEngine:

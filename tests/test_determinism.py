@@ -12,19 +12,16 @@ torch fallback is not batch-invariant, as the doc says)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from backend.config import EngineConfig, cache_dir
+from backend.config import EngineConfig
 from backend.engine import LLMEngine
-from backend.quant.awq import quantize_model
 from backend.quant.int4_linear import Int4Linear
 from backend.sampling_params import SamplingParams
 from tests.c_kernels import requires_c_kernels
-from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, model_path, run_to_completion, token_ids
+from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, rtn_int4_model, run_to_completion, token_ids
 
 pytestmark = requires_c_kernels
 
@@ -40,14 +37,7 @@ Result = tuple[list[int], list[float]]  # token ids, the chosen tokens' log-prob
 
 @pytest.fixture(scope="module")
 def int4_model() -> Path:
-    """The default model in the serving copy's INT4 format (round-to-nearest, group 64), made once per cache."""
-    out = cache_dir() / "test-models" / "SmolLM2-135M-Instruct-rtn-g64"
-    if not (out / "model.safetensors").exists():
-        tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-        quantize_model(model_path(), tmp, group_size=64, method="rtn", progress=False)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    return out
+    return rtn_int4_model()
 
 
 def engine(model: Path, **overrides: object) -> LLMEngine:

@@ -16,6 +16,7 @@ from tests.engine_helpers import (
     assert_no_leaks,
     check_mixed_speculation,
     make_engine,
+    rtn_int4_model,
     run_to_completion,
     save_random_model,
     token_ids,
@@ -24,7 +25,9 @@ from tests.engine_helpers import (
 
 PROMPTS = QUESTIONS[:4]
 MAX_NEW = 24
-DRAFT = {"num_speculative_tokens": 4, "speculative_method": "draft"}  # the default draft: the AWQ INT4 copy
+# The default draft is the AWQ INT4 copy `make serve` builds; `make test` has none, so the same format, rounded to
+# nearest (tests/engine_helpers.py), drafts here.
+DRAFT = {"num_speculative_tokens": 4, "speculative_method": "draft"}
 
 
 @pytest.mark.parametrize(
@@ -34,14 +37,15 @@ def test_greedy_draft_speculation_is_exact_in_mixed_batches(
     prompts: list[list[int]], reference: list[list[int]], overrides: dict
 ) -> None:
     """Every other request opts out of speculation; all must match HF's greedy output token for token."""
-    engine = make_engine(**DRAFT, **overrides)
+    engine = make_engine(**DRAFT, speculative_model=str(rtn_int4_model()), **overrides)
     engine.speculator.draft_model.min_confidence = 0.0  # always draft k tokens: more rejections to roll back
     check_mixed_speculation(engine, prompts, reference, MAX_NEW, preempts=bool(overrides))
 
 
 def test_aborts_mid_draft_leak_nothing(prompts: list[list[int]]) -> None:
     """Abort sampled, speculating requests after a few steps: no blocks leak, unverified drafts are not output."""
-    engine = make_engine(**DRAFT, max_num_batched_tokens=64)  # some drafts wait, reserved, for a later step
+    # some drafts wait, reserved, for a later step
+    engine = make_engine(**DRAFT, speculative_model=str(rtn_int4_model()), max_num_batched_tokens=64)
     params = SamplingParams(temperature=0.8, seed=1, max_tokens=MAX_NEW, ignore_eos=True)
     delivered: dict[str, int] = {}
     for i, p in enumerate(prompts[:4]):

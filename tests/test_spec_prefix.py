@@ -12,7 +12,7 @@ import pytest
 
 from backend.engine import LLMEngine
 from backend.sampling_params import SamplingParams
-from tests.engine_helpers import assert_no_leaks, chat_ids, make_engine, run_to_completion, text, token_ids
+from tests.engine_helpers import assert_no_leaks, chat_ids, make_engine, rtn_int4_model, run_to_completion, text, token_ids
 
 TEXT = "The sea is calm. The sea is blue. The sea is deep, and the sea is wide, and the sea is old."
 SCHEMA = json.dumps({
@@ -55,7 +55,8 @@ def plain() -> dict[str, tuple]:
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_speculation_with_every_sampling_parameter_is_exact(plain: dict[str, tuple], method: str) -> None:
     # all five requests speculate from their first decode step (the default max batch would wait for the tail)
-    engine = make_engine(num_speculative_tokens=4, speculative_method=method, speculative_max_batch=len(plain))
+    draft = {"speculative_model": str(rtn_int4_model())} if method == "draft" else {}  # make test has no AWQ copy
+    engine = make_engine(num_speculative_tokens=4, speculative_method=method, speculative_max_batch=len(plain), **draft)
     if method == "draft":
         engine.speculator.draft_model.min_confidence = 0.0
     spec = run(engine)
