@@ -62,8 +62,8 @@ def test_bias_and_gelu_epilogue(lib, n: int, k: int, rows: int) -> None:
     torch.testing.assert_close(out.double(), gelu_ref(with_bias), rtol=1e-6, atol=1e-30)
     ref = w8a8_linear_ref(x, w, bias, gelu=True)
     assert ((out - ref).abs().max() / ref.abs().max()).item() < 1e-5
-    # torch's own F.gelu (AVX2: Abramowitz-Stegun erf) is up to ~4e-7 off exact; within that of ours
-    torch.testing.assert_close(out, F.gelu(with_bias), rtol=1e-6, atol=5e-7)
+    # torch's own F.gelu is itself approximate, by ISA (AVX2: up to ~4e-7 off exact; AVX-512: ~8e-7): within that of ours
+    torch.testing.assert_close(out, F.gelu(with_bias), rtol=1e-6, atol=1e-6)
 
 
 def test_gelu_over_its_whole_range(lib) -> None:
