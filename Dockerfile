@@ -1,7 +1,7 @@
 FROM python:3.11-slim
 WORKDIR /app
 ENV PIP_NO_CACHE_DIR=1 SMOLGATE_CACHE=/models
-# A C compiler for the engine's CPU kernels (kernels/cpu_*.c, built by `backend.fetch` below); without one the
+# A C compiler for the engine's CPU kernels (kernels/cpu/*.c, built by `backend.fetch` below); without one the
 # engine falls back to torch's ops.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 # torch comes from PyPI with `pip install .` below (its Linux wheel carries CUDA libraries, so the

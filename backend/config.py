@@ -45,7 +45,7 @@ class EngineConfig:
     # INT4 on CPU: also keep a dense copy of the weights for batched steps (2x faster from ~10 rows on; bf16 where
     # native, +2 bytes per weight, else fp32, +4); off serves every call from the int4 kernel (smallest memory).
     int4_dense_copy: bool = True
-    # INT4 on CPU: auto (the W4A8 kernel, kernels/cpu_w4a8.c, where it builds, x86 AVX2 + a C compiler, and the CPU
+    # INT4 on CPU: auto (the W4A8 kernel, kernels/cpu/w4a8.c, where it builds, x86 AVX2 + a C compiler, and the CPU
     # has no native bf16; then the int4 weights are the only copy) | w4a8 (required: an error if it cannot build) |
     # torch (torch's int4 kernel + the dense copy above; auto's choice on AVX-512 BF16 / AMX CPUs)
     int4_cpu_kernel: str = "auto"
@@ -56,7 +56,7 @@ class EngineConfig:
     # off: torch's int4/int8 kernels with dense copies for batches on bf16 CPUs (faster prefill, batch-dependent bits).
     deterministic: bool = True
     # Full-precision weights on CPU: also keep a oneDNN-prepacked copy for calls with 2+ rows (prefill, batches,
-    # speculative verify): 1.15x at 32 streams, ~2x for a 5-row lm_head call (backend/cpu_gemm.py); 2x the memory.
+    # speculative verify): 1.15x at 32 streams, ~2x for a 5-row lm_head call (backend/model/cpu_gemm.py); 2x the memory.
     packed_copy: bool = True
     served_model_name: str = ""  # "" -> the directory name
     dtype: str = "float32"  # float32 | bfloat16 | float16
@@ -81,8 +81,8 @@ class EngineConfig:
     medusa_min_confidence: float = 0.5
     speculative_max_batch: int = 3  # no speculation while more sequences than this run (bench.speculative sweep)
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds (0: never)
-    tensor_parallel_size: int = 1  # > 1: shard every layer over a torch.distributed group (backend/tensor_parallel.py)
-    pipeline_parallel_size: int = 1  # > 1: split the layers into stages, one per rank (backend/pipeline_parallel.py)
+    tensor_parallel_size: int = 1  # > 1: shard every layer over a torch.distributed group (backend/parallel/tensor_parallel.py)
+    pipeline_parallel_size: int = 1  # > 1: split the layers into stages, one per rank (backend/parallel/pipeline_parallel.py)
     kernel_backend: str = "auto"  # auto (Triton on CUDA, torch elsewhere) | torch | triton (interpreter on CPU)
     num_threads: int = 0  # torch intra-op threads; 0 -> all cores
     seed: int = 0

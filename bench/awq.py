@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 
 from backend.config import EngineConfig, cache_dir, default_awq_model_path, default_model_path
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from backend.quant.calibration import HELDOUT, token_ids
 from backend.quant.convert import int4_weight_bytes
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.lm_head import LowBitHead
-from backend.sampling_params import SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?", "Write a haiku about the sea.", "Explain gravity in one sentence.",
@@ -95,7 +95,7 @@ def weight_report(engine: LLMEngine) -> dict[str, int]:
 
 # ---- speed -------------------------------------------------------------------------------------
 def chat_prompt(engine: LLMEngine, question: str) -> list[int]:
-    from backend.tokenizer import apply_chat_template
+    from backend.model.tokenizer import apply_chat_template
 
     return apply_chat_template(engine.tokenizer, [{"role": "user", "content": question}])
 

@@ -112,8 +112,8 @@ def lookups() -> list[dict[str, Any]]:
 def serve(port: int) -> None:
     import uvicorn
 
-    from backend.async_engine import AsyncEngine
     from backend.config import EngineConfig
+    from backend.engine.async_engine import AsyncEngine
     from gateway.__main__ import build_embedders
     from gateway.app import build_context, create_app
     from gateway.config import GatewayConfig, apply_env

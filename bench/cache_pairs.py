@@ -99,7 +99,7 @@ async def score_pairs(pairs: list[Pair], embed: Embed, threshold: float, margin:
 
 
 def score_with(embed_sync: Callable[[list[str]], tuple[list[list[float]], int]], threshold: float) -> PairScore:
-    """Score with a synchronous embedder (backend.embeddings.Embedder.embed_sync)."""
+    """Score with a synchronous embedder (backend.embed.embeddings.Embedder.embed_sync)."""
 
     async def embed(texts: list[str]) -> list[list[float]]:
         return embed_sync(texts)[0]
@@ -191,7 +191,7 @@ def main() -> None:
         calibrate(Path(__file__).parent / "results" / "cache_calibration.json", args.floor)
         return
 
-    from backend.embeddings import Embedder, for_cache
+    from backend.embed.embeddings import Embedder, for_cache
     from gateway.cache.config import CacheConfig
 
     rows = sweep(for_cache(Embedder(batch_size=256), CacheConfig().embedding_dtype).embed_sync, SWEEP)  # the cache's
@@ -271,10 +271,10 @@ async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float,
     matcher with a verifier that scores (and records) each candidate it is handed."""
     import orjson
 
-    from backend.sampling_params import SamplingParams
+    from backend.engine.sampling_params import SamplingParams
     from gateway.cache import lexical
     from gateway.cache.verify import Answer, Criterion, EngineVerifier
-    from gateway.generation import collect as drain
+    from gateway.protocol.generation import collect as drain
 
     equivalent = {(_norm(p.cached), _norm(p.query)) for p in pairs if p.label == "paraphrase"}
     cached = sorted({p.cached for p in pairs})
@@ -351,9 +351,9 @@ async def evaluate(path: Path, floor: float, max_tokens: int = 64) -> list[Looku
     """`collect` on one split with the engine and the cache's embedder as the gateway builds them (SMOLGATE_* apply)."""
     import os
 
-    from backend.async_engine import AsyncEngine
     from backend.config import EngineConfig
-    from backend.embeddings import Embedder, for_cache
+    from backend.embed.embeddings import Embedder, for_cache
+    from backend.engine.async_engine import AsyncEngine
     from gateway.config import GatewayConfig, apply_env
 
     config = apply_env(GatewayConfig(engine=EngineConfig(max_model_len=2048, kv_cache_memory_mb=512)), os.environ)

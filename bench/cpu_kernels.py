@@ -5,9 +5,9 @@
 
 Engine "torch": `int4_cpu_kernel=torch` (torch's int4 kernel + a dense fp32/bf16 copy for batches, the int8/dense
 lm_head) and `kernel_backend=torch` (block gather + masked SDPA). Engine "c": the defaults on an x86 AVX2 CPU,
-i.e. the W4A8 projections and W8A8 lm_head (kernels/cpu_w4a8.c, cpu_w8a8.c), the paged decode attention
-(kernels/cpu_paged_decode.c), the fused norms/RoPE/SwiGLU (cpu_elementwise.c), for INT4 models a bf16 KV cache that
-kernel reads and the decode stack (cpu_decode_layers.c: all layers of a decode step in one C call). Engine
+i.e. the W4A8 projections and W8A8 lm_head (kernels/cpu/w4a8.c, kernels/cpu/w8a8.c), the paged decode attention
+(kernels/cpu/paged_decode.c), the fused norms/RoPE/SwiGLU (kernels/cpu/elementwise.c), for INT4 models a bf16 KV cache that
+kernel reads and the decode stack (kernels/cpu/decode_layers.c: all layers of a decode step in one C call). Engine
 "c-layers": the same kernels called layer by layer from Python (the decode stack off). Reported per engine:
 held-out perplexity (backend/quant/data/heldout.txt, 512-token windows), the weight bytes it holds, the KV
 dtype, and the decode step time p50 at each batch size, the two engines stepping alternately on the same
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.lm_head import LowBitHead
 from bench.awq import perplexity

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from backend.config import EngineConfig, engine_config_from_env
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
-from backend.tokenizer import apply_chat_template
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.model.tokenizer import apply_chat_template
 from bench.report import emit
 from bench.throughput import questions_for
 

@@ -1,4 +1,4 @@
-"""Prepacked oneDNN GEMM (backend/cpu_gemm.py) against F.linear and the int4 kernel, then in the engine.
+"""Prepacked oneDNN GEMM (backend/model/cpu_gemm.py) against F.linear and the int4 kernel, then in the engine.
 
     python -m bench.gemm [--threads 2] [--batches 1,32] [--steps 12]
 
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from backend.config import EngineConfig
-from backend.cpu_gemm import PackedLinear
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.model.cpu_gemm import PackedLinear
 from bench.profile_step import start_requests, time_steps, warm_up
 
 OUT = Path(__file__).parent / "results" / "gemm.json"

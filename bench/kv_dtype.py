@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
 from bench.profile_step import start_requests, warm_up
 from bench.report import emit
 

@@ -23,11 +23,11 @@ from typing import Any
 import torch
 
 from backend.config import EngineConfig, engine_config_from_env
-from backend.engine import DTYPES, LLMEngine
-from backend.local_group import run_ranks
-from backend.sampling_params import SamplingParams
-from backend.tokenizer import apply_chat_template
-from backend.weights import load_model, resolve_model_dir
+from backend.engine.llm_engine import DTYPES, LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.model.tokenizer import apply_chat_template
+from backend.model.weights import load_model, resolve_model_dir
+from backend.parallel.local_group import run_ranks
 from bench.throughput import WARMUP_QUESTION, questions_for
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "pipeline.json"

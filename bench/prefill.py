@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from bench.report import emit
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "prefill.json"

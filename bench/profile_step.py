@@ -20,9 +20,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
-from backend.tokenizer import apply_chat_template
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.model.tokenizer import apply_chat_template
 from bench.report import emit
 from bench.throughput import questions_for
 

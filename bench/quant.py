@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from backend.config import EngineConfig, cache_dir, default_awq_model_path, default_model_path
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
 from backend.quant.calibration import HELDOUT, token_ids
 from bench.awq import decode_tok_s, perplexity
 

@@ -12,7 +12,7 @@ each), and two torch-free `python -m gateway` routers: `one` routes to backend b
   recovery     steady load through `two`, b2 SIGKILLed a third of the way in: failed requests, the window in
                which requests failed, and (after b2 restarts) how long until the gateway sends it traffic again.
   http_pool    requests/s of httpx at 64 in flight against two fast local servers: one shared AsyncClient vs
-               one client per deployment (what gateway/upstream.py does), and a small pool.
+               one client per deployment (what gateway/routing/upstream.py does), and a small pool.
 The last line of output is one JSON object (also written to bench/results/routing.json).
 """
 
@@ -35,8 +35,8 @@ import httpx
 import yaml
 
 from bench.routing_load import Load, echo_app, free_port, http_pool, run_load, wait_ready
-from gateway.balancer import Balancer
-from gateway.routing_config import DeploymentConfig, RouterConfig
+from gateway.routing.balancer import Balancer
+from gateway.routing.config import DeploymentConfig, RouterConfig
 
 RESULTS = Path(__file__).resolve().parent / "results" / "routing.json"
 MODEL = "SmolLM2-135M-Instruct"

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from backend.config import EngineConfig, default_medusa_path
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
-from backend.tokenizer import apply_chat_template
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.model.tokenizer import apply_chat_template
 
 PASSAGE = (
     "The Amazon rainforest covers about 5.5 million square kilometres across nine countries. It produces a large "

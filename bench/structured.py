@@ -21,10 +21,10 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.guided import GrammarCache, grammar_text
-from backend.sampling_params import SamplingParams
-from backend.tokenizer import apply_chat_template
+from backend.engine.guided import GrammarCache, grammar_text
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.model.tokenizer import apply_chat_template
 
 # The inside of a JSON string that never closes: the costliest lexeme to mask (almost any token may
 # continue it), and the output never completes, so both runs decode the same number of tokens.

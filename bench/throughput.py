@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from backend.async_engine import AsyncEngine
 from backend.config import EngineConfig, engine_config_from_env
-from backend.sampling_params import SamplingParams
-from backend.tokenizer import apply_chat_template, load_tokenizer
-from backend.weights import resolve_model_dir
+from backend.engine.async_engine import AsyncEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.model.tokenizer import apply_chat_template, load_tokenizer
+from backend.model.weights import resolve_model_dir
 from bench import peer
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "throughput.json"

@@ -3,7 +3,7 @@
 FROM python:3.11-slim
 WORKDIR /app
 ENV PIP_NO_CACHE_DIR=1 SMOLGATE_CACHE=/models
-# A C compiler for the engine's CPU kernels (kernels/cpu_*.c: built into /models/kernels by the `models` job or at
+# A C compiler for the engine's CPU kernels (kernels/cpu/*.c: built into /models/kernels by the `models` job or at
 # the first load); without one the engine falls back to torch's ops.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./

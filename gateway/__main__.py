@@ -16,7 +16,7 @@ import uvicorn
 from gateway.app import build_context, create_app
 from gateway.client import EmbeddingClient, EngineClient
 from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.routing_config import RoutingConfig
+from gateway.routing.config import RoutingConfig
 
 
 def parse_args(argv: list[str] | None, prog: str = "python -m gateway") -> argparse.Namespace:
@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None, prog: str = "python -m gateway") -> argpa
 def build_engine(cfg: GatewayConfig) -> EngineClient | None:
     if cfg.routing.enabled and not cfg.routing.needs_engine:
         return None  # a pure router: no torch in this process
-    from backend.async_engine import AsyncEngine
+    from backend.engine.async_engine import AsyncEngine
 
     engine: EngineClient = AsyncEngine.from_config(cfg.engine)
     return engine
@@ -40,11 +40,11 @@ def build_embedders(cfg: GatewayConfig, engine: EngineClient | None) -> tuple[Em
     """/v1/embeddings' embedder (`embedding_dtype`) and the semantic cache's (`cache.embedding_dtype`; the same object
     when that changes nothing, or when the cache does no semantic matching). The cache's shares the first one's
     tokenizer, thread and embedding tables. With the embedded engine, both run their torch work on the engine's loop
-    thread (one torch thread per process: backend/async_engine.py)."""
+    thread (one torch thread per process: backend/engine/async_engine.py)."""
     if not cfg.embeddings:
         return None, None
-    from backend.async_engine import AsyncEngine
-    from backend.embeddings import Embedder, for_cache
+    from backend.embed.embeddings import Embedder, for_cache
+    from backend.engine.async_engine import AsyncEngine
 
     executor = engine if isinstance(engine, AsyncEngine) else None
     embedder = Embedder(cfg.embedding_model or None, dtype=cfg.embedding_dtype, executor=executor)
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None, *, embedded_only: bool = False, prog: st
         access_log=False,
         log_level=cfg.log_level,
         # SIGTERM: uvicorn stops accepting, then waits this long for in-flight requests (streams included:
-        # gateway/sse.py) before it cancels them and the lifespan stops the engine.
+        # gateway/protocol/sse.py) before it cancels them and the lifespan stops the engine.
         timeout_graceful_shutdown=cfg.drain_timeout_s,
         timeout_keep_alive=cfg.keep_alive_s,
     )

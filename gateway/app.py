@@ -19,31 +19,31 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.access_log import make_logger
 from gateway.anthropic.endpoint import Messages
 from gateway.anthropic.errors import error_response as anthropic_error_response
 from gateway.anthropic.errors import is_anthropic_path
+from gateway.api.chat import ChatCompletions
+from gateway.api.completions import Completions
+from gateway.api.embeddings import Embeddings
+from gateway.api.operations import Operations
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.service import build_cache
 from gateway.cache.stores import CacheStore
-from gateway.chat import ChatCompletions
 from gateway.client import EmbeddingClient, EngineClient, NoEngine
-from gateway.completions import Completions
 from gateway.config import GatewayConfig
 from gateway.context import GatewayContext
-from gateway.dashboard import Dashboard
-from gateway.embeddings import Embeddings
 from gateway.errors import error_response, to_gateway_error
 from gateway.ids import IdGenerator
-from gateway.jsonio import read_json
 from gateway.keys import Endpoint
-from gateway.metrics import GatewayMetrics
 from gateway.middleware import GatewayMiddleware
 from gateway.models import ModelCatalog, ModelKind, ServedModel
 from gateway.openai_responses.api import ResponsesAPI
-from gateway.ops import Operations
-from gateway.record import record_of
-from gateway.router import Router
+from gateway.ops.access_log import make_logger
+from gateway.ops.dashboard import Dashboard
+from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.record import record_of
+from gateway.protocol.jsonio import read_json
+from gateway.routing.router import Router
 
 Handler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
 

@@ -1,6 +1,6 @@
 """What the gateway knows of an engine: typing.Protocols, nothing concrete.
 
-The embedded engine (`backend.async_engine.AsyncEngine`) satisfies `EngineClient`
+The embedded engine (`backend.engine.async_engine.AsyncEngine`) satisfies `EngineClient`
 structurally; the gateway never imports it (the composition root in
 `gateway/__main__.py` does, lazily).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from backend.outputs import EngineStats, RequestOutput
-from backend.sampling_params import SamplingParams
+from backend.engine.outputs import EngineStats, RequestOutput
+from backend.engine.sampling_params import SamplingParams
 from gateway.errors import ServiceUnavailable
 
 

@@ -17,7 +17,7 @@ import yaml
 
 from backend.config import EngineConfig, engine_config_from_env
 from gateway.cache.config import CacheConfig
-from gateway.routing_config import (
+from gateway.routing.config import (
     KeyLimits,
     KeyPolicy,
     RoutingConfig,
@@ -77,7 +77,7 @@ class GatewayConfig:
     keep_alive_s: float = 65.0
     cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (gateway/cache/)
     engine: EngineConfig = field(default_factory=EngineConfig)
-    # Routing (gateway/router.py): empty `routing.models` = serve the embedded engine only, as always.
+    # Routing (gateway/routing/router.py): empty `routing.models` = serve the embedded engine only, as always.
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     key_policies: tuple[KeyPolicy, ...] = field(default=(), repr=False)  # api_keys given as mappings
     # Security (docs/security.md): the limits of every key that sets none itself (and of anonymous requests

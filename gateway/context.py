@@ -11,10 +11,10 @@ from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, InternalError
 from gateway.ids import IdGenerator
 from gateway.keys import KeyGuard
-from gateway.metrics import GatewayMetrics
 from gateway.models import ModelCatalog
-from gateway.record import RequestRecord
-from gateway.stats import LiveStats
+from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.record import RequestRecord
+from gateway.ops.stats import LiveStats
 
 
 @dataclass

@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 from gateway.config import GatewayConfig
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, RateLimited
-from gateway.ratelimit import Limit, OverLimit, build_limiter
-from gateway.record import RequestRecord
-from gateway.routing_config import SHA256_PREFIX, KeyPolicy
+from gateway.ops.record import RequestRecord
+from gateway.routing.config import SHA256_PREFIX, KeyPolicy
+from gateway.routing.ratelimit import Limit, OverLimit, build_limiter
 
 Endpoint = Literal["chat", "completions", "embeddings"]
 MAX_PRIORITY = 2**31 - 1

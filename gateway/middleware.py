@@ -10,13 +10,13 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.access_log import log_request
 from gateway.anthropic.errors import error_response as anthropic_error_response
 from gateway.anthropic.errors import is_anthropic_path
 from gateway.context import GatewayContext
 from gateway.errors import PayloadTooLarge, RequestTimeout, ServerBusy, error_response, to_gateway_error
 from gateway.ids import IdGenerator
-from gateway.record import SCOPE_KEY, RequestRecord
+from gateway.ops.access_log import log_request
+from gateway.ops.record import SCOPE_KEY, RequestRecord
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _PROTECTED_PREFIX = "/v1/"

@@ -47,6 +47,6 @@ def use_interpreter() -> None:
             if name in sys.modules:
                 importlib.reload(sys.modules[name])
     for name in ("_utils", *KERNEL_MODULES):
-        mod = sys.modules.get(f"{__name__}.{name}")
+        mod = sys.modules.get(f"{__name__}.triton.{name}")
         if mod is not None:
             importlib.reload(mod)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cpu_build import c_kernels_unavailable
+from kernels.cpu.build import c_kernels_unavailable
 
 requires_c_kernels = pytest.mark.skipif(c_kernels_unavailable() is not None, reason=f"C kernels: {c_kernels_unavailable()}")
 

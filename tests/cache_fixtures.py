@@ -125,7 +125,7 @@ class CacheStack:
             time.sleep(0.02)
 
     def start(self) -> None:
-        from backend.async_engine import AsyncEngine
+        from backend.engine.async_engine import AsyncEngine
         from gateway.__main__ import build_embedders
 
         base = gateway_test_config()

@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 
 from backend.config import EngineConfig, cache_dir, default_model_path
-from backend.engine import LLMEngine
-from backend.outputs import RequestOutput
-from backend.sampling_params import SamplingParams
-from backend.tokenizer import apply_chat_template
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.outputs import RequestOutput
+from backend.engine.sampling_params import SamplingParams
+from backend.model.tokenizer import apply_chat_template
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -29,9 +29,9 @@ import uvicorn
 from jsonschema import Draft202012Validator
 
 from backend.config import EngineConfig, engine_config_from_env
+from backend.engine.outputs import RequestOutput
+from backend.engine.sampling_params import SamplingParams
 from backend.errors import EngineDeadError, QueueFullError
-from backend.outputs import RequestOutput
-from backend.sampling_params import SamplingParams
 from gateway.app import build_context, create_app
 from gateway.config import GatewayConfig
 
@@ -181,8 +181,8 @@ def gateway_test_config() -> GatewayConfig:
 
 @cache
 def _shared_stack(log_dir: Path) -> LiveStack:
-    from backend.async_engine import AsyncEngine
-    from backend.embeddings import Embedder
+    from backend.embed.embeddings import Embedder
+    from backend.engine.async_engine import AsyncEngine
 
     config = gateway_test_config()
     engine = AsyncEngine.from_config(config.engine)

@@ -23,7 +23,7 @@ from gateway.app import build_context, create_app
 from gateway.cache.config import CacheConfig
 from gateway.errors import InvalidRequest
 from gateway.middleware import _with_api_key
-from gateway.protocol import parse_chat
+from gateway.protocol.requests import parse_chat
 
 live = gateway_fixtures.live
 

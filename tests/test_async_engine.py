@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from backend.async_engine import AsyncEngine
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
+from backend.engine.async_engine import AsyncEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from backend.errors import ContextLengthError, QueueFullError
-from backend.sampling_params import SamplingParams
 from tests.engine_helpers import assert_no_leaks
 
 

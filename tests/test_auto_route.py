@@ -1,9 +1,9 @@
-"""gateway/auto.py: `model: auto` scores difficulty from features and, with the real all-MiniLM-L6-v2,
+"""gateway/routing/auto.py: `model: auto` scores difficulty from features and, with the real all-MiniLM-L6-v2,
 from labelled examples; easy questions go to the small model, hard ones to the large."""
 
 from __future__ import annotations
 
-from gateway.auto import AutoRouter, feature_score, request_text
+from gateway.routing.auto import AutoRouter, feature_score, request_text
 
 EASY = ["Hi there!", "What is the capital of Italy?", "Say hello in German."]
 HARD = [
@@ -24,7 +24,7 @@ def test_features_alone_separate_easy_from_hard() -> None:
 
 
 async def test_auto_with_the_real_embedder() -> None:
-    from backend.embeddings import Embedder
+    from backend.embed.embeddings import Embedder
 
     router = AutoRouter("small", "large", 0.45, Embedder())
     easy = [await router.choose(_chat(t)) for t in EASY]

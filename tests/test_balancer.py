@@ -1,11 +1,11 @@
-"""gateway/balancer.py: weighted least-outstanding choice, prefix affinity, cooldown and one probe at a time."""
+"""gateway/routing/balancer.py: weighted least-outstanding choice, prefix affinity, cooldown and one probe at a time."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from gateway.balancer import Balancer, affinity_key
-from gateway.routing_config import DeploymentConfig, RouterConfig
+from gateway.routing.balancer import Balancer, affinity_key
+from gateway.routing.config import DeploymentConfig, RouterConfig
 
 
 class Clock:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import cpu_kernels
-from kernels.cpu_build import c_kernels_unavailable
+from kernels.cpu.build import c_kernels_unavailable
 
 
 def test_short_run_ends_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

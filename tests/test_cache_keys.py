@@ -20,7 +20,7 @@ import pytest
 from backend.config import EngineConfig
 from gateway.cache.keys import NON_OUTPUT_ENGINE_FIELDS, OUTPUT_ENGINE_FIELDS, exact_key, model_fingerprint, semantic_scope
 from gateway.errors import InvalidRequest
-from gateway.protocol import _CHAT_KEYS, _CHAT_UNSUPPORTED, _COMPLETION_KEYS, parse_chat, parse_completion
+from gateway.protocol.requests import _CHAT_KEYS, _CHAT_UNSUPPORTED, _COMPLETION_KEYS, parse_chat, parse_completion
 
 # A changed value for each string setting (others: a bool flips, a number moves).
 _ENGINE_ALTERNATIVES: dict[str, Any] = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.sampling_params import SamplingParams
+from backend.engine.sampling_params import SamplingParams
 from bench.cache_pairs import PairScore, load_pairs, score_with
 from gateway.cache.config import CacheConfig
 from gateway.cache.guards import same_key_terms
@@ -23,7 +23,7 @@ from gateway.errors import InvalidRequest
 
 @cache
 def _score() -> PairScore:
-    from backend.embeddings import Embedder, for_cache
+    from backend.embed.embeddings import Embedder, for_cache
 
     cfg = CacheConfig()  # the cache's own embedder (int8 where the C kernels build), as the gateway builds it
     return score_with(for_cache(Embedder(batch_size=256), cfg.embedding_dtype).embed_sync, cfg.similarity_threshold)

@@ -1,4 +1,4 @@
-"""The decode stack (every decoder layer of a decode step in one C call, backend/decode_stack.py) against the
+"""The decode stack (every decoder layer of a decode step in one C call, backend/model/decode_stack.py) against the
 layer-by-layer path over the same kernels: the same log-probabilities to the bit and the same greedy tokens,
 through staggered arrivals, chunked prefill and preemption; and where it applies. A tiny random Llama quantized
 with AWQ (group 64: the W4A8 kernel's). Skipped where the C kernels cannot be built."""
@@ -12,10 +12,10 @@ import torch
 from transformers import LlamaConfig
 
 from backend.config import EngineConfig
-from backend.decode_stack import DecodeStack
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.model.decode_stack import DecodeStack
 from backend.quant.awq import quantize_model
-from backend.sampling_params import SamplingParams
 from tests.c_kernels import requires_c_kernels
 from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model, token_ids
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from backend.quant.int4_linear import Int4Linear
-from backend.sampling_params import SamplingParams
 from tests.c_kernels import requires_c_kernels
 from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, rtn_int4_model, run_to_completion, token_ids
 

@@ -1,5 +1,5 @@
 """What determinism (docs/determinism.md) rests on, without a model. Seeded draws keyed by position
-(backend/sampler.py): a seeded row's token depends only on its logits, its seed, choice index and position; not on its
+(backend/engine/sampler.py): a seeded row's token depends only on its logits, its seed, choice index and position; not on its
 batch-mates, their order, or earlier draws. A seeded speculative verify (`verify_seeded`) emits exactly the tokens
 plain sampling draws at those positions. The response's system_fingerprint changes with EngineConfig.deterministic."""
 
@@ -10,9 +10,9 @@ from dataclasses import replace
 import torch
 
 from backend.config import EngineConfig
-from backend.request import Sequence
-from backend.sampler import Sampler, seeded_noise
-from backend.sampling_params import SamplingParams
+from backend.engine.request import Sequence
+from backend.engine.sampler import Sampler, seeded_noise
+from backend.engine.sampling_params import SamplingParams
 from backend.spec.prefix import target_probs
 from backend.spec.verify import verify_seeded
 
@@ -59,7 +59,7 @@ def test_a_seeded_verify_emits_the_tokens_plain_sampling_draws() -> None:
 
 def test_system_fingerprint_changes_with_the_deterministic_switch() -> None:
     from gateway.cache.keys import model_fingerprint
-    from gateway.responses import system_fingerprint
+    from gateway.protocol.responses import system_fingerprint
 
     on = EngineConfig(quantization="none")
     fingerprints = {system_fingerprint(model_fingerprint("m", c)) for c in (on, replace(on, deterministic=False))}

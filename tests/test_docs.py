@@ -417,7 +417,7 @@ def test_inline_commands_name_real_things() -> None:
 def test_speculation_is_not_a_request_field(field: str) -> None:
     """docs/speculative.md: per-request `speculate` / `spec_reference` are refused with a 400 (InvalidRequest)."""
     from gateway.errors import InvalidRequest
-    from gateway.protocol import parse_chat
+    from gateway.protocol.requests import parse_chat
 
     with pytest.raises(InvalidRequest):
         parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], field: False})

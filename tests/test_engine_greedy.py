@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.sampling_params import SamplingParams
+from backend.engine.sampling_params import SamplingParams
 from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, make_engine, run_to_completion, token_ids
 
 MAX_NEW = 24

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from backend.errors import ContextLengthError, InvalidRequestError
-from backend.sampling_params import SamplingParams
 from tests.engine_helpers import assert_no_leaks, chat_ids, make_engine, run_to_completion, text, token_ids
 
 PROMPT = "Write a short story about a dragon."

@@ -13,9 +13,9 @@ import torch
 from transformers import LlamaConfig
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
-from kernels.cpu_build import c_kernels_unavailable
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from kernels.cpu.build import c_kernels_unavailable
 from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model, token_ids
 
 TINY = LlamaConfig(

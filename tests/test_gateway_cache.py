@@ -15,7 +15,7 @@ import pytest
 from cache_fixtures import OTHER_KEY, CacheStack
 from gateway_fixtures import API_KEY, assert_completion_chunk, assert_schema
 
-from kernels.cpu_build import c_kernels_unavailable
+from kernels.cpu.build import c_kernels_unavailable
 
 cache_stack = cache_fixtures.cache_stack
 

@@ -16,7 +16,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "gateway" / "config.example.yaml
 def test_importing_the_gateway_never_imports_torch() -> None:
     code = (
         "import sys, gateway.app, gateway.__main__, gateway.config\n"
-        "heavy = ('torch', 'transformers', 'backend.async_engine', 'backend.embeddings')\n"
+        "heavy = ('torch', 'transformers', 'backend.engine.async_engine', 'backend.embed.embeddings')\n"
         "bad = [m for m in heavy if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -122,7 +122,7 @@ def test_fuzzed_requests_never_get_a_5xx_or_hang(live: LiveStack, path: str, met
         if response.status_code >= 500:
             failures.append(f"{response.status_code} for {case.method} {case.formatted_path} {str(case.body)[:300]}")
 
-    # The engine, built on this thread, turned flush-to-zero on (backend/engine.py); hypothesis refuses to
+    # The engine, built on this thread, turned flush-to-zero on (backend/engine/llm_engine.py); hypothesis refuses to
     # generate floats without subnormals. The engine loop thread keeps its own setting.
     torch.set_flush_denormal(False)
     try:

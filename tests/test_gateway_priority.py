@@ -9,12 +9,12 @@ import gateway_fixtures
 import openai
 import pytest
 
-from backend.sampling_params import SamplingParams
+from backend.engine.sampling_params import SamplingParams
 from gateway.cache.keys import exact_key
 from gateway.config import ConfigError, from_mapping, load_config
 from gateway.errors import InvalidRequest
-from gateway.protocol import parse_chat, parse_completion
-from gateway.sampling import with_key_priority
+from gateway.protocol.requests import parse_chat, parse_completion
+from gateway.protocol.sampling import with_key_priority
 
 client = gateway_fixtures.client
 live = gateway_fixtures.live

@@ -1,10 +1,10 @@
-"""gateway/http_pool.py: a deployment's connections split over small httpx pools, the least busy first."""
+"""gateway/routing/http_pool.py: a deployment's connections split over small httpx pools, the least busy first."""
 
 from __future__ import annotations
 
 import httpx
 
-from gateway.http_pool import SHARD_CONNECTIONS, ShardedClient
+from gateway.routing.http_pool import SHARD_CONNECTIONS, ShardedClient
 
 
 async def test_shards_split_the_connections_and_lease_the_least_busy() -> None:

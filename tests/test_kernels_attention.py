@@ -1,4 +1,4 @@
-"""kernels/paged_decode.py and kernels/flash_prefill.py against their torch references (Triton interpreter),
+"""kernels/triton/paged_decode.py and kernels/triton/flash_prefill.py against their torch references (Triton interpreter),
 and the references against SDPA on contiguous K/V placed into pages independently."""
 
 import os
@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import flash_prefill as fp
-from kernels import paged_decode as pd
-from kernels.testing import assert_close, device_for, generator, poison, ready
+from kernels.triton import flash_prefill as fp
+from kernels.triton import paged_decode as pd
+from kernels.triton.testing import assert_close, device_for, generator, poison, ready
 
 ready(pd)
 ready(fp)

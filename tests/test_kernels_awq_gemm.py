@@ -1,4 +1,4 @@
-"""kernels/awq_gemm.py against its torch reference (Triton interpreter), and the reference's pack/unpack
+"""kernels/triton/awq_gemm.py against its torch reference (Triton interpreter), and the reference's pack/unpack
 against AutoAWQ's own packing loop and hand-computed words."""
 
 import os
@@ -8,8 +8,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read by @triton.jit when the k
 import pytest
 import torch
 
-from kernels import awq_gemm as aw
-from kernels.testing import TOL, device_for, generator, poison, ready
+from kernels.triton import awq_gemm as aw
+from kernels.triton.testing import TOL, device_for, generator, poison, ready
 
 ready(aw)
 DEV = device_for(aw)

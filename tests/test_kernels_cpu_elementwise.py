@@ -1,4 +1,4 @@
-"""The fused elementwise C kernels (kernels/cpu_elementwise.c) against torch: RMSNorm and LayerNorm with their residual
+"""The fused elementwise C kernels (kernels/cpu/elementwise.c) against torch: RMSNorm and LayerNorm with their residual
 add and SwiGLU's silu(g) * u within an ulp or two, rotate-half RoPE bit for bit (the engine's torch path included).
 Skipped, saying why, where the C kernels cannot be built."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.ops import TorchOps
-from kernels.cpu_elementwise import (
+from backend.model.ops import TorchOps
+from kernels.cpu.elementwise import (
     layer_norm_residual,
     layer_norm_residual_ref,
     load_elementwise,

@@ -1,4 +1,4 @@
-"""The encoder stack in one C call (kernels/cpu_encoder_layers.c): its attention against torch's SDPA, and the
+"""The encoder stack in one C call (kernels/cpu/encoder_layers.c): its attention against torch's SDPA, and the
 whole stack against the layer-by-layer path over the same kernels on the real all-MiniLM-L6-v2 weights."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from backend.config import cache_dir
-from backend.embeddings import Embedder, mean_pool_normalize
-from kernels.cpu_encoder_layers import encoder_attention, encoder_attention_ref, load_encoder_layers
+from backend.embed.embeddings import Embedder, mean_pool_normalize
+from kernels.cpu.encoder_layers import encoder_attention, encoder_attention_ref, load_encoder_layers
 from tests.c_kernels import requires_c_kernels
 
 pytestmark = requires_c_kernels

@@ -1,4 +1,4 @@
-"""The C paged decode attention kernel (kernels/cpu_paged_decode.c) against its torch reference and the engine's
+"""The C paged decode attention kernel (kernels/cpu/paged_decode.c) against its torch reference and the engine's
 torch decode path. Skipped, saying why, where the C kernels cannot be built (not x86 AVX2, no C compiler)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.attention import decode_attention
-from backend.forward_batch import DecodeMetadata
-from kernels.cpu_paged_decode import load_paged_decode, paged_decode_cpu, paged_decode_cpu_ref, store_kv_cpu, supports
+from backend.model.attention import decode_attention
+from backend.model.forward_batch import DecodeMetadata
+from kernels.cpu.paged_decode import load_paged_decode, paged_decode_cpu, paged_decode_cpu_ref, store_kv_cpu, supports
 from tests.c_kernels import build, requires_c_kernels
 
 pytestmark = requires_c_kernels

@@ -1,4 +1,4 @@
-"""The small-M fp32 GEMM (kernels/cpu_small_gemm.c) against a float64 matmul, its batch invariance (a row's
+"""The small-M fp32 GEMM (kernels/cpu/small_gemm.c) against a float64 matmul, its batch invariance (a row's
 result is the same bits at any M: what makes a speculative verify's logits equal plain decoding's), and
 DualLinear's use of it. Skipped, saying why, where the kernel cannot be built."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from backend.cpu_gemm import DualLinear
-from kernels.cpu_small_gemm import MAX_ROWS, load_small_gemm, small_gemm, small_gemm_ref, supports
+from backend.model.cpu_gemm import DualLinear
+from kernels.cpu.small_gemm import MAX_ROWS, load_small_gemm, small_gemm, small_gemm_ref, supports
 from tests.c_kernels import build, requires_c_kernels
 
 pytestmark = requires_c_kernels

@@ -1,4 +1,4 @@
-"""The W4A8 CPU kernel (kernels/cpu_w4a8.c) against its torch reference and a float32 matmul, and Int4Linear's
+"""The W4A8 CPU kernel (kernels/cpu/w4a8.c) against its torch reference and a float32 matmul, and Int4Linear's
 w4a8 mode. Skipped, saying why, where the kernel cannot be built (not x86 AVX2, no C compiler)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.cpu_gemm import dense_dtype
+from backend.model.cpu_gemm import dense_dtype
 from backend.quant.awq_format import pack, quantize
 from backend.quant.convert import w4a8_kernel
 from backend.quant.int4_linear import Int4Linear, dequantized_weight
-from kernels.cpu_w4a8 import (
+from kernels.cpu.w4a8 import (
     load_w4a8,
     pack_w4a8,
     quantize_rows_ref,

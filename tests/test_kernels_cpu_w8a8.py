@@ -1,4 +1,4 @@
-"""The W8A8 CPU kernel (kernels/cpu_w8a8.c) against its torch reference and a float32 matmul, its bias + GELU
+"""The W8A8 CPU kernel (kernels/cpu/w8a8.c) against its torch reference and a float32 matmul, its bias + GELU
 epilogue against float64 GELU, and LowBitHead with it. Skipped, saying why, where the C kernels cannot be built (not
 x86 AVX2, no C compiler)."""
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.quant.lm_head import LowBitHead
-from kernels.cpu_w8a8 import gelu_ref, load_w8a8, pack_w8a8, w8a8_group, w8a8_linear, w8a8_linear_ref
+from kernels.cpu.w8a8 import gelu_ref, load_w8a8, pack_w8a8, w8a8_group, w8a8_linear, w8a8_linear_ref
 from tests.c_kernels import build, requires_c_kernels
 
 pytestmark = requires_c_kernels

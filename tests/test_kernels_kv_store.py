@@ -1,4 +1,4 @@
-"""kernels/kv_store.py against its torch reference, under Triton's interpreter on the CPU."""
+"""kernels/triton/kv_store.py against its torch reference, under Triton's interpreter on the CPU."""
 
 import os
 
@@ -7,8 +7,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read by @triton.jit when the k
 import pytest
 import torch
 
-from kernels import kv_store as ks
-from kernels.testing import device_for, generator, ready
+from kernels.triton import kv_store as ks
+from kernels.triton.testing import device_for, generator, ready
 
 ready(ks)
 DEV = device_for(ks)

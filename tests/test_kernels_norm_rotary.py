@@ -1,4 +1,4 @@
-"""kernels/rmsnorm.py and kernels/rotary.py against their torch references, under Triton's interpreter."""
+"""kernels/triton/rmsnorm.py and kernels/triton/rotary.py against their torch references, under Triton's interpreter."""
 
 import os
 
@@ -7,8 +7,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read by @triton.jit when the k
 import pytest
 import torch
 
-from kernels import rmsnorm, rotary
-from kernels.testing import assert_close, device_for, generator, poison, ready
+from kernels.triton import rmsnorm, rotary
+from kernels.triton.testing import assert_close, device_for, generator, poison, ready
 
 ready(rmsnorm)
 ready(rotary)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.cpu_gemm import onednn_available
-from backend.sampling_params import SamplingParams
+from backend.engine.sampling_params import SamplingParams
+from backend.model.cpu_gemm import onednn_available
 from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, make_engine, run_to_completion, token_ids
 
 PROMPTS = QUESTIONS[:8]

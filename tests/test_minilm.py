@@ -7,9 +7,9 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from backend.config import default_embedding_model_path
-from backend.embeddings import Embedder, for_cache, mean_pool_normalize
-from backend.minilm import BertEncoder
-from kernels.cpu_build import c_kernels_unavailable
+from backend.embed.embeddings import Embedder, for_cache, mean_pool_normalize
+from backend.embed.minilm import BertEncoder
+from kernels.cpu.build import c_kernels_unavailable
 
 TEXTS = ["What is the capital of France?", "ok", "How do I reverse a linked list in Python without recursion, step by step?"]
 

@@ -13,8 +13,8 @@ import torch
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model, token_ids
 
 SMALL = dict(

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from backend.engine.sampling_params import SamplingParams
 from backend.errors import InvalidRequestError
-from backend.sampling_params import SamplingParams
 from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, make_engine, token_ids
 
 MAX_NEW = 16

@@ -19,12 +19,12 @@ from torch import nn
 from transformers import LlamaConfig
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from backend.quant.awq_format import dequantize, unpack
 from backend.quant.config import GptqConfig
 from backend.quant.gptq_format import awq_to_gptq_checkpoint, to_int4
 from backend.quant.int4_linear import Int4Linear
-from backend.sampling_params import SamplingParams
 from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model, write_tokenizer
 
 CONFIG = LlamaConfig(

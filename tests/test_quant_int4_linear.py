@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.cpu_gemm import dense_dtype
+from backend.model.cpu_gemm import dense_dtype
 from backend.quant.awq_format import pack, quantize
 from backend.quant.int4_linear import DENSE_COPY_ROWS, DENSE_ROWS, Int4Linear, dequantized_weight
 from backend.quant.lm_head import LowBitHead
@@ -117,7 +117,7 @@ def test_prepare_refuses_unloaded_layer() -> None:
 
 
 def test_cuda_path_glue_under_triton_interpreter() -> None:
-    """The CUDA branch (AWQ tensors straight into kernels/awq_gemm.py), run on the CPU by Triton's interpreter."""
+    """The CUDA branch (AWQ tensors straight into kernels/triton/awq_gemm.py), run on the CPU by Triton's interpreter."""
     import kernels
 
     kernels.use_interpreter()

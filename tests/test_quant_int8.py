@@ -12,10 +12,10 @@ from torch import nn
 from transformers import LlamaConfig
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from backend.quant.int8_linear import DENSE_ROWS, Int8Linear, quantize_int8
 from backend.quant.lm_head import LowBitHead
-from backend.sampling_params import SamplingParams
 from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model
 
 CONFIG = LlamaConfig(

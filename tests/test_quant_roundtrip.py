@@ -19,15 +19,15 @@ from torch import nn
 from transformers import LlamaConfig
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from backend.quant.awq import quantize_model
 from backend.quant.awq_format import dequantize, unpack
 from backend.quant.awq_search import LINEARS
 from backend.quant.config import AwqConfig
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.lm_head import LowBitHead
-from backend.sampling_params import SamplingParams
-from kernels.awq_gemm import awq_dequantize, awq_quantize
+from kernels.triton.awq_gemm import awq_dequantize, awq_quantize
 from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model, token_ids
 
 CONFIG = LlamaConfig(

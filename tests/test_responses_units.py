@@ -12,13 +12,13 @@ import pytest
 from gateway_fixtures import assert_schema
 
 from gateway.errors import GatewayError, InternalError, InvalidRequest
-from gateway.jsonio import json_response
 from gateway.openai_responses.bridge import StreamBroke, run_json, run_stream
 from gateway.openai_responses.builder import ResponseBuilder, feed_chunk, feed_completion
 from gateway.openai_responses.items import chat_messages, parse_input
 from gateway.openai_responses.request import chat_body, echo_fields, parse_request
 from gateway.openai_responses.store import MemoryResponseStore, StoredResponses
-from gateway.sse import SSEStream, StreamLimits, sse_data, sse_error
+from gateway.protocol.jsonio import json_response
+from gateway.protocol.sse import SSEStream, StreamLimits, sse_data, sse_error
 
 _counter = itertools.count()
 

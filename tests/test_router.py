@@ -1,4 +1,4 @@
-"""gateway/router.py end to end: `model: auto` (header and metrics), API-key policies (allowed models, a key's rpm),
+"""gateway/routing/router.py end to end: `model: auto` (header and metrics), API-key policies (allowed models, a key's rpm),
 and a deployment of kind embedded — the real engine in this process — as a model and as a fallback for a failing
 upstream (tests/routing_fixtures.py's fake upstream)."""
 
@@ -56,7 +56,7 @@ def _config(urls: dict[str, str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def rig() -> Iterator[Rig]:
-    from backend.async_engine import AsyncEngine
+    from backend.engine.async_engine import AsyncEngine
 
     fakes = {n: FakeUpstream(n) for n in "slf"}
     upstreams = Servers()

@@ -1,4 +1,4 @@
-"""gateway/routing_config.py through gateway/config.py: the models / fallbacks / router / auto sections,
+"""gateway/routing/config.py through gateway/config.py: the models / fallbacks / router / auto sections,
 API keys with policies, secrets from the environment, and clear errors."""
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from transformers import MistralConfig, Qwen2Config
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
-from backend.sliding_window import blocks_out_of_window, freeable_window, layer_windows
-from kernels import flash_prefill as fp
-from kernels import paged_decode as pd
-from kernels.testing import assert_close, device_for, generator, poison, ready
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.model.sliding_window import blocks_out_of_window, freeable_window, layer_windows
+from kernels.triton import flash_prefill as fp
+from kernels.triton import paged_decode as pd
+from kernels.triton.testing import assert_close, device_for, generator, poison, ready
 from tests.engine_helpers import assert_no_leaks, save_random_model, token_ids
 from tests.test_kernels_attention import make_paged
 

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from tests.engine_helpers import (
     QUESTIONS,
     assert_no_leaks,

@@ -13,10 +13,10 @@ from torch import nn
 from transformers import LlamaConfig
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.request import Sequence
+from backend.engine.sampling_params import SamplingParams
 from backend.quant.calibration import CALIBRATION
-from backend.request import Sequence
-from backend.sampling_params import SamplingParams
 from backend.spec import medusa_train
 from backend.spec.medusa import MedusaDrafter, MedusaHeads, load_medusa, save_medusa
 from tests.engine_helpers import (

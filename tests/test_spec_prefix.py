@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from tests.engine_helpers import assert_no_leaks, chat_ids, make_engine, rtn_int4_model, run_to_completion, text, token_ids
 
 TEXT = "The sea is calm. The sea is blue. The sea is deep, and the sea is wide, and the sea is old."

@@ -9,8 +9,8 @@ import torch
 from transformers import LlamaConfig
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from backend.spec.ngram import propose_ngram
 from tests.c_kernels import requires_c_kernels
 from tests.engine_helpers import (
@@ -56,7 +56,7 @@ def test_greedy_speculation_is_exact(prompts: list[list[int]], reference: list[l
 @requires_c_kernels
 def test_verified_rows_have_plain_decodings_logprobs_to_the_bit(prompts: list[list[int]]) -> None:
     """On the C kernels a verify attends each draft position as a plain decode step would (the paged decode kernel,
-    row by row) and a row's GEMM result does not depend on its batch-mates (kernels/cpu_small_gemm.c): the emitted
+    row by row) and a row's GEMM result does not depend on its batch-mates (kernels/cpu/small_gemm.c): the emitted
     tokens' log-probabilities equal plain decoding's exactly, not just the tokens."""
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
     logprobs = []

@@ -8,9 +8,9 @@ import json
 import pytest
 from jsonschema import Draft202012Validator
 
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
 from backend.errors import InvalidRequestError
-from backend.sampling_params import SamplingParams
 from tests.engine_helpers import assert_no_leaks, chat_ids, make_engine, run_to_completion, text, token_ids
 
 PERSON = {

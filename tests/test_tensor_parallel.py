@@ -1,7 +1,7 @@
 """Tensor parallelism on CPU: 2 processes over gloo give the single-process engine's greedy tokens and logprobs.
 
-Rank 0 runs the engine on its half of every layer and broadcasts each batch; rank 1 runs backend.parallel's
-worker loop on the other half (backend/local_group.py). Small random Llama (tied embeddings) and Qwen2
+Rank 0 runs the engine on its half of every layer and broadcasts each batch; rank 1 runs backend.parallel.driver's
+worker loop on the other half (backend/parallel/local_group.py). Small random Llama (tied embeddings) and Qwen2
 (q/k/v biases) checkpoints."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import torch
 from transformers import LlamaConfig, Qwen2Config
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
-from backend.local_group import run_ranks
-from backend.sampling_params import SamplingParams
-from backend.tensor_parallel import shard_config
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.parallel.local_group import run_ranks
+from backend.parallel.tensor_parallel import shard_config
 from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model, token_ids
 
 SMALL = dict(

@@ -7,7 +7,7 @@ A linear layer y = x @ W.T with W (out, in) is stored as three tensors (K = in_f
     scales  (K/g, N) fp16
     W[n, k] = (q[n, k] - zero[n, k // g]) * scale[n, k // g]
 
-The nibble packing is kernels/awq_gemm.py's reference `awq_pack` / `awq_unpack` (one copy of the format in
+The nibble packing is kernels/triton/awq_gemm.py's reference `awq_pack` / `awq_unpack` (one copy of the format in
 the repo). config.json carries quantization_config = {quant_method: awq, bits: 4, group_size: g,
 zero_point: true, version: gemm}; every other tensor (embeddings, norms, an untied lm_head) stays fp16.
 """
@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
 from backend.quant.config import AwqConfig
-from kernels.awq_gemm import awq_pack, awq_unpack
+from kernels.triton.awq_gemm import awq_pack, awq_unpack
 
 MAX_Q = 15  # 4 bits, unsigned
 

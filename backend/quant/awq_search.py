@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from backend.cpu_gemm import dense_dtype
+from backend.model.cpu_gemm import dense_dtype
 from backend.quant.awq_format import fake_quantize
 
 N_GRID = 20

@@ -19,14 +19,14 @@ import torch
 from torch import nn
 
 from backend.config import cache_dir
-from backend.cpu_gemm import dense_dtype
+from backend.model.cpu_gemm import dense_dtype
 from backend.quant.config import AwqConfig
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear
 from backend.quant.lm_head import LowBitHead
-from kernels.cpu_build import c_kernels_unavailable
-from kernels.cpu_w4a8 import load_w4a8
-from kernels.cpu_w8a8 import load_w8a8
+from kernels.cpu.build import c_kernels_unavailable
+from kernels.cpu.w4a8 import load_w4a8
+from kernels.cpu.w8a8 import load_w8a8
 
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 

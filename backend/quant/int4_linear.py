@@ -11,11 +11,11 @@ the loader, then `prepare()` runs once on the final device:
   multiplies bf16 natively (AVX-512 BF16 / AMX; 2 more bytes per weight) and float32 on AVX2-only CPUs,
   whose bf16 GEMM is 6x slower than fp32 (`cpu_gemm.dense_dtype`). Without the copy, calls with at least
   DENSE_ROWS rows dequantize the whole weight on the fly (only worth it for prefill-sized calls).
-- CPU with the W4A8 kernel (kernels/cpu_w4a8.c, x86 AVX2 + a C compiler; `prepare(w4a8=lib)`): every call
+- CPU with the W4A8 kernel (kernels/cpu/w4a8.c, x86 AVX2 + a C compiler; `prepare(w4a8=lib)`): every call
   quantizes x per row and group to int8 and multiplies on integer SIMD against the 4-bit weight, which is then the
   only copy. On an AMD EPYC (AVX2) a 3072x576 layer: 0.07-0.14 ms at 1 row (torch's int4 kernel 0.15, fp32
   0.38-0.57), 1.5x faster than the prepacked fp32 copy at 32 rows, as fast at 256 (bench/README, "W4A8").
-- CUDA: keep the AWQ layout and call the Triton W4A16 GEMM (kernels/awq_gemm.py).
+- CUDA: keep the AWQ layout and call the Triton W4A16 GEMM (kernels/triton/awq_gemm.py).
 
 torch's layout stores w = (q - 8) * scale + zero_f; AWQ's w = (q - z) * scale, so zero_f = (8 - z) * scale.
 An act-order GPTQ layer (gptq_format.py) also carries `in_perm`: its weight's input channels are stored sorted
@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.cpu_gemm import PackedLinear, dense_dtype
+from backend.model.cpu_gemm import PackedLinear, dense_dtype
 from backend.quant.awq_format import QuantizedWeight, unpack
-from kernels.cpu_w4a8 import GROUP_SIZES as W4A8_GROUP_SIZES
-from kernels.cpu_w4a8 import pack_w4a8, w4a8_linear
+from kernels.cpu.w4a8 import GROUP_SIZES as W4A8_GROUP_SIZES
+from kernels.cpu.w4a8 import pack_w4a8, w4a8_linear
 
 DENSE_ROWS = 128  # from this many rows on, dequantize + dense GEMM beats the int4 kernel (measured ~96)
 DENSE_COPY_ROWS = 10  # from this many rows on, a kept dense copy beats the int4 kernel (measured ~9 bf16 AMX, ~8 fp32 AVX2)
@@ -144,7 +144,7 @@ class Int4Linear(nn.Module):
         return self.mode == "dense" or (self.mode == "int4pack" and self.dense is not None and rows >= DENSE_COPY_ROWS)
 
     def _forward_triton(self, rows: torch.Tensor) -> torch.Tensor:
-        from kernels.awq_gemm import awq_gemm
+        from kernels.triton.awq_gemm import awq_gemm
 
         act = rows if rows.dtype in (torch.float16, torch.bfloat16) else rows.to(torch.float16)
         return awq_gemm(act.contiguous(), self.qweight, self.qzeros, self.scales.to(act.dtype), self.group_size)

@@ -10,7 +10,7 @@ row, so from DENSE_ROWS rows on (prefill) a call instead dequantizes the weight 
 (bf16, or fp32 on an AVX2-only CPU: `cpu_gemm.dense_dtype`). On CUDA the layer keeps a bf16 weight
 (`F.linear`); int8 then only saves load-time memory.
 
-With the W8A8 kernel (kernels/cpu_w8a8.c; `EngineConfig.deterministic` hands it in where the C kernels build) the
+With the W8A8 kernel (kernels/cpu/w8a8.c; `EngineConfig.deterministic` hands it in where the C kernels build) the
 same int8 rows and scales serve every call: x is quantized per row and group to int8 and the products run on integer
 SIMD, one reduction order per row whatever the row count (the torch path's two kernels round differently, so a
 row's output depended on how many rows the call had: docs/determinism.md).
@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.cpu_gemm import dense_dtype
-from kernels.cpu_w8a8 import W8A8Weight, w8a8_group, w8a8_linear
+from backend.model.cpu_gemm import dense_dtype
+from kernels.cpu.w8a8 import W8A8Weight, w8a8_group, w8a8_linear
 
 DENSE_ROWS = 32  # from this many rows on, dequantize + dense GEMM beats the int8 kernel (measured crossover 32-64)
 

@@ -22,14 +22,14 @@ from pathlib import Path
 import torch
 
 from backend.config import EngineConfig, default_awq_model_path
-from backend.kv_cache import KVCacheManager
-from backend.model_runner import ModelRunner, kv_cache_shape
-from backend.models.llama import LlamaForCausalLM
-from backend.ops import Ops
-from backend.request import Sequence
-from backend.sampler import seeded_noise
+from backend.engine.kv_cache import KVCacheManager
+from backend.engine.model_runner import ModelRunner, kv_cache_shape
+from backend.engine.request import Sequence
+from backend.engine.sampler import seeded_noise
+from backend.model.llama import LlamaForCausalLM
+from backend.model.ops import Ops
+from backend.model.weights import load_model, resolve_model_dir
 from backend.spec.prefix import needs_processing, process_row, target_probs
-from backend.weights import load_model, resolve_model_dir
 
 DEFAULT_MIN_CONFIDENCE = 0.3  # bench.speculative: see bench/README.md ("speculative")
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.config import EngineConfig, default_medusa_path
-from backend.request import Sequence
+from backend.engine.request import Sequence
 
 WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 # Optional, ours (not in the Medusa format): the token ids the heads were trained to say. Proposing then scores

@@ -46,9 +46,9 @@ def chat_requests(tokenizer: object, path: Path, limit: int) -> list[list[dict[s
 def generate_answers(model_dir: Path, requests: list[list[dict[str, str]]], max_tokens: int) -> list[tuple[list[int], int]]:
     """(prompt + greedy answer token ids, where the answer starts) per request, from our engine (full precision)."""
     from backend.config import EngineConfig
-    from backend.engine import LLMEngine
-    from backend.sampling_params import SamplingParams
-    from backend.tokenizer import apply_chat_template
+    from backend.engine.llm_engine import LLMEngine
+    from backend.engine.sampling_params import SamplingParams
+    from backend.model.tokenizer import apply_chat_template
 
     engine = LLMEngine(EngineConfig(model=str(model_dir), quantization="none", max_num_seqs=32))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)

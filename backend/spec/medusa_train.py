@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from backend.config import default_medusa_path, default_model_path
-from backend.cpu_gemm import dense_dtype
+from backend.model.cpu_gemm import dense_dtype
+from backend.model.tokenizer import apply_chat_template
 from backend.quant.calibration import CALIBRATION, HELDOUT, token_ids
 from backend.spec.medusa import MedusaHeads, save_medusa
 from backend.spec.medusa_data import VERSION, cached_answers
-from backend.tokenizer import apply_chat_template
 
 PROMPT_TOKENS = 48  # of each passage quoted in the user turn; the rest is the assistant's answer
 IGNORE = -100

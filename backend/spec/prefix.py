@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from backend.guided import apply_masks
-from backend.request import Sequence
-from backend.sampler import apply_logit_bias, apply_min_tokens, apply_penalties, apply_top_k_top_p_min_p
-from backend.sampling_params import SamplingParams
+from backend.engine.guided import apply_masks
+from backend.engine.request import Sequence
+from backend.engine.sampler import apply_logit_bias, apply_min_tokens, apply_penalties, apply_top_k_top_p_min_p
+from backend.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.kv_cache import KVCacheManager
-from backend.request import Sequence
-from backend.sampler import seeded_noise
-from backend.scheduler import ScheduledSeq, SchedulerOutput
+from backend.engine.kv_cache import KVCacheManager
+from backend.engine.request import Sequence
+from backend.engine.sampler import seeded_noise
+from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
 from backend.spec.draft_model import DraftModel
 from backend.spec.medusa import MedusaDrafter
 from backend.spec.ngram import propose_ngram

@@ -6,7 +6,7 @@
 # norm(max(0, p - q)) and stop. Every emitted token is then distributed exactly as p says.
 With greedy decoding, p is a point mass on the argmax, so a draft token is accepted iff it is
 the argmax, and the output is token-identical to decoding without speculation.
-A seeded request's draws are keyed by position (backend/sampler.py, `seeded_noise`), so its verification
+A seeded request's draws are keyed by position (backend/engine/sampler.py, `seeded_noise`), so its verification
 draws the token plain decoding would at each position (the exponential race with that position's noise) and
 accepts a draft token iff it is that token (`verify_seeded`): the output is token-identical to decoding without
 speculation too, and still exactly distributed as p.

@@ -25,13 +25,13 @@ from gateway.anthropic.stream import EventStream
 from gateway.client import NoEngine
 from gateway.context import GatewayContext
 from gateway.errors import GatewayError, ModelNotFound, to_gateway_error
-from gateway.jsonio import read_json
-from gateway.protocol import parse_chat
-from gateway.record import RequestRecord, record_of
-from gateway.token_count import load_counter, prompt_tokens
+from gateway.ops.record import RequestRecord, record_of
+from gateway.protocol.jsonio import read_json
+from gateway.protocol.requests import parse_chat
+from gateway.routing.token_count import load_counter, prompt_tokens
 
 if TYPE_CHECKING:
-    from gateway.router import Router
+    from gateway.routing.router import Router
 
 Handler = Callable[[Request], Awaitable[Any]]
 

@@ -22,11 +22,11 @@ from typing import Any
 
 import orjson
 
-from gateway import fields as f
 from gateway.errors import InvalidRequest
-from gateway.fields import Body
+from gateway.protocol import fields as f
+from gateway.protocol.fields import Body
 
-_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # the chat pipeline's limit (gateway/tools.py)
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # the chat pipeline's limit (gateway/protocol/tools.py)
 MAX_STOP_SEQUENCES = 16  # the engine's limit (SamplingParams)
 _IGNORED = {"cache_control", "service_tier", "inference_geo", "diagnostics", "user_profile_id", "workspace_id"}
 _UNSUPPORTED = {

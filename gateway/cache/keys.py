@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from backend.config import EngineConfig
-from backend.sampling_params import SamplingParams
+from backend.engine.sampling_params import SamplingParams
 
 # Request fields that change nothing in the generated output (transport, bookkeeping).
 NON_OUTPUT_FIELDS = frozenset(

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backend.sampling_params import SamplingParams
+from backend.engine.sampling_params import SamplingParams
 from gateway.cache.config import CacheConfig
 from gateway.errors import InvalidRequest
 

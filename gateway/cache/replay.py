@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.sse import DONE, sse_data
+from gateway.protocol.sse import DONE, sse_data
 
 _CHAT_MESSAGE_KEYS = {"role", "content", "refusal"}
 

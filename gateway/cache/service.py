@@ -17,7 +17,7 @@ from gateway.cache.verify import Criterion, EngineVerifier
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
 from gateway.ids import IdGenerator
-from gateway.sse import StreamLimits
+from gateway.protocol.sse import StreamLimits
 
 _WARN_EVERY_S = 10.0
 

@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.responses import Response
 
-from backend.outputs import RequestOutput
-from backend.sampling_params import SamplingParams
+from backend.engine.outputs import RequestOutput
+from backend.engine.sampling_params import SamplingParams
 from gateway.cache import replay
 from gateway.cache.keys import exact_key, semantic_scope
 from gateway.cache.policy import CacheControl, exact_allowed, semantic_allowed
 from gateway.cache.semantic import NearMiss, Verify, embed_query, match
 from gateway.cache.verify import Answer
-from gateway.generation import Generation
-from gateway.jsonio import json_response
-from gateway.protocol import StreamOptions
-from gateway.record import RequestRecord
-from gateway.sse import SSEStream
+from gateway.ops.record import RequestRecord
+from gateway.protocol.generation import Generation
+from gateway.protocol.jsonio import json_response
+from gateway.protocol.requests import StreamOptions
+from gateway.protocol.sse import SSEStream
 
 if TYPE_CHECKING:
     from gateway.cache.service import ResponseCache

@@ -25,8 +25,8 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from backend.engine.sampling_params import SamplingParams
 from backend.errors import EngineError
-from backend.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,15 @@ from starlette.routing import Route
 
 from gateway.context import GatewayContext
 from gateway.errors import InvalidRequest, NotFound, to_gateway_error
-from gateway.jsonio import json_response, read_json
 from gateway.openai_responses.bridge import StreamBroke, passed_headers, run_json, run_stream
 from gateway.openai_responses.builder import ResponseBuilder, feed_chunk, feed_completion, replay_events
 from gateway.openai_responses.items import chat_messages
 from gateway.openai_responses.request import ResponsesRequest, chat_body, echo_fields, parse_request
 from gateway.openai_responses.store import StoredResponses, build_store
 from gateway.openai_responses.tokens import TokenCounter
-from gateway.record import RequestRecord, record_of
-from gateway.sse import SSEStream, StreamLimits
+from gateway.ops.record import RequestRecord, record_of
+from gateway.protocol.jsonio import json_response, read_json
+from gateway.protocol.sse import SSEStream, StreamLimits
 
 ChatHandler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
 _PARAMS = (

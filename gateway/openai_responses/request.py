@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway import fields as f
 from gateway.errors import InvalidRequest
-from gateway.fields import Body
 from gateway.openai_responses.items import NewId, parse_input
+from gateway.protocol import fields as f
+from gateway.protocol.fields import Body
 
 _ACCEPTED = {
     "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "text", "tools", "tool_choice",

@@ -2,7 +2,7 @@
 
 Both count the prompt exactly as generation would build it: the chat pipeline's own parsing (the tool
 prompt included) and the engine's chat template. A gateway without an embedded engine (routing only)
-estimates with the router's counter (gateway/token_count.py) and does not truncate.
+estimates with the router's counter (gateway/routing/token_count.py) and does not truncate.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.context import GatewayContext
-from gateway.protocol import parse_chat
-from gateway.token_count import load_counter, prompt_tokens
+from gateway.protocol.requests import parse_chat
+from gateway.routing.token_count import load_counter, prompt_tokens
 
 
 class TokenCounter:

@@ -1,0 +1,167 @@
+"""ModelRunner: owns the model and the KV cache tensor; turns a SchedulerOutput into logits."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from backend.engine.kv_cache import KVCacheManager
+from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
+from backend.model.cpu_gemm import onednn_available
+from backend.model.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
+from backend.model.llama import LlamaForCausalLM
+from backend.quant.int4_linear import Int4Linear
+from backend.quant.int8_linear import Int8Linear
+from kernels.cpu.paged_decode import supports_dims
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Chunks of at most this many tokens (speculative verifies, a draft model's catch-up) also get per-token decode
+# metadata: the paged decode kernel attends them row by row, as the plain decode steps would (bench/README,
+# "speculative"), instead of the padded SDPA path's ~15 small ops a layer.
+SHORT_CHUNK = 16
+
+
+def kv_cache_shape(model: LlamaForCausalLM, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    """One slice per layer the model holds (a pipeline stage: only its own), KV heads as sharded (TP)."""
+    c = model.config
+    return (len(model.layer_ids), 2, num_blocks * block_size, c.num_key_value_heads, model.head_dim)
+
+
+def kv_cache_dtype(
+    name: str, model: nn.Module, model_dtype: torch.dtype, device: str, torch_ops: bool, c_decode: bool = False
+) -> torch.dtype:
+    """The KV cache's dtype. "auto" is the model's, except for quantized (INT4/INT8) fp32 models on a CPU that
+    reads bf16 fast: native bf16, or the C decode kernel (`c_decode`, which widens bf16 in registers). There bf16
+    K/V halve the bytes every decode step reads per layer (~40% of a 32-stream step's attention time at 128 tokens
+    of context, bench/README "KV cache dtype") and double the blocks a budget holds, and the outputs already
+    differ from full precision's. Another dtype than the model's needs the torch attention path (the Triton
+    kernels and the parallel workers read the model's dtype)."""
+    if name == "auto":
+        cpu_bf16 = device == "cpu" and torch_ops and (c_decode or onednn_available(torch.bfloat16))
+        quantized = any(isinstance(m, (Int4Linear, Int8Linear)) for m in model.modules())
+        return torch.bfloat16 if cpu_bf16 and quantized and model_dtype == torch.float32 else model_dtype
+    if name not in DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {name!r}: use auto, float32, bfloat16 or float16")
+    if DTYPES[name] != model_dtype and not torch_ops:
+        raise ValueError(f"kv_cache_dtype {name} differs from the model's dtype: only the single-process torch path "
+                         "(kernel_backend torch, no tensor/pipeline parallelism) supports that")
+    return DTYPES[name]
+
+
+def num_kv_blocks(model: LlamaForCausalLM, block_size: int, memory_mb: int, dtype: torch.dtype) -> int:
+    per_block = torch.Size(kv_cache_shape(model, 1, block_size)).numel() * dtype.itemsize
+    return max(1, memory_mb * 2**20 // per_block)
+
+
+def per_token_prefill(model: LlamaForCausalLM, ops_name: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+    """Whether every prefill chunk attends through the C paged decode kernel, one decode query per token: on the C
+    kernels (CpuOps) where the kernel takes the model. A token's attention is then the same arithmetic whatever
+    chunk computes it, so a prefix-cache hit, chunked prefill or a batch-mate changes no logit of an INT4 (W4A8)
+    model, whose other ops are row-independent; with SDPA for long chunks, a cached prefix flipped near-tie greedy
+    tokens (5 of 20 repeated requests). Time to first token against SDPA's: 0.92x at 50 prompt tokens, 1.0x at 500,
+    1.24x at 2000 (bench/README, "prefill attention")."""
+    c = model.config
+    return ops_name == "cpu" and supports_dims(c.num_attention_heads, c.num_key_value_heads, model.head_dim, dtype, kv_dtype)
+
+
+class ModelRunner:
+    def __init__(
+        self, model: LlamaForCausalLM, kv: KVCacheManager, kv_dtype: torch.dtype, device: str, per_token: bool = False
+    ) -> None:
+        """per_token: every prefill chunk gets per-token decode metadata (`per_token_prefill`), not only short ones."""
+        self.model = model
+        self.kv = kv
+        self.device = device
+        self.per_token = per_token
+        self.window = max(model.layer_windows, default=0)  # sliding window of the windowed layers (0: none)
+        self.kv_cache = torch.zeros(kv_cache_shape(model, kv.pool.num_blocks, kv.block_size), dtype=kv_dtype, device=device)
+
+    def _tensor(self, data: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return torch.tensor(data, dtype=dtype, device=self.device)
+
+    def _block_tables(self, chunks: list[ScheduledSeq]) -> torch.Tensor:
+        width = max(len(c.seq.block_table) for c in chunks)
+        rows = [[b.block_id for b in c.seq.block_table] + [0] * (width - len(c.seq.block_table)) for c in chunks]
+        return self._tensor(rows, torch.int32)
+
+    def _context(self, chunks: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """(block_tables (num_seqs, max_blocks) int32, context_blocks (num_seqs, ctx_blocks) long, context lens):
+        the blocks holding every token up to the end of this step's chunk; ctx_blocks * block_size is the padded
+        context width the masks cover (padding columns point at block 0 and are masked)."""
+        lens = [c.seq.num_computed_tokens + c.num_new_tokens for c in chunks]
+        tables = self._block_tables(chunks)
+        ctx_blocks = -(-max(lens) // self.kv.block_size)
+        return tables, tables[:, :ctx_blocks].long(), lens
+
+    def _decode_metadata(self, decodes: list[ScheduledSeq]) -> DecodeMetadata:
+        tables, blocks, lens = self._context(decodes)
+        width = blocks.shape[1] * self.kv.block_size
+        valid = torch.arange(width, device=self.device)[None, :] < self._tensor(lens)[:, None]
+        zeros = torch.zeros(valid.shape, dtype=self.kv_cache.dtype, device=self.device)
+        mask = zeros.masked_fill(~valid, -float("inf"))
+        window_mask = None
+        if self.window:  # the query at position len - 1 sees keys >= len - window
+            first = self._tensor(lens)[:, None] - self.window
+            in_window = valid & (torch.arange(width, device=self.device)[None, :] >= first)
+            window_mask = zeros.masked_fill(~in_window, -float("inf"))[:, None, None, :]
+        return DecodeMetadata(blocks, mask[:, None, None, :], tables, self._tensor(lens, torch.int32), window_mask, max(lens))
+
+    def _prefill_metadata(self, prefills: list[ScheduledSeq], first_row: int) -> PrefillMetadata:
+        tables, blocks, lens = self._context(prefills)
+        q_lens = [c.num_new_tokens for c in prefills]
+        cu = [0]
+        for q in q_lens:
+            cu.append(cu[-1] + q)
+        col = torch.arange(max(q_lens), device=self.device)
+        query_valid = col[None, :] < self._tensor(q_lens)[:, None]  # (num_prefills, max_query)
+        query_index = (self._tensor(cu[:-1])[:, None] + col[None, :] + first_row).masked_fill(~query_valid, 0)
+        q_pos = self._tensor([c.seq.num_computed_tokens for c in prefills])[:, None] + col[None, :]
+        k_pos = torch.arange(blocks.shape[1] * self.kv.block_size, device=self.device)
+        mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & query_valid[:, :, None]
+        window_mask = None
+        if self.window:  # and k > q - window; padded rows see key 0 (a finite softmax)
+            window_mask = mask & (k_pos[None, None, :] > q_pos[:, :, None] - self.window)
+            window_mask[:, :, 0] |= ~query_valid
+            window_mask = window_mask[:, None]
+        mask[:, :, 0] = True  # padded query rows attend to something, so softmax stays finite
+        short = self.per_token or max(q_lens) <= SHORT_CHUNK
+        return PrefillMetadata(
+            query_index, query_valid, blocks, mask[:, None], tables,
+            self._tensor(lens, torch.int32), self._tensor(cu, torch.int32), window_mask,
+            tables.repeat_interleave(self._tensor(q_lens), dim=0) if short else None,
+            self._tensor([n - q + 1 + j for n, q in zip(lens, q_lens, strict=True) for j in range(q)], torch.int32)
+            if short else None,
+            max(lens),
+        )
+
+    def prepare(self, out: SchedulerOutput) -> ForwardBatch:
+        ids, positions, slots, logits_rows = [], [], [], []
+        for chunk in out.scheduled:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            span = range(start, start + chunk.num_new_tokens)
+            ids.extend(seq.token_ids[start : start + chunk.num_new_tokens])
+            positions.extend(span)
+            slots.extend(self.kv.slot(seq, p) for p in span)
+            logits_rows.extend(range(len(ids) - chunk.num_logit_rows, len(ids)))
+        num_decodes = len(out.decodes)
+        return ForwardBatch(
+            input_ids=self._tensor(ids),
+            positions=self._tensor(positions),
+            slot_mapping=self._tensor(slots),
+            num_decode_tokens=num_decodes,
+            decode=self._decode_metadata(out.decodes) if out.decodes else None,
+            prefill=self._prefill_metadata(out.prefills, num_decodes) if out.prefills else None,
+            logits_index=self._tensor(logits_rows),
+            block_size=self.kv.block_size,
+        )
+
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput) -> torch.Tensor:
+        """(num_logit_rows, vocab) fp32 logits: each scheduled chunk's `num_logit_rows` rows, in order."""
+        return self.model(self.prepare(out), self.kv_cache)
+
+    @torch.inference_mode()
+    def run_with_hidden(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """As run, plus the final hidden state of every logits row (num_logit_rows, hidden), for Medusa heads."""
+        hidden = self.model.hidden_states(self.prepare(out), self.kv_cache)
+        return self.model.lm_head(hidden).float(), hidden

@@ -1,0 +1,90 @@
+"""Sequence: one choice of one request, as the scheduler and the KV cache see it.
+
+A request with n choices is n sequences with the same prompt ("siblings"); siblings after the
+first wait until the first has computed the prompt, then share its KV blocks via the prefix cache.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from backend.engine.outputs import TokenLogprob
+from backend.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from backend.engine.block_pool import KVBlock
+    from backend.engine.detokenizer import IncrementalDetokenizer
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    index: int  # choice index within the request
+    token_ids: list[int]  # prompt followed by the output so far
+    num_prompt_tokens: int
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None = None  # per-request RNG when a seed is given
+    first_sibling: Sequence | None = None  # siblings wait for it to compute the prompt
+    arrival_time: float = field(default_factory=time.monotonic)
+    guide: Any = None  # llguidance.LLMatcher when the output is constrained (backend/engine/guided.py)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = -1  # prefix-cache hit tokens at first admission (-1: not yet admitted)
+    block_table: list[KVBlock] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    num_registered_blocks: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    finish_reported: bool = False
+    num_draft: int = 0  # unverified draft tokens at the end of token_ids
+    num_draft_computed: int = 0  # leading tokens whose K/V are in the draft model's cache (backend/spec/draft_model.py)
+    reference_ids: list[int] = field(default_factory=list)  # speculation source besides the sequence itself
+    prompt_reported: bool = False
+    # Not yet reported to the caller:
+    pending_token_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def is_prefill(self) -> bool:
+        """Still computing tokens it already has (the prompt, or everything after a preemption)."""
+        return self.num_tokens - self.num_computed_tokens > 1
+
+    def drop_draft(self) -> None:
+        """Forget unverified draft tokens (e.g. when preempted: they must never be recomputed as real)."""
+        if self.num_draft:
+            del self.token_ids[len(self.token_ids) - self.num_draft :]
+            self.num_draft = 0
+
+    @property
+    def ready_to_admit(self) -> bool:
+        first = self.first_sibling
+        return first is None or first.is_finished or first.num_computed_tokens >= first.num_prompt_tokens

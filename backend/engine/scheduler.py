@@ -1,0 +1,145 @@
+"""Iteration-level scheduler with chunked prefill, prefix caching and preemption.
+
+Every step has a token budget. Running sequences go first, most urgent first (a decode costs one
+token, an unfinished prefill takes what is left of the budget), then waiting sequences are
+admitted in priority order while budget, sequence slots and KV blocks last. When a running
+sequence cannot get a block, the least urgent one (lowest priority, then latest arrival) is
+preempted: its blocks are freed and it recomputes later (its full blocks usually survive in the
+prefix cache). "Urgent" is backend/engine/priority.py's key: vLLM's `priority` (lower first) with ageing;
+with every priority equal it is plain arrival order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from backend.engine.kv_cache import KVCacheManager
+from backend.engine.priority import priority_key
+from backend.engine.request import Sequence, SequenceStatus
+from backend.errors import QueueFullError
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the sequence, so a next token is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        seq = self.seq
+        return seq.params.prompt_logprobs is not None and seq.index == 0 and seq.num_computed_tokens < seq.num_prompt_tokens
+
+    @property
+    def num_logit_rows(self) -> int:
+        """Rows the LM head computes: all for prompt logprobs or a draft to verify, else the last if it samples."""
+        return self.num_new_tokens if self.wants_prompt_logprobs or self.seq.num_draft else int(self.samples)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """What one step runs: decodes (one token each) first, then prefill chunks."""
+
+    decodes: list[ScheduledSeq] = field(default_factory=list)
+    prefills: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def scheduled(self) -> list[ScheduledSeq]:
+        return self.decodes + self.prefills
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(
+        self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_waiting: int,
+        priority_aging_s: float = 10.0,
+    ) -> None:
+        self.kv = kv
+        self.priority_aging_s = priority_aging_s
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_waiting = max_waiting
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seqs: list[Sequence]) -> None:
+        if len(self.waiting) + len(seqs) > self.max_waiting:
+            raise QueueFullError(f"the engine queue is full ({self.max_waiting} waiting)")
+        self.waiting.extend(seqs)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        now = time.monotonic()
+        self.running.sort(key=lambda seq: priority_key(seq, now, self.priority_aging_s))  # stable: ties keep order
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted:  # admitting new work right after preempting would just thrash
+            self._schedule_waiting(out, budget, now)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        for seq in list(self.running):
+            if budget == 0 or seq not in self.running:
+                continue
+            if seq.num_draft and seq.num_tokens - seq.num_computed_tokens > budget:
+                seq.drop_draft()  # a draft is verified whole or not at all
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(seq, n):
+                victim = self.running[-1]  # the least urgent
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                (out.decodes if n == 1 and not seq.is_prefill else out.prefills).append(ScheduledSeq(seq, n))
+                budget -= n
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        for seq in sorted(self.waiting, key=lambda seq: priority_key(seq, now, self.priority_aging_s)):
+            if budget == 0 or len(self.running) >= self.max_num_seqs:
+                return
+            if not seq.ready_to_admit:
+                continue  # a sibling waits for its first sibling's prompt KV
+            cached = self.kv.find_cached_prefix(seq)
+            n = min(seq.num_tokens - seq.num_computed_tokens - len(cached) * self.kv.block_size, budget)
+            if not self.kv.allocate_slots(seq, n, cached):
+                return  # in order: don't let less urgent (smaller) requests jump the queue
+            if seq.num_cached_tokens < 0:
+                seq.num_cached_tokens = len(cached) * self.kv.block_size
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.prefills.append(ScheduledSeq(seq, n))
+            budget -= n
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        seq.drop_draft()
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
+        """Mark seq finished and free its blocks at once (also used for aborts)."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status, seq.finish_reason, seq.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
+        self.kv.free(seq)

@@ -1,0 +1,149 @@
+"""The Llama family (Llama 2/3, SmolLM, Qwen2, Mistral) over a paged KV cache.
+
+One forward runs every scheduled token of every sequence as one packed batch: linear layers
+see (num_tokens, hidden); only attention knows about sequences, through ForwardBatch.
+q/k/v and gate/up projections are fused into one matmul each (fewer, larger GEMMs on CPU).
+Norms, rotary and attention go through `ops` (torch or Triton, see backend/model/ops.py); the
+residual stream is carried beside the hidden state so a norm can fuse the residual add.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from backend.model.forward_batch import ForwardBatch
+from backend.model.ops import Ops, TorchOps
+from backend.model.rope import RotaryEmbedding
+from backend.model.sliding_window import layer_windows
+
+if TYPE_CHECKING:
+    from backend.model.decode_stack import DecodeStack
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, ops: Ops) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual)."""
+        return ops.rms_norm(x, self.weight, self.eps, residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: PretrainedConfig, head_dim: int, window: int = 0) -> None:
+        super().__init__()
+        self.window = window  # sliding window in tokens, 0 = full attention (backend/model/sliding_window.py)
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim
+        self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.scale = head_dim**-0.5
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor, batch: ForwardBatch, ops: Ops
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)  # (num_tokens, num_heads, head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)  # (num_tokens, num_kv_heads, head_dim)
+        q, k = ops.rotary(q, k, rope)
+        batch = batch.with_window(self.window)
+        out = ops.attention(q, k, v.view(n, self.num_kv_heads, self.head_dim), cache, batch, self.scale)
+        return self.o_proj(out.reshape(n, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))  # (tokens, 2I) -> (tokens, I) -> (tokens, hidden)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig, head_dim: int, window: int = 0) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, head_dim, window)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor,
+        batch: ForwardBatch, ops: Ops,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: this layer's input delta, residual: the stream so far. Returns (mlp output, stream)."""
+        h, residual = self.input_layernorm(x, residual, ops)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, rope, cache, batch, ops), residual, ops)
+        return self.mlp(h, ops), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """layer_ids: the decoder layers this model holds (all by default; a pipeline stage holds a contiguous range,
+    backend/parallel/pipeline_parallel.py). ends: whether it holds the embeddings, the final norm and the lm_head."""
+
+    def __init__(
+        self, config: PretrainedConfig, max_positions: int, ops: Ops | None = None, layer_ids: range | None = None,
+        ends: bool = True,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.ops: Ops = ops or TorchOps()
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.layer_ids = layer_ids if layer_ids is not None else range(config.num_hidden_layers)
+        self.layer_windows = layer_windows(config)  # every layer's, 0 = full attention: the batch masks cover all
+        self.layers = nn.ModuleList(DecoderLayer(config, self.head_dim, self.layer_windows[i]) for i in self.layer_ids)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if ends else None
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if ends else None
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if ends else None
+        if ends and config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = RotaryEmbedding(config, self.head_dim, max_positions)
+        self.decode_stack: DecodeStack | None = None  # all layers of a decode step in one C call (set by the loader)
+
+    def embed(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.embed_tokens(batch.input_ids)  # (num_tokens, hidden)
+
+    def run_layers(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This model's decoder layers; kv_cache[i] belongs to self.layers[i]. Returns (last delta, stream)."""
+        rope = self.ops.rope_table(batch.positions, self.rope.cos_sin, x.dtype)  # shared by every layer
+        if self.decode_stack is not None and self.decode_stack.takes(batch, residual, kv_cache):
+            return self.decode_stack(x, rope, batch, kv_cache)  # the same kernels, from C (backend/model/decode_stack.py)
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(x, residual, rope, kv_cache[i], batch, self.ops)
+        return x, residual
+
+    def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The final hidden states the lm_head reads (Medusa heads read them too), over the logits rows."""
+        x, _ = self.norm(x, residual, self.ops)
+        return x
+
+    def head(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Final norm and lm_head over rows already narrowed to the logits rows. (rows, vocab) fp32 logits."""
+        return self.lm_head(self.final_norm(x, residual)).float()
+
+    def forward(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        """kv_cache: (num_layers, 2, num_slots, kv_heads, head_dim). Returns (num_logit_rows, vocab) fp32 logits."""
+        x, residual = self.run_layers(self.embed(batch), None, batch, kv_cache)
+        rows = batch.logits_index  # only rows whose logits are needed
+        return self.head(x[rows], residual[rows])
+
+    def hidden_states(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        """(num_logit_rows, hidden): the final hidden states (after the final norm) of the logits rows."""
+        x, residual = self.run_layers(self.embed(batch), None, batch, kv_cache)
+        rows = batch.logits_index
+        return self.final_norm(x[rows], residual[rows])

@@ -1,0 +1,185 @@
+"""Load a model directory (HF safetensors) or a GGUF file into our LlamaForCausalLM.
+
+HF names map onto ours with two fusions: q/k/v -> qkv_proj and gate/up -> gate_up_proj.
+A GGUF file is converted once to safetensors under the cache folder, then loaded the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, PretrainedConfig
+
+from backend.config import cache_dir
+from backend.model.cpu_gemm import add_packed_copies
+from backend.model.llama import LlamaForCausalLM
+from backend.model.ops import CpuOps, Ops
+from backend.model.rope import RotaryEmbedding
+from backend.quant.config import AWQ_TENSORS, AwqConfig, GptqConfig, awq_config_of, gptq_config_of
+
+SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "smollm3"}
+FUSED = {  # our parameter -> the HF parameters concatenated along the output dimension
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def resolve_model_dir(path: Path) -> Path:
+    """A GGUF file becomes a converted directory under the cache; a directory is used as is."""
+    if path.is_dir():
+        return path
+    if path.suffix != ".gguf" or not path.exists():
+        raise FileNotFoundError(f"model not found (need an HF directory or a .gguf file): {path}")
+    digest = hashlib.sha256(f"{path.resolve()}:{path.stat().st_size}".encode()).hexdigest()[:12]
+    out = cache_dir() / "converted" / f"{path.stem}-{digest}"
+    if not (out / "model.safetensors").exists():
+        from backend.model.gguf_convert import convert_gguf_to_hf
+
+        convert_gguf_to_hf(path, out)
+    return out
+
+
+def load_config(model_dir: Path) -> PretrainedConfig:
+    config = AutoConfig.from_pretrained(model_dir)
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"unsupported model type {config.model_type!r}; supported: {sorted(SUPPORTED_MODEL_TYPES)}")
+    return config
+
+
+def read_hf_tensors(model_dir: Path, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """Tensors by name without the "model." prefix; `keep` picks which (a pipeline stage reads only its own)."""
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                short = name.removeprefix("model.")
+                if keep is None or keep(short):
+                    tensors[short] = f.get_tensor(name)
+    if not tensors:
+        raise FileNotFoundError(f"no .safetensors files in {model_dir}")
+    return tensors
+
+
+def to_our_names(hf: dict[str, torch.Tensor], layer_ids: range) -> dict[str, torch.Tensor]:
+    """Rename HF tensors to our module names, concatenating the fused projections. Layer layer_ids[j] becomes
+    our layers.j (a pipeline stage numbers its layers from 0)."""
+    ours = {k: v for k, v in hf.items() if not k.startswith("layers.")}
+    for j, i in enumerate(layer_ids):
+        prefix = f"layers.{i}."
+        layer = {k.removeprefix(prefix): v for k, v in hf.items() if k.startswith(prefix)}
+        for fused, parts in FUSED.items():
+            for kind in ("weight", "bias", *AWQ_TENSORS):  # AWQ tensors are (in, out): fuse along dim 1
+                if f"{parts[0]}.{kind}" in layer:
+                    dim = 1 if kind in AWQ_TENSORS else 0
+                    layer[f"{fused}.{kind}"] = torch.cat([layer.pop(f"{p}.{kind}") for p in parts], dim=dim)
+            if f"{parts[0]}.in_perm" in layer:  # act-order GPTQ: the fused parts share one input, so one order
+                perms = [layer.pop(f"{p}.in_perm") for p in parts]
+                if not all(p.equal(perms[0]) for p in perms):
+                    raise ValueError(f"layer {i}: act-order GPTQ with different channel orders in {parts} cannot be fused")
+                layer[f"{fused}.in_perm"] = perms[0]
+        ours.update({f"layers.{j}.{k}": v for k, v in layer.items()})
+    return ours
+
+
+def _empty_model(
+    config: PretrainedConfig, max_positions: int, ops: Ops | None, awq: AwqConfig | None, quantization: str,
+    tp: tuple[int, int] | None, pp: tuple[int, int] | None,
+) -> LlamaForCausalLM:
+    """The model (or this rank's part of it) on the meta device, INT4 layers swapped in for AWQ/GPTQ."""
+    with torch.device("meta"):
+        if tp is not None:
+            from backend.parallel.tensor_parallel import shard_config
+
+            if awq is not None or quantization == "int8":
+                raise ValueError("tensor parallelism needs full-precision weights (quantization: none)")
+            model = LlamaForCausalLM(shard_config(config, tp[1]), max_positions, ops)
+        elif pp is not None:
+            from backend.parallel.pipeline_parallel import PipelineStage
+
+            model = PipelineStage(config, max_positions, ops, pp)
+        else:
+            model = LlamaForCausalLM(config, max_positions, ops)
+        if awq is not None:
+            from backend.quant.convert import swap_in_int4
+
+            swap_in_int4(model, awq)
+    return model
+
+
+def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | None, tp: tuple[int, int] | None,
+                pp: tuple[int, int] | None) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors this model holds, in our names (a pipeline stage reads only its own)."""
+    keep = None
+    if pp is not None:
+        from backend.parallel.pipeline_parallel import keeps_tensor
+
+        ends = model.embed_tokens is not None
+        keep = lambda name: keeps_tensor(name, model.layer_ids, ends)  # noqa: E731
+    hf = read_hf_tensors(model_dir, keep)
+    if gptq is not None:
+        from backend.quant.gptq_format import convert_gptq_tensors
+
+        hf = convert_gptq_tensors(hf, gptq)
+    state = to_our_names(hf, model.layer_ids)
+    if tp is not None:
+        from backend.parallel.tensor_parallel import shard_state
+
+        state = shard_state(state, model.config, *tp)
+    return state
+
+
+def load_model(
+    path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None, int4_dense_copy: bool = True,
+    quantization: str = "none", tp: tuple[int, int] | None = None, pp: tuple[int, int] | None = None,
+    packed_copy: bool = False, int4_cpu_kernel: str = "auto", deterministic: bool = False,
+) -> LlamaForCausalLM:
+    """quantization "int8" quantizes a full-precision checkpoint's projections at load time; a quantized
+    checkpoint (AWQ, GPTQ) always loads as it says. packed_copy: full-precision linears on CPU also keep a
+    oneDNN-prepacked copy for multi-row calls (backend/model/cpu_gemm.py). deterministic: the linears on kernels whose
+    result for a row does not depend on the row count (EngineConfig.deterministic). tp = (rank, world): this rank's
+    tensor-parallel shard (backend/parallel/tensor_parallel.py); pp = (rank, world): this rank's pipeline stage
+    (backend/parallel/pipeline_parallel.py)."""
+    model_dir = resolve_model_dir(path)
+    config = load_config(model_dir)
+    awq = awq_config_of(config)  # an AWQ checkpoint swaps in INT4 layers (backend/quant)
+    gptq = gptq_config_of(config)  # GPTQ is converted to the same INT4 layout at load time
+    if gptq is not None:
+        awq = AwqConfig(group_size=gptq.group_size)
+    model = _empty_model(config, max_positions, ops, awq, quantization, tp, pp)
+    state = _read_state(model_dir, model, gptq, tp, pp)
+    for name in [k for k in state if k.endswith(".in_perm")]:  # act-order: Int4Linear gathers its input columns
+        model.get_submodule(name.removesuffix(".in_perm")).register_buffer("in_perm", state.pop(name))
+    tied = config.tie_word_embeddings and model.embed_tokens is not None  # a later pipeline stage has neither
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    unexpected = model.load_state_dict(state, strict=False, assign=True).unexpected_keys
+    if tied:
+        model.lm_head.weight = model.embed_tokens.weight
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model = model.to(device=device, dtype=dtype).eval()
+    if awq is not None:
+        from backend.quant.convert import prepare_int4
+
+        prepare_int4(model, dense_copy=int4_dense_copy, cpu_kernel=int4_cpu_kernel, deterministic=deterministic)
+        if tp is None:  # (DecodeStack.build says None without CpuOps)
+            from backend.model.decode_stack import DecodeStack
+
+            model.decode_stack = DecodeStack.build(model, ops)
+    elif quantization == "int8":
+        from backend.quant.convert import quantize_int8
+
+        quantize_int8(model, deterministic)
+    elif packed_copy:
+        add_packed_copies(model, ops.small_gemm if isinstance(ops, CpuOps) else None, deterministic)
+    if tp is not None:
+        from backend.parallel.tensor_parallel import make_row_parallel
+
+        make_row_parallel(model)
+    model.rope = RotaryEmbedding(config, model.head_dim, max_positions).to(device=device)  # angles stay fp32
+    return model

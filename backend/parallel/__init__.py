@@ -1,0 +1,1 @@
+"""One engine over several processes: tensor and pipeline parallelism over torch.distributed."""

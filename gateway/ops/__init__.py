@@ -1,0 +1,1 @@
+"""What operators read: Prometheus metrics, live stats and the dashboard, the access log, request records."""

@@ -1,0 +1,72 @@
+"""structlog JSON logging: one line per request, plus the occasional server event.
+
+The logger is built per app and writes to a given stream; nothing is configured
+globally. Headers are never logged, so API keys never reach the log; the configured secrets are also
+redacted from every rendered line.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TextIO
+
+import orjson
+import structlog
+
+from gateway.ops.record import RequestRecord
+
+
+def _dumps(obj: Any, **_: Any) -> str:
+    return orjson.dumps(obj, default=str).decode()
+
+
+def _redactor(secrets: tuple[str, ...]) -> Any:
+    """A structlog processor taking every configured secret out of the rendered line (defence in depth: no code
+    path logs a key, but an upstream's error text or a traceback might carry one)."""
+    ordered = sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True)  # shorter ones: ordinary words
+
+    def redact(logger: Any, method: str, line: str) -> str:
+        for secret in ordered:
+            if secret in line:
+                line = line.replace(secret, "[redacted]")
+        return line
+
+    return redact
+
+
+def make_logger(sink: TextIO, level: str = "info", secrets: tuple[str, ...] = ()) -> Any:
+    """A JSON-lines structlog logger writing to `sink`; `secrets` never appear in a line."""
+    return structlog.wrap_logger(
+        structlog.WriteLogger(sink),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(serializer=_dumps),
+            *([_redactor(secrets)] if secrets else []),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
+        cache_logger_on_first_use=True,
+    )
+
+
+def log_request(logger: Any, rec: RequestRecord) -> None:
+    logger.info(
+        "request",
+        request_id=rec.request_id,
+        method=rec.method,
+        path=rec.path,
+        route=rec.route,
+        model=rec.model or None,
+        deployment=rec.deployment or None,
+        status=rec.status,
+        stream=rec.stream,
+        user=rec.user,
+        prompt_tokens=rec.prompt_tokens,
+        completion_tokens=rec.completion_tokens,
+        cached_tokens=rec.cached_tokens,
+        ttft_ms=None if rec.ttft_s is None else round(rec.ttft_s * 1000, 3),
+        latency_ms=round(rec.latency_s * 1000, 3),
+        cache=rec.cache,
+        error=rec.error_type,
+    )

@@ -1,0 +1,154 @@
+"""One attempt on an OpenAI-compatible upstream: a JSON answer, or an SSE stream passed through.
+
+Streams are primed (the first event read) before the response starts, so an upstream that fails or
+stalls before its first token is retried elsewhere; after that, a break becomes one clear error event.
+Usage is always counted: asked of the upstream (stream_options.include_usage), else estimated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from backend.engine.outputs import Usage
+from gateway.errors import GatewayError
+from gateway.ops.record import RequestRecord
+from gateway.protocol.jsonio import json_response
+from gateway.protocol.sse import SSEStream, StreamLimits, guarded
+from gateway.routing.token_count import completion_text, delta_text, usage_of
+from gateway.routing.upstream import Upstream, UpstreamError
+
+
+class UpstreamFailed(GatewayError):
+    """A stream broke off after it started: it can't be retried transparently."""
+
+    status = 502
+    error_type = "server_error"
+    default_code = "upstream_error"
+
+
+@dataclass
+class Outcome:
+    """Filled in while the response is sent: whether the deployment misbehaved."""
+
+    failed: bool = False
+
+
+def _set_usage(rec: RequestRecord, usage: dict[str, Any]) -> None:
+    details = usage.get("prompt_tokens_details") or {}
+    rec.set_usage(
+        Usage(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)), int(details.get("cached_tokens") or 0))
+    )
+
+
+async def call_json(
+    upstream: Upstream,
+    path: str,
+    body: dict[str, Any],
+    rec: RequestRecord,
+    count: Callable[[str], int],
+    headers: dict[str, str] | None = None,
+    relay: tuple[str, ...] = (),
+) -> Response:
+    """`headers`: extra request headers; `relay`: response headers of the upstream's passed on to the client."""
+    data, upstream_headers = await upstream.post(path, body, headers)
+    if not isinstance(data.get("usage"), dict):
+        data["usage"] = usage_of(count, body, completion_text(data))
+    _set_usage(rec, data["usage"])
+    if data.get("choices"):
+        rec.first_token()
+    response = json_response(data)
+    for name in relay:
+        if name in upstream_headers:
+            response.headers[name] = upstream_headers[name]
+    return response
+
+
+async def call_stream(
+    upstream: Upstream,
+    path: str,
+    body: dict[str, Any],
+    rec: RequestRecord,
+    count: Callable[[str], int],
+    limits: StreamLimits,
+    outcome: Outcome,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    events = upstream.stream(path, {**body, "stream_options": {"include_usage": True}}, headers)
+    try:
+        first = await anext(events)
+    except StopAsyncIteration:
+        raise UpstreamError("upstream stream had no events") from None
+    except BaseException:
+        await events.aclose()
+        raise
+    if "error" in _parse(first):  # an error event in place of the first chunk: nothing sent yet, retry
+        await events.aclose()
+        raise UpstreamError("upstream streamed an error before any output")
+    relay = _relay(first, events, body, want_usage, rec, count, outcome)
+
+    def on_error(exc: BaseException, err: GatewayError) -> None:
+        outcome.failed = True
+        rec.error_type = err.error_type
+
+    return SSEStream(guarded(relay, on_error, 1), [events], limits, rec.client_disconnected)
+
+
+async def _relay(
+    first: bytes,
+    events: AsyncIterator[bytes],
+    body: dict[str, Any],
+    want_usage: bool,
+    rec: RequestRecord,
+    count: Callable[[str], int],
+    outcome: Outcome,
+) -> AsyncIterator[bytes]:
+    texts: list[str] = []
+    usage: dict[str, Any] | None = None
+    last: dict[str, Any] = {}
+    async with aclosing(events):  # type: ignore[type-var]
+        payload: bytes | None = first
+        while payload is not None:
+            chunk = _parse(payload)
+            if isinstance(chunk.get("error"), dict):
+                raise UpstreamFailed(f"The upstream failed in the middle of the response: {chunk['error'].get('message')}")
+            if isinstance(chunk.get("usage"), dict):
+                usage = chunk["usage"]
+                _set_usage(rec, usage)
+            text = delta_text(chunk)
+            if text:
+                rec.first_token()
+                texts.append(text)
+            last = chunk or last
+            if want_usage or chunk.get("choices") or not usage:  # drop the usage-only chunk nobody asked for
+                yield b"data: " + payload + b"\n\n"
+            payload = await _next(events)
+    if usage is None:
+        usage = usage_of(count, body, "".join(texts))
+        _set_usage(rec, usage)
+        if want_usage:
+            extra = {k: last.get(k) for k in ("id", "object", "created", "model")}
+            yield b"data: " + orjson.dumps({**extra, "choices": [], "usage": usage}) + b"\n\n"
+
+
+async def _next(events: AsyncIterator[bytes]) -> bytes | None:
+    try:
+        return await anext(events)
+    except StopAsyncIteration:
+        return None
+    except UpstreamError as exc:
+        raise UpstreamFailed(f"The upstream stopped in the middle of the response ({exc}). Retry the request.") from exc
+
+
+def _parse(payload: bytes) -> dict[str, Any]:
+    try:
+        chunk = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return {}
+    return chunk if isinstance(chunk, dict) else {}

@@ -1,0 +1,300 @@
+"""The router: one client request -> a model (alias, `auto`, fallbacks) -> a deployment, with retries.
+
+Per request: the API key's policy (gateway/keys.py: allowed models, caps, rpm/tpm) is checked against the
+model that will serve (`auto` and fallbacks choose only among the key's models); the model's deployments are
+tried by gateway/routing/balancer.py's choice, an attempt failing with a connect error, a timeout, a 429 or a
+5xx is retried on another deployment (or the same one later) after an exponential, jittered backoff;
+a deployment's Retry-After keeps traffic away from it that long. When every deployment of a model has
+failed, the next fallback model is tried; when those fail too, the client gets one OpenAI-style error
+(503, or 429 with Retry-After when limits were the cause). Nothing waits without a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway.cache.tenancy import forwarded_headers
+from gateway.client import EmbeddingClient
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError, InvalidRequest, RateLimited
+from gateway.keys import KeyGuard
+from gateway.ops.record import RequestRecord, record_of
+from gateway.protocol.generation import unless_disconnected
+from gateway.protocol.jsonio import read_json
+from gateway.protocol.sse import StreamLimits
+from gateway.routing.auto import AutoChoice, AutoRouter
+from gateway.routing.balancer import Balancer, Choice, DeploymentState, affinity_key
+from gateway.routing.config import DeploymentConfig
+from gateway.routing.errors import Attempted, client_error, final_error, retryable
+from gateway.routing.metrics import RouterMetrics
+from gateway.routing.proxy import Outcome, call_json, call_stream
+from gateway.routing.ratelimit import Limit, OverLimit, build_limiter
+from gateway.routing.token_count import load_counter
+from gateway.routing.upstream import HttpEmbedder, Upstream
+
+Endpoint = Literal["chat", "completions"]
+LocalHandler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
+_PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
+_CACHE_VERDICT = ("x-cache", "x-cache-similarity")
+
+
+class Tracked:
+    """Runs a response, then closes its attempt (outstanding count, health) and spends its tokens."""
+
+    def __init__(self, response: Response, on_done: Callable[[bool], Awaitable[None]], outcome: Outcome, rec: RequestRecord):
+        self.response, self.on_done, self.outcome, self.rec = response, on_done, outcome, rec
+        self.headers = response.headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            failed = self.outcome.failed or self.rec.error_type not in (None, "client_disconnected")
+            await self.on_done(not failed)
+
+
+class Router:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        local: dict[Endpoint, LocalHandler],
+        metrics_registry: Any,
+        logger: Any,
+        embedder: EmbeddingClient | None,
+        guard: KeyGuard | None = None,
+    ) -> None:
+        rc = config.routing
+        self.guard = guard if guard is not None else KeyGuard(config, logger)
+        self.cfg, self.rcfg, self.local, self.logger = config, rc.router, local, logger
+        self.balancers = {m.name: Balancer(m.deployments, rc.router) for m in rc.models}
+        self.upstreams = {
+            (m.name, i): Upstream.open(d) for m in rc.models for i, d in enumerate(m.deployments) if d.kind != "embedded"
+        }
+        self.aliases = {a: t for a, t in config.model_aliases.items() if t in self.balancers}
+        self.metrics = RouterMetrics(metrics_registry, lambda: self.balancers)
+        self.limiter = build_limiter(rc.router.redis_url, rc.router.redis_prefix, self._limiter_error)
+        self.auto = AutoRouter(rc.auto.small, rc.auto.large, rc.auto.threshold, self._auto_embedder(embedder))
+        self.auto_enabled = rc.auto.enabled
+        self.count = load_counter(rc.router.tokenizer)
+        self._last_warning = 0.0
+
+    def _auto_embedder(self, local: EmbeddingClient | None) -> EmbeddingClient | None:
+        auto = self.cfg.routing.auto
+        if not auto.use_embeddings:
+            return None
+        if auto.embedding_base_url:  # a torch-free gateway borrows a backend's embedder
+            dep = DeploymentConfig(kind="openai", base_url=auto.embedding_base_url.rstrip("/"), timeout_s=5.0, max_connections=8)
+            self.upstreams[("", -1)] = upstream = Upstream.open(dep)
+            return HttpEmbedder(upstream, auto.embedding_model)
+        return local
+
+    def model_names(self) -> list[str]:
+        return [*self.balancers, *(["auto"] if self.auto_enabled else [])]
+
+    async def close(self) -> None:
+        await asyncio.gather(*(u.close() for u in self.upstreams.values()), return_exceptions=True)
+        await self.limiter.close()
+
+    def _limiter_error(self, exc: BaseException) -> None:
+        if time.monotonic() - self._last_warning > 10:
+            self._last_warning = time.monotonic()
+            self.logger.warning("rate_limit_store_unavailable", error=type(exc).__name__)
+
+    async def handle(self, endpoint: Endpoint, request: Request, raw: dict[str, Any] | None = None) -> Response:
+        """`raw`: the body, when a translating endpoint (/v1/responses) built it from its own."""
+        rec = record_of(request)
+        raw = raw if raw is not None else await read_json(request, self.cfg.max_body_bytes)
+        name = raw.get("model")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("you must provide a model parameter", param="model")
+        asked, headers = name, {}
+        policy = rec.policy if rec.policy is not None else self.guard.anonymous
+
+        def allowed(model: str) -> bool:  # the key's allow-list holds for the model that actually serves
+            return self.guard.allows(policy, model, lambda n: self.aliases.get(n, n))
+
+        if name == "auto" and self.auto_enabled and allowed("auto"):
+            choice = await self._auto_choice(raw, allowed)
+            if choice is None:  # neither of auto's models is one this key may use
+                raise self.guard.not_found(asked)
+            self.metrics.auto.labels(choice.tier, choice.model).inc()
+            headers = {"x-smolgate-auto-tier": choice.tier, "x-smolgate-auto-score": str(choice.score)}
+            name = choice.model
+        model = self.aliases.get(name, name)
+        if model not in self.balancers or not allowed(model):
+            raise self.guard.not_found(asked)
+        raw = self.guard.check_body(policy, endpoint, raw)
+        try:
+            await self.guard.admit(policy, rec)
+        except RateLimited:
+            self.metrics.rate_limited.labels("key").inc()
+            raise
+        rec.model = model
+        chain = [model, *(m for m in self._fallbacks(model) if allowed(m))]  # fallbacks outside the list: skipped
+        response = await self._route(endpoint, request, raw, chain, rec)
+        response.headers.update(headers)
+        return response  # type: ignore[return-value]
+
+    async def _auto_choice(self, raw: dict[str, Any], allowed: Callable[[str], bool]) -> AutoChoice | None:
+        """`auto`'s pick; the other tier when the key may not use the picked model; None when it may use neither."""
+        choice = await self.auto.choose(raw)
+        if allowed(choice.model):
+            return choice
+        other = self.auto.small if choice.tier == "large" else self.auto.large
+        if not allowed(other):
+            return None
+        return dataclasses.replace(choice, model=other, tier="small" if choice.tier == "large" else "large")
+
+    def _fallbacks(self, model: str) -> tuple[str, ...]:
+        return self.cfg.routing.fallbacks.get(model, ())
+
+    async def _route(
+        self, endpoint: Endpoint, request: Request, raw: dict[str, Any], chain: list[str], rec: RequestRecord
+    ) -> Any:
+        tried: list[Attempted] = []
+        for i, model in enumerate(chain):
+            if i:
+                self.metrics.fallbacks.labels(chain[0], model).inc()
+            attempted = Attempted()
+            response = await self._try_model(endpoint, request, raw, model, rec, attempted)
+            if response is not None:
+                response.headers["x-smolgate-model"] = model
+                return response
+            tried.append(attempted)
+        self.metrics.exhausted.labels(chain[0]).inc()
+        err = final_error(chain, tried)
+        err.message = self.guard.redact(err.message)
+        raise err
+
+    async def _try_model(
+        self,
+        endpoint: Endpoint,
+        request: Request,
+        raw: dict[str, Any],
+        model: str,
+        rec: RequestRecord,
+        attempted: Attempted,
+    ) -> Any:
+        balancer = self.balancers[model]
+        key = self._affinity(model, raw) if any(s.cfg.prefix_affinity for s in balancer.states) else ""
+        failed: set[int] = set()
+        limited: set[int] = set()
+        attempts = 0
+        while attempts <= self.rcfg.num_retries:
+            started = time.perf_counter()
+            choice = balancer.pick(key, failed | limited) or (balancer.pick(key, limited) if failed else None)
+            self.metrics.decision.observe(time.perf_counter() - started)
+            if choice is None:
+                wait = _soonest(balancer, limited)
+                if wait is None or wait > self.rcfg.max_retry_after_s:
+                    attempted.cooling_s = wait or 0.0
+                    attempted.cooling_429 = all(s.last_status == 429 for s in balancer.states if s.index not in limited)
+                    return None
+                attempts += 1
+                await asyncio.sleep(wait)
+                continue
+            state = choice.state
+            dep_limit = Limit(f"deployment:{model}/{state.name}", state.cfg.rpm, state.cfg.tpm)
+            try:
+                await self.limiter.admit(dep_limit)
+            except OverLimit as exc:
+                balancer.release(state)
+                self.metrics.rate_limited.labels("deployment").inc()
+                limited.add(state.index)
+                attempted.limited = exc
+                continue
+            if attempts:
+                self.metrics.retries.labels(model).inc()
+            try:
+                return await self._attempt(endpoint, request, raw, model, choice, rec, dep_limit)
+            except Exception as exc:
+                if not retryable(exc):
+                    balancer.release(state)
+                    err = client_error(exc)
+                    if isinstance(err, GatewayError):  # an upstream's words: never a secret of ours
+                        err.message = self.guard.redact(err.message)
+                    raise err from None
+                self._failed(balancer, model, state, exc)
+                attempted.last = exc
+                failed.add(state.index)
+                attempts += 1
+                if attempts <= self.rcfg.num_retries:  # no pause before a fallback model
+                    delay = min(self.rcfg.backoff_max_s, self.rcfg.backoff_base_s * 2 ** (attempts - 1))
+                    await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            except BaseException:  # cancelled (the server stops): the attempt counts for nothing
+                balancer.release(state)
+                raise
+        return None
+
+    def _failed(self, balancer: Balancer, model: str, state: DeploymentState, exc: BaseException) -> None:
+        retry_after = getattr(exc, "retry_after_s", None)
+        state.last_status = getattr(exc, "status", 0)
+        self.metrics.attempts.labels(model, state.name, "failure").inc()
+        if balancer.done(state, False, float(retry_after) if retry_after else None):
+            self.metrics.cooldowns.labels(model, state.name).inc()
+            self.logger.warning("deployment_cooldown", model=model, deployment=state.name, error=str(exc))
+
+    async def _attempt(
+        self,
+        endpoint: Endpoint,
+        request: Request,
+        raw: dict[str, Any],
+        model: str,
+        choice: Choice,
+        rec: RequestRecord,
+        dep_limit: Limit,
+    ) -> Any:
+        state = choice.state
+        if choice.affinity:
+            self.metrics.prefix.labels(choice.affinity).inc()
+        body = {**raw, "model": state.cfg.model or model}
+        outcome = Outcome()
+        if state.cfg.kind == "embedded":
+            response = await self.local[endpoint](request, body)
+        else:
+            upstream = self.upstreams[(model, state.index)]
+            # a backend replica caches under the tenant this gateway authenticated (signed), or not at all
+            ours = state.cfg.kind == "backend"
+            headers = forwarded_headers(self.cfg.cache.tenant_secret, request.headers) if ours else None
+            if raw.get("stream"):
+                limits = StreamLimits.of(self.cfg)
+                call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, limits, outcome, headers)
+            else:
+                relay = _CACHE_VERDICT if ours else ()  # its x-cache reaches the client; a third party's means nothing
+                call = call_json(upstream, _PATHS[endpoint], body, rec, self.count, headers, relay)
+            response = await unless_disconnected(request.receive, call)  # a client gone cancels the upstream call
+        rec.model = model
+        balancer = self.balancers[model]
+
+        async def done(ok: bool) -> None:
+            self.metrics.attempts.labels(model, state.name, "success" if ok else "failure").inc()
+            balancer.done(state, ok)
+            await self.limiter.spend(dep_limit, rec.prompt_tokens + rec.completion_tokens)  # the key's: the middleware
+
+        response.headers["x-smolgate-deployment"] = rec.deployment = state.name
+        return Tracked(response, done, outcome, rec)
+
+    def _affinity(self, model: str, raw: dict[str, Any]) -> str:
+        messages = raw.get("messages")
+        if isinstance(messages, list):  # the conversation's start: system prompt and first user turn
+            head = [m for m in messages if isinstance(m, dict)][:2]
+            text = "\n".join(str(m.get("content", "")) for m in head)
+        else:
+            text = str(raw.get("prompt", ""))
+        return affinity_key(model, text, self.rcfg.affinity_prefix_chars)
+
+
+def _soonest(balancer: Balancer, skip: set[int]) -> float | None:
+    """Seconds until a cooling deployment (not rate-limited for this request) takes traffic again."""
+    now = time.monotonic()
+    waits = [s.cooldown_until - now for s in balancer.states if s.index not in skip and s.cooldown_until > now]
+    return max(0.0, min(waits)) if waits else None

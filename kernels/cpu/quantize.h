@@ -1,0 +1,54 @@
+/* Activations for the integer GEMMs (w4a8.c, w8a8.c): each row of x (M, K) float quantized to int8 per
+ * group of G values (symmetric, one scale per row and group, round to nearest): xq (M, K) int8, xd (M, K/G) the
+ * scales, xs (M, K/G) the exact fp32 sum of each group (for zero points). x's rows are ldx floats apart. */
+#pragma once
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Scratch for quantize_rows' outputs, one allocation (malloc costs less than the tensors a caller would make). */
+typedef struct { int8_t *xq; float *xd, *xs; void *block; } quantized;
+
+static quantized quantized_alloc(int64_t M, int64_t K, int64_t G) {
+  const int64_t scales = M * (K / G), xq_bytes = (M * K + 63) / 64 * 64;
+  quantized q;
+  q.block = malloc(xq_bytes + 2 * scales * sizeof(float));
+  q.xq = (int8_t *)q.block;
+  q.xd = (float *)((char *)q.block + xq_bytes);
+  q.xs = q.xd + scales;
+  return q;
+}
+
+static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int64_t G, int8_t *xq, float *xd, float *xs,
+                          int nthreads) {
+  const int64_t ng = K / G;
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (M >= 16)
+  for (int64_t m = 0; m < M; m++) {
+    for (int64_t g = 0; g < ng; g++) {
+      const float *v = x + m * ldx + g * G;
+      /* 1. max |x| and the exact sum of the group */
+      __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+      for (int64_t i = 0; i < G; i += 8) {
+        __m256 t = _mm256_loadu_ps(v + i);
+        amax = _mm256_max_ps(amax, _mm256_and_ps(t, absmask));
+        sum = _mm256_add_ps(sum, t);
+      }
+      float am[8], sm[8], a = 0.f, s = 0.f;
+      _mm256_storeu_ps(am, amax);
+      _mm256_storeu_ps(sm, sum);
+      for (int i = 0; i < 8; i++) { a = am[i] > a ? am[i] : a; s += sm[i]; }
+      xd[m * ng + g] = a / 127.f;
+      xs[m * ng + g] = s;
+      /* 2. round(x * 127 / max) to int8 (an all-zero group stays zero) */
+      const __m256 inv = _mm256_set1_ps(a > 0.f ? 127.f / a : 0.f);
+      int8_t *o = xq + m * K + g * G;
+      for (int64_t i = 0; i < G; i += 8) {
+        __m256 t = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m128i q32lo = _mm256_castsi256_si128(_mm256_cvtps_epi32(t)), q32hi = _mm256_extracti128_si256(_mm256_cvtps_epi32(t), 1);
+        __m128i q16 = _mm_packs_epi32(q32lo, q32hi);
+        _mm_storel_epi64((__m128i *)(o + i), _mm_packs_epi16(q16, q16));
+      }
+    }
+  }
+}

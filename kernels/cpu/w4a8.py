@@ -1,0 +1,113 @@
+"""W4A8 GEMM on x86 CPUs (AVX2 + FMA): the C kernel in w4a8.c, built once with the system C compiler.
+
+    lib = load_w4a8(build_dir)                       # None where it cannot run: cpu_build.c_kernels_unavailable() says why
+    w = pack_w4a8(q, scales, zeros)                  # once per layer: q (N, K) 0..15, w = (q - zeros) * scales
+    y = w4a8_linear(lib, x, w)                       # x (M, K) float32 -> (M, N) float32
+    y_ref = w4a8_linear_ref(x, w)                    # the same arithmetic in torch (tests)
+
+Algorithm: each row of x is quantized to int8 per group of the weight's quantization (one scale per row and
+group, symmetric, round to nearest), the 4-bit x 8-bit products are summed exactly in integers per group,
+scaled by the weight's and the activation's scale into fp32, and the zero points are subtracted with the
+exact fp32 sum of each activation group. Error against fp32 activations: ~0.4% relative per GEMM (the int8
+rounding of x); a row's result is independent of the other rows of the call.
+
+Why C and not Triton: Triton compiles for GPUs (and runs on the CPU only in its interpreter); this is the CPU
+serving path. Built once with the system compiler, on torch's OpenMP threads (kernels/cpu/build.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kernels.cpu.build import load_c_kernel
+
+SOURCE = Path(__file__).with_suffix(".c")
+GROUP_SIZES = (64, 128, 256)  # 64-value blocks; int16 per-group sums of 8 half-blocks at most (see the C file)
+
+
+@dataclass(frozen=True)
+class W4A8Weight:
+    """A weight in the kernel's layout (see w4a8.c)."""
+
+    q: torch.Tensor  # (N, K / 2) uint8: per 64-value block, byte j = value j (low nibble) | value j + 32 (high)
+    scales: torch.Tensor  # (N, K / G) float32
+    zeros_t: torch.Tensor  # (K / G, N) float32: zero * scale, transposed
+    group_size: int
+    args: tuple[int, int, int] = field(init=False)  # the kernel's pointer arguments, looked up once
+    dims: tuple[int, int, int] = field(init=False)  # (N, K, G)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", (self.q.data_ptr(), self.scales.data_ptr(), self.zeros_t.data_ptr()))
+        object.__setattr__(self, "dims", (*self.shape, self.group_size))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape[0], self.q.shape[1] * 2
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.zeros_t))
+
+
+def pack_w4a8(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> W4A8Weight:
+    """q (N, K) integers 0..15, scales and zeros (N, K / G) with w = (q - zeros) * scales."""
+    n, k = q.shape
+    group = k // scales.shape[1]
+    assert scales.shape == zeros.shape == (n, k // group) and k % group == 0, "scales/zeros must be (N, K / G)"
+    assert group in GROUP_SIZES, f"group size {group}: one of {GROUP_SIZES}"
+    blocks = q.to(torch.uint8).reshape(n, k // 64, 2, 32)
+    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    s = scales.float().contiguous()
+    return W4A8Weight(packed, s, (zeros.float() * s).T.contiguous(), group)
+
+
+def unpack_w4a8(w: W4A8Weight) -> torch.Tensor:
+    """(N, K) uint8 values back out of the packed layout."""
+    n, k = w.shape
+    b = w.q.reshape(n, k // 64, 32)
+    return torch.stack([b & 15, b >> 4], dim=2).reshape(n, k)
+
+
+def w4a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: W4A8Weight) -> torch.Tensor:
+    """y = x @ dequant(w).T with x quantized per (row, group) to int8; x (M, K) float32 -> (M, N) float32."""
+    n, k, group = w.dims
+    assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1, f"x must be (M, {k}) with unit column stride"
+    assert x.dtype == torch.float32 and x.device.type == "cpu", "x must be a float32 CPU tensor"
+    m = x.shape[0]
+    y = torch.empty(m, n)
+    if lib.w4a8_linear(x.data_ptr(), x.stride(0), *w.args, m, n, k, group, y.data_ptr(), torch.get_num_threads()):
+        raise MemoryError(f"w4a8_linear: no memory for the quantized activations ({m} x {k})")
+    return y
+
+
+def quantize_rows_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (M, K) -> int8 values (M, K), scales (M, K / G), exact sums (M, K / G): the kernel's activation step."""
+    g = x.float().reshape(x.shape[0], -1, group)  # (M, groups, G)
+    amax = g.abs().amax(-1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    xq = torch.round(g * inv[..., None]).to(torch.int8).reshape(x.shape)
+    return xq, amax / 127.0, g.sum(-1)
+
+
+def w4a8_linear_ref(x: torch.Tensor, w: W4A8Weight) -> torch.Tensor:
+    """The kernel's arithmetic in torch (float64 accumulation: the kernel's fp32 order is not reproduced)."""
+    n = w.shape[0]
+    xq, xd, xs = quantize_rows_ref(x, w.group_size)
+    q = unpack_w4a8(w).double().reshape(n, -1, w.group_size)  # (N, groups, G)
+    dots = torch.einsum("mgk,ngk->mng", xq.double().reshape(x.shape[0], -1, w.group_size), q)  # (M, N, groups)
+    y = (dots * w.scales.double()[None] * xd.double()[:, None]).sum(-1)
+    return (y - xs.double() @ w.zeros_t.double()).float()
+
+
+# ---- loading -------------------------------------------------------------------------------------------
+def load_w4a8(build_dir: Path) -> ctypes.CDLL | None:
+    """The compiled kernel (built on first use into `build_dir`, kernels/cpu/build.py), or None where it cannot run."""
+    lib = load_c_kernel(SOURCE, Path(build_dir))
+    if lib is not None:
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.w4a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
+        lib.w4a8_linear.restype = ctypes.c_int
+    return lib

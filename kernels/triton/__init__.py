@@ -1,0 +1,1 @@
+"""Triton kernels, one per file: the @triton.jit kernel, its launcher and a torch reference."""
