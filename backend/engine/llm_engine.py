@@ -20,8 +20,8 @@ from backend.engine.detokenizer import IncrementalDetokenizer
 from backend.engine.guided import GrammarCache, advance
 from backend.engine.kv_cache import KVCacheManager
 from backend.engine.model_runner import DTYPES, ModelRunner, kv_cache_dtype, num_kv_blocks, per_token_prefill
-from backend.engine.outputs import EngineStats, RequestOutput, TokenLogprob, request_output
-from backend.engine.request import Sequence
+from backend.engine.outputs import EngineStats, RequestOutput, TokenLogprob
+from backend.engine.request import Sequence, request_output
 from backend.engine.sampler import Sampler
 from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput

@@ -1,4 +1,5 @@
-"""Sequence: one choice of one request, as the scheduler and the KV cache see it.
+"""Sequence: one choice of one request, as the scheduler and the KV cache see it; and the RequestOutput taken
+from a request's sequences after each step.
 
 A request with n choices is n sequences with the same prompt ("siblings"); siblings after the
 first wait until the first has computed the prompt, then share its KV blocks via the prefix cache.
@@ -11,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from backend.engine.outputs import TokenLogprob
+from backend.engine.outputs import CompletionDelta, RequestOutput, TokenLogprob, Usage
 from backend.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -88,3 +89,31 @@ class Sequence:
     def ready_to_admit(self) -> bool:
         first = self.first_sibling
         return first is None or first.is_finished or first.num_computed_tokens >= first.num_prompt_tokens
+
+
+def request_output(request_id: str, seqs: list[Sequence], finished: bool) -> RequestOutput:
+    """What the request's sequences (n siblings) produced since the last output; the prompt goes out once."""
+    deltas = tuple(take_delta(s) for s in seqs if s.pending_token_ids or (s.is_finished and not s.finish_reported))
+    usage = Usage(
+        prompt_tokens=seqs[0].num_prompt_tokens,
+        completion_tokens=sum(s.num_output_tokens for s in seqs),
+        cached_tokens=max(seqs[0].num_cached_tokens, 0),
+    )
+    first = seqs[0]
+    if first.prompt_reported:
+        return RequestOutput(request_id, deltas, usage, finished)
+    first.prompt_reported = True
+    prompt_lps = tuple(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None
+    return RequestOutput(request_id, deltas, usage, finished, tuple(first.token_ids[: first.num_prompt_tokens]), prompt_lps)
+
+
+def take_delta(seq: Sequence) -> CompletionDelta:
+    """The sequence's pending tokens, text and logprobs as one delta; they are cleared from the sequence."""
+    include = seq.stop_reason if seq.params.include_stop_str_in_output and isinstance(seq.stop_reason, str) else ""
+    text = seq.detokenizer.take(seq.is_finished, include)
+    logprobs = tuple(seq.pending_logprobs) if seq.params.logprobs is not None else None
+    delta = CompletionDelta(seq.index, text, tuple(seq.pending_token_ids), logprobs, seq.finish_reason, seq.stop_reason)
+    seq.pending_token_ids.clear()
+    seq.pending_logprobs.clear()
+    seq.finish_reported = seq.is_finished
+    return delta
