@@ -9,7 +9,7 @@ residual stream is carried beside the hidden state so a norm can fuse the residu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -20,8 +20,16 @@ from backend.model.ops import Ops, TorchOps
 from backend.model.rope import RotaryEmbedding
 from backend.model.sliding_window import layer_windows
 
-if TYPE_CHECKING:
-    from backend.model.decode_stack import DecodeStack
+
+class FusedLayers(Protocol):
+    """Every decoder layer of a step in one call, where it applies (backend/model/decode_stack.py's DecodeStack, which
+    the loader sets; typed here by what the model calls, so the model does not import its optional fast path)."""
+
+    def takes(self, batch: ForwardBatch, residual: torch.Tensor | None, kv_cache: torch.Tensor) -> bool: ...
+
+    def __call__(
+        self, x: torch.Tensor, rope: torch.Tensor, batch: ForwardBatch, kv_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class RMSNorm(nn.Module):
@@ -111,7 +119,7 @@ class LlamaForCausalLM(nn.Module):
         if ends and config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config, self.head_dim, max_positions)
-        self.decode_stack: DecodeStack | None = None  # all layers of a decode step in one C call (set by the loader)
+        self.decode_stack: FusedLayers | None = None  # all layers of a decode step in one C call (set by the loader)
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
         return self.embed_tokens(batch.input_ids)  # (num_tokens, hidden)
