@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from starlette.responses import Response
@@ -13,27 +13,44 @@ from starlette.responses import Response
 from backend.engine.outputs import RequestOutput
 from backend.engine.sampling_params import SamplingParams
 from gateway.cache import replay
+from gateway.cache.config import CacheConfig
 from gateway.cache.keys import exact_key, semantic_scope
+from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import CacheControl, exact_allowed, semantic_allowed
 from gateway.cache.semantic import NearMiss, Verify, embed_query, match
-from gateway.cache.verify import Answer
+from gateway.cache.stores import CacheStore
+from gateway.cache.verify import Answer, EngineVerifier
+from gateway.client import EmbeddingClient
+from gateway.ids import IdGenerator
 from gateway.ops.record import RequestRecord
 from gateway.protocol.generation import Generation
 from gateway.protocol.jsonio import json_response
 from gateway.protocol.requests import StreamOptions
-from gateway.protocol.sse import SSEStream
-
-if TYPE_CHECKING:
-    from gateway.cache.service import ResponseCache
+from gateway.protocol.sse import SSEStream, StreamLimits
 
 _ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-"}
 _HEADER_VALUE = {"hit": "hit", "semantic-hit": "semantic-hit", "miss": "miss", "bypass": "miss"}
 
 
+class CacheParts(Protocol):
+    """What a ticket uses of its cache (gateway/cache/service.py's ResponseCache): named here, so the service
+    imports the ticket and not the other way round."""
+
+    cfg: CacheConfig
+    store: CacheStore | None
+    embedder: EmbeddingClient | None
+    metrics: CacheMetrics
+    logger: Any
+    ids: IdGenerator
+    fingerprint: str
+    stream_limits: StreamLimits
+    verifier: EngineVerifier | None
+
+
 class Ticket:
     """status: none (cache off) | bypass (not cacheable / lookup skipped) | miss | hit | semantic-hit."""
 
-    def __init__(self, cache: ResponseCache, endpoint: str, control: CacheControl, ns: str) -> None:
+    def __init__(self, cache: CacheParts, endpoint: str, control: CacheControl, ns: str) -> None:
         """`ns`: the tenant namespace (gateway/cache/tenancy.py: the client's key, or one signed by the router)."""
         self.cache = cache
         self.endpoint = endpoint
