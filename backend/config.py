@@ -1,10 +1,20 @@
-"""Engine configuration: one frozen dataclass, read from the environment in one place."""
+"""Configuration below both layers: the engine's frozen dataclass, the configuration file, and the command line.
+
+The engine reads its settings here and nowhere else; so does the gateway, whose own sections (gateway/config.py)
+build on the file reader and the type checks below. Both layers import this module, which imports neither: the
+parallel workers (backend/parallel/driver.py) read the same file as the server on rank 0 without the gateway.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ENV_PREFIX = "SMOLGATE_"
 
@@ -122,3 +132,68 @@ def engine_config_from_env(base: EngineConfig | None = None, environ: dict[str, 
         if f"{ENV_PREFIX}{f.name.upper()}" in env
     }
     return replace(base, **changes)
+
+
+class ConfigError(ValueError):
+    """The configuration file or an environment variable is invalid."""
+
+
+def parse_args(argv: list[str] | None, prog: str = "python -m gateway") -> argparse.Namespace:
+    """The command line of `python -m gateway` (gateway/__main__.py, the composition root)."""
+    parser = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible LLM gateway")
+    parser.add_argument("--config", help="YAML config file (default: $SMOLGATE_CONFIG)")
+    parser.add_argument("--host", help="bind address (overrides $HOST and the file)")
+    parser.add_argument("--port", type=int, help="port (overrides $PORT and the file)")
+    parser.add_argument("--embedded-only", action="store_true",
+                        help="serve the embedded engine only, ignoring any routing sections (a backend replica)")
+    parser.add_argument("--parallel", choices=("tensor", "pipeline"),
+                        help="under torchrun: one engine over the launched processes (rank 0 serves)")
+    return parser.parse_args(argv)
+
+
+def read_config_file(path: Path) -> Mapping[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def coerce(name: str, value: object, like: object) -> Any:
+    """`value` from the file, checked against the type of the default `like` (an int is a valid float)."""
+    if isinstance(like, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(like, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(like, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value  # type: ignore[arg-type]
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        raise ConfigError(f"{name} must be of type {type(like).__name__}, got {value!r}")
+    return value
+
+
+def engine_config_from_mapping(value: object) -> EngineConfig:
+    """The file's `engine:` section."""
+    if not isinstance(value, dict):
+        raise ConfigError("engine must be a mapping of EngineConfig fields")
+    base = EngineConfig()
+    known = {f.name for f in fields(base)}
+    unknown = set(value) - known
+    if unknown:
+        raise ConfigError(f"unknown engine config keys: {sorted(unknown)}")
+    return replace(base, **{k: coerce(f"engine.{k}", v, getattr(base, k)) for k, v in value.items()})
+
+
+def load_engine_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> EngineConfig:
+    """The `engine:` section of the configuration file (`path` or $SMOLGATE_CONFIG), then SMOLGATE_<FIELD>
+    overrides: the `engine` of gateway.config.load_config(path), read without the gateway's own sections."""
+    env = os.environ if environ is None else environ
+    path = path or env.get(f"{ENV_PREFIX}CONFIG") or None
+    data = read_config_file(Path(path)) if path else {}
+    base = engine_config_from_mapping(data["engine"]) if "engine" in data else EngineConfig()
+    return engine_config_from_env(base, dict(env))

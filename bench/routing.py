@@ -3,7 +3,7 @@ recovery after a replica dies, and the upstream HTTP client's pool sizing.
 
     python -m bench.routing [--requests 32] [--concurrency 8] [--max-tokens 32] [--rounds 2] [--threads 1]
 
-Processes, as in compose.yaml: two `python -m backend serve` replicas (the real model, --threads torch threads
+Processes, as in compose.yaml: two `python -m gateway --embedded-only` replicas (the real model, --threads torch threads
 each), and two torch-free `python -m gateway` routers: `one` routes to backend b1 only, `two` to b1 and b2.
   throughput   the same load (distinct chat prompts, temperature 0) through `one` then `two`, alternated
                --rounds times; the ratio is the median of the per-round ratios (completion tokens/s).
@@ -50,7 +50,7 @@ def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
 def backend(port: int, threads: int, log: Path) -> subprocess.Popen[bytes]:
     env = {"SMOLGATE_EMBEDDINGS": "false", "SMOLGATE_NUM_THREADS": str(threads), "SMOLGATE_ACCESS_LOG": "false",
            "SMOLGATE_API_KEYS": "", "SMOLGATE_KV_CACHE_MEMORY_MB": "256", "SMOLGATE_MAX_MODEL_LEN": "1024"}  # fmt: skip
-    return spawn(["-m", "backend", "serve", "--host", "127.0.0.1", "--port", str(port)], env, log)
+    return spawn(["-m", "gateway", "--embedded-only", "--host", "127.0.0.1", "--port", str(port)], env, log)
 
 
 def gateway(port: int, backends: dict[str, str], workdir: Path, cooldown_s: float) -> subprocess.Popen[bytes]:

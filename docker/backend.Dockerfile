@@ -1,4 +1,4 @@
-# The engine as its own service: python -m backend serve (the OpenAI-compatible API, embedded engine, no routing).
+# The engine as its own service: python -m gateway --embedded-only (the OpenAI-compatible API, embedded engine, no routing).
 # The model is not baked in: compose's `models` job fetches it once into the named volume mounted at /models.
 FROM python:3.11-slim
 WORKDIR /app
@@ -15,4 +15,4 @@ RUN pip install .
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --retries=30 \
   CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/ready')"
-CMD ["python", "-m", "backend", "serve", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["python", "-m", "gateway", "--embedded-only", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,8 +1,13 @@
-"""Composition root: `python -m gateway [--config FILE] [--host H] [--port P]`.
+"""Composition root: `python -m gateway [--config FILE] [--host H] [--port P] [--embedded-only] [--parallel KIND]`.
 
 The only place that builds the embedded engine and the embedders (they import torch,
 lazily, inside functions), hands them to the app, and runs uvicorn. A gateway whose
 `models` section has no deployment of kind embedded never loads the engine.
+
+    python -m gateway --embedded-only                              # a backend replica: the engine, no routing
+    torchrun --nproc-per-node 2 -m gateway --parallel tensor       # one engine over 2 processes (or pipeline)
+
+The command line and the configuration file are read by backend/config.py, below both layers.
 """
 
 from __future__ import annotations
@@ -13,18 +18,11 @@ import sys
 
 import uvicorn
 
+from backend.config import parse_args
 from gateway.app import build_context, create_app
 from gateway.client import EmbeddingClient, EngineClient
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.routing.config import RoutingConfig
-
-
-def parse_args(argv: list[str] | None, prog: str = "python -m gateway") -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=prog, description="OpenAI-compatible LLM gateway")
-    parser.add_argument("--config", help="YAML config file (default: $SMOLGATE_CONFIG)")
-    parser.add_argument("--host", help="bind address (overrides $HOST and the file)")
-    parser.add_argument("--port", type=int, help="port (overrides $PORT and the file)")
-    return parser.parse_args(argv)
 
 
 def build_engine(cfg: GatewayConfig) -> EngineClient | None:
@@ -53,15 +51,24 @@ def build_embedders(cfg: GatewayConfig, engine: EngineClient | None) -> tuple[Em
     return embedder, for_cache(embedder, cfg.cache.embedding_dtype)
 
 
-def main(argv: list[str] | None = None, *, embedded_only: bool = False, prog: str = "python -m gateway") -> None:
-    """`embedded_only`: ignore any routing sections and serve the embedded engine (the backend service)."""
+def main(argv: list[str] | None = None, prog: str = "python -m gateway") -> None:
     args = parse_args(argv, prog)
+    if args.parallel:  # under torchrun: rank 0 serves, the other ranks run their part of the model
+        from backend.parallel.driver import launch
+
+        launch(args.parallel, lambda: serve(args), args.config)
+    else:
+        serve(args)
+
+
+def serve(args: argparse.Namespace) -> None:
+    """`--embedded-only`: ignore any routing sections and serve the embedded engine (a backend replica)."""
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
         sys.exit(f"configuration error: {exc}")
     cfg = dataclasses.replace(cfg, host=args.host or cfg.host, port=args.port or cfg.port)
-    if embedded_only:
+    if args.embedded_only:
         cfg = dataclasses.replace(cfg, routing=RoutingConfig())
     engine = build_engine(cfg)
     embedder, cache_embedder = build_embedders(cfg, engine)

@@ -13,9 +13,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
-from backend.config import EngineConfig, engine_config_from_env
+from backend.config import (
+    ConfigError,
+    EngineConfig,
+    coerce,
+    engine_config_from_env,
+    engine_config_from_mapping,
+    read_config_file,
+)
 from gateway.cache.config import CacheConfig
 from gateway.routing.config import (
     KeyLimits,
@@ -42,10 +47,6 @@ DEFAULT_ALIASES: Mapping[str, str] = MappingProxyType(
         "text-embedding-ada-002": "all-MiniLM-L6-v2",
     }
 )
-
-
-class ConfigError(ValueError):
-    """The configuration file or an environment variable is invalid."""
 
 
 @dataclass(frozen=True)
@@ -127,18 +128,8 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
     """Defaults, then the YAML file (`path` or $SMOLGATE_CONFIG), then environment overrides."""
     env = os.environ if environ is None else environ
     path = path or env.get(f"{ENV_PREFIX}CONFIG") or None
-    cfg = from_mapping(_read_yaml(Path(path)), env) if path else GatewayConfig()
+    cfg = from_mapping(read_config_file(Path(path)), env) if path else GatewayConfig()
     return apply_env(cfg, env)
-
-
-def _read_yaml(path: Path) -> Mapping[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    return data
 
 
 _ROUTING_KEYS = {"models", "fallbacks", "router", "auto"}
@@ -169,7 +160,7 @@ def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
         elif name == "admin_keys":
             changes["admin_keys"] = _admin_keys(value, env)
         elif name == "engine":
-            changes[name] = _engine_from_mapping(value)
+            changes[name] = engine_config_from_mapping(value)
         elif name == "cache":
             changes[name] = _cache_from_mapping(value)
         elif name == "model_aliases":
@@ -177,19 +168,8 @@ def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
         elif name == "api_key_priorities":
             changes[name] = _int_mapping(name, value)
         else:
-            changes[name] = _coerce(name, value, getattr(base, name))
+            changes[name] = coerce(name, value, getattr(base, name))
     return replace(base, **changes)
-
-
-def _engine_from_mapping(value: object) -> EngineConfig:
-    if not isinstance(value, dict):
-        raise ConfigError("engine must be a mapping of EngineConfig fields")
-    base = EngineConfig()
-    known = {f.name for f in fields(base)}
-    unknown = set(value) - known
-    if unknown:
-        raise ConfigError(f"unknown engine config keys: {sorted(unknown)}")
-    return replace(base, **{k: _coerce(f"engine.{k}", v, getattr(base, k)) for k, v in value.items()})
 
 
 def _cache_from_mapping(value: object) -> CacheConfig:
@@ -201,7 +181,7 @@ def _cache_from_mapping(value: object) -> CacheConfig:
         raise ConfigError(f"unknown cache config keys: {sorted(unknown)}")
     if "tenant_secret" in value:
         raise ConfigError("cache.tenant_secret is a secret: set it in the environment (SMOLGATE_CACHE_TENANT_SECRET)")
-    return _valid_cache(base, {k: _coerce(f"cache.{k}", v, getattr(base, k)) for k, v in value.items()})
+    return _valid_cache(base, {k: coerce(f"cache.{k}", v, getattr(base, k)) for k, v in value.items()})
 
 
 def _valid_cache(base: CacheConfig, changes: dict[str, Any]) -> CacheConfig:
@@ -219,21 +199,6 @@ def _cache_from_env(cfg: CacheConfig, env: Mapping[str, str]) -> CacheConfig:
         if name in env:
             changes[f.name] = _parse_env(name, env[name], getattr(cfg, f.name))
     return _valid_cache(cfg, changes) if changes else cfg
-
-
-def _coerce(name: str, value: object, like: object) -> Any:
-    if isinstance(like, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(like, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(like, float):
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        value = float(value) if ok else value  # type: ignore[arg-type]
-    else:
-        ok = isinstance(value, str)
-    if not ok:
-        raise ConfigError(f"{name} must be of type {type(like).__name__}, got {value!r}")
-    return value
 
 
 def _api_keys(value: object, env: Mapping[str, str], defaults: KeyLimits) -> tuple[tuple[str, ...], tuple[KeyPolicy, ...]]:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.config import EngineConfig
+from backend.config import EngineConfig, parse_args
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.model_runner import kv_cache_shape
 from backend.engine.sampling_params import SamplingParams
 from backend.model.weights import load_model
-from backend.parallel.driver import _parse_launch, parallel_ranks
+from backend.parallel.driver import parallel_ranks
 from backend.parallel.local_group import run_ranks
 from backend.parallel.pipeline_parallel import stage_layers
 from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, model_path, run_to_completion, token_ids
@@ -87,5 +87,6 @@ def test_bad_sizes_are_clear_errors() -> None:
 
 
 def test_launcher_picks_the_kind() -> None:
-    assert _parse_launch(["--port", "8000"]) == ("tensor", ["--port", "8000"])
-    assert _parse_launch(["--parallel", "pipeline", "--port", "8000"]) == ("pipeline", ["--port", "8000"])
+    assert parse_args(["--port", "8000"]).parallel is None  # one process: no torch.distributed
+    args = parse_args(["--parallel", "pipeline", "--port", "8000"])
+    assert (args.parallel, args.port) == ("pipeline", 8000)

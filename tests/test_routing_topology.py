@@ -1,4 +1,4 @@
-"""The compose topology as local processes: two `python -m backend serve` replicas (the real model), a real
+"""The compose topology as local processes: two `python -m gateway --embedded-only` replicas (the real model), a real
 redis-server, and two torch-free `python -m gateway` replicas routing to the backends over HTTP.
 
 Checks: both backends serve; a conversation sticks to one backend whichever gateway it goes through (prefix
@@ -74,7 +74,7 @@ def topo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
                    "SMOLGATE_NUM_THREADS": "1", "SMOLGATE_API_KEYS": "", "SMOLGATE_ACCESS_LOG": "false"}  # fmt: skip
     ports = {name: free_port() for name in ("b1", "b2")}
     backends = {
-        n: _spawn(["-m", "backend", "serve", "--host", "127.0.0.1", "--port", str(p)], backend_env, logs / f"{n}.log")
+        n: _spawn(["-m", "gateway", "--embedded-only", "--host", "127.0.0.1", "--port", str(p)], backend_env, logs / f"{n}.log")
         for n, p in ports.items()
     }
     urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from typing import Any
 
 import torch
 
@@ -29,7 +28,7 @@ from backend.errors import ContextLengthError, InvalidRequestError
 from backend.model.ops import select_ops
 from backend.model.sliding_window import freeable_window
 from backend.model.tokenizer import load_tokenizer
-from backend.model.weights import load_model, resolve_model_dir
+from backend.model.weights import load_model, model_max_len, resolve_model_dir
 from backend.parallel.driver import Driver, parallel_ranks
 from backend.spec.draft_model import DraftModel, kv_blocks_for_both, load_draft_model
 from backend.spec.medusa import MedusaDrafter, load_medusa_heads
@@ -61,7 +60,7 @@ class LLMEngine:
         model_dir = resolve_model_dir(config.resolved_model())
         self.model_name = config.served_model_name or config.resolved_model().name.removesuffix(".gguf")
         self.tokenizer = load_tokenizer(model_dir)
-        hf_max = self._model_max_len(model_dir)
+        hf_max = model_max_len(model_dir)
         self.max_model_len = min(config.max_model_len or hf_max, hf_max)
         ops = select_ops(config.kernel_backend, self.device, config.block_size)
         # > 1 rank: rank 0 drives (this engine); backend/parallel/driver.py's workers follow its batches
@@ -109,13 +108,6 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self._rate_window: deque[tuple[float, int]] = deque()
-
-    @staticmethod
-    def _model_max_len(model_dir: Any) -> int:
-        from backend.model.weights import load_config
-
-        config = load_config(model_dir)
-        return int(config.max_position_embeddings)  # sliding windows are attended exactly (backend/model/sliding_window.py)
 
     # ---- requests in ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:

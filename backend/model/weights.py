@@ -50,6 +50,11 @@ def load_config(model_dir: Path) -> PretrainedConfig:
     return config
 
 
+def model_max_len(model_dir: Path) -> int:
+    """The longest context the checkpoint supports (sliding windows are attended exactly: backend/model/sliding_window.py)."""
+    return int(load_config(model_dir).max_position_embeddings)
+
+
 def read_hf_tensors(model_dir: Path, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
     """Tensors by name without the "model." prefix; `keep` picks which (a pipeline stage reads only its own)."""
     tensors: dict[str, torch.Tensor] = {}

@@ -8,22 +8,24 @@ part in the all-reduces of the row-parallel layers, PP receives hidden states fr
 passes its own on. The workers throw away what the forward returns. Because every rank sees the same batch,
 nothing else has to agree (priorities, ageing, sampling seeds live on rank 0 only).
 
-    torchrun --nproc-per-node 2 -m backend.parallel.driver [--parallel tensor|pipeline] [gateway args]
+    torchrun --nproc-per-node 2 -m gateway --parallel tensor|pipeline [gateway args]
 
-Rank 0 serves, the others are workers; the world size becomes tensor_parallel_size (default) or
-pipeline_parallel_size. TP and PP together (tp x pp ranks) are not supported.
+Rank 0 serves (gateway/__main__.py hands `launch` its server: the engine never imports the gateway), the others
+are workers; the world size becomes tensor_parallel_size or pipeline_parallel_size. TP and PP together (tp x pp
+ranks) are not supported.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from backend.config import load_engine_config
 
 STOP = "stop"
 Rank = tuple[int, int]  # (rank, world size)
@@ -76,12 +78,12 @@ class Driver(nn.Module):
 
 def _load_worker_model(cfg: Any) -> tuple[nn.Module, torch.dtype, str]:
     """This rank's part of the model, loaded exactly as rank 0 loads its own (max_model_len, ops, dtype)."""
-    from backend.engine.llm_engine import DTYPES, LLMEngine
+    from backend.engine.model_runner import DTYPES
     from backend.model.ops import select_ops
-    from backend.model.weights import load_model, resolve_model_dir
+    from backend.model.weights import load_model, model_max_len, resolve_model_dir
 
     model_dir = resolve_model_dir(cfg.resolved_model())
-    hf_max = LLMEngine._model_max_len(model_dir)
+    hf_max = model_max_len(model_dir)
     max_len = min(cfg.max_model_len or hf_max, hf_max)
     dtype, device = DTYPES[cfg.dtype], cfg.resolved_device()
     ops = select_ops(cfg.kernel_backend, device, cfg.block_size)
@@ -114,38 +116,21 @@ def worker_loop(config: Any) -> None:
         model(box[0], kv_cache)
 
 
-def _parse_launch(argv: list[str]) -> tuple[str, list[str]]:
-    """(tensor | pipeline, the gateway's own arguments)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--parallel", choices=("tensor", "pipeline"), default="tensor")
-    known, rest = parser.parse_known_args(argv)
-    return known.parallel, rest
-
-
-def main(argv: list[str] | None = None) -> None:
-    """torchrun entry point: rank 0 runs the gateway with tensor_parallel_size (or pipeline_parallel_size) = world,
-    the others are workers."""
-    kind, argv = _parse_launch(sys.argv[1:] if argv is None else argv)
+def launch(kind: str, serve: Callable[[], None], config_path: str | None) -> None:
+    """Under torchrun: rank 0 runs `serve` with tensor_parallel_size (or pipeline_parallel_size) = world, the others
+    are workers over the same configuration file."""
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     world = dist.get_world_size()
-    # Through the environment, so the gateway's config file and the workers' copy of it both pick it up.
+    # Through the environment, so the server's configuration and the workers' copy of it both pick it up.
     os.environ["SMOLGATE_TENSOR_PARALLEL_SIZE"] = str(world if kind == "tensor" else 1)
     os.environ["SMOLGATE_PIPELINE_PARALLEL_SIZE"] = str(world if kind == "pipeline" else 1)
     if torch.cuda.is_available():
         torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
-    from gateway.__main__ import main as serve
-    from gateway.__main__ import parse_args
-    from gateway.config import load_config
-
     try:
         if dist.get_rank() == 0:
-            serve(argv)
+            serve()
             dist.broadcast_object_list([STOP], src=0)  # the server stopped: release the workers
         else:
-            worker_loop(load_config(parse_args(argv).config).engine)
+            worker_loop(load_engine_config(config_path))
     finally:
         dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

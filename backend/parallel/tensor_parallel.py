@@ -8,7 +8,7 @@ the lm_head are replicated. Each rank's KV cache holds only its KV heads, so the
 Rank 0 drives, the other ranks follow its batches (backend/parallel/driver.py, shared with pipeline parallelism); here
 only the sharding: every rank runs the same forward on its shard and takes part in the all-reduces.
 
-    torchrun --nproc-per-node 2 -m backend.parallel.driver [gateway args]   # rank 0 serves, rank 1 is a worker
+    torchrun --nproc-per-node 2 -m gateway --parallel tensor [args]   # rank 0 serves, rank 1 is a worker
 """
 
 from __future__ import annotations
