@@ -1,7 +1,9 @@
-"""Triton kernels of the embedded engine. Importing this package imports nothing else (no triton, no torch).
+"""Kernels of the embedded engine. Importing this package imports nothing else (no triton, no torch).
 
-One file per kernel; each has the ``@triton.jit`` kernel, a launcher that checks shapes/strides/dtypes, and a
-plain torch reference (``*_ref``) next to it:
+kernels/triton/ holds the Triton kernels (CUDA, or Triton's interpreter on a CPU), kernels/cpu/ the C kernels for
+x86 CPUs with their ctypes wrappers (kernels/cpu/build.py compiles them). Triton: one file per kernel; each has
+the ``@triton.jit`` kernel, a launcher that checks shapes/strides/dtypes, and a plain torch reference (``*_ref``)
+next to it:
 
 =====================  =============================================  ==========================
 file                   launcher                                        torch reference
@@ -20,11 +22,10 @@ references (or its own torch path) elsewhere. Triton picks compiler vs interpret
 included, so it must be set before ``triton`` itself is first imported). To run the kernels on the CPU
 (tests, the engine's forced-Triton CPU mode), set ``TRITON_INTERPRET=1`` before anything imports triton, or
 call ``use_interpreter()``, which sets it and re-imports what was already imported in compiled mode
-(callers must then re-fetch launchers they bound with ``from kernels.x import f`` before the call).
+(callers must then re-fetch launchers they bound with ``from kernels.triton.x import f`` before the call).
 """
 
-# The CPU's C kernels (cpu_w4a8, cpu_w8a8, cpu_paged_decode; built by cpu_build.py) are not Triton kernels and
-# are not listed here.
+# The Triton kernels of kernels/triton/ (the C kernels of kernels/cpu/ are not listed here).
 KERNEL_MODULES = ("kv_store", "flash_prefill", "paged_decode", "awq_gemm", "rmsnorm", "rotary")
 
 
