@@ -72,7 +72,7 @@ def w4a8_kernel(choice: str, deterministic: bool = False) -> ctypes.CDLL | None:
         return None
     lib = load_w4a8(cache_dir() / "kernels")
     if lib is None and choice == "w4a8":
-        why = c_kernels_unavailable() or f"the build failed (log: {cache_dir() / 'kernels' / 'cpu_w4a8.log'})"
+        why = c_kernels_unavailable() or f"the build failed (log: {cache_dir() / 'kernels' / 'w4a8.log'})"
         raise ValueError(f"int4_cpu_kernel w4a8: {why}")
     return lib
 

@@ -1,4 +1,4 @@
-"""Build the C kernels of kernels/ (cpu_*.c) once, with the system C compiler, and load them with ctypes.
+"""Build the C kernels of kernels/cpu/ (*.c) once, with the system C compiler, and load them with ctypes.
 
     lib = load_c_kernel(source, build_dir)          # a ctypes.CDLL, or None where it cannot be built
     why = c_kernels_unavailable()                   # None, or why not (not x86 AVX2 + FMA, no compiler)
