@@ -12,7 +12,7 @@ through the full HTTP path with the real engine and embedder.
    SMOLGATE_* variables apply, e.g. SMOLGATE_CACHE_EMBEDDING_DTYPE=same) in a subprocess, driven over one
    keep-alive connection: an exact hit, a semantic hit (a paraphrase), and a miss (a fresh question,
    64 generated tokens: ignore_eos).
-The last line of output is one JSON object.
+The last line of output is one JSON object (also bench/results/cache.json; with --only PART, cache_PART.json).
 """
 
 from __future__ import annotations
@@ -20,19 +20,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
 from bench.cache_pairs import score_with
+from bench.report import default_out, emit
 from bench.server import free_port, wait_ready
 from gateway.cache.semantic import match
 from gateway.cache.stores import MemoryStore
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hits", type=int, default=200)
     parser.add_argument("--misses", type=int, default=10)
     parser.add_argument("--only", choices=["quality", "lookup", "http"], help="run one part (default: all three)")
+    parser.add_argument("--out", type=Path, help="result JSON (default bench/results/cache.json, cache_PART.json)")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -159,8 +161,9 @@ def main(argv: list[str] | None = None) -> None:
         result["lookup"] = lookups()
         for row in result["lookup"]:
             print("lookup:", row, flush=True)
+    out = args.out or default_out("cache" if args.only is None else f"cache_{args.only}")
     if args.only not in (None, "http"):
-        print(json.dumps(result))
+        emit({"bench": "cache", **result}, out)
         return
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "bench.cache", "--serve", str(port)])
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         proc.terminate()
         proc.wait(timeout=30)
     print("http:", result["http"], flush=True)
-    print(json.dumps(result))
+    emit({"bench": "cache", **result}, out)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from backend.engine import LLMEngine
 from backend.guided import GrammarCache, grammar_text
 from backend.sampling_params import SamplingParams
 from backend.tokenizer import apply_chat_template
+from bench.report import default_out, emit
 
 # The inside of a JSON string that never closes: the costliest lexeme to mask (almost any token may
 # continue it), and the output never completes, so both runs decode the same number of tokens.
@@ -146,7 +147,8 @@ def main() -> None:
         print(f"compile {name:7s}: cold {c['cold_ms']:.1f} ms, cached {c['cached_ms']:.3f} ms")
     validity = valid_share(engine, args.valid_requests)
     print(f"valid outputs: {validity['valid']}/{validity['requests']}")
-    print(json.dumps({"overhead": overhead, "compile": compiles, "validity": validity, "library": "llguidance"}))
+    emit({"bench": "structured", "overhead": overhead, "compile": compiles, "validity": validity, "library": "llguidance"},
+         default_out("structured"))
 
 
 if __name__ == "__main__":
