@@ -20,11 +20,13 @@ def default_out(name: str) -> Path:
     return RESULTS / f"{name}.json"
 
 
-def emit(result: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
-    """Add provenance, write `out` (default: bench/results/<result['bench']>.json), print the same object."""
+def emit(result: dict[str, Any], out: Path | None = None, *, echo: bool = True) -> dict[str, Any]:
+    """Add provenance, write `out` (default: bench/results/<result['bench']>.json), print the same object
+    (unless `echo` is false: the caller prints it last itself)."""
     result = {**result, "provenance": provenance()}
     out = out or default_out(str(result.get("bench", "bench")))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result), flush=True)
+    if echo:
+        print(json.dumps(result), flush=True)
     return result

@@ -13,9 +13,10 @@ most `streams` in flight. Per request it records TTFT (submit -> first token) an
 (the gap between successive deltas, divided evenly when a delta carries several tokens). The baseline
 is HF transformers `generate` on the full-precision weights, one request at a time (absent where
 transformers is not installed, or with --no-hf). With --llama-server (or --peer-url) the peer serves the
-same token ids at each concurrency level in the same run; without, it is reported as absent. The CPU column is the cores this process kept busy (process time / wall): the
-dev machine is shared. The last line printed is one JSON object with every figure and its provenance
-(bench/provenance.py); it is also written to bench/results/throughput.json.
+same token ids at each concurrency level in the same run; without, it is reported as absent. The CPU
+column is the cores this process kept busy (process time / wall): well below --threads means other load.
+The last line printed is one JSON object with every figure and its provenance (bench/provenance.py); it
+is also written to bench/results/throughput.json.
 """
 
 from __future__ import annotations
