@@ -42,6 +42,7 @@ class Bench:
     args: tuple[str, ...] = ()  # the full run
     quick: tuple[str, ...] = ()  # the smoke run
     peer: bool = False  # takes the peer flags (--llama-server, --peer-url, ...)
+    quantization: bool = False  # takes --quantization awq|none
     what: str = ""
 
     def argv(self, quick: bool) -> list[str]:
@@ -53,13 +54,15 @@ SUITE: tuple[Bench, ...] = (
     Bench("cache_pairs", what="semantic-cache quality by similarity threshold"),
     Bench("gateway_overhead", ("--requests", "2000"), ("--requests", "200", "--concurrency", "1", "16"),
           what="latency the gateway adds over the engine, requests/s"),
-    Bench("throughput", (), ("--quick",), peer=True, what="tokens/s, TTFT, ITL; HF generate and llama.cpp's server"),
-    Bench("prefill", (), ("--lengths", "50,500", "--reps", "1"), what="prefill attention: per-token kernel vs SDPA"),
-    Bench("kv_dtype", ("--batch", "32", "--steps", "120"), ("--batch", "4", "--steps", "10"),
+    Bench("throughput", (), ("--quick",), peer=True, quantization=True,
+          what="tokens/s, TTFT, ITL; HF generate and llama.cpp's server"),
+    Bench("prefill", (), ("--lengths", "50,500", "--reps", "1"), quantization=True,
+          what="prefill attention: per-token kernel vs SDPA"),
+    Bench("kv_dtype", ("--batch", "32", "--steps", "120"), ("--batch", "4", "--steps", "10"), quantization=True,
           what="decode step time, fp32 vs bf16 KV cache"),
-    Bench("cpu_kernels", (), ("--batches", "4", "--steps", "5", "--ppl-tokens", "-1"),
+    Bench("cpu_kernels", (), ("--batches", "4", "--steps", "5", "--ppl-tokens", "-1"), quantization=True,
           what="the C kernels vs torch's ops: step time, perplexity"),
-    Bench("profile_step", ("--batch", "32"), ("--batch", "4", "--steps", "5", "--profile-steps", "2"),
+    Bench("profile_step", ("--batch", "32"), ("--batch", "4", "--steps", "5", "--profile-steps", "2"), quantization=True,
           what="where a decode step goes, by op"),
     Bench("gemm", (), ("--batches", "1", "--steps", "3"), what="prepacked oneDNN GEMM vs F.linear"),
     Bench("structured", (), ("--streams", "1,4", "--new-tokens", "8", "--valid-requests", "4"),
@@ -93,13 +96,19 @@ def peer_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def run_one(bench: Bench, quick: bool, extra: list[str], timeout_s: float | None) -> dict[str, Any]:
+def run_one(
+    bench: Bench, quick: bool, extra: list[str], timeout_s: float | None, quantization: str = ""
+) -> dict[str, Any]:
     """One bench in its own process; how it ended and whether it wrote its result file."""
     argv = bench.argv(quick) + (extra if bench.peer else [])
+    if quantization and bench.quantization:
+        argv += ["--quantization", quantization]
     out = RESULTS / f"{bench.name}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     if quick:
         env["BENCH_QUICK"] = "1"
+    if quantization:  # the benches that start a gateway or read the serving configuration
+        env["SMOLGATE_QUANTIZATION"] = quantization
     print(f"\n=== bench.{bench.name}: {' '.join(argv[1:])}", flush=True)
     start = time.monotonic()
     before = out.stat().st_mtime if out.exists() else None
@@ -128,6 +137,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip", default="", help="comma-separated bench names to leave out")
     p.add_argument("--timeout", type=float, default=None,
                    help=f"seconds per bench (default: none; {QUICK_TIMEOUT_S:.0f} with --quick)")
+    p.add_argument("--quantization", choices=["awq", "none"], default=os.environ.get("BENCH_QUANTIZATION") or None,
+                   help="the engine's weights in every bench that has the choice (default: each bench's own, "
+                   "mostly the AWQ INT4 copy that `python -m backend.fetch` builds)")
     p.add_argument("--no-tables", action="store_true", help="do not regenerate the tables and plots at the end")
     p.add_argument("--list", action="store_true", help="print the suite and exit")
     peer.add_peer_args(p)
@@ -176,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{'':17} quick: {' '.join(b.quick) or '(defaults)'}")
         return {}
     extra = peer_args(args)
-    runs = [run_one(b, args.quick, extra, args.timeout) for b in args.benches]
+    runs = [run_one(b, args.quick, extra, args.timeout, args.quantization or "") for b in args.benches]
     result = {
         "bench": "suite", "mode": "quick" if args.quick else "full", "timeout_s": args.timeout,
         "this_run": [r["name"] for r in runs], "runs": merged(runs),
