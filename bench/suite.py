@@ -158,13 +158,13 @@ def regenerate() -> None:
     """The tables (docs/benchmarks.md, README.md) and the PNG plots, from bench/results/*.json."""
     from bench import plots, tables
 
-    for path in tables.regenerate(RESULTS):
-        print(f"tables: {path.relative_to(REPO)}", flush=True)
-    try:
+    try:  # first: the tables show the plots that exist
         for path in plots.plot_all(RESULTS, PLOTS):
             print(f"plot: {path.relative_to(REPO)}", flush=True)
     except ImportError as exc:  # matplotlib is an optional extra
         print(f"plots skipped: {exc} (pip install -e '.[bench]')", flush=True)
+    for path in tables.regenerate(RESULTS):
+        print(f"tables: {path.relative_to(REPO)}", flush=True)
 
 
 def merged(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
