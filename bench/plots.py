@@ -3,7 +3,7 @@
     python -m bench.plots [--results bench/results] [--out bench/plots]
 
 throughput*.json (bench.throughput): aggregate tokens/s by concurrent streams for each run, the HF
-`generate` baseline and the llama.cpp reference, plus TTFT and inter-token latency percentiles;
+`generate` baseline and llama.cpp's server when measured in the same run, plus TTFT and inter-token latency percentiles;
 cache_pairs.json: paraphrase hit rate and false-hit share by similarity threshold; awq.json: perplexity
 and decode speed, INT4 vs fp32; overload.json: offered, answered and rejected rates and latency per
 phase; soak.json: the server's RSS over the run. Each PNG carries a footnote citing its JSON file, the
