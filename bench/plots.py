@@ -150,14 +150,15 @@ def _load(path: Path) -> dict[str, Any]:
 
 def footnote(fig: Figure, source: Path) -> None:
     """Cite the result file, machine, commit and date under the plot (when the result has its provenance)."""
-    from bench.provenance import commit_label, machine_label
+    from bench.provenance import commit_label
 
     prov = _load(source).get("provenance")
     if not prov:
         return
-    text = f"bench/results/{source.name} · {machine_label(prov)} · commit {commit_label(prov)} · {prov.get('date', '?')[:10]}"
-    if prov.get("mode") == "quick":
-        text += " · quick run"
+    m = prov.get("machine") or {}
+    text = (f"bench/results/{source.name} · {m.get('cpu', '?')}, {m.get('cores', '?')} cores"
+            f"{', ' + m['gpu'] if m.get('gpu') else ''} · commit {commit_label(prov)} · {prov.get('date', '?')[:10]}"
+            f"{' · quick run' if prov.get('mode') == 'quick' else ''}")
     fig.text(0.005, 0.005, text, fontsize=6, color="grey", ha="left", va="bottom")
 
 
