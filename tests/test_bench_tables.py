@@ -70,6 +70,7 @@ def test_tables_are_regenerated_between_the_markers(tmp_path: Path) -> None:
         assert "0123456789" in row or "fedcba9876-dirty" in row
     assert "| 12.5 |" in block and "| 40.0 |" in block and "| 2.0 |" in block
     assert "quick, loaded (9.0 on 4 cores)" in block  # a shared machine is said so
+    assert "1 of these 2 results come from quick" in block and "1 were measured while the machine was shared" in block
     assert "llama.cpp's server" in block and "absent" in block  # a peer not run: absent, no figure
     assert "avx512_vnni" in block  # the machines list, in full
     assert "`cache`: not measured yet" in block  # the suite's benches without a result file
@@ -146,3 +147,15 @@ def test_documented_flags_exist() -> None:
         src = (REPO / "bench" / f"{name}.py").read_text() + (REPO / "bench" / "peer.py").read_text()
         for flag in set(re.findall(r"`(--[a-z][a-z0-9-]*)", section)):
             assert f'"{flag}"' in src, f"{name}: {flag}"
+
+
+def test_the_suite_passes_peers_to_throughput_only() -> None:
+    args = suite.parse_args(["--quick", "--only", "throughput,cache_pairs", "--llama-server", "/opt/llama-server"])
+    assert [b.name for b in args.benches] == ["throughput", "cache_pairs"] and args.timeout == suite.QUICK_TIMEOUT_S
+    extra = suite.peer_args(args)
+    assert extra == ["--llama-server", "/opt/llama-server"]
+    assert suite.BY_NAME["throughput"].peer and not suite.BY_NAME["cache_pairs"].peer
+    assert "--quick" in suite.BY_NAME["throughput"].argv(quick=True)
+    assert [b.name for b in suite.parse_args(["--skip", "soak"]).benches] == [b.name for b in suite.SUITE if b.name != "soak"]
+    with pytest.raises(SystemExit):
+        suite.parse_args(["--only", "no_such_bench"])
