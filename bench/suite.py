@@ -65,7 +65,7 @@ SUITE: tuple[Bench, ...] = (
     Bench("profile_step", ("--batch", "32"), ("--batch", "4", "--steps", "5", "--profile-steps", "2"), quantization=True,
           what="where a decode step goes, by op"),
     Bench("gemm", (), ("--batches", "1", "--steps", "3"), what="prepacked oneDNN GEMM vs F.linear"),
-    Bench("structured", (), ("--streams", "1,4", "--new-tokens", "8", "--valid-requests", "4"),
+    Bench("structured", (), ("--streams", "1,4", "--new-tokens", "8", "--valid-requests", "4"), quantization=True,
           what="constrained decoding overhead, compile time, validity"),
     Bench("cache", (), ("--hits", "20", "--misses", "2"), what="cache hit/miss latency over HTTP, lookup cost"),
     Bench("awq", ("--threads", "1"), ("--streams", "1", "--new-tokens", "8", "--rounds", "1", "--window", "128"),
