@@ -56,7 +56,7 @@ SUITE: tuple[Bench, ...] = (
           what="latency the gateway adds over the engine, requests/s"),
     Bench("throughput", (), ("--quick",), peer=True, quantization=True,
           what="tokens/s, TTFT, ITL; HF generate and llama.cpp's server"),
-    Bench("prefill", (), ("--lengths", "50,500", "--reps", "1"), quantization=True,
+    Bench("prefill", (), ("--lengths", "20,100", "--reps", "1"), quantization=True,
           what="prefill attention: per-token kernel vs SDPA"),
     Bench("kv_dtype", ("--batch", "32", "--steps", "120"), ("--batch", "4", "--steps", "10"), quantization=True,
           what="decode step time, fp32 vs bf16 KV cache"),
