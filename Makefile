@@ -53,8 +53,17 @@ test: test-models system-deps
 	$(PY) -m ruff check gateway backend kernels bench tests
 	SMOLGATE_QUANTIZATION=none $(PY) -m pytest -q -x --durations=15
 
+# The benchmark suite (bench/suite.py), then the tables in docs/benchmarks.md and README.md and the plots in
+# bench/plots/, all regenerated from bench/results/*.json (docs/benchmarks.md says what each bench measures).
+#   make bench BENCH_QUICK=1                          a smoke run: every bench on a tiny workload
+#   make bench LLAMA_SERVER=/path/to/llama-server     llama.cpp's server measured in the same run (PEER_URL=URL: any
+#                                                     running OpenAI-compatible server); otherwise reported absent
+#   make bench BENCH_ONLY=throughput,cache BENCH_SKIP=soak BENCH_TIMEOUT=600 BENCH_QUANTIZATION=none
+BENCH_ARGS = $(if $(BENCH_QUICK),--quick) $(if $(BENCH_ONLY),--only $(BENCH_ONLY)) $(if $(BENCH_SKIP),--skip $(BENCH_SKIP)) \
+	$(if $(BENCH_TIMEOUT),--timeout $(BENCH_TIMEOUT)) $(if $(BENCH_QUANTIZATION),--quantization $(BENCH_QUANTIZATION)) \
+	$(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER)) $(if $(PEER_URL),--peer-url $(PEER_URL))
 bench: models
-	$(PY) -m bench.throughput
+	$(PY) -m bench.suite $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -18,7 +18,6 @@ printed is one JSON object; it is also written to bench/results/awq.json.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -33,6 +32,8 @@ from backend.quant.calibration import HELDOUT, token_ids
 from backend.quant.convert import int4_weight_bytes
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.lm_head import LowBitHead
+from backend.sampling_params import SamplingParams
+from bench.report import default_out, emit
 
 QUESTIONS = [
     "What is the capital of France?", "Write a haiku about the sea.", "Explain gravity in one sentence.",
@@ -168,10 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         "int4_over_fp32_rounds": {str(s): [round(r, 3) for r in ratios[s]] for s in levels},
         "new_tokens": args.new_tokens, "rounds": args.rounds,
     }
-    out = Path(__file__).parent / "results" / "awq.json"  # bench/plots.py plots it
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    emit(result, default_out("awq"))  # bench/plots.py plots it
 
 
 if __name__ == "__main__":

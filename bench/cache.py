@@ -16,7 +16,7 @@ hit/miss latency through the full HTTP path with the real engine and embedder.
    with `auto` (verified), driven over one keep-alive connection: each question's miss (the engine generating
    its answer, 64 tokens at most) and then its paraphrase's semantic hits. `verified_over_generation_p50`: a
    verified hit's time over the time to generate the same answer (the median of the per-question ratios).
-The last line of output is one JSON object.
+The last line of output is one JSON object (also bench/results/cache.json; with --only PART, cache_PART.json).
 """
 
 from __future__ import annotations
@@ -24,18 +24,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
+from bench.report import default_out, emit
 from bench.server import free_port, wait_ready
 from gateway.cache.semantic import match
 from gateway.cache.stores import MemoryStore
@@ -196,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cache")
     parser.add_argument("--hits", type=int, default=60)
     parser.add_argument("--only", choices=["quality", "lookup", "http"], help="run one part (default: all three)")
+    parser.add_argument("--out", type=Path, help="result JSON (default bench/results/cache.json, cache_PART.json)")
+    parser.add_argument("--out", type=Path, help="result JSON (default bench/results/cache.json, cache_PART.json)")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         result["http"] = http_modes(args.hits)
     result["summary"] = summary(result)
     print("summary:", result["summary"], flush=True)
-    print(json.dumps(result))
+    emit({"bench": "cache", **result}, args.out or default_out("cache" if args.only is None else f"cache_{args.only}"))
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:

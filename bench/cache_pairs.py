@@ -192,6 +192,7 @@ def main() -> None:
         return
 
     from backend.embed.embeddings import Embedder, for_cache
+    from bench.report import default_out, emit
     from gateway.cache.config import CacheConfig
 
     rows = sweep(for_cache(Embedder(batch_size=256), CacheConfig().embedding_dtype).embed_sync, SWEEP)  # the cache's
@@ -206,10 +207,7 @@ def main() -> None:
         "default_threshold": CacheConfig().similarity_threshold,
         "sweep": rows,
     }
-    out = Path(__file__).parent / "results" / "cache_pairs.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    emit(result, default_out("cache_pairs"))
 
 
 

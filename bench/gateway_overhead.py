@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import statistics
@@ -30,8 +29,9 @@ from typing import Any
 
 import orjson
 
-from backend.engine.outputs import CompletionDelta, EngineStats, RequestOutput, Usage
-from backend.engine.sampling_params import SamplingParams
+from backend.outputs import CompletionDelta, EngineStats, RequestOutput, Usage
+from backend.sampling_params import SamplingParams
+from bench.report import default_out, emit
 
 BODY = orjson.dumps(
     {
@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
         serve(args.serve, args.port)
         return
     figures = report(run(args.requests, args.concurrency), args.concurrency)
-    print(json.dumps({"bench": "gateway_overhead", "cpus": os.cpu_count(), **figures}))
+    emit({"bench": "gateway_overhead", "cpus": os.cpu_count(), "requests": args.requests, **figures},
+         default_out("gateway_overhead"))
 
 
 if __name__ == "__main__":

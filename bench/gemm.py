@@ -12,7 +12,6 @@ Last line: one JSON object (also bench/results/gemm.json).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.model.cpu_gemm import PackedLinear
 from bench.profile_step import start_requests, time_steps, warm_up
+from bench.report import emit
 
 OUT = Path(__file__).parent / "results" / "gemm.json"
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
@@ -109,10 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"bench": "gemm", "threads": args.threads, "micro": micro()}
     batches = [int(b) for b in args.batches.split(",") if b]
     result["engine"] = engine_ab(batches, args.steps, args.threads) if batches else []
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result))
-    print(json.dumps(result))
-    return result
+    return emit(result, OUT)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,9 @@ Without a GPU: runs every Triton kernel once under Triton's interpreter (correct
 torch reference) and prints the roofline plan on paper for an H100 (bytes moved, FLOPs, arithmetic intensity,
 time floor at 3.35 TB/s HBM and ~990 TFLOPS dense bf16) for SmolLM2-135M shapes. With CUDA: also times each
 kernel against its torch/SDPA/cuBLAS counterpart with ``triton.testing.do_bench``.
-The last line of output is one JSON object with all the figures.
+The last line of output is one JSON object with all the figures (also bench/results/kernels.json).
 """
 
-import json
 import math
 import os
 import sys
@@ -21,7 +20,8 @@ if not torch.cuda.is_available():  # must precede the first import of triton
 import torch.nn.functional as F
 
 import kernels
-from kernels.triton import awq_gemm, flash_prefill, kv_store, paged_decode, rmsnorm, rotary
+from bench.report import default_out, emit
+from kernels import awq_gemm, flash_prefill, kv_store, paged_decode, rmsnorm, rotary
 
 H100 = {"name": "H100 SXM (planned)", "hbm_bytes_per_s": 3.35e12, "bf16_flops_per_s": 990e12}
 SMOL = {"hidden": 576, "heads": 9, "kv_heads": 3, "head_dim": 64, "intermediate": 1536, "layers": 30}
@@ -191,9 +191,9 @@ def main() -> int:
     else:
         print("no CUDA device: GPU timings skipped (run on a GPU machine to measure)")
     ok = all(c["ok"] for c in checks.values())
-    print(json.dumps({"bench": "kernels", "device": torch.cuda.get_device_name() if cuda else "cpu",
-                      "target": H100, "model": "SmolLM2-135M", "checks": checks, "plan": plan_figs,
-                      "measured": measured or None, "ok": ok}))
+    emit({"bench": "kernels", "device": torch.cuda.get_device_name() if cuda else "cpu",
+          "target": H100, "model": "SmolLM2-135M", "checks": checks, "plan": plan_figs,
+          "measured": measured or None, "ok": ok}, default_out("kernels"))
     return 0 if ok else 1
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,11 +22,12 @@ from typing import Any
 import torch
 
 from backend.config import EngineConfig, engine_config_from_env
-from backend.engine.llm_engine import DTYPES, LLMEngine
-from backend.engine.sampling_params import SamplingParams
-from backend.model.tokenizer import apply_chat_template
-from backend.model.weights import load_model, resolve_model_dir
-from backend.parallel.local_group import run_ranks
+from backend.engine import DTYPES, LLMEngine
+from backend.local_group import run_ranks
+from backend.sampling_params import SamplingParams
+from backend.tokenizer import apply_chat_template
+from backend.weights import load_model, resolve_model_dir
+from bench.report import emit
 from bench.throughput import WARMUP_QUESTION, questions_for
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "pipeline.json"
@@ -88,10 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["pp2_1thread_each"] = run_ranks(2, replace(base, num_threads=1, pipeline_parallel_size=2), job)
     result["pp2_1thread_each"]["rank1_param_mib"] = stage_param_mib(base, 1, 2)
     print("pp2_1thread_each", result["pp2_1thread_each"], flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps(result))
-    return result
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """PNG plots of the benchmark results: every bench/results/NAME.json this knows gets a NAME.png beside it.
 
-    python -m bench.plots [--results bench/results] [--out DIR]
+    python -m bench.plots [--results bench/results] [--out bench/plots]
 
 throughput*.json (bench.throughput): aggregate tokens/s by concurrent streams for each run, the HF
-`generate` baseline and the llama.cpp reference, plus TTFT and inter-token latency percentiles;
+`generate` baseline and llama.cpp's server when measured in the same run, plus TTFT and inter-token latency percentiles;
 cache_pairs.json: paraphrase hit rate and false-hit share by similarity threshold; awq.json: perplexity
 and decode speed, INT4 vs fp32; overload.json: offered, answered and rejected rates and latency per
-phase; soak.json: the server's RSS over the run. --out writes the PNGs elsewhere (bench/plots/ is the
-tracked copy that bench/README.md shows). The last line printed is a JSON list of the files written.
+phase; soak.json: the server's RSS over the run. Each PNG carries a footnote citing its JSON file, the
+machine, the commit and the date (the result's provenance). The PNGs go to bench/plots/ (the copy that
+docs/benchmarks.md shows; --out writes them elsewhere). The last line printed is a JSON list of the files
+written.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
+PLOTS = Path(__file__).parent / "plots"
 Figure = Any  # matplotlib.figure.Figure (matplotlib is imported lazily: an optional `bench` extra)
 
 
@@ -52,6 +55,10 @@ def throughput(runs: dict[str, dict[str, Any]]) -> Figure:
     if peer:  # measured in the same run (bench/peer.py); never a typed-in figure
         name = first.get("peer", {}).get("peer", "peer")
         ax.plot(peer, [first[f"peer_{s}"]["tok_s"] for s in peer], "^--", color="grey", label=f"{name} (same run)")
+    else:  # said on the plot, never drawn from a typed-in figure
+        ax.plot([], [], " ", label="llama.cpp's server: absent (not run)")
+    if "hf_sequential" not in first:
+        ax.plot([], [], " ", label="HF generate: absent")
     ax.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="aggregate tokens/s")
     ax.set_title(f"Throughput, {first.get('new_tokens', '?')} new tokens per request ({first.get('device', '?')})")
     ax.legend(fontsize=8)
@@ -141,30 +148,46 @@ def _load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def footnote(fig: Figure, source: Path) -> None:
+    """Cite the result file, machine, commit and date under the plot (when the result has its provenance)."""
+    from bench.provenance import commit_label
+
+    prov = _load(source).get("provenance")
+    if not prov:
+        return
+    m = prov.get("machine") or {}
+    text = (f"bench/results/{source.name} · {m.get('cpu', '?')}, {m.get('cores', '?')} cores"
+            f"{', ' + m['gpu'] if m.get('gpu') else ''} · commit {commit_label(prov)} · {prov.get('date', '?')[:10]}"
+            f"{' · quick run' if prov.get('mode') == 'quick' else ''}")
+    fig.text(0.005, 0.005, text, fontsize=6, color="grey", ha="left", va="bottom")
+
+
 def plot_all(results: Path, out: Path) -> list[Path]:
-    jobs: list[tuple[str, Callable[[], Figure]]] = []
+    jobs: list[tuple[str, Callable[[], Figure], Path]] = []
     runs: dict[str, dict[str, Any]] = {}
     for path in sorted(results.glob("throughput*.json")):
         run = _load(path)
         if run not in runs.values():  # throughput.json is also saved under a run's own name
             runs[path.stem] = run
     if runs:
-        jobs.append(("throughput", lambda: throughput(runs)))
         default = results / "throughput.json"  # the latest default run (also saved under its own name)
-        main_run = _load(default) if default.exists() else next(iter(runs.values()))
-        jobs.append(("throughput_latency", lambda: latency(main_run)))
+        source = default if default.exists() else results / f"{next(iter(runs))}.json"
+        main_run = _load(source)
+        jobs.append(("throughput", lambda: throughput(runs), source))
+        jobs.append(("throughput_latency", lambda: latency(main_run), source))
     plotters: dict[str, Callable[[dict[str, Any]], Figure]] = {
         "cache_pairs": cache_pairs, "awq": awq, "overload": overload, "soak": soak,
     }  # fmt: skip
     for name, plotter in plotters.items():
         path = results / f"{name}.json"
         if path.exists():
-            jobs.append((name, lambda plotter=plotter, path=path: plotter(_load(path))))  # type: ignore[misc]
+            jobs.append((name, lambda plotter=plotter, path=path: plotter(_load(path)), path))  # type: ignore[misc]
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, make in jobs:
+    for name, make, source in jobs:
         fig = make()
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.03, 1, 1))  # room for the footnote
+        footnote(fig, source)
         target = out / f"{name}.png"
         fig.savefig(target, dpi=100)
         written.append(target)
@@ -177,9 +200,9 @@ def plot_all(results: Path, out: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.plots", description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--out", type=Path, help="where the PNGs go (default: beside the JSON files)")
+    parser.add_argument("--out", type=Path, default=PLOTS, help="where the PNGs go (default: bench/plots)")
     args = parser.parse_args(argv)
-    written = plot_all(args.results, args.out or args.results)
+    written = plot_all(args.results, args.out)
     print(json.dumps([str(p) for p in written]))
 
 

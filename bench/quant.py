@@ -13,7 +13,6 @@ algorithm. Writes bench/results/quant.json; the last line printed is the same JS
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from backend.config import EngineConfig, cache_dir, default_awq_model_path, defa
 from backend.engine.llm_engine import LLMEngine
 from backend.quant.calibration import HELDOUT, token_ids
 from bench.awq import decode_tok_s, perplexity
+from bench.report import default_out, emit
 
 
 def make_engine(model_dir: Path, quantization: str, threads: int) -> LLMEngine:
@@ -95,10 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         "decode_speedup_over_fp32": ratio,
         "new_tokens": args.new_tokens, "rounds": args.rounds,
     }
-    out = Path(__file__).parent / "results" / "quant.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    emit(result, default_out("quant"))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
@@ -34,6 +33,7 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.report import emit
 from bench.routing_load import Load, echo_app, free_port, http_pool, run_load, wait_ready
 from gateway.routing.balancer import Balancer
 from gateway.routing.config import DeploymentConfig, RouterConfig
@@ -214,12 +214,11 @@ def main(argv: list[str] | None = None) -> None:
         uvicorn.run(echo_app(), host="127.0.0.1", port=args.serve_echo, log_level="warning", access_log=False)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        result = {"load": os.getloadavg()[0], "cores": os.cpu_count(), **asyncio.run(scenario(args, Path(tmp)))}
+        result = {"bench": "routing", "load": os.getloadavg()[0], "cores": os.cpu_count(),
+                  **asyncio.run(scenario(args, Path(tmp)))}
         result["http_pool"] = asyncio.run(http_pool())
         print(f"http_pool: {result['http_pool']}", flush=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    emit(result, RESULTS)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from bench.report import emit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,7 +102,7 @@ def run_and_report(
     url: str | None, env: dict[str, str], work: Callable[[str], Awaitable[dict[str, Any]]], out: Path
 ) -> dict[str, Any]:
     """Run `work(url)` against `url`, or against a `python -m gateway` started with `env` when url is None;
-    add the load average, write the result to `out` and print it as the last line."""
+    add the load average, write the result (with its provenance) to `out` and print it as the last line."""
     server = None if url else GatewayProcess.start(env)
     try:
         result = asyncio.run(work(url or server.url))  # type: ignore[union-attr]
@@ -109,7 +110,5 @@ def run_and_report(
         if server is not None:
             server.kill()
     result["load"] = os.getloadavg()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
-    return result
+    result.setdefault("bench", out.stem)
+    return emit(result, out)

@@ -16,16 +16,16 @@ each speculating engine, interleaved prompt group by prompt group, and the outpu
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 
 from backend.config import EngineConfig, default_medusa_path
-from backend.engine.llm_engine import LLMEngine
-from backend.engine.sampling_params import SamplingParams
-from backend.model.tokenizer import apply_chat_template
+from backend.engine import LLMEngine
+from backend.sampling_params import SamplingParams
+from backend.tokenizer import apply_chat_template
+from bench.report import default_out, emit
 
 PASSAGE = (
     "The Amazon rainforest covers about 5.5 million square kilometres across nine countries. It produces a large "
@@ -177,9 +177,7 @@ def main(argv: list[str] | None = None) -> None:
                "medusa_min_confidence": args.medusa_min_confidence, "new_tokens": args.new_tokens,
                "threads": args.threads, "rounds": args.rounds,
                "torch_threads": torch.get_num_threads(), "medusa_train_seconds": round(train_seconds), **results}
-    Path("bench/results").mkdir(parents=True, exist_ok=True)
-    Path("bench/results/speculative.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
+    emit(summary, default_out("speculative"))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """Constrained decoding cost and correctness: per-token overhead at 1 and 32 streams, grammar compile
 time (cold and cached), and the share of constrained outputs that validate.
 
-    python -m bench.structured [--streams 1,32] [--new-tokens 32] [--valid-requests 24]
+    python -m bench.structured [--streams 1,32] [--new-tokens 32] [--valid-requests 24] [--quantization awq|none]
 
 Overhead: the same N chat prompts decode --new-tokens tokens (greedy, ignore_eos) unconstrained and
 then constrained to stay inside a JSON string (the costliest lexeme to mask: almost any token may
 continue it; a schema's keys and punctuation are cheaper), in one LLMEngine on this machine. Tokens/s is
 counted over decode steps only (from the first step after every prompt has been prefilled).
 Validity: --valid-requests requests over several schemas (sampled, temperature 0.8) in one batch;
-each output must parse and validate with jsonschema. The last line printed is one JSON object.
+each output must parse and validate with jsonschema. The last line printed is one JSON object (also
+bench/results/structured.json).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from backend.config import EngineConfig
-from backend.engine.guided import GrammarCache, grammar_text
-from backend.engine.llm_engine import LLMEngine
-from backend.engine.sampling_params import SamplingParams
-from backend.model.tokenizer import apply_chat_template
+from backend.engine import LLMEngine
+from backend.guided import GrammarCache, grammar_text
+from backend.sampling_params import SamplingParams
+from backend.tokenizer import apply_chat_template
+from bench.report import default_out, emit
 
 # The inside of a JSON string that never closes: the costliest lexeme to mask (almost any token may
 # continue it), and the output never completes, so both runs decode the same number of tokens.
@@ -123,13 +125,14 @@ def valid_share(engine: LLMEngine, requests: int) -> dict[str, float]:
     return {"requests": requests, "valid": valid, "share": valid / requests}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.structured", description=__doc__.split("\n")[0])
     ap.add_argument("--streams", default="1,32")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--valid-requests", type=int, default=24)
-    args = ap.parse_args()
-    engine = LLMEngine(EngineConfig(max_num_seqs=64))
+    ap.add_argument("--quantization", default="awq", choices=["awq", "none"])
+    args = ap.parse_args(argv)
+    engine = LLMEngine(EngineConfig(max_num_seqs=64, quantization=args.quantization))
     free = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
     guided = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True, guided_grammar=OPEN_STRING)
     decode_tokens_per_s(engine, 1, free, "warm")  # warm-up (and the long-string grammar compile)
@@ -146,7 +149,9 @@ def main() -> None:
         print(f"compile {name:7s}: cold {c['cold_ms']:.1f} ms, cached {c['cached_ms']:.3f} ms")
     validity = valid_share(engine, args.valid_requests)
     print(f"valid outputs: {validity['valid']}/{validity['requests']}")
-    print(json.dumps({"overhead": overhead, "compile": compiles, "validity": validity, "library": "llguidance"}))
+    emit({"bench": "structured", "quantization": args.quantization, "overhead": overhead, "compile": compiles,
+          "validity": validity, "library": "llguidance"},
+         default_out("structured"))
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@ variables apply; by default the AWQ INT4 copy of the default model). Per concurr
 engine is loaded, warmed up with one request, then `max(streams, --min-requests)` requests run with at
 most `streams` in flight. Per request it records TTFT (submit -> first token) and inter-token latencies
 (the gap between successive deltas, divided evenly when a delta carries several tokens). The baseline
-is HF transformers `generate` on the full-precision weights, one request at a time. With --llama-server
-(or --peer-url) the peer serves the same token ids at each concurrency level in the same run; without,
-it is reported as absent. The CPU column is the cores this process kept busy (process time / wall): the
-dev machine is shared. The last line printed is one JSON object with every figure; it is also written
-to bench/results/throughput.json.
+is HF transformers `generate` on the full-precision weights, one request at a time (absent where
+transformers is not installed, or with --no-hf). With --llama-server (or --peer-url) the peer serves the
+same token ids at each concurrency level in the same run; without, it is reported as absent. The CPU
+column is the cores this process kept busy (process time / wall): well below --threads means other load.
+The last line printed is one JSON object with every figure and its provenance (bench/provenance.py); it
+is also written to bench/results/throughput.json.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import time
 from dataclasses import dataclass, replace
@@ -39,6 +39,7 @@ from backend.engine.sampling_params import SamplingParams
 from backend.model.tokenizer import apply_chat_template, load_tokenizer
 from backend.model.weights import resolve_model_dir
 from bench import peer
+from bench.report import emit
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "throughput.json"
 QUICK_PROMPTS = 4
@@ -240,12 +241,32 @@ def bench_hf(
     }
 
 
+def hf_or_absent(
+    model_dir: Path, dtype: str, device: str, questions: list[str], new_tokens: int
+) -> dict[str, Any] | None:
+    """The HF baseline, or None (reported as absent) where transformers is not installed."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return None
+    return bench_hf(model_dir, dtype, device, questions, new_tokens)
+
+
+def hf_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
 # ---- report ------------------------------------------------------------------------------------
-def ratios(levels: list[LevelResult], hf_tok_s: float, peer_levels: dict[int, dict[str, Any]]) -> dict[str, float]:
+def ratios(
+    levels: list[LevelResult], hf_tok_s: float | None, peer_levels: dict[int, dict[str, Any]]
+) -> dict[str, float]:
     out: dict[str, float] = {}
     for level in levels:
         tok_s = level.tokens / level.wall_s
-        out[f"ratio_{level.streams}_vs_hf"] = _ratio(tok_s, hf_tok_s)
+        if hf_tok_s is not None:
+            out[f"ratio_{level.streams}_vs_hf"] = _ratio(tok_s, hf_tok_s)
         if level.streams in peer_levels:
             out[f"ratio_{level.streams}_vs_peer"] = _ratio(tok_s, peer_levels[level.streams]["tok_s"])
     return out
@@ -293,14 +314,17 @@ def format_table(result: dict[str, Any], streams: list[int]) -> str:
         f"{'run':<22}" + "".join(h.rjust(w) for h, _, w, _ in COLUMNS) + "   (latencies in ms)",
         *(_row(f"engine, {n} stream{'s' * (n > 1)}", result[f"engine_{n}"]) for n in streams),
         *(_row(f"peer, {n} stream{'s' * (n > 1)}", result[f"peer_{n}"]) for n in streams if f"peer_{n}" in result),
-        _row("HF generate, 1 by 1", result["hf_sequential"]),
+        *([_row("HF generate, 1 by 1", result["hf_sequential"])] if "hf_sequential" in result else []),
         f"(CPU: cores this process kept busy, of {result['threads']}; well below that means other load)",
         "",
     ]
     for n in streams:
-        lines.append(f"engine {n:>2} streams / HF sequential   x{result[f'ratio_{n}_vs_hf']:.2f}")
+        if f"ratio_{n}_vs_hf" in result:
+            lines.append(f"engine {n:>2} streams / HF sequential   x{result[f'ratio_{n}_vs_hf']:.2f}")
         if f"ratio_{n}_vs_peer" in result:
             lines.append(f"engine {n:>2} streams / peer            x{result[f'ratio_{n}_vs_peer']:.3f}")
+    if result["hf"]["status"] == "absent":
+        lines.append(f"HF generate: absent ({result['hf']['how']})")
     if result["peer"]["status"] == "absent":
         lines.append(f"peer: absent ({result['peer']['how']})")
     return "\n".join(lines)
@@ -323,6 +347,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--model", default="", help="HF model dir or .gguf (default: the fetched SmolLM2)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON result")
+    p.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline (reported as absent)")
     p.add_argument("--quick", action="store_true", help="tiny run: 4 prompts, 8 new tokens, 1 HF request")
     peer.add_peer_args(p)
     args = p.parse_args(argv)
@@ -364,7 +389,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)  # the engine set it already; HF runs with the same
     model_dir = resolve_model_dir(replace(config, quantization="none").resolved_model())  # full precision
-    hf = bench_hf(model_dir, args.dtype, device, questions_for(args.hf_requests), args.new_tokens)
+    hf = None if args.no_hf else hf_or_absent(model_dir, args.dtype, device, questions_for(args.hf_requests), args.new_tokens)
     peer_levels = measure_peer(args, model_dir, torch.get_num_threads()) if peer.wanted(args) else {}
     result: dict[str, Any] = {
         "bench": "throughput",
@@ -376,17 +401,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "new_tokens": args.new_tokens,
         "load_avg_1m_at_start": round(load_at_start, 2),
         **{f"engine_{lv.streams}": lv.summary() for lv in levels},
-        "hf_sequential": hf,
+        "hf": {"status": "measured", "peer": "HF transformers generate", "version": hf_version()} if hf else
+              {"status": "absent", "how": "install transformers (pip install -e '.[test]'); not --no-hf"},
+        **({"hf_sequential": hf} if hf else {}),
         "peer": peer.describe(args) if peer.wanted(args) else peer.absent(),
         **{f"peer_{n}": figures for n, figures in peer_levels.items()},
-        **ratios(levels, hf["tok_s"], peer_levels),
+        **ratios(levels, hf["tok_s"] if hf else None, peer_levels),
     }
     print(format_table(result, args.streams))
-    line = json.dumps(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(line + "\n")
-    print(line, flush=True)
-    return result
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,208 @@
+"""The benchmark suite: run the chosen benches, then regenerate the docs' tables and the plots from their results.
+
+    python -m bench.suite                         # every bench below with its default arguments (an hour or more)
+    python -m bench.suite --quick                 # a smoke run: each bench on a tiny workload (also BENCH_QUICK=1)
+    python -m bench.suite --only throughput,cache --llama-server /path/to/llama-server
+    python -m bench.suite --list                  # the suite: names, arguments, quick arguments
+
+`make bench` runs it (`make bench BENCH_QUICK=1 LLAMA_SERVER=/path/to/llama-server PEER_URL=... BENCH_ONLY=...`).
+Each bench runs as its own process (`python -m bench.NAME ARGS`: a fresh interpreter, so one bench's threads and
+caches never reach the next) and writes bench/results/NAME.json with its provenance (bench/report.py). A bench that
+fails or runs past its time limit is recorded as such and the suite goes on; its previous result file, if any,
+stays (the tables cite each file's own date and commit). Peers: --llama-server PATH or --peer-url URL go to
+bench.throughput, which measures llama.cpp's server in the same run; without either the peer is reported absent.
+HF `generate` is measured by bench.throughput whenever transformers is installed. At the end the suite writes
+bench/results/suite.json (what ran, how it ended, how long it took), then `python -m bench.tables` (the tables in
+docs/benchmarks.md and README.md) and `python -m bench.plots --out bench/plots` (the PNGs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.report import RESULTS, emit
+
+REPO = Path(__file__).resolve().parent.parent
+PLOTS = Path(__file__).resolve().parent / "plots"
+QUICK_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str  # the module bench.NAME; it writes bench/results/NAME.json
+    args: tuple[str, ...] = ()  # the full run
+    quick: tuple[str, ...] = ()  # the smoke run
+    peer: bool = False  # takes the peer flags (--llama-server, --peer-url, ...)
+    quantization: bool = False  # takes --quantization awq|none
+    what: str = ""
+
+    def argv(self, quick: bool) -> list[str]:
+        return [sys.executable, "-m", f"bench.{self.name}", *(self.quick if quick else self.args)]
+
+
+# Cheapest first, so a smoke run on a slow machine has the most figures by the time it is stopped.
+SUITE: tuple[Bench, ...] = (
+    Bench("cache_pairs", what="semantic-cache quality by similarity threshold"),
+    Bench("gateway_overhead", ("--requests", "2000"), ("--requests", "200", "--concurrency", "1", "16"),
+          what="latency the gateway adds over the engine, requests/s"),
+    Bench("throughput", (), ("--quick",), peer=True, quantization=True,
+          what="tokens/s, TTFT, ITL; HF generate and llama.cpp's server"),
+    Bench("prefill", (), ("--lengths", "20,100", "--reps", "1"), quantization=True,
+          what="prefill attention: per-token kernel vs SDPA"),
+    Bench("kv_dtype", ("--batch", "32", "--steps", "120"), ("--batch", "4", "--steps", "10"), quantization=True,
+          what="decode step time, fp32 vs bf16 KV cache"),
+    Bench("cpu_kernels", (), ("--batches", "4", "--steps", "5", "--ppl-tokens", "-1"), quantization=True,
+          what="the C kernels vs torch's ops: step time, perplexity"),
+    Bench("profile_step", ("--batch", "32"), ("--batch", "4", "--steps", "5", "--profile-steps", "2"), quantization=True,
+          what="where a decode step goes, by op"),
+    Bench("gemm", (), ("--batches", "1", "--steps", "3"), what="prepacked oneDNN GEMM vs F.linear"),
+    Bench("structured", (), ("--streams", "1,4", "--new-tokens", "8", "--valid-requests", "4"), quantization=True,
+          what="constrained decoding overhead, compile time, validity"),
+    Bench("cache", (), ("--hits", "20"), what="semantic-cache quality on the held-out split, hit latency over HTTP"),
+    Bench("awq", ("--threads", "1"), ("--streams", "1", "--new-tokens", "8", "--rounds", "1", "--window", "128"),
+          what="AWQ INT4 vs RTN vs fp32: perplexity, decode speed"),
+    Bench("quant", ("--threads", "1"),
+          ("--streams", "1", "--new-tokens", "8", "--rounds", "1", "--window", "128", "--no-gptq"),
+          what="fp32, INT8, AWQ INT4, GPTQ: perplexity, decode speed"),
+    Bench("speculative", (),
+          ("--new-tokens", "16", "--batches", "", "--streams", "0", "--rounds", "1", "--methods", "ngram,reference"),
+          what="n-gram, reference, draft, Medusa speculation vs plain decoding"),
+    Bench("pipeline", (), ("--prompts", "4", "--new-tokens", "8"), what="pipeline parallelism pp=2 vs pp=1"),
+    Bench("routing", (), ("--requests", "8", "--concurrency", "4", "--max-tokens", "8", "--rounds", "1", "--hops", "5",
+                          "--recovery-s", "6", "--cooldown-s", "2"),
+          what="1 vs 2 replicas behind the router, added latency, recovery"),
+    Bench("overload", (), ("--phase-s", "5", "--max-tokens", "8"), what="2x and 4x the sustainable rate: 429s, latency"),
+    Bench("soak", ("--minutes", "10"), ("--minutes", "1", "--concurrency", "2"), what="mixed traffic: errors, leaks, RSS"),
+    Bench("kernels", what="Triton kernels: correctness (interpreter without a GPU), timings on CUDA"),
+)  # fmt: skip
+BY_NAME = {b.name: b for b in SUITE}
+
+
+def peer_args(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    for flag, value in (("--llama-server", args.llama_server), ("--peer-url", args.peer_url),
+                        ("--peer-gguf", args.peer_gguf), ("--peer-api-key", args.peer_api_key)):  # fmt: skip
+        if value:
+            out += [flag, str(value)]
+    return out
+
+
+def run_one(
+    bench: Bench, quick: bool, extra: list[str], timeout_s: float | None, quantization: str = ""
+) -> dict[str, Any]:
+    """One bench in its own process; how it ended and whether it wrote its result file."""
+    argv = bench.argv(quick) + (extra if bench.peer else [])
+    if quantization and bench.quantization:
+        argv += ["--quantization", quantization]
+    out = RESULTS / f"{bench.name}.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if quick:
+        env["BENCH_QUICK"] = "1"
+    if quantization:  # the benches that start a gateway or read the serving configuration
+        env["SMOLGATE_QUANTIZATION"] = quantization
+    print(f"\n=== bench.{bench.name}: {' '.join(argv[1:])}", flush=True)
+    start = time.monotonic()
+    before = out.stat().st_mtime if out.exists() else None
+    try:
+        rc: int | None = subprocess.run(argv, cwd=REPO, env=env, timeout=timeout_s).returncode
+        status = "ok" if rc == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        rc, status = None, "timeout"
+    wrote = out.exists() and out.stat().st_mtime != before
+    if status == "ok" and not wrote:
+        status = "no result"
+    seconds = round(time.monotonic() - start, 1)
+    print(f"=== bench.{bench.name}: {status} in {seconds} s", flush=True)
+    return {"name": bench.name, "command": " ".join(["python", *argv[1:]]), "status": status, "returncode": rc,
+            "seconds": seconds, "result": f"bench/results/{bench.name}.json" if wrote else None,
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "mode": "quick" if quick else "full"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from bench import peer
+
+    p = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", default=bool(os.environ.get("BENCH_QUICK")),
+                   help="smoke run: tiny workloads (default when BENCH_QUICK is set)")
+    p.add_argument("--only", default="", help="comma-separated bench names (default: the whole suite)")
+    p.add_argument("--skip", default="", help="comma-separated bench names to leave out")
+    p.add_argument("--timeout", type=float, default=None,
+                   help=f"seconds per bench (default: none; {QUICK_TIMEOUT_S:.0f} with --quick)")
+    p.add_argument("--quantization", choices=["awq", "none"], default=os.environ.get("BENCH_QUANTIZATION") or None,
+                   help="the engine's weights in every bench that has the choice (default: each bench's own, "
+                   "mostly the AWQ INT4 copy that `python -m backend.fetch` builds)")
+    p.add_argument("--no-tables", action="store_true", help="do not regenerate the tables and plots at the end")
+    p.add_argument("--list", action="store_true", help="print the suite and exit")
+    peer.add_peer_args(p)
+    args = p.parse_args(argv)
+    names = [n for n in args.only.split(",") if n] or [b.name for b in SUITE]
+    unknown = [n for n in [*names, *args.skip.split(",")] if n and n not in BY_NAME]
+    if unknown:
+        p.error(f"unknown bench {', '.join(unknown)}; the suite: {', '.join(BY_NAME)}")
+    args.benches = [BY_NAME[n] for n in names if n not in args.skip.split(",")]
+    if args.timeout is None and args.quick:
+        args.timeout = QUICK_TIMEOUT_S
+    return args
+
+
+def regenerate() -> None:
+    """The tables (docs/benchmarks.md, README.md) and the PNG plots, from bench/results/*.json."""
+    from bench import plots, tables
+
+    try:  # first: the tables show the plots that exist
+        for path in plots.plot_all(RESULTS, PLOTS):
+            print(f"plot: {path.relative_to(REPO)}", flush=True)
+    except ImportError as exc:  # matplotlib is an optional extra
+        print(f"plots skipped: {exc} (pip install -e '.[bench]')", flush=True)
+    for path in tables.regenerate(RESULTS):
+        print(f"tables: {path.relative_to(REPO)}", flush=True)
+
+
+def merged(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """This run's entries over the previous suite.json's (a partial run keeps what the others last did), suite order."""
+    previous: dict[str, dict[str, Any]] = {}
+    path = RESULTS / "suite.json"
+    if path.exists():
+        try:
+            previous = {r["name"]: r for r in json.loads(path.read_text()).get("runs", [])}
+        except (ValueError, KeyError, TypeError):
+            previous = {}
+    latest = {**previous, **{r["name"]: r for r in runs}}
+    return sorted(latest.values(), key=lambda r: list(BY_NAME).index(r["name"]) if r["name"] in BY_NAME else len(BY_NAME))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.list:
+        for b in SUITE:
+            print(f"{b.name:<17} {b.what}\n{'':17} full:  {' '.join(b.args) or '(defaults)'}\n"
+                  f"{'':17} quick: {' '.join(b.quick) or '(defaults)'}")
+        return {}
+    extra = peer_args(args)
+    runs = [run_one(b, args.quick, extra, args.timeout, args.quantization or "") for b in args.benches]
+    result = {
+        "bench": "suite", "mode": "quick" if args.quick else "full", "timeout_s": args.timeout,
+        "this_run": [r["name"] for r in runs], "runs": merged(runs),
+        "peer": "llama-server" if args.llama_server else "url" if args.peer_url else "absent",
+    }  # fmt: skip
+    out = emit(result, RESULTS / "suite.json", echo=False)
+    if not args.no_tables:
+        regenerate()
+    failed = [r["name"] for r in runs if r["status"] != "ok"]
+    if failed:
+        print(f"not measured in this run: {', '.join(failed)} (see bench/results/suite.json)", flush=True)
+    print(json.dumps(out), flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()
