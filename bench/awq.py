@@ -32,7 +32,6 @@ from backend.quant.calibration import HELDOUT, token_ids
 from backend.quant.convert import int4_weight_bytes
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.lm_head import LowBitHead
-from backend.sampling_params import SamplingParams
 from bench.report import default_out, emit
 
 QUESTIONS = [

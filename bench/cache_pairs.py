@@ -181,7 +181,6 @@ def print_sweep(sets: dict[str, list[Lookup]]) -> None:
 
 def main() -> None:
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(prog="python -m bench.cache_pairs")
     parser.add_argument("--calibrate", action="store_true", help="collect dev + the old set with the engine, sweep")

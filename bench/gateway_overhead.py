@@ -29,8 +29,8 @@ from typing import Any
 
 import orjson
 
-from backend.outputs import CompletionDelta, EngineStats, RequestOutput, Usage
-from backend.sampling_params import SamplingParams
+from backend.engine.outputs import CompletionDelta, EngineStats, RequestOutput, Usage
+from backend.engine.sampling_params import SamplingParams
 from bench.report import default_out, emit
 
 BODY = orjson.dumps(

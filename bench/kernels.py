@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import kernels
 from bench.report import default_out, emit
-from kernels import awq_gemm, flash_prefill, kv_store, paged_decode, rmsnorm, rotary
+from kernels.triton import awq_gemm, flash_prefill, kv_store, paged_decode, rmsnorm, rotary
 
 H100 = {"name": "H100 SXM (planned)", "hbm_bytes_per_s": 3.35e12, "bf16_flops_per_s": 990e12}
 SMOL = {"hidden": 576, "heads": 9, "kv_heads": 3, "head_dim": 64, "intermediate": 1536, "layers": 30}

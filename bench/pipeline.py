@@ -23,10 +23,10 @@ import torch
 
 from backend.config import EngineConfig, engine_config_from_env
 from backend.engine import DTYPES, LLMEngine
-from backend.local_group import run_ranks
-from backend.sampling_params import SamplingParams
-from backend.tokenizer import apply_chat_template
-from backend.weights import load_model, resolve_model_dir
+from backend.engine.sampling_params import SamplingParams
+from backend.model.tokenizer import apply_chat_template
+from backend.model.weights import load_model, resolve_model_dir
+from backend.parallel.local_group import run_ranks
 from bench.report import emit
 from bench.throughput import WARMUP_QUESTION, questions_for
 

@@ -25,7 +25,7 @@ STARTED = dt.datetime.now(dt.UTC)
 _STARTED_MONOTONIC = time.monotonic()
 _LOAD_AT_START = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
-# The CPU features the kernels choose between (backend/cpu_gemm.py, kernels/cpu_*.c): AVX2/FMA for the C kernels,
+# The CPU features the kernels choose between (backend/model/cpu_gemm.py, kernels/cpu/*.c): AVX2/FMA for the C kernels,
 # AVX-512 VNNI / BF16 and AMX for oneDNN's int8 and bf16 paths.
 CPU_FLAGS = (
     "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",

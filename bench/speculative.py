@@ -23,8 +23,8 @@ import torch
 
 from backend.config import EngineConfig, default_medusa_path
 from backend.engine import LLMEngine
-from backend.sampling_params import SamplingParams
-from backend.tokenizer import apply_chat_template
+from backend.engine.sampling_params import SamplingParams
+from backend.model.tokenizer import apply_chat_template
 from bench.report import default_out, emit
 
 PASSAGE = (

@@ -23,9 +23,9 @@ from jsonschema import Draft202012Validator
 
 from backend.config import EngineConfig
 from backend.engine import LLMEngine
-from backend.guided import GrammarCache, grammar_text
-from backend.sampling_params import SamplingParams
-from backend.tokenizer import apply_chat_template
+from backend.engine.guided import GrammarCache, grammar_text
+from backend.engine.sampling_params import SamplingParams
+from backend.model.tokenizer import apply_chat_template
 from bench.report import default_out, emit
 
 # The inside of a JSON string that never closes: the costliest lexeme to mask (almost any token may
