@@ -23,6 +23,7 @@ from gateway.access_log import make_logger
 from gateway.anthropic.endpoint import Messages
 from gateway.anthropic.errors import error_response as anthropic_error_response
 from gateway.anthropic.errors import is_anthropic_path
+from gateway.batches.service import build_batches
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.service import build_cache
 from gateway.cache.stores import CacheStore
@@ -129,17 +130,23 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
     """The ASGI app. With manage_engine, the lifespan starts and shuts down the engine."""
     router = build_router(ctx)
+    route_list = routes(ctx, router)
+    batches = build_batches(ctx, router, route_list) if ctx.config.batches.enabled else None  # /v1/files, /v1/batches
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if manage_engine:
             await ctx.engine.start()
+        if batches is not None:
+            await batches.start()
         ctx.readiness.ready = True
         ctx.logger.info("ready", model=ctx.engine.model_name, host=ctx.config.host, port=ctx.config.port)
         try:
             yield
         finally:
             ctx.readiness.ready = False
+            if batches is not None:
+                await batches.stop()
             await ctx.cache.close()
             if router is not None:
                 await router.close()
@@ -147,7 +154,7 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
                 await ctx.engine.shutdown()
 
     app = Starlette(
-        routes=routes(ctx, router),
+        routes=route_list + (batches.routes() if batches is not None else []),
         middleware=[Middleware(GatewayMiddleware, ctx=ctx)],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,

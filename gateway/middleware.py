@@ -20,7 +20,8 @@ from gateway.record import SCOPE_KEY, RequestRecord
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _PROTECTED_PREFIX = "/v1/"
-_STATS_PATH = "/v1/stats"  # the dashboard's polling: not counted in the traffic it shows
+_STATS_PATH = "/v1/stats"
+_FILES_PATH = "/v1/files"  # the dashboard's polling: not counted in the traffic it shows
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -121,8 +122,11 @@ class GatewayMiddleware:
         if self._keys and path.startswith(_PROTECTED_PREFIX):
             label = _key_label(self._check_key(headers.get(b"authorization")))
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.ctx.config.max_body_bytes:
-            raise PayloadTooLarge(f"Request body too large: the limit is {self.ctx.config.max_body_bytes} bytes.")
+        limit = self.ctx.config.max_body_bytes
+        if path == _FILES_PATH:  # uploads (gateway/batches/): their own limit, checked again as they stream in
+            limit = self.ctx.config.batches.max_file_bytes + 64 * 1024
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise PayloadTooLarge(f"Request body too large: the limit is {limit} bytes.")
         return label
 
     def _admit(self, scope: Scope) -> bool:

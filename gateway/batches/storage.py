@@ -1,0 +1,49 @@
+"""On-disk layout, shared by the files and batch stores: one directory per tenant (a hash of the API key,
+never the key itself), atomic JSON writes, and ids that stay unique across restarts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ANONYMOUS = "anonymous"  # the tenant of a gateway without API keys
+
+
+def tenant_of(authorization: str | None, keys_configured: bool) -> str:
+    """The tenant an `Authorization: Bearer KEY` header names: a hash of KEY (the key is never stored)."""
+    if not keys_configured or not authorization:
+        return ANONYMOUS
+    scheme, _, key = authorization.partition(" ")
+    key = key.strip() if scheme.lower() == "bearer" else ""
+    return hashlib.sha256(key.encode()).hexdigest()[:32] if key else ANONYMOUS
+
+
+def key_for(tenant: str, keys: tuple[str, ...]) -> str | None:
+    """The configured API key whose tenant is `tenant` (batch lines are sent with it); None if it is gone."""
+    for key in keys:
+        if hashlib.sha256(key.encode()).hexdigest()[:32] == tenant:
+            return key
+    return None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{secrets.token_hex(12)}"
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write-then-rename: a reader (or a restart after a kill) sees the old or the new file, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(obj))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    return orjson.loads(path.read_bytes())
