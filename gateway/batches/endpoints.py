@@ -131,7 +131,7 @@ class BatchEndpoints:
         if order not in ("asc", "desc"):
             raise InvalidRequest("'order' must be 'asc' or 'desc'.", param="order")
         items = self.files.list(self.tenant(request), purpose)
-        items.sort(key=lambda m: (m["created_at"], m["id"]), reverse=order == "desc")
+        items.sort(key=lambda m: m["id"], reverse=order == "desc")
         return json_response(_page(items, request.query_params.get("after"), _limit(request, 10_000, 10_000)))
 
     async def get_file(self, request: Request) -> Response:

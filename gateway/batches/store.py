@@ -173,4 +173,4 @@ class BatchStore:
     def list(self, tenant: str) -> list[BatchJob]:
         """Newest first."""
         mine = [j for j in self.jobs.values() if j.tenant == tenant]
-        return sorted(mine, key=lambda j: (j.obj["created_at"], j.id), reverse=True)
+        return sorted(mine, key=lambda j: j.id, reverse=True)
