@@ -291,10 +291,11 @@ def test_metrics(server: GatewayProcess) -> None:
 
 
 def test_restart_in_the_middle_of_a_batch(tmp_path: Path) -> None:
-    """kill -9 with lines done and lines in flight; a new process on the same directory finishes the batch:
-    every custom_id once, and the lines finished before the kill are the same records (not run again)."""
+    """kill -9 with lines done and lines in flight, then SIGTERM with more done; a third process on the same
+    directory finishes the batch: every custom_id once, nothing failed, and the lines finished before the kill
+    are the same records (not run again)."""
     env = server_env(tmp_path, SMOLGATE_BATCHES_MAX_CONCURRENCY="2")
-    lines = [chat_line(i, max_tokens=12, ignore_eos=True) for i in range(14)]
+    lines = [chat_line(i, max_tokens=12, ignore_eos=True) for i in range(16)]
     proc = GatewayProcess.start(env)
     try:
         client = sdk(proc)
@@ -310,10 +311,20 @@ def test_restart_in_the_middle_of_a_batch(tmp_path: Path) -> None:
     before = {json.loads(x)["custom_id"]: json.loads(x)["id"] for x in progress.read_text().splitlines() if x.endswith("}")}
     assert 3 <= len(before) < len(lines)
     proc = GatewayProcess.start(env)
+    try:  # then a graceful stop (SIGTERM) mid-batch: the lines it aborts are not recorded as failed
+        client = sdk(proc)
+        deadline = time.monotonic() + 300
+        while client.batches.retrieve(batch.id).request_counts.completed < len(before) + 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.terminate()
+        proc.wait(60)
+    finally:
+        proc.kill()
+    proc = GatewayProcess.start(env)
     try:
         client = sdk(proc)
         batch = wait_for(client, batch.id, ("completed", "failed"), timeout_s=400)
-        assert batch.status == "completed" and batch.request_counts.model_dump() == {"total": 14, "completed": 14, "failed": 0}
+        assert batch.status == "completed" and batch.request_counts.model_dump() == {"total": 16, "completed": 16, "failed": 0}
         out = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]  # type: ignore[arg-type]
         assert sorted(r["custom_id"] for r in out) == sorted(x["custom_id"] for x in lines)  # none lost, none twice
         after = {r["custom_id"]: r["id"] for r in out}

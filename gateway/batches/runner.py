@@ -75,7 +75,9 @@ class BatchRunner:
 
     async def stop(self) -> None:
         """The server stops: lines in flight are abandoned (not recorded, so a restart runs them)."""
-        tasks = [*self.tasks.values(), *([self._watcher] if self._watcher else [])]
+        tasks = [*self.tasks.values(), *self.flights, *([self._watcher] if self._watcher else [])]
+        for flight in self.flights.values():
+            flight.preempted = False  # aborted for good: not requeued, not recorded
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -103,9 +105,9 @@ class BatchRunner:
     async def _watch(self) -> None:
         """Preempt the newest lines beyond the current limit (live traffic came)."""
         while True:
-            excess = len(self.flights) - self.limit()
+            live = [(f.started, t) for t, f in self.flights.items() if not f.preempted]
+            excess = len(live) - self.limit() if live else 0
             if excess > 0:
-                live = [(f.started, t) for t, f in self.flights.items() if not f.preempted]
                 for _, task in sorted(live, key=lambda p: p[0], reverse=True)[:excess]:
                     self.flights[task].preempted = True
                     task.cancel()
@@ -126,7 +128,7 @@ class BatchRunner:
     async def _run(self, job: BatchJob) -> None:
         try:
             if job.status == "validating":
-                self._validate(job)
+                await self._validate(job)
             if job.status == "in_progress":
                 await self._execute(job)
             if job.status == "cancelling":
@@ -143,14 +145,16 @@ class BatchRunner:
         finally:
             self.tasks.pop(job.id, None)
 
-    def _validate(self, job: BatchJob) -> None:
+    async def _validate(self, job: BatchJob) -> None:
         endpoint = job.obj["endpoint"]
         key = self._key(job)
         if job.cancel_requested:
             return
-        parsed = parse_input(
-            job.dir / "input.jsonl", endpoint, self.cfg.max_lines, lambda model: self.model_error(endpoint, model, key)
-        )
+        check = lambda model: self.model_error(endpoint, model, key)  # noqa: E731
+        # a 50,000-line file: off the event loop
+        parsed = await asyncio.to_thread(parse_input, job.dir / "input.jsonl", endpoint, self.cfg.max_lines, check)
+        if job.cancel_requested:
+            return
         counts = {"total": len(parsed.lines) + len(parsed.errors), "completed": 0, "failed": 0}
         if parsed.errors:
             job.set_status("failed", errors={"object": "list", "data": parsed.errors}, request_counts=counts)
@@ -169,7 +173,8 @@ class BatchRunner:
             job.set_status("failed", errors={"object": "list", "data": [error]})
             self.metrics.batches.labels("failed").inc()
             return
-        lines = parse_input(job.dir / "input.jsonl", job.obj["endpoint"], self.cfg.max_lines, lambda _m: None).lines
+        endpoint, path = job.obj["endpoint"], job.dir / "input.jsonl"
+        lines = (await asyncio.to_thread(parse_input, path, endpoint, self.cfg.max_lines, lambda _m: None)).lines
         pending = deque(line for line in lines if line.custom_id not in job.done)
         self.queued += len(pending)
         running: set[asyncio.Task[None]] = set()
