@@ -23,15 +23,15 @@ class BatchesConfig:
     max_file_bytes: int = 200 * 1024 * 1024  # an upload beyond this gets 413 (OpenAI's limit: 200 MB)
     max_lines: int = 50_000  # requests per batch (OpenAI's limit)
     max_concurrency: int = 32  # batch lines in flight while no live request is
-    busy_concurrency: int = 2  # batch lines in flight while live requests are (0: a batch waits for idle)
+    busy_concurrency: int = 2  # batch lines in flight while live requests are (0: only when idle; at most max_concurrency)
     idle_s: float = 0.5  # the gateway counts as idle this long after its last live request ended
     priority: int = BATCH_PRIORITY  # the engine priority of batch lines (lower is served first)
     retry_s: float = 1.0  # wait before retrying a line that got 429/503 (a Retry-After header wins)
     cancel_grace_s: float = 2.0  # on cancel, lines in flight get this long to finish before they are aborted
 
     def __post_init__(self) -> None:
-        if self.max_concurrency < 1 or self.busy_concurrency < 0 or self.busy_concurrency > self.max_concurrency:
-            raise ValueError("batches: need max_concurrency >= 1 and 0 <= busy_concurrency <= max_concurrency")
+        if self.max_concurrency < 1 or self.busy_concurrency < 0:
+            raise ValueError("batches: need max_concurrency >= 1 and busy_concurrency >= 0")
         if self.max_file_bytes < 1 or self.max_lines < 1:
             raise ValueError("batches: max_file_bytes and max_lines must be positive")
 

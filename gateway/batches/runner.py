@@ -100,7 +100,8 @@ class BatchRunner:
         now = time.monotonic()
         if self.live_in_flight() > 0:
             self._last_live = now
-        return self.cfg.max_concurrency if now - self._last_live >= self.cfg.idle_s else self.cfg.busy_concurrency
+        busy = min(self.cfg.busy_concurrency, self.cfg.max_concurrency)
+        return self.cfg.max_concurrency if now - self._last_live >= self.cfg.idle_s else busy
 
     async def _watch(self) -> None:
         """Preempt the newest lines beyond the current limit (live traffic came)."""
@@ -189,9 +190,10 @@ class BatchRunner:
                     break
                 line = pending.popleft()
                 self.queued -= 1
-                task = asyncio.create_task(self._line(job, line))
+                task = asyncio.create_task(self._send(job, line))
                 self.flights[task] = _Flight(job, line, pending, time.monotonic())
                 running.add(task)
+                task.add_done_callback(self._landed)
                 task.add_done_callback(running.discard)
             await self._drain(job, running)
         finally:
@@ -215,21 +217,14 @@ class BatchRunner:
         if running:
             await asyncio.gather(*running, return_exceptions=True)
 
-    async def _line(self, job: BatchJob, line: Line) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        flight = self.flights[task]
-        try:
-            await self._send(job, line)
-        except asyncio.CancelledError:
-            if flight.preempted:  # our own abort for live traffic: run it again later
-                flight.pending.appendleft(line)
-                self.queued += 1
-                self.metrics.preempted.inc()
-                return
-            raise
-        finally:
-            del self.flights[task]
+    def _landed(self, task: asyncio.Task[None]) -> None:
+        """A line's task ended. A done callback, not an `except` in the task: a task cancelled before it
+        ever ran raises nothing inside its coroutine, and its line must still be queued again."""
+        flight = self.flights.pop(task)
+        if task.cancelled() and flight.preempted:  # our own abort for live traffic: run it again later
+            flight.pending.appendleft(flight.line)
+            self.queued += 1
+            self.metrics.preempted.inc()
 
     async def _send(self, job: BatchJob, line: Line) -> None:
         endpoint = job.obj["endpoint"]
