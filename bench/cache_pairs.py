@@ -161,7 +161,8 @@ def calibrate(out: Path, floor: float) -> None:
         if name not in data:
             data[name] = lookups_to_json(asyncio.run(evaluate(path, floor)))
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(data))
+            with out.open("w") as f:  # the calibration cache (dev only), not a result: bench.report.emit writes those
+                json.dump(data, f)
     print_sweep({name: lookups_from_json(rows) for name, rows in data.items()})
 
 

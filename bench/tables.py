@@ -287,7 +287,7 @@ def load_results(results: Path) -> dict[str, Result]:
 
 
 def _order(names: Iterator[str] | list[str]) -> list[str]:
-    from bench.suite import BY_NAME
+    from bench.registry import BY_NAME
 
     known = list(BY_NAME)
     return sorted(names, key=lambda n: (known.index(n) if n in known else len(known), n))
@@ -353,7 +353,7 @@ def machines(results: dict[str, Result]) -> list[str]:
 
 def not_measured(results: dict[str, Result]) -> list[str]:
     """The suite's benches without a result file, and those the last suite run could not finish."""
-    from bench.suite import SUITE
+    from bench.registry import SUITE
 
     runs = {r["name"]: r for r in (results.get("suite") or {}).get("runs", [])}
     lines = []

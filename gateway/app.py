@@ -26,6 +26,7 @@ from gateway.api.chat import ChatCompletions
 from gateway.api.completions import Completions
 from gateway.api.embeddings import Embeddings
 from gateway.api.operations import Operations
+from gateway.batches.service import build_batches
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.service import build_cache
 from gateway.cache.stores import CacheStore
@@ -181,17 +182,23 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
     """The ASGI app. With manage_engine, the lifespan starts and shuts down the engine."""
     router = build_router(ctx)
     responses = responses_api(ctx, router)
+    route_list = routes(ctx, router, responses)
+    batches = build_batches(ctx, router, route_list) if ctx.config.batches.enabled else None  # /v1/files, /v1/batches
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if manage_engine:
             await ctx.engine.start()
+        if batches is not None:
+            await batches.start()
         ctx.readiness.ready = True
         ctx.logger.info("ready", model=ctx.engine.model_name, host=ctx.config.host, port=ctx.config.port)
         try:
             yield
         finally:
             ctx.readiness.ready = False
+            if batches is not None:
+                await batches.stop()
             await ctx.cache.close()
             await ctx.guard.close()
             await responses.close()
@@ -201,7 +208,7 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
                 await ctx.engine.shutdown()
 
     app = Starlette(
-        routes=routes(ctx, router, responses),
+        routes=route_list + (batches.routes() if batches is not None else []),
         middleware=[Middleware(GatewayMiddleware, ctx=ctx)],
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,

@@ -21,6 +21,7 @@ from backend.config import (
     engine_config_from_mapping,
     read_config_file,
 )
+from gateway.batches.config import BatchesConfig
 from gateway.cache.config import CacheConfig
 from gateway.routing.config import (
     KeyLimits,
@@ -77,6 +78,7 @@ class GatewayConfig:
     # so the OpenAI SDK: 5 s), so a client never sends a request on a connection the server is closing.
     keep_alive_s: float = 65.0
     cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (gateway/cache/)
+    batches: BatchesConfig = field(default_factory=BatchesConfig)  # Files and Batch APIs (gateway/batches/)
     engine: EngineConfig = field(default_factory=EngineConfig)
     # Routing (gateway/routing/router.py): empty `routing.models` = serve the embedded engine only, as always.
     routing: RoutingConfig = field(default_factory=RoutingConfig)
@@ -163,6 +165,8 @@ def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
             changes[name] = engine_config_from_mapping(value)
         elif name == "cache":
             changes[name] = _cache_from_mapping(value)
+        elif name == "batches":
+            changes[name] = _batches(value)
         elif name == "model_aliases":
             changes[name] = _str_mapping(name, value)
         elif name == "api_key_priorities":
@@ -199,6 +203,25 @@ def _cache_from_env(cfg: CacheConfig, env: Mapping[str, str]) -> CacheConfig:
         if name in env:
             changes[f.name] = _parse_env(name, env[name], getattr(cfg, f.name))
     return _valid_cache(cfg, changes) if changes else cfg
+
+
+def _batches(value: object, env: Mapping[str, str] | None = None, base: BatchesConfig | None = None) -> BatchesConfig:
+    """The `batches:` mapping (YAML), or with `env` the SMOLGATE_BATCHES_<FIELD> overrides of `base`."""
+    base = base or BatchesConfig()
+    if env is not None:
+        names = {f.name: f"{ENV_PREFIX}BATCHES_{f.name.upper()}" for f in fields(base)}
+        changes = {k: _parse_env(n, env[n], getattr(base, k)) for k, n in names.items() if n in env}
+    elif isinstance(value, dict):
+        unknown = set(value) - {f.name for f in fields(base)}
+        if unknown:
+            raise ConfigError(f"unknown batches config keys: {sorted(unknown)}")
+        changes = {k: coerce(f"batches.{k}", v, getattr(base, k)) for k, v in value.items()}
+    else:
+        raise ConfigError("batches must be a mapping of BatchesConfig fields")
+    try:
+        return replace(base, **changes) if changes else base
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _api_keys(value: object, env: Mapping[str, str], defaults: KeyLimits) -> tuple[tuple[str, ...], tuple[KeyPolicy, ...]]:
@@ -282,6 +305,7 @@ def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
         if f"{ENV_PREFIX}{suffix}" in env:
             changes[name] = _parse_env(f"{ENV_PREFIX}{suffix}", env[f"{ENV_PREFIX}{suffix}"], getattr(cfg, name))
     changes["cache"] = _cache_from_env(cfg.cache, env)
+    changes["batches"] = _batches(None, env, cfg.batches)
     if f"{ENV_PREFIX}ROUTER_REDIS_URL" in env:  # rate-limit counters shared by replicas
         router = replace(cfg.routing.router, redis_url=env[f"{ENV_PREFIX}ROUTER_REDIS_URL"])
         changes["routing"] = replace(cfg.routing, router=router)

@@ -22,6 +22,7 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _PROTECTED_PREFIX = "/v1/"
 _STATS_PATH = "/v1/stats"  # the dashboard's polling: not counted in the traffic it shows
 _OPS_PATHS = frozenset({"/metrics", _STATS_PATH})  # every tenant's traffic: an admin key when keys are configured
+_FILES_PATH = "/v1/files"  # uploads (gateway/batches/) have their own size limit
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -120,8 +121,11 @@ class GatewayMiddleware:
             rec.policy = guard.authenticate(headers.get(b"authorization"))
             rec.key = rec.policy.name
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.ctx.config.max_body_bytes:
-            raise PayloadTooLarge(f"Request body too large: the limit is {self.ctx.config.max_body_bytes} bytes.")
+        limit = self.ctx.config.max_body_bytes
+        if path == _FILES_PATH:  # uploads (gateway/batches/): their own limit, checked again as they stream in
+            limit = self.ctx.config.batches.max_file_bytes + 64 * 1024
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise PayloadTooLarge(f"Request body too large: the limit is {limit} bytes.")
 
     def _admit(self, scope: Scope) -> bool:
         """Count a POST /v1/ request in flight, or turn it away (429) when `max_concurrent_requests` are."""

@@ -1,6 +1,6 @@
 """Tenants sealed behind the router, and replicas sharing one cache, in the compose topology as real processes.
 
-Two `python -m backend serve` replicas (the real model and embedder, exact and semantic cache in a real redis-server,
+Two `python -m gateway --embedded-only` replicas (the real model and embedder, exact and semantic cache in a real redis-server,
 `cache.tenant_secret` set) and three torch-free `python -m gateway` routers: two with the secret (compose's gateway,
 twice), one without (a router that cannot vouch for tenants). Every request goes over HTTP between real processes.
 
@@ -97,7 +97,7 @@ def topo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     }  # fmt: skip
     ports = {name: free_port() for name in ("b1", "b2")}
     backends = {
-        n: _spawn(["-m", "backend", "serve", "--host", "127.0.0.1", "--port", str(p)], backend_env, logs / f"{n}.log")
+        n: _spawn(["-m", "gateway", "--embedded-only", "--host", "127.0.0.1", "--port", str(p)], backend_env, logs / f"{n}.log")
         for n, p in ports.items()
     }
     backend_urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}

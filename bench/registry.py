@@ -1,0 +1,58 @@
+"""The benchmark suite's members: each bench module with its full and quick arguments (bench/suite.py runs them,
+bench/tables.py lists the ones without results)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str  # the module bench.NAME; it writes bench/results/NAME.json
+    args: tuple[str, ...] = ()  # the full run
+    quick: tuple[str, ...] = ()  # the smoke run
+    peer: bool = False  # takes the peer flags (--llama-server, --peer-url, ...)
+    quantization: bool = False  # takes --quantization awq|none
+    what: str = ""
+
+    def argv(self, quick: bool) -> list[str]:
+        return [sys.executable, "-m", f"bench.{self.name}", *(self.quick if quick else self.args)]
+
+
+# Cheapest first, so a smoke run on a slow machine has the most figures by the time it is stopped.
+SUITE: tuple[Bench, ...] = (
+    Bench("cache_pairs", what="semantic-cache quality by similarity threshold"),
+    Bench("gateway_overhead", ("--requests", "2000"), ("--requests", "200", "--concurrency", "1", "16"),
+          what="latency the gateway adds over the engine, requests/s"),
+    Bench("throughput", (), ("--quick",), peer=True, quantization=True,
+          what="tokens/s, TTFT, ITL; HF generate and llama.cpp's server"),
+    Bench("prefill", (), ("--lengths", "20,100", "--reps", "1"), quantization=True,
+          what="prefill attention: per-token kernel vs SDPA"),
+    Bench("kv_dtype", ("--batch", "32", "--steps", "120"), ("--batch", "4", "--steps", "10"), quantization=True,
+          what="decode step time, fp32 vs bf16 KV cache"),
+    Bench("cpu_kernels", (), ("--batches", "4", "--steps", "5", "--ppl-tokens", "-1"), quantization=True,
+          what="the C kernels vs torch's ops: step time, perplexity"),
+    Bench("profile_step", ("--batch", "32"), ("--batch", "4", "--steps", "5", "--profile-steps", "2"), quantization=True,
+          what="where a decode step goes, by op"),
+    Bench("gemm", (), ("--batches", "1", "--steps", "3"), what="prepacked oneDNN GEMM vs F.linear"),
+    Bench("structured", (), ("--streams", "1,4", "--new-tokens", "8", "--valid-requests", "4"), quantization=True,
+          what="constrained decoding overhead, compile time, validity"),
+    Bench("cache", (), ("--hits", "20"), what="semantic-cache quality on the held-out split, hit latency over HTTP"),
+    Bench("awq", ("--threads", "1"), ("--streams", "1", "--new-tokens", "8", "--rounds", "1", "--window", "128"),
+          what="AWQ INT4 vs RTN vs fp32: perplexity, decode speed"),
+    Bench("quant", ("--threads", "1"),
+          ("--streams", "1", "--new-tokens", "8", "--rounds", "1", "--window", "128", "--no-gptq"),
+          what="fp32, INT8, AWQ INT4, GPTQ: perplexity, decode speed"),
+    Bench("speculative", (),
+          ("--new-tokens", "16", "--batches", "", "--streams", "0", "--rounds", "1", "--methods", "ngram,reference"),
+          what="n-gram, reference, draft, Medusa speculation vs plain decoding"),
+    Bench("pipeline", (), ("--prompts", "4", "--new-tokens", "8"), what="pipeline parallelism pp=2 vs pp=1"),
+    Bench("routing", (), ("--requests", "8", "--concurrency", "4", "--max-tokens", "8", "--rounds", "1", "--hops", "5",
+                          "--recovery-s", "6", "--cooldown-s", "2"),
+          what="1 vs 2 replicas behind the router, added latency, recovery"),
+    Bench("overload", (), ("--phase-s", "5", "--max-tokens", "8"), what="2x and 4x the sustainable rate: 429s, latency"),
+    Bench("soak", ("--minutes", "10"), ("--minutes", "1", "--concurrency", "2"), what="mixed traffic: errors, leaks, RSS"),
+    Bench("kernels", what="Triton kernels: correctness (interpreter without a GPU), timings on CUDA"),
+)  # fmt: skip
+BY_NAME = {b.name: b for b in SUITE}

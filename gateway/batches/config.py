@@ -1,0 +1,40 @@
+"""BatchesConfig: the `batches:` section of the gateway configuration (env SMOLGATE_BATCHES_<FIELD>)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# The largest priority the `priority` field allows: a batch line is less urgent than anything else, so live
+# requests are admitted first and, under KV pressure, batch sequences are the first preempted.
+BATCH_PRIORITY = 2**31 - 1
+
+
+def default_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "smolgate" / "batches"
+
+
+@dataclass(frozen=True)
+class BatchesConfig:
+    enabled: bool = True
+    dir: str = ""  # where files and batch state live; "" = $XDG_CACHE_HOME/smolgate/batches (~/.cache/...)
+    max_file_bytes: int = 200 * 1024 * 1024  # an upload beyond this gets 413 (OpenAI's limit: 200 MB)
+    max_lines: int = 50_000  # requests per batch (OpenAI's limit)
+    max_concurrency: int = 32  # batch lines in flight while no live request is
+    busy_concurrency: int = 2  # batch lines in flight while live requests are (0: only when idle; at most max_concurrency)
+    idle_s: float = 0.5  # the gateway counts as idle this long after its last live request ended
+    priority: int = BATCH_PRIORITY  # the engine priority of batch lines (lower is served first)
+    retry_s: float = 1.0  # wait before retrying a line that got 429/503 (a Retry-After header wins)
+    cancel_grace_s: float = 2.0  # on cancel, lines in flight get this long to finish before they are aborted
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1 or self.busy_concurrency < 0:
+            raise ValueError("batches: need max_concurrency >= 1 and busy_concurrency >= 0")
+        if self.max_file_bytes < 1 or self.max_lines < 1:
+            raise ValueError("batches: max_file_bytes and max_lines must be positive")
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir).expanduser() if self.dir else default_dir()

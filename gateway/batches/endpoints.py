@@ -1,0 +1,201 @@
+"""The HTTP side: /v1/files and /v1/batches, OpenAI's shapes (openapi.json: OpenAIFile, Batch, list objects)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Route
+
+from gateway.batches.config import BatchesConfig
+from gateway.batches.files import PURPOSES, FileStore
+from gateway.batches.runner import BatchRunner
+from gateway.batches.storage import new_id, tenant_of
+from gateway.batches.store import BatchStore
+from gateway.batches.validate import ENDPOINTS
+from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge
+from gateway.protocol.generation import ClientDisconnected
+from gateway.protocol.jsonio import json_response, read_json
+
+COMPLETION_WINDOW_S = {"24h": 24 * 3600}
+
+
+class Conflict(GatewayError):
+    status = 409
+    error_type = "invalid_request_error"
+
+
+def _shown(obj: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's object without its unset (null) fields: the spec types them as plain strings and integers."""
+    return {k: v for k, v in obj.items() if v is not None}
+
+
+def _page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
+    ids = [i["id"] for i in items]
+    start = ids.index(after) + 1 if after in ids else 0
+    page = items[start : start + limit]
+    return {
+        "object": "list",
+        "data": [_shown(i) for i in page],
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": start + limit < len(items),
+    }
+
+
+def _limit(request: Request, default: int, most: int) -> int:
+    raw = request.query_params.get("limit")
+    try:
+        value = default if raw is None else int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= most:
+        raise InvalidRequest(f"'limit' must be an integer from 1 to {most}.", param="limit")
+    return value
+
+
+class BatchEndpoints:
+    def __init__(
+        self, cfg: BatchesConfig, files: FileStore, store: BatchStore, runner: BatchRunner, keyed: bool, body_limit: int
+    ) -> None:
+        self.cfg, self.files, self.store, self.runner, self.keyed, self.body_limit = cfg, files, store, runner, keyed, body_limit
+
+    def tenant(self, request: Request) -> str:
+        return tenant_of(request.headers.get("authorization"), self.keyed)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/files", self.upload, methods=["POST"]),
+            Route("/v1/files", self.list_files, methods=["GET"]),
+            Route("/v1/files/{file_id}", self.get_file, methods=["GET"]),
+            Route("/v1/files/{file_id}", self.delete_file, methods=["DELETE"]),
+            Route("/v1/files/{file_id}/content", self.file_content, methods=["GET"]),
+            Route("/v1/batches", self.create_batch, methods=["POST"]),
+            Route("/v1/batches", self.list_batches, methods=["GET"]),
+            Route("/v1/batches/{batch_id}", self.get_batch, methods=["GET"]),
+            Route("/v1/batches/{batch_id}/cancel", self.cancel_batch, methods=["POST"]),
+        ]
+
+    # ---- files ---------------------------------------------------------------------------------------
+
+    async def upload(self, request: Request) -> Response:
+        tenant = self.tenant(request)
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise InvalidRequest("Upload a file as multipart/form-data with the fields `file` and `purpose`.")
+        limit = self.cfg.max_file_bytes
+
+        async def limited() -> AsyncIterator[bytes]:
+            size = 0
+            try:
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit + 64 * 1024:  # the file plus its multipart framing
+                        raise PayloadTooLarge(f"File too large: the limit is {limit} bytes.", param="file")
+                    yield chunk
+            except ClientDisconnect:
+                raise ClientDisconnected("The client closed the connection before sending the whole body.") from None
+
+        try:
+            form = await MultiPartParser(request.headers, limited(), max_files=1, max_fields=8).parse()
+        except MultiPartException as exc:
+            raise InvalidRequest(f"Could not parse the multipart body: {exc.message}") from None
+        try:
+            purpose, upload = form.get("purpose"), form.get("file")
+            if purpose not in PURPOSES:
+                raise InvalidRequest(f"'purpose' must be one of {list(PURPOSES)}.", param="purpose")
+            if not isinstance(upload, UploadFile):
+                raise InvalidRequest("The multipart body needs a `file` part (the file itself).", param="file")
+            size = upload.size if upload.size is not None else 0
+            if size > limit:
+                raise PayloadTooLarge(f"File too large: {size} bytes, the limit is {limit} bytes.", param="file")
+            if size == 0:
+                raise InvalidRequest("The file is empty.", param="file")
+            tmp = self.files.temp_path(tenant)
+            with open(tmp, "wb") as out:
+                await upload.seek(0)
+                while chunk := await upload.read(1 << 20):
+                    out.write(chunk)
+            meta = self.files.create(tenant, upload.filename or "upload.jsonl", str(purpose), tmp)
+        finally:
+            await form.close()
+        return json_response(_shown(meta))
+
+    async def list_files(self, request: Request) -> Response:
+        purpose = request.query_params.get("purpose")
+        order = request.query_params.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise InvalidRequest("'order' must be 'asc' or 'desc'.", param="order")
+        items = self.files.list(self.tenant(request), purpose)
+        items.sort(key=lambda m: m["id"], reverse=order == "desc")
+        return json_response(_page(items, request.query_params.get("after"), _limit(request, 10_000, 10_000)))
+
+    async def get_file(self, request: Request) -> Response:
+        return json_response(_shown(self.files.get(self.tenant(request), request.path_params["file_id"])))
+
+    async def file_content(self, request: Request) -> Response:
+        path = self.files.data_path(self.tenant(request), request.path_params["file_id"])
+        return FileResponse(path, media_type="application/octet-stream")
+
+    async def delete_file(self, request: Request) -> Response:
+        return json_response(self.files.delete(self.tenant(request), request.path_params["file_id"]))
+
+    # ---- batches -------------------------------------------------------------------------------------
+
+    async def create_batch(self, request: Request) -> Response:
+        tenant = self.tenant(request)
+        body = await read_json(request, self.body_limit)
+        endpoint = body.get("endpoint")
+        if endpoint not in ENDPOINTS:
+            raise InvalidRequest(f"'endpoint' must be one of {list(ENDPOINTS)}, got {endpoint!r}.", param="endpoint")
+        window = body.get("completion_window")
+        if window not in COMPLETION_WINDOW_S:
+            raise InvalidRequest("'completion_window' must be '24h'.", param="completion_window")
+        metadata = body.get("metadata")
+        if metadata is not None and not _valid_metadata(metadata):
+            raise InvalidRequest("'metadata' must map at most 16 keys (64 chars) to strings (512 chars).", param="metadata")
+        file_id = body.get("input_file_id")
+        if not isinstance(file_id, str):
+            raise InvalidRequest("'input_file_id' must be the id of an uploaded file.", param="input_file_id")
+        meta = self.files.get(tenant, file_id)
+        if meta["purpose"] != "batch":
+            raise InvalidRequest(
+                f"The file {file_id} has purpose {meta['purpose']!r}: a batch input needs 'batch'.", param="input_file_id"
+            )
+        now = int(time.time())
+        obj: dict[str, Any] = {
+            "id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "model": None, "errors": None,
+            "input_file_id": file_id, "completion_window": window, "status": "validating", "output_file_id": None,
+            "error_file_id": None, "created_at": now, "in_progress_at": None, "expires_at": now + COMPLETION_WINDOW_S[window],
+            "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
+            "cancelled_at": None, "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": metadata,
+        }  # fmt: skip
+        job = self.store.create(tenant, obj, self.files.data_path(tenant, file_id))
+        self.runner.submit(job)
+        return json_response(_shown(job.obj))
+
+    async def get_batch(self, request: Request) -> Response:
+        return json_response(_shown(self.store.get(self.tenant(request), request.path_params["batch_id"]).obj))
+
+    async def list_batches(self, request: Request) -> Response:
+        items = [j.obj for j in self.store.list(self.tenant(request))]
+        return json_response(_page(items, request.query_params.get("after"), _limit(request, 20, 100)))
+
+    async def cancel_batch(self, request: Request) -> Response:
+        job = self.store.get(self.tenant(request), request.path_params["batch_id"])
+        if job.status not in ("validating", "in_progress", "cancelling"):
+            raise Conflict(f"Cannot cancel a batch with status '{job.status}'.", param="batch_id")
+        self.runner.cancel(job)
+        return json_response(_shown(job.obj))
+
+
+def _valid_metadata(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and len(value) <= 16
+        and all(isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in value.items())
+    )

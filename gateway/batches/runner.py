@@ -1,0 +1,280 @@
+"""The batch runner: validates new batches, runs their lines in the background behind live traffic, and
+resumes unfinished batches after a restart.
+
+Concurrency is global (all batches together): `max_concurrency` lines in flight while the gateway is idle,
+`busy_concurrency` while live requests are in flight (and `idle_s` after the last one). When live traffic
+arrives, the lines beyond `busy_concurrency` are aborted (newest first) and queued again: the engine frees
+their slots and KV blocks at once (their prompt blocks stay in the prefix cache). Each line runs at the
+engine's lowest priority, so even the lines that keep running are scheduled after live requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.batches.config import BatchesConfig
+from gateway.batches.dispatch import Handler, call
+from gateway.batches.files import FileStore
+from gateway.batches.metrics import BatchMetrics
+from gateway.batches.storage import ANONYMOUS
+from gateway.batches.store import TERMINAL, BatchJob, BatchStore
+from gateway.batches.validate import Line, parse_input
+from gateway.routing.config import SHA256_PREFIX, KeyPolicy
+
+_POLL_S = 0.01
+
+
+@dataclass
+class _Flight:
+    job: BatchJob
+    line: Line
+    pending: deque[Line]
+    started: float
+    preempted: bool = False
+
+
+class BatchRunner:
+    def __init__(
+        self,
+        cfg: BatchesConfig,
+        files: FileStore,
+        store: BatchStore,
+        handlers: dict[str, Handler],
+        live_in_flight: Callable[[], int],
+        policy_of: Callable[[str], KeyPolicy | None],
+        model_error: Callable[[str, str, KeyPolicy | None], str | None],
+        takes_priority: Callable[[str, str], bool],
+        registry: Any,
+        logger: Any,
+        new_id: Callable[[], str],
+    ) -> None:
+        self.cfg, self.files, self.store, self.handlers = cfg, files, store, handlers
+        self.live_in_flight, self.policy_of = live_in_flight, policy_of
+        self.model_error, self.takes_priority = model_error, takes_priority
+        self.logger, self.new_id = logger, new_id
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.flights: dict[asyncio.Task[None], _Flight] = {}
+        self.queued = 0
+        self._last_live = -1e9
+        self._watcher: asyncio.Task[None] | None = None
+        self.metrics = BatchMetrics(registry, lambda: self.queued, lambda: len(self.flights))
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for job in self.store.load():
+            if job.status not in TERMINAL:
+                self.logger.info("batch_resumed", batch_id=job.id, status=job.status, **job.obj["request_counts"])
+                self.submit(job)
+        self._watcher = asyncio.create_task(self._watch())
+
+    async def stop(self) -> None:
+        """The server stops: lines in flight are abandoned (not recorded, so a restart runs them)."""
+        tasks = [*self.tasks.values(), *self.flights, *([self._watcher] if self._watcher else [])]
+        for flight in self.flights.values():
+            flight.preempted = False  # aborted for good: not requeued, not recorded
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for job in self.store.jobs.values():
+            job.close()
+
+    def submit(self, job: BatchJob) -> None:
+        self.tasks[job.id] = asyncio.create_task(self._run(job), name=f"batch-{job.id}")
+
+    def cancel(self, job: BatchJob) -> None:
+        job.cancel_requested = True
+        if job.status in ("validating", "in_progress"):
+            job.set_status("cancelling")
+        if job.id not in self.tasks:  # nothing runs it (cannot happen for unfinished batches, but be safe)
+            self.submit(job)
+
+    # ---- concurrency ---------------------------------------------------------------------------------
+
+    def limit(self) -> int:
+        now = time.monotonic()
+        if self.live_in_flight() > 0:
+            self._last_live = now
+        busy = min(self.cfg.busy_concurrency, self.cfg.max_concurrency)
+        return self.cfg.max_concurrency if now - self._last_live >= self.cfg.idle_s else busy
+
+    async def _watch(self) -> None:
+        """Preempt the newest lines beyond the current limit (live traffic came)."""
+        while True:
+            live = [(f.started, t) for t, f in self.flights.items() if not f.preempted]
+            excess = len(live) - self.limit() if live else 0
+            if excess > 0:
+                for _, task in sorted(live, key=lambda p: p[0], reverse=True)[:excess]:
+                    self.flights[task].preempted = True
+                    task.cancel()
+            await asyncio.sleep(_POLL_S)
+
+    async def _acquire(self, job: BatchJob) -> bool:
+        while not self._stopping(job):
+            if len(self.flights) < self.limit():
+                return True
+            await asyncio.sleep(_POLL_S)
+        return False
+
+    def _stopping(self, job: BatchJob) -> bool:
+        return job.cancel_requested or time.time() >= job.obj["expires_at"]
+
+    # ---- one batch -----------------------------------------------------------------------------------
+
+    async def _run(self, job: BatchJob) -> None:
+        try:
+            if job.status == "validating":
+                await self._validate(job)
+            if job.status == "in_progress":
+                await self._execute(job)
+            if job.status == "cancelling":
+                await self._finalize(job, "cancelled")
+            elif job.status == "finalizing":
+                await self._finalize(job, "expired" if job.obj.get("expired_at") else "completed")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.logger.error("batch_error", batch_id=job.id, exc_info=exc)
+            error = {"code": "internal_error", "message": "The batch stopped on an internal error.", "param": None, "line": None}
+            job.set_status("failed", errors={"object": "list", "data": [error]})
+            self.metrics.batches.labels("failed").inc()
+        finally:
+            self.tasks.pop(job.id, None)
+
+    async def _validate(self, job: BatchJob) -> None:
+        endpoint = job.obj["endpoint"]
+        key = self._key(job)
+        if job.cancel_requested:
+            return
+        check = lambda model: self.model_error(endpoint, model, key)  # noqa: E731
+        # a 50,000-line file: off the event loop
+        parsed = await asyncio.to_thread(parse_input, job.dir / "input.jsonl", endpoint, self.cfg.max_lines, check)
+        if job.cancel_requested:
+            return
+        counts = {"total": len(parsed.lines) + len(parsed.errors), "completed": 0, "failed": 0}
+        if parsed.errors:
+            job.set_status("failed", errors={"object": "list", "data": parsed.errors}, request_counts=counts)
+            self.metrics.batches.labels("failed").inc()
+            self.logger.info("batch_failed_validation", batch_id=job.id, errors=len(parsed.errors))
+            return
+        job.set_status("in_progress", model=parsed.model, request_counts=counts)
+
+    def _key(self, job: BatchJob) -> KeyPolicy | None:
+        """The policy of the key that created the batch (None: anonymous, or a key no longer configured)."""
+        return None if job.tenant == ANONYMOUS else self.policy_of(job.tenant)
+
+    async def _execute(self, job: BatchJob) -> None:
+        job.open_progress()
+        if job.tenant != ANONYMOUS and self._key(job) is None:
+            error = {"code": "invalid_api_key", "message": "The batch's API key is no longer accepted.", "line": None}
+            job.set_status("failed", errors={"object": "list", "data": [error]})
+            self.metrics.batches.labels("failed").inc()
+            return
+        endpoint, path = job.obj["endpoint"], job.dir / "input.jsonl"
+        lines = (await asyncio.to_thread(parse_input, path, endpoint, self.cfg.max_lines, lambda _m: None)).lines
+        pending = deque(line for line in lines if line.custom_id not in job.done)
+        self.queued += len(pending)
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while not self._stopping(job):
+                if not pending:
+                    if not running:
+                        break
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)  # a preempted line may come back
+                    continue
+                if not await self._acquire(job):
+                    break
+                line = pending.popleft()
+                self.queued -= 1
+                task = asyncio.create_task(self._send(job, line))
+                self.flights[task] = _Flight(job, line, pending, time.monotonic())
+                running.add(task)
+                task.add_done_callback(self._landed)
+                task.add_done_callback(running.discard)
+            await self._drain(job, running)
+        finally:
+            self.queued -= len(pending)
+        if job.cancel_requested:
+            return  # status is cancelling: _run finalizes as cancelled
+        if pending:  # expired with lines never run: OpenAI writes them to the error file
+            for line in pending:
+                error = {"code": "batch_expired", "message": "This line was not executed because the batch expired."}
+                record = {"id": f"batch_req_{self.new_id()}", "custom_id": line.custom_id, "response": None, "error": error}
+                job.record(record, False)
+            job.obj["expired_at"] = int(time.time())
+        job.set_status("finalizing")
+
+    async def _drain(self, job: BatchJob, running: set[asyncio.Task[None]]) -> None:
+        """Wait for the lines in flight; on cancel, at most `cancel_grace_s`, then abort the rest."""
+        if running and job.cancel_requested:
+            await asyncio.wait(running, timeout=self.cfg.cancel_grace_s)
+            for task in running:
+                task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+    def _landed(self, task: asyncio.Task[None]) -> None:
+        """A line's task ended. A done callback, not an `except` in the task: a task cancelled before it
+        ever ran raises nothing inside its coroutine, and its line must still be queued again."""
+        flight = self.flights.pop(task)
+        if task.cancelled() and flight.preempted:  # our own abort for live traffic: run it again later
+            flight.pending.appendleft(flight.line)
+            self.queued += 1
+            self.metrics.preempted.inc()
+
+    async def _send(self, job: BatchJob, line: Line) -> None:
+        endpoint = job.obj["endpoint"]
+        body = dict(line.body)
+        if self.takes_priority(endpoint, str(body.get("model"))):
+            body["priority"] = self.cfg.priority  # the lowest: behind every live request
+        policy = self._key(job)
+        # The key's own header where the configuration holds the key (the line shares its cache namespace); a key
+        # configured only as sha256:<hex> has no header to send, so its lines neither read nor write the cache.
+        known = policy is not None and not policy.key.startswith(SHA256_PREFIX)
+        authorization = f"Bearer {policy.key}" if known else None  # type: ignore[union-attr]
+        unavailable = 0
+        while True:
+            request_id = self.new_id()
+            reply = await call(self.handlers[endpoint], endpoint, body, authorization, policy, request_id)
+            retry = reply.status == 429 or (reply.status == 503 and unavailable < 5)
+            if not retry or self._stopping(job):
+                break
+            unavailable += reply.status == 503
+            try:
+                wait = float(reply.headers.get("retry-after", self.cfg.retry_s))
+            except ValueError:
+                wait = self.cfg.retry_s
+            await asyncio.sleep(min(max(wait, 0.05), 60.0))
+        ok = 200 <= reply.status < 300
+        record = {
+            "id": f"batch_req_{self.new_id()}",
+            "custom_id": line.custom_id,
+            "response": {"status_code": reply.status, "request_id": request_id, "body": reply.body},
+            "error": None,
+        }
+        if not self._stopping(job) or ok:
+            job.record(record, ok)
+            self.metrics.done.labels("completed" if ok else "failed").inc()
+
+    async def _finalize(self, job: BatchJob, final: str) -> None:
+        """Publish out.jsonl / err.jsonl as the batch's output and error files, then the final status."""
+        job.open_progress()
+        assert job.out is not None and job.err is not None
+        extra: dict[str, Any] = {}
+        for log, kind, field in ((job.out, "output", "output_file_id"), (job.err, "error", "error_file_id")):
+            if log.records:
+                tmp = job.dir / f"{kind}.publish"
+                tmp.write_bytes(log.path.read_bytes())
+                file_id = f"file-{job.id.removeprefix('batch_')}{kind[0]}"  # the same id if a restart publishes again
+                self.files.create(job.tenant, f"{job.id}_{kind}.jsonl", "batch_output", Path(tmp), file_id=file_id)
+                extra[field] = file_id
+        job.set_status(final, **extra)
+        job.close()
+        self.metrics.batches.labels(final).inc()
+        self.logger.info("batch_done", batch_id=job.id, status=final, **job.obj["request_counts"])
