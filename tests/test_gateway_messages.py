@@ -104,7 +104,9 @@ def test_create_returns_an_anthropic_message(client: anthropic.Anthropic) -> Non
 
 def test_access_log_and_metrics_name_the_messages_route(live: LiveStack, client: anthropic.Anthropic) -> None:
     rid = "messages-log-test-1"
-    msg = _create(client, metadata={"user_id": "end-user-9"}, extra_headers={"x-request-id": rid})
+    # a question no other test asks: an exact-cache hit from an earlier test would log no engine tokens
+    ask = [{"role": "user", "content": "Name a fruit that grows on trees."}]
+    msg = _create(client, messages=ask, metadata={"user_id": "end-user-9"}, extra_headers={"x-request-id": rid})
     (line,) = live.log_lines_of(rid)
     assert line["route"] == "/v1/messages" and line["status"] == 200 and line["model"] == MODEL
     assert line["user"] == "end-user-9" and line["prompt_tokens"] == msg.usage.input_tokens

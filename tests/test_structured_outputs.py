@@ -19,7 +19,7 @@ live = gateway_fixtures.live
 SCHEMAS: dict[str, dict] = {
     "flat": {
         "type": "object",
-        "properties": {"name": {"type": "string", "minLength": 2, "maxLength": 10}, "age": {"type": "integer", "minimum": 0}},
+        "properties": {"name": {"type": "string", "minLength": 2, "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 150}},
         "required": ["name", "age"],
         "additionalProperties": False,
     },
@@ -134,7 +134,8 @@ def test_sdk_parse_returns_the_pydantic_object(client: openai.OpenAI) -> None:
 def test_streamed_json_schema_and_n(client: openai.OpenAI) -> None:
     rf = {"type": "json_schema", "json_schema": {"name": "flat", "schema": SCHEMAS["flat"]}}
     stream = client.chat.completions.create(
-        model="gpt-4o-mini", messages=_ask("person"), response_format=rf, max_tokens=48, n=2, temperature=0.7, seed=1, stream=True
+        model="gpt-4o-mini", messages=_ask("person"), response_format=rf, max_tokens=128, n=2, temperature=0.7, seed=1,
+        stream=True,
     )
     texts = {0: "", 1: ""}
     for chunk in stream:
