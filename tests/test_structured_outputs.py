@@ -19,7 +19,10 @@ live = gateway_fixtures.live
 SCHEMAS: dict[str, dict] = {
     "flat": {
         "type": "object",
-        "properties": {"name": {"type": "string", "minLength": 2, "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+        "properties": {
+            "name": {"type": "string", "minLength": 2, "maxLength": 10},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        },
         "required": ["name", "age"],
         "additionalProperties": False,
     },
