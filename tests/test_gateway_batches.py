@@ -24,6 +24,7 @@ from gateway.batches.validate import parse_input
 from gateway.config import ConfigError, load_config
 
 KEY_A, KEY_B = "sk-batch-tenant-a", "sk-batch-tenant-b"
+ADMIN = "sk-batch-operator"  # reads /metrics
 MAX_FILE = 100_000
 CHAT = "/v1/chat/completions"
 
@@ -54,6 +55,7 @@ def server_env(store: Path, **extra: str) -> dict[str, str]:
     return {
         **SMALL_SERVER_ENV,
         "SMOLGATE_API_KEYS": f"{KEY_A},{KEY_B}",
+        "SMOLGATE_ADMIN_KEYS": ADMIN,
         "SMOLGATE_BATCHES_DIR": str(store),
         "SMOLGATE_BATCHES_MAX_FILE_BYTES": str(MAX_FILE),
         "SMOLGATE_ACCESS_LOG": "false",
@@ -298,7 +300,7 @@ def test_cancel_keeps_finished_lines(server: GatewayProcess) -> None:
 
 
 def test_metrics(server: GatewayProcess) -> None:
-    text = httpx.get(f"{server.url}/metrics").text
+    text = httpx.get(f"{server.url}/metrics", headers={"authorization": f"Bearer {ADMIN}"}).text
     for name in ("smolgate_batch_lines_queued", "smolgate_batch_lines_running", "smolgate_batch_lines_done_total"):
         assert name in text
     assert 'smolgate_batch_lines_done_total{result="completed"}' in text
