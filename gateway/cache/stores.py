@@ -67,6 +67,12 @@ class MemoryStore:
         index = self._indexes.get(scope)
         return await search_off_loop(index, vector, k, floor) if index is not None else []
 
+    async def delete(self, key: str) -> bool:
+        """Drop `key` (and its vector); whether it was there."""
+        found = key in self._entries
+        self._drop(key)
+        return found
+
     async def close(self) -> None:
         self._entries.clear()
         self._indexes.clear()

@@ -10,13 +10,13 @@ the gateway has one configured (cache.backend redis, else router.redis_url), sha
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
 
 from gateway.cache.keys import namespace
+from gateway.cache.stores import MemoryStore
 from gateway.config import GatewayConfig
 from gateway.errors import ServiceUnavailable
 
@@ -34,33 +34,11 @@ class ResponseStore(Protocol):
     async def close(self) -> None: ...
 
 
-class MemoryResponseStore:
+class MemoryResponseStore(MemoryStore):
+    """In process: the response cache's LRU with per-entry TTLs (gateway/cache/stores.py), holding records only."""
+
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_entries = max_entries
-        self._clock = clock
-        self._entries: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
-
-    async def get(self, key: str) -> bytes | None:
-        item = self._entries.get(key)
-        if item is None:
-            return None
-        if item[1] <= self._clock():
-            del self._entries[key]
-            return None
-        self._entries.move_to_end(key)
-        return item[0]
-
-    async def put(self, key: str, value: bytes, ttl_s: int) -> None:
-        self._entries[key] = (value, self._clock() + ttl_s)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-
-    async def delete(self, key: str) -> bool:
-        return self._entries.pop(key, None) is not None
-
-    async def close(self) -> None:
-        self._entries.clear()
+        super().__init__(max_entries, clock)
 
 
 class RedisResponseStore:
