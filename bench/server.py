@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 20) -> None:
+    """SIGTERM every process still running (the graceful shutdown), then wait for each; kill one that overstays."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300, log: Path | None = None) -> None:

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from cache_fixtures import REDIS_SKIP, free_port, start_redis
 
-from bench.server import wait_ready
+from bench.server import stop_processes, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY, LIMITED_KEY, LIMITED_RPM = "sk-topology", "sk-topology-limited", 4
@@ -91,14 +91,7 @@ def topo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
             wait_ready(topo.gateways[i], proc, 240, logs / f"gw{i}.log")
         yield topo
     finally:
-        for proc in topo.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in topo.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(topo.procs)
         redis.stop()
 
 

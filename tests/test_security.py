@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from bench.server import wait_ready
+from bench.server import stop_processes, wait_ready
 from gateway.app import build_context, create_app
 from gateway.config import from_mapping
 
@@ -331,13 +330,7 @@ def test_two_gateway_processes_share_a_keys_rpm_through_redis(tmp_path: Path) ->
                 assert time.monotonic() < deadline, "a replica's engine still holds KV blocks"
                 time.sleep(0.1)
     finally:
-        for proc, _ in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc, _ in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes((proc for proc, _ in procs), timeout_s=30)
         redis.stop()
 
 

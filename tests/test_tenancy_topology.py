@@ -14,7 +14,6 @@ a router without the secret makes the backends neither serve nor store.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -29,7 +28,7 @@ import pytest
 import yaml
 from cache_fixtures import REDIS_SKIP, free_port, start_redis
 
-from bench.server import wait_ready
+from bench.server import stop_processes, wait_ready
 from gateway.cache.keys import namespace
 from gateway.cache.tenancy import SIGNATURE_HEADER, TENANT_HEADER, sign
 
@@ -119,14 +118,7 @@ def topo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
             wait_ready(topo.gateways[name], proc, 120, logs / f"{name}.log")
         yield topo
     finally:
-        for proc in topo.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in topo.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(topo.procs)
         redis.stop()
 
 
