@@ -198,7 +198,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hits", type=int, default=60)
     parser.add_argument("--only", choices=["quality", "lookup", "http"], help="run one part (default: all three)")
     parser.add_argument("--out", type=Path, help="result JSON (default bench/results/cache.json, cache_PART.json)")
-    parser.add_argument("--out", type=Path, help="result JSON (default bench/results/cache.json, cache_PART.json)")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:

@@ -7,6 +7,7 @@ kernel against its torch/SDPA/cuBLAS counterpart with ``triton.testing.do_bench`
 The last line of output is one JSON object with all the figures (also bench/results/kernels.json).
 """
 
+import argparse
 import math
 import os
 import sys
@@ -147,7 +148,8 @@ def cases(device, dtype, decode_batch=2, ctx=100, prefill_len=40, gemm_m=4, toke
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(prog="python -m bench.kernels", description=__doc__.split("\n\n")[1]).parse_args(argv)
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     if not cuda:

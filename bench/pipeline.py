@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from backend.config import EngineConfig, engine_config_from_env
-from backend.engine import DTYPES, LLMEngine
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.model_runner import DTYPES
 from backend.engine.sampling_params import SamplingParams
 from backend.model.tokenizer import apply_chat_template
 from backend.model.weights import load_model, resolve_model_dir

@@ -22,8 +22,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from backend.config import EngineConfig
-from backend.engine import LLMEngine
 from backend.engine.guided import GrammarCache, grammar_text
+from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.model.tokenizer import apply_chat_template
 from bench.report import default_out, emit
