@@ -13,7 +13,8 @@ temporary directory). In one run, on one server:
    live_alone: 4 streaming clients, --live-requests requests each, back to back, no batch;
    live_with_batch: the same while a batch of --lines lines (--full: 500) runs, submitted 1 s before the
    live clients start and cancelled (and waited for) when they are done.
-   TTFT p50/p99 and ITL p50/p99 over all rounds, their ratios, and the batch lines finished meanwhile.
+   TTFT p50/p99 and ITL p50/p99 over all rounds, their ratios, and the batch lines finished meanwhile;
+   first_ttft_p50_ms: the TTFT p50 of each client's first request of a round (the ones that meet the switch).
 The last line printed is one JSON object; it is also written to bench/results/batch.json. On a shared
 machine every figure is noisy: compare phases of one run, not runs.
 """
@@ -73,6 +74,8 @@ async def live(http: httpx.AsyncClient, streams: int, requests: int, new_tokens:
             ttft, gaps = await stream_one(http, chat_body(1000 + c * 100 + r, new_tokens))
             samples["ttft"].append(ttft)
             samples["itl"].extend(gaps)
+            if r == 0:  # the first request of each client: with a batch running, it meets the switch
+                samples["first"].append(ttft)
 
     await asyncio.gather(*(client(c) for c in range(streams)))
 
@@ -80,7 +83,7 @@ async def live(http: httpx.AsyncClient, streams: int, requests: int, new_tokens:
 def summary(samples: dict[str, list[float]], wall_s: float) -> dict[str, Any]:
     ttfts, itls = samples["ttft"], samples["itl"]
     return {
-        "requests": len(ttfts), "wall_s": round(wall_s, 2),
+        "requests": len(ttfts), "wall_s": round(wall_s, 2), "first_ttft_p50_ms": pct(samples["first"], 50),
         "ttft_p50_ms": pct(ttfts, 50), "ttft_p99_ms": pct(ttfts, 99), "itl_p50_ms": pct(itls, 50), "itl_p99_ms": pct(itls, 99),
     }  # fmt: skip
 
@@ -135,8 +138,8 @@ async def work(
         await stream_one(http, chat_body(0, 4))  # warm-up
         e32 = await engine_32(http, new_tokens) if throughput else {"tokens_per_s": None}
         alone = await batch_alone(client, lines, new_tokens) if throughput else {"tokens_per_s": None}
-        quiet: dict[str, list[float]] = {"ttft": [], "itl": []}
-        busy: dict[str, list[float]] = {"ttft": [], "itl": []}
+        quiet: dict[str, list[float]] = {"ttft": [], "itl": [], "first": []}
+        busy: dict[str, list[float]] = {"ttft": [], "itl": [], "first": []}
         quiet_s = busy_s = 0.0
         lines_done = 0
         for r in range(rounds):
