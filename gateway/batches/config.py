@@ -23,7 +23,7 @@ class BatchesConfig:
     max_file_bytes: int = 200 * 1024 * 1024  # an upload beyond this gets 413 (OpenAI's limit: 200 MB)
     max_lines: int = 50_000  # requests per batch (OpenAI's limit)
     max_concurrency: int = 32  # batch lines in flight while no live request is
-    busy_concurrency: int = 2  # batch lines in flight while live requests are (0: only when idle; at most max_concurrency)
+    busy_concurrency: int = 0  # batch lines in flight while live requests are (0: paused then; at most max_concurrency)
     idle_s: float = 0.5  # the gateway counts as idle this long after its last live request ended
     priority: int = BATCH_PRIORITY  # the engine priority of batch lines (lower is served first)
     retry_s: float = 1.0  # wait before retrying a line that got 429/503 (a Retry-After header wins)
