@@ -140,9 +140,9 @@ def test_config(tmp_path: Path) -> None:
     cfg = load_config(None, {"SMOLGATE_BATCHES_DIR": str(tmp_path), "SMOLGATE_BATCHES_MAX_CONCURRENCY": "8"})
     assert cfg.batches.path == tmp_path and cfg.batches.max_concurrency == 8
     path = tmp_path / "gw.yaml"
-    path.write_text("batches: {busy_concurrency: 0, max_file_bytes: 1000}\n")
+    path.write_text("batches: {busy_concurrency: 3, max_file_bytes: 1000}\n")
     cfg = load_config(path, {})
-    assert cfg.batches.busy_concurrency == 0 and cfg.batches.max_file_bytes == 1000
+    assert cfg.batches.busy_concurrency == 3 and cfg.batches.max_file_bytes == 1000
     for bad in ("batches: {nope: 1}\n", "batches: {max_concurrency: 0}\n"):
         path.write_text(bad)
         with pytest.raises(ConfigError):
