@@ -91,6 +91,9 @@ class EngineConfig:
     medusa_min_confidence: float = 0.5
     speculative_max_batch: int = 3  # no speculation while more sequences than this run (bench.speculative sweep)
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds (0: never)
+    # per-step token budget while only priority 2147483647 (batch) work is here: a live arrival waits for one such
+    # step, so keep it short (0: max_num_batched_tokens)
+    background_max_batched_tokens: int = 128
     tensor_parallel_size: int = 1  # > 1: shard every layer over a torch.distributed group (backend/parallel/tensor_parallel.py)
     pipeline_parallel_size: int = 1  # > 1: split the layers into stages, one per rank (backend/parallel/pipeline_parallel.py)
     kernel_backend: str = "auto"  # auto (Triton on CUDA, torch elsewhere) | torch | triton (interpreter on CPU)

@@ -1,7 +1,7 @@
 """Batches behind live traffic: does a running batch hurt live latency, and how fast does a batch run alone?
 
-    python -m bench.batch [--lines 48] [--full] [--new-tokens 32] [--live-requests 3] [--busy-concurrency N]
-                          [--url URL --api-key KEY]
+    python -m bench.batch [--lines 48] [--full] [--new-tokens 32] [--live-requests 3] [--rounds 2]
+                          [--latency-only] [--busy-concurrency N] [--url URL --api-key KEY]
 
 Without --url it starts `python -m gateway` (SMALL_SERVER_ENV, the response cache off, batch storage in a
 temporary directory). In one run, on one server:
@@ -9,9 +9,12 @@ temporary directory). In one run, on one server:
    the engine's 32-stream throughput through the gateway.
 2. batch_alone: a batch of --lines lines of the same shape with no live traffic: completion tokens/s from
    in_progress to completed (polled every 0.1 s), and its ratio to engine_32.
-3. live_alone: 4 streaming clients, --live-requests requests each, back to back: TTFT p50/p99, ITL p50/p99.
-4. live_with_batch: the same while a batch of --lines lines (--full: 500) runs; the batch is cancelled when
-   the live clients are done. Also how many batch lines finished meanwhile.
+3. --rounds times, in turn (so a machine whose load drifts affects both alike):
+   live_alone: 4 streaming clients, --live-requests requests each, back to back, no batch;
+   live_with_batch: the same while a batch of --lines lines (--full: 500) runs, submitted 1 s before the
+   live clients start and cancelled (and waited for) when they are done.
+   TTFT p50/p99 and ITL p50/p99 over all rounds, their ratios, and the batch lines finished meanwhile;
+   first_ttft_p50_ms: the TTFT p50 of each client's first request of a round (the ones that meet the switch).
 The last line printed is one JSON object; it is also written to bench/results/batch.json. On a shared
 machine every figure is noisy: compare phases of one run, not runs.
 """
@@ -63,20 +66,24 @@ async def stream_one(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[flo
     return times[0] - start, list(np.diff(times))
 
 
-async def live(http: httpx.AsyncClient, streams: int, requests: int, new_tokens: int) -> dict[str, Any]:
-    ttfts: list[float] = []
-    itls: list[float] = []
+async def live(http: httpx.AsyncClient, streams: int, requests: int, new_tokens: int, samples: dict[str, list[float]]) -> None:
+    """`streams` clients sending `requests` streamed requests each, back to back; adds to samples' ttft and itl."""
 
     async def client(c: int) -> None:
         for r in range(requests):
             ttft, gaps = await stream_one(http, chat_body(1000 + c * 100 + r, new_tokens))
-            ttfts.append(ttft)
-            itls.extend(gaps)
+            samples["ttft"].append(ttft)
+            samples["itl"].extend(gaps)
+            if r == 0:  # the first request of each client: with a batch running, it meets the switch
+                samples["first"].append(ttft)
 
-    started = time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(streams)))
+
+
+def summary(samples: dict[str, list[float]], wall_s: float) -> dict[str, Any]:
+    ttfts, itls = samples["ttft"], samples["itl"]
     return {
-        "requests": len(ttfts), "wall_s": round(time.perf_counter() - started, 2),
+        "requests": len(ttfts), "wall_s": round(wall_s, 2), "first_ttft_p50_ms": pct(samples["first"], 50),
         "ttft_p50_ms": pct(ttfts, 50), "ttft_p99_ms": pct(ttfts, 99), "itl_p50_ms": pct(itls, 50), "itl_p99_ms": pct(itls, 99),
     }  # fmt: skip
 
@@ -115,28 +122,49 @@ async def batch_alone(client: openai.OpenAI, lines: int, new_tokens: int) -> dic
             "tokens_per_s": round(tokens / wall, 1) if wall else None}  # fmt: skip
 
 
-async def work(url: str, api_key: str, lines: int, with_batch_lines: int, new_tokens: int, live_requests: int) -> dict[str, Any]:
+async def work(
+    url: str,
+    api_key: str,
+    lines: int,
+    with_batch_lines: int,
+    new_tokens: int,
+    live_requests: int,
+    rounds: int,
+    throughput: bool = True,
+) -> dict[str, Any]:
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=api_key or "none", max_retries=0, timeout=600)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as http:
         await stream_one(http, chat_body(0, 4))  # warm-up
-        e32 = await engine_32(http, new_tokens)
-        alone = await batch_alone(client, lines, new_tokens)
-        quiet = await live(http, 4, live_requests, new_tokens)
-        running = submit(client, with_batch_lines, new_tokens, 9000)
-        while client.batches.retrieve(running.id).status == "validating":
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(1.0)  # the batch is in flight before live traffic starts
-        busy = await live(http, 4, live_requests, new_tokens)
-        during = client.batches.retrieve(running.id)
-        client.batches.cancel(running.id)
-    ratio = alone["tokens_per_s"] / e32["tokens_per_s"] if alone["tokens_per_s"] else None
-    p50 = busy["ttft_p50_ms"] / quiet["ttft_p50_ms"] if quiet["ttft_p50_ms"] else None
-    itl = busy["itl_p50_ms"] / quiet["itl_p50_ms"] if quiet["itl_p50_ms"] else None
+        e32 = await engine_32(http, new_tokens) if throughput else {"tokens_per_s": None}
+        alone = await batch_alone(client, lines, new_tokens) if throughput else {"tokens_per_s": None}
+        quiet: dict[str, list[float]] = {"ttft": [], "itl": [], "first": []}
+        busy: dict[str, list[float]] = {"ttft": [], "itl": [], "first": []}
+        quiet_s = busy_s = 0.0
+        lines_done = 0
+        for r in range(rounds):
+            started = time.perf_counter()
+            await live(http, 4, live_requests, new_tokens, quiet)
+            quiet_s += time.perf_counter() - started
+            running = submit(client, with_batch_lines, new_tokens, 9000 + r * with_batch_lines)
+            while client.batches.retrieve(running.id).status == "validating":
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # the batch is in flight before live traffic starts
+            started = time.perf_counter()
+            await live(http, 4, live_requests, new_tokens, busy)
+            busy_s += time.perf_counter() - started
+            lines_done += client.batches.retrieve(running.id).request_counts.completed
+            client.batches.cancel(running.id)
+            while client.batches.retrieve(running.id).status != "cancelled":  # no batch in the next quiet round
+                await asyncio.sleep(0.1)
+    ratio = alone["tokens_per_s"] / e32["tokens_per_s"] if alone["tokens_per_s"] and e32["tokens_per_s"] else None
+    quiet_summary, busy_summary = summary(quiet, quiet_s), summary(busy, busy_s)
+    p50 = busy_summary["ttft_p50_ms"] / quiet_summary["ttft_p50_ms"] if quiet_summary["ttft_p50_ms"] else None
+    itl = busy_summary["itl_p50_ms"] / quiet_summary["itl_p50_ms"] if quiet_summary["itl_p50_ms"] else None
     return {
-        "bench": "batch", "new_tokens": new_tokens, "engine_32": e32, "batch_alone": alone,
-        "batch_vs_engine_32": round(ratio, 3) if ratio else None, "live_alone": quiet,
-        "live_with_batch": {**busy, "batch_lines": with_batch_lines, "batch_lines_done": during.request_counts.completed},
+        "bench": "batch", "new_tokens": new_tokens, "rounds": rounds, "engine_32": e32, "batch_alone": alone,
+        "batch_vs_engine_32": round(ratio, 3) if ratio else None, "live_alone": quiet_summary,
+        "live_with_batch": {**busy_summary, "batch_lines": with_batch_lines, "batch_lines_done": lines_done},
         "ttft_p50_with_over_without": round(p50, 3) if p50 else None, "itl_p50_with_over_without": round(itl, 3) if itl else None,
     }  # fmt: skip
 
@@ -147,6 +175,8 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="a 500-line batch under live traffic")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--live-requests", type=int, default=3, help="requests per live stream (4 streams)")
+    parser.add_argument("--rounds", type=int, default=2, help="live rounds without and with a batch, in turn")
+    parser.add_argument("--latency-only", action="store_true", help="skip engine_32 and batch_alone (steps 1-2)")
     parser.add_argument("--busy-concurrency", type=int, help="the started server's batches.busy_concurrency")
     parser.add_argument("--url", help="an already running gateway (default: start one)")
     parser.add_argument("--api-key", default="")
@@ -159,7 +189,9 @@ def main() -> None:
         busy_lines = 500 if args.full else args.lines
         run_and_report(
             args.url, env,
-            lambda url: work(url, args.api_key, args.lines, busy_lines, args.new_tokens, args.live_requests), args.out,
+            lambda url: work(url, args.api_key, args.lines, busy_lines, args.new_tokens, args.live_requests, args.rounds,
+                             not args.latency_only),
+            args.out,
         )  # fmt: skip
 
 

@@ -80,6 +80,12 @@ class KeyGuard:
         if self.required and not self._admins:
             logger.warning("no_admin_key", detail="api_keys are set but admin_keys are not: /metrics and /v1/stats answer 401")
 
+    @property
+    def policies(self) -> tuple[KeyPolicy, ...]:
+        """The accepted keys' policies: the very objects the rate limits are kept for (`config.policies()` builds
+        new ones on every call, which `admit` would not know)."""
+        return tuple(p for _, p in self._keys)
+
     # ---- authentication ----------------------------------------------------------------------------------------
 
     def authenticate(self, authorization: bytes | None) -> KeyPolicy:
@@ -159,6 +165,11 @@ class KeyGuard:
                 f"Rate limit reached for your API key: {exc.what} per minute.", retry_after_s=exc.retry_after_s
             ) from None
         rec.limit = limit
+
+    async def tokens_left(self, policy: KeyPolicy) -> int | None:
+        """What is left of the key's tokens per minute in this window; None when it has no tpm limit."""
+        limit = self._limits.get(id(policy))
+        return None if limit is None else await self.limiter.tokens_left(limit)
 
     async def spend(self, rec: RequestRecord) -> None:
         """The finished request's tokens, against its key's tpm."""

@@ -1,6 +1,7 @@
 """OpenAI's Files and Batch APIs (gateway/batches/, docs/batches.md) through the official `openai` SDK against
-real `python -m gateway` processes (real SmolLM2): the round trip, validation, tenant isolation, cancel,
-metrics, and a kill -9 in the middle of a batch with no line lost or repeated."""
+real `python -m gateway` processes (real SmolLM2): the round trip, validation, tenant isolation, a restricted
+key's policy on its lines, file expiry, cancel, metrics, a kill -9 in the middle of a batch with no line lost
+or repeated, and two gateways on one directory (one runs the batches, the other takes over when it dies)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import io
 import json
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
 from gateway_fixtures import assert_schema
 
 from bench.server import SMALL_SERVER_ENV, GatewayProcess
@@ -25,6 +28,9 @@ from gateway.config import ConfigError, load_config
 
 KEY_A, KEY_B = "sk-batch-tenant-a", "sk-batch-tenant-b"
 ADMIN = "sk-batch-operator"  # reads /metrics
+RESTRICTED = "sk-batch-restricted"  # one chat model, max_tokens capped at CAP, at most 2 sequences a request
+TPM_KEY = "sk-batch-tpm"  # TPM tokens per minute
+CAP, TPM = 8, 120
 MAX_FILE = 100_000
 CHAT = "/v1/chat/completions"
 
@@ -52,8 +58,17 @@ def wait_for(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...], ti
 
 
 def server_env(store: Path, **extra: str) -> dict[str, str]:
+    """KEY_A and KEY_B (plain keys: every model, the default caps) and, from a configuration file, the keys
+    with policies of their own."""
+    config = store.parent / f"{store.name}-gateway.yaml"
+    policies = [
+        {"key": RESTRICTED, "name": "restricted", "models": ["gpt-4o-mini"], "max_tokens": CAP, "max_sequences": 2},
+        {"key": TPM_KEY, "name": "tpm", "tpm": TPM},
+    ]
+    config.write_text(yaml.safe_dump({"api_keys": policies}))
     return {
         **SMALL_SERVER_ENV,
+        "SMOLGATE_CONFIG": str(config),
         "SMOLGATE_API_KEYS": f"{KEY_A},{KEY_B}",
         "SMOLGATE_ADMIN_KEYS": ADMIN,
         "SMOLGATE_BATCHES_DIR": str(store),
@@ -64,11 +79,18 @@ def server_env(store: Path, **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[GatewayProcess]:
-    with tempfile.TemporaryDirectory(prefix="smolgate-batches-") as store:
-        proc = GatewayProcess.start(server_env(Path(store), SMOLGATE_EMBEDDINGS="true"))
-        yield proc
-        proc.kill()
+def store() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="smolgate-batches-") as d:
+        yield Path(d) / "store"
+
+
+@pytest.fixture(scope="module")
+def server(store: Path) -> Iterator[GatewayProcess]:
+    # expires_after down to 1 s and a sweep every 0.5 s: expiry is tested in seconds, not hours
+    env = server_env(store, SMOLGATE_EMBEDDINGS="true", SMOLGATE_BATCHES_MIN_EXPIRY_S="1", SMOLGATE_BATCHES_SWEEP_S="0.5")
+    proc = GatewayProcess.start(env)
+    yield proc
+    proc.kill()
 
 
 def sdk(server: GatewayProcess, key: str = KEY_A) -> openai.OpenAI:
@@ -118,9 +140,9 @@ def test_config(tmp_path: Path) -> None:
     cfg = load_config(None, {"SMOLGATE_BATCHES_DIR": str(tmp_path), "SMOLGATE_BATCHES_MAX_CONCURRENCY": "8"})
     assert cfg.batches.path == tmp_path and cfg.batches.max_concurrency == 8
     path = tmp_path / "gw.yaml"
-    path.write_text("batches: {busy_concurrency: 0, max_file_bytes: 1000}\n")
+    path.write_text("batches: {busy_concurrency: 3, max_file_bytes: 1000}\n")
     cfg = load_config(path, {})
-    assert cfg.batches.busy_concurrency == 0 and cfg.batches.max_file_bytes == 1000
+    assert cfg.batches.busy_concurrency == 3 and cfg.batches.max_file_bytes == 1000
     for bad in ("batches: {nope: 1}\n", "batches: {max_concurrency: 0}\n"):
         path.write_text(bad)
         with pytest.raises(ConfigError):
@@ -266,7 +288,119 @@ def test_tenant_isolation(server: GatewayProcess) -> None:
     assert batch.id not in [x.id for x in b.batches.list()]
     with pytest.raises(openai.AuthenticationError):
         sdk(server, "sk-wrong").files.list()
-    assert wait_for(a, batch.id, ("completed", "failed")).status == "completed"
+    batch = wait_for(a, batch.id, ("completed", "failed"))
+    assert batch.status == "completed"
+    output = batch.output_file_id
+    assert output is not None and output in [x.id for x in a.files.list(purpose="batch_output")]
+    for other in (b, sdk(server, RESTRICTED)):  # nor its answers, nor anything by listing
+        for call in (lambda: other.files.retrieve(output), lambda: other.files.content(output)):  # noqa: B023
+            with pytest.raises(openai.NotFoundError):
+                call()
+        assert output not in [x.id for x in other.files.list()]
+        assert batch.id not in [x.id for x in other.batches.list()]
+
+
+def test_restricted_key_lines_fail_as_its_live_requests_do(server: GatewayProcess) -> None:
+    """A key limited to one model, CAP tokens and 2 sequences: its batch's lines that break the policy get the
+    very error the live endpoint gives that key (status and body); the others run. A model the key may not use
+    fails the batch up front (validation), with the live endpoint's message."""
+    client = sdk(server, RESTRICTED)
+    breaking = [chat_line(2, max_tokens=CAP + 8), chat_line(3, n=4)]
+    live: dict[str, Any] = {}
+    for line in breaking:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(**line["body"])
+        live[line["custom_id"]] = err.value.response.json()
+    lines = [chat_line(0), chat_line(1, max_tokens=CAP), *breaking]
+    batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint=CHAT, completion_window="24h")
+    batch = wait_for(client, batch.id, ("completed", "failed"))
+    assert batch.status == "completed" and batch.request_counts.model_dump() == {"total": 4, "completed": 2, "failed": 2}
+    errors = {r["custom_id"]: r for r in map(json.loads, client.files.content(batch.error_file_id).text.splitlines())}  # type: ignore[arg-type]
+    assert set(errors) == set(live)
+    for custom_id, record in errors.items():
+        assert record["response"]["status_code"] == 400 and record["response"]["body"] == live[custom_id]
+    assert live["req-2"]["error"]["param"] == "max_tokens" and live["req-3"]["error"]["param"] == "n"
+    out = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]  # type: ignore[arg-type]
+    assert sorted(r["custom_id"] for r in out) == ["req-0", "req-1"]
+    assert all(r["response"]["body"]["usage"]["completion_tokens"] <= CAP for r in out)
+
+    embed = {"model": "text-embedding-3-small", "input": "a sentence"}
+    with pytest.raises(openai.NotFoundError) as denied:
+        client.embeddings.create(**embed)  # type: ignore[arg-type]
+    rows = [{"custom_id": "e0", "method": "POST", "url": "/v1/embeddings", "body": embed}]
+    batch = client.batches.create(input_file_id=upload(client, rows).id, endpoint="/v1/embeddings", completion_window="24h")
+    batch = wait_for(client, batch.id, ("completed", "failed"))
+    assert batch.status == "failed" and batch.errors is not None and batch.request_counts.completed == 0
+    [error] = batch.errors.data
+    assert (error.line, error.code) == (1, "model_not_found")
+    assert error.message == denied.value.response.json()["error"]["message"]
+
+
+def test_a_batch_spends_its_keys_tpm_as_it_runs(server: GatewayProcess) -> None:
+    """A key with a tpm limit: its lines start only while the tokens they may spend fit in what is left of the
+    minute, so each one-minute window is charged about TPM (at most a line or two over, as a live client
+    sending one request at a time would be), never the whole batch at once. Lines refused 429 are retried."""
+    client = sdk(server, TPM_KEY)
+    lines = [chat_line(i, max_tokens=4, ignore_eos=True) for i in range(8)]
+    batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint=CHAT, completion_window="24h")
+    batch = wait_for(client, batch.id, ("completed", "failed"), timeout_s=400)
+    assert batch.status == "completed" and batch.request_counts.model_dump() == {"total": 8, "completed": 8, "failed": 0}
+    out = [json.loads(x)["response"]["body"] for x in client.files.content(batch.output_file_id).text.splitlines()]  # type: ignore[arg-type]
+    tokens = [b["usage"]["total_tokens"] for b in out]
+    assert sum(tokens) > 2 * TPM  # the batch needs more than one minute's tokens
+    per_window = Counter[int]()
+    for body, n in zip(out, tokens, strict=True):
+        per_window[body["created"] // 60] += n  # the limiter's one-minute windows (a line ending past one
+    assert len(per_window) >= 2  # edge is charged to the next: hence two lines of slack below)
+    assert max(per_window.values()) <= TPM + 2 * max(tokens), (per_window, tokens)
+
+
+def test_file_expiry(server: GatewayProcess, store: Path) -> None:
+    """expires_after on upload (OpenAI's shape: anchor created_at, seconds), the default for batch inputs,
+    output_expires_after on a batch; an expired file is deleted by the sweep (gone from disk without any
+    request touching it) and then answers 404."""
+    client = sdk(server)
+    soon = client.files.create(
+        file=("soon.jsonl", io.BytesIO(b'{"a": 1}\n')), purpose="user_data", expires_after={"anchor": "created_at", "seconds": 2}
+    )
+    assert_schema("OpenAIFile", soon.model_dump(exclude_none=True))
+    assert soon.expires_at == soon.created_at + 2
+    on_disk = lambda file_id: list(store.glob(f"files/*/{file_id}.*"))  # noqa: E731
+    assert on_disk(soon.id)
+    kept = upload(client, [chat_line(1)], purpose="user_data")
+    assert kept.expires_at is None
+    batch_input = upload(client, [chat_line(1)])
+    assert batch_input.expires_at == batch_input.created_at + 30 * 24 * 3600  # OpenAI's default for purpose batch
+    for bad, param in (({"anchor": "created_at", "seconds": 0}, "expires_after.seconds"),
+                       ({"anchor": "created_at", "seconds": 30 * 24 * 3600 + 1}, "expires_after.seconds"),
+                       ({"anchor": "last_active_at", "seconds": 3600}, "expires_after")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as err:
+            client.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="batch", expires_after=bad)  # type: ignore[arg-type]
+        assert err.value.body["param"] == param  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.batches.create(input_file_id=batch_input.id, endpoint=CHAT, completion_window="24h",
+                              output_expires_after={"anchor": "created_at", "seconds": -5})  # fmt: skip
+    assert err.value.body["param"] == "output_expires_after.seconds"  # type: ignore[index]
+
+    batch = client.batches.create(input_file_id=batch_input.id, endpoint=CHAT, completion_window="24h",
+                                  output_expires_after={"anchor": "created_at", "seconds": 8})  # fmt: skip
+    batch = wait_for(client, batch.id, ("completed", "failed"))
+    assert batch.status == "completed" and batch.output_file_id is not None
+    output = client.files.retrieve(batch.output_file_id)
+    assert output.expires_at == output.created_at + 8  # anchored at the output file's creation
+    assert on_disk(output.id)
+    deadline = time.monotonic() + 30
+    while (on_disk(soon.id) or on_disk(output.id)) and time.monotonic() < deadline:
+        time.sleep(0.2)  # no request in between: only the sweep deletes them
+    assert not on_disk(soon.id) and not on_disk(output.id)
+    for file_id in (soon.id, output.id):
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(file_id)
+        with pytest.raises(openai.NotFoundError):
+            client.files.content(file_id)
+    listed = [x.id for x in client.files.list()]
+    assert soon.id not in listed and output.id not in listed and kept.id in listed
+    assert client.batches.retrieve(batch.id).output_file_id == output.id  # the batch still names it, as OpenAI's does
 
 
 def test_list_pagination(server: GatewayProcess) -> None:
@@ -347,3 +481,45 @@ def test_restart_in_the_middle_of_a_batch(tmp_path: Path) -> None:
         assert all(after[c] == rid for c, rid in before.items())  # finished lines were kept, not re-run
     finally:
         proc.kill()
+
+
+def test_two_gateways_on_one_directory(tmp_path: Path) -> None:
+    """The second gateway on a batch directory stands by: its /v1/files and /v1/batches answer 503 naming the
+    first, and it runs no line while the first holds the directory. When the first dies (kill -9, mid-batch),
+    the second takes the batch over: every line once, none failed."""
+    env = server_env(tmp_path, SMOLGATE_BATCHES_MAX_CONCURRENCY="2")
+    lines = [chat_line(i, max_tokens=12, ignore_eos=True) for i in range(12)]
+    first = GatewayProcess.start(env)
+    second = None
+    try:
+        client = sdk(first)
+        batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint=CHAT, completion_window="24h")
+        second = GatewayProcess.start(env)
+        standby = sdk(second)
+        with pytest.raises(openai.InternalServerError) as err:
+            standby.batches.retrieve(batch.id)
+        assert err.value.status_code == 503 and f"pid {first.proc.pid} " in err.value.message
+        with pytest.raises(openai.InternalServerError):
+            upload(standby, [chat_line(1)])
+        deadline = time.monotonic() + 300
+        while client.batches.retrieve(batch.id).request_counts.completed < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        metrics = httpx.get(f"{second.url}/metrics", headers={"authorization": f"Bearer {ADMIN}"}).text
+        assert 'smolgate_batch_lines_done_total{result="completed"}' not in metrics  # the standby ran nothing
+        first.proc.kill()
+        first.proc.wait(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the standby takes over within a second or two
+            try:
+                standby.batches.retrieve(batch.id)
+                break
+            except openai.InternalServerError:
+                time.sleep(0.2)
+        batch = wait_for(standby, batch.id, ("completed", "failed"), timeout_s=400)
+        assert batch.status == "completed" and batch.request_counts.model_dump() == {"total": 12, "completed": 12, "failed": 0}
+        out = [json.loads(x) for x in standby.files.content(batch.output_file_id).text.splitlines()]  # type: ignore[arg-type]
+        assert sorted(r["custom_id"] for r in out) == sorted(x["custom_id"] for x in lines)  # none lost, none twice
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from backend.engine.sampling_params import SamplingParams
+from backend.engine.scheduler import BACKGROUND_PRIORITY
 from backend.errors import InvalidRequestError
 from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, make_engine, token_ids
 
@@ -102,6 +103,32 @@ def test_ageing_prevents_starvation(prompts: list[list[int]]) -> None:
         assert_no_leaks(engine)
     assert positions[0.0] == stream, "without ageing the low request goes last"
     assert positions[0.05] < stream - 4, positions
+
+
+def test_background_work_gets_short_steps(prompts: list[list[int]], reference: list[list[int]]) -> None:
+    """Only batch-priority (2**31 - 1) sequences here: every step stays within background_max_batched_tokens (a
+    live request arriving mid-step waits for a short one); once a live request is here, steps get the full
+    budget again and its whole prompt goes in one step; every output equals the reference."""
+    engine = make_engine(background_max_batched_tokens=16, max_num_batched_tokens=512)
+    steps: list[tuple[int, bool]] = []  # (tokens scheduled, a live sequence present)
+    schedule = engine.scheduler.schedule
+
+    def spy():  # records each step's size, then schedules for real
+        live = any(s.params.priority < BACKGROUND_PRIORITY for s in (*engine.scheduler.running, *engine.scheduler.waiting))
+        out = schedule()
+        steps.append((out.num_tokens, live))
+        return out
+
+    engine.scheduler.schedule = spy
+    background = [(f"r{i}", prompts[i], params(BACKGROUND_PRIORITY)) for i in range(3)]
+    outs, _, _ = run(engine, {0: background, 4: [("r3", prompts[3], params(0))]})
+    alone = [n for n, live in steps if not live]
+    assert alone and max(alone) <= 16, steps  # the prompts (~30 tokens each) went in 16-token chunks
+    live_steps = [n for n, live in steps if live]
+    assert live_steps[0] >= len(prompts[3]), steps  # the live prompt whole, past the background budget
+    for i in range(4):
+        assert token_ids(outs[f"r{i}"]) == reference[i], f"r{i} diverged"
+    assert_no_leaks(engine)
 
 
 def test_priority_is_validated() -> None:

@@ -92,7 +92,8 @@ class LLMEngine:
         pool = BlockPool(blocks, config.enable_prefix_caching)
         self.kv = KVCacheManager(pool, config.block_size, freeable_window(model.config))
         self.scheduler = Scheduler(
-            self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, config.priority_aging_s
+            self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, config.priority_aging_s,
+            config.background_max_batched_tokens,
         )
         self.runner = ModelRunner(model, self.kv, kv_dtype, self.device, per_token)
         self.eos_token_id = self.tokenizer.eos_token_id

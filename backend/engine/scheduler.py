@@ -7,6 +7,10 @@ sequence cannot get a block, the least urgent one (lowest priority, then latest 
 preempted: its blocks are freed and it recomputes later (its full blocks usually survive in the
 prefix cache). "Urgent" is backend/engine/priority.py's key: vLLM's `priority` (lower first) with ageing;
 with every priority equal it is plain arrival order.
+
+Background work (priority BACKGROUND_PRIORITY, the lowest the field allows: the gateway's batch lines) gets
+steps of at most `background_max_tokens` while nothing else is queued or running: a step cannot be interrupted,
+so a live request arriving during one waits for it, and a small step keeps that wait short.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from backend.engine.kv_cache import KVCacheManager
 from backend.engine.priority import priority_key
 from backend.engine.request import Sequence, SequenceStatus
 from backend.errors import QueueFullError
+
+BACKGROUND_PRIORITY = 2**31 - 1  # the lowest priority SamplingParams allows
 
 
 @dataclass(frozen=True)
@@ -62,10 +68,11 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(
         self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_waiting: int,
-        priority_aging_s: float = 10.0,
+        priority_aging_s: float = 10.0, background_max_tokens: int = 0,
     ) -> None:
         self.kv = kv
         self.priority_aging_s = priority_aging_s
+        self.background_max_tokens = background_max_tokens  # 0: background steps get the full budget
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_waiting = max_waiting
@@ -86,10 +93,19 @@ class Scheduler:
         out = SchedulerOutput()
         now = time.monotonic()
         self.running.sort(key=lambda seq: priority_key(seq, now, self.priority_aging_s))  # stable: ties keep order
-        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        budget = self._schedule_running(out, self._budget())
         if not out.preempted:  # admitting new work right after preempting would just thrash
             self._schedule_waiting(out, budget, now)
         return out
+
+    def _budget(self) -> int:
+        """The step's token budget: smaller while only background sequences are here (never below one decode
+        each, so a step still advances every running sequence)."""
+        if not self.background_max_tokens or any(
+            seq.params.priority < BACKGROUND_PRIORITY for seq in (*self.running, *self.waiting)
+        ):
+            return self.max_num_batched_tokens
+        return min(self.max_num_batched_tokens, max(self.background_max_tokens, len(self.running)))
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         for seq in list(self.running):

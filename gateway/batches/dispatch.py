@@ -1,6 +1,7 @@
 """Sending one batch line through the gateway's own handler for its endpoint, as if a client had: the same
 key checks, allow-lists, rate limits, response cache and routing. Only the middleware is skipped, so batch
-lines are not counted as live traffic (not in /v1/stats, not against `max_concurrent_requests`)."""
+lines are not counted as live traffic (not in /v1/stats, not against `max_concurrent_requests`); what the
+middleware does besides, charging the line's tokens to its key's tpm, is done here."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gateway.ops.record import SCOPE_KEY, RequestRecord
 from gateway.routing.config import KeyPolicy
 
 Handler = Callable[[Request], Awaitable[Response]]
+Spend = Callable[[RequestRecord], Awaitable[None]]  # KeyGuard.spend: a finished request's tokens to its key's tpm
 
 
 @dataclass
@@ -30,7 +32,13 @@ class Reply:
 
 
 async def call(
-    handler: Handler, path: str, body: dict[str, Any], authorization: str | None, policy: KeyPolicy | None, request_id: str
+    handler: Handler,
+    path: str,
+    body: dict[str, Any],
+    authorization: str | None,
+    policy: KeyPolicy | None,
+    request_id: str,
+    spend: Spend | None = None,
 ) -> Reply:
     """`policy`: the batch owner's key policy, as the middleware would have set it (models, caps, rate limits).
     Without `authorization` (a key configured only by its hash) the line bypasses the cache: no namespace to use."""
@@ -73,6 +81,9 @@ async def call(
     except Exception as exc:  # what the middleware would have sent
         err = to_gateway_error(exc)
         return Reply(err.status, error_body(err), err.headers())
+    finally:
+        if spend is not None:  # also for a line aborted part way: the tokens it did use count
+            await spend(rec)
     raw = b"".join(chunks)
     try:
         parsed = orjson.loads(raw) if raw else None

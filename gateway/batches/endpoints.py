@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.datastructures import UploadFile
@@ -13,12 +13,12 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from gateway.batches.config import BatchesConfig
-from gateway.batches.files import PURPOSES, FileStore
+from gateway.batches.files import PURPOSES, FileStore, expiry_seconds
 from gateway.batches.runner import BatchRunner
 from gateway.batches.storage import new_id, tenant_of
 from gateway.batches.store import BatchStore
 from gateway.batches.validate import ENDPOINTS
-from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge
+from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, ServiceUnavailable
 from gateway.protocol.generation import ClientDisconnected
 from gateway.protocol.jsonio import json_response, read_json
 
@@ -64,22 +64,33 @@ class BatchEndpoints:
         self, cfg: BatchesConfig, files: FileStore, store: BatchStore, runner: BatchRunner, keyed: bool, body_limit: int
     ) -> None:
         self.cfg, self.files, self.store, self.runner, self.keyed, self.body_limit = cfg, files, store, runner, keyed, body_limit
+        # Set while another gateway holds the directory lock (service.py): every route answers 503 with its text.
+        self.standby_reason: Callable[[], str] | None = None
 
     def tenant(self, request: Request) -> str:
         return tenant_of(request.headers.get("authorization"), self.keyed)
 
     def routes(self) -> list[Route]:
-        return [
-            Route("/v1/files", self.upload, methods=["POST"]),
-            Route("/v1/files", self.list_files, methods=["GET"]),
-            Route("/v1/files/{file_id}", self.get_file, methods=["GET"]),
-            Route("/v1/files/{file_id}", self.delete_file, methods=["DELETE"]),
-            Route("/v1/files/{file_id}/content", self.file_content, methods=["GET"]),
-            Route("/v1/batches", self.create_batch, methods=["POST"]),
-            Route("/v1/batches", self.list_batches, methods=["GET"]),
-            Route("/v1/batches/{batch_id}", self.get_batch, methods=["GET"]),
-            Route("/v1/batches/{batch_id}/cancel", self.cancel_batch, methods=["POST"]),
+        table: list[tuple[str, Callable[[Request], Awaitable[Response]], str]] = [
+            ("/v1/files", self.upload, "POST"),
+            ("/v1/files", self.list_files, "GET"),
+            ("/v1/files/{file_id}", self.get_file, "GET"),
+            ("/v1/files/{file_id}", self.delete_file, "DELETE"),
+            ("/v1/files/{file_id}/content", self.file_content, "GET"),
+            ("/v1/batches", self.create_batch, "POST"),
+            ("/v1/batches", self.list_batches, "GET"),
+            ("/v1/batches/{batch_id}", self.get_batch, "GET"),
+            ("/v1/batches/{batch_id}/cancel", self.cancel_batch, "POST"),
         ]
+        return [Route(path, self._unless_standby(handler), methods=[method]) for path, handler, method in table]
+
+    def _unless_standby(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def guarded(request: Request) -> Response:
+            if self.standby_reason is not None:
+                raise ServiceUnavailable(self.standby_reason())
+            return await handler(request)
+
+        return guarded
 
     # ---- files ---------------------------------------------------------------------------------------
 
@@ -115,15 +126,26 @@ class BatchEndpoints:
                 raise PayloadTooLarge(f"File too large: {size} bytes, the limit is {limit} bytes.", param="file")
             if size == 0:
                 raise InvalidRequest("The file is empty.", param="file")
+            expires_s = self._upload_expiry(form, str(purpose))
             tmp = self.files.temp_path(tenant)
             with open(tmp, "wb") as out:
                 await upload.seek(0)
                 while chunk := await upload.read(1 << 20):
                     out.write(chunk)
-            meta = self.files.create(tenant, upload.filename or "upload.jsonl", str(purpose), tmp)
+            meta = self.files.create(tenant, upload.filename or "upload.jsonl", str(purpose), tmp, expires_s=expires_s)
         finally:
             await form.close()
         return json_response(_shown(meta))
+
+    def _upload_expiry(self, form: Any, purpose: str) -> int | None:
+        """Seconds until the upload expires: its `expires_after` (multipart fields `expires_after[anchor]` and
+        `expires_after[seconds]`, as the SDKs send it), else `batch_file_expiry_s` for purpose batch, else never."""
+        anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
+        if anchor is not None or seconds is not None:
+            return expiry_seconds({"anchor": anchor, "seconds": seconds}, "expires_after", self.cfg.min_expiry_s)
+        if purpose == "batch" and self.cfg.batch_file_expiry_s:
+            return self.cfg.batch_file_expiry_s
+        return None
 
     async def list_files(self, request: Request) -> Response:
         purpose = request.query_params.get("purpose")
@@ -166,6 +188,9 @@ class BatchEndpoints:
             raise InvalidRequest(
                 f"The file {file_id} has purpose {meta['purpose']!r}: a batch input needs 'batch'.", param="input_file_id"
             )
+        output_expiry = body.get("output_expires_after")
+        if output_expiry is not None:
+            output_expiry = expiry_seconds(output_expiry, "output_expires_after", self.cfg.min_expiry_s)
         now = int(time.time())
         obj: dict[str, Any] = {
             "id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "model": None, "errors": None,
@@ -174,7 +199,7 @@ class BatchEndpoints:
             "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
             "cancelled_at": None, "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": metadata,
         }  # fmt: skip
-        job = self.store.create(tenant, obj, self.files.data_path(tenant, file_id))
+        job = self.store.create(tenant, obj, self.files.data_path(tenant, file_id), output_expiry)
         self.runner.submit(job)
         return json_response(_shown(job.obj))
 

@@ -6,6 +6,11 @@ Concurrency is global (all batches together): `max_concurrency` lines in flight 
 arrives, the lines beyond `busy_concurrency` are aborted (newest first) and queued again: the engine frees
 their slots and KV blocks at once (their prompt blocks stay in the prefix cache). Each line runs at the
 engine's lowest priority, so even the lines that keep running are scheduled after live requests.
+
+A key with a tpm limit: a line starts only while the tokens its key's lines in flight may still spend (an
+estimate each: prompt bytes / 4 plus max_tokens) fit in what is left of the key's tpm this minute (one line
+always may while anything is left). The limit counts tokens when a request ends, so without this every line
+would pass the check at once and a batch would spend many minutes' tokens in one burst.
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gateway.batches.config import BatchesConfig
-from gateway.batches.dispatch import Handler, call
+from gateway.batches.dispatch import Handler, Spend, call
 from gateway.batches.files import FileStore
 from gateway.batches.metrics import BatchMetrics
 from gateway.batches.storage import ANONYMOUS
@@ -28,6 +35,16 @@ from gateway.batches.validate import Line, parse_input
 from gateway.routing.config import SHA256_PREFIX, KeyPolicy
 
 _POLL_S = 0.01
+_TPM_POLL_S = 0.25  # how often a line held back by its key's tpm looks again (the counter may live in Redis)
+_BYTES_PER_TOKEN = 4  # a rough prompt size from the line's JSON body, to reserve against the key's tpm
+
+
+def estimate_tokens(body: dict[str, Any], policy: KeyPolicy) -> int:
+    """The tokens a line may spend: its body's bytes / 4 for the prompt, plus what it may generate (its
+    max_tokens, else the key's cap, which the chat endpoint applies as the default)."""
+    limit = next((body[k] for k in ("max_completion_tokens", "max_tokens", "max_output_tokens") if body.get(k)), None)
+    generated = limit if isinstance(limit, int) and not isinstance(limit, bool) else policy.max_tokens
+    return len(orjson.dumps(body)) // _BYTES_PER_TOKEN + max(int(generated), 0)
 
 
 @dataclass
@@ -36,6 +53,7 @@ class _Flight:
     line: Line
     pending: deque[Line]
     started: float
+    tokens: int = 0  # estimate_tokens, held against its key's tpm while in flight
     preempted: bool = False
 
 
@@ -53,11 +71,13 @@ class BatchRunner:
         registry: Any,
         logger: Any,
         new_id: Callable[[], str],
+        tokens_left: Callable[[KeyPolicy], Awaitable[int | None]] | None = None,
+        spend: Spend | None = None,
     ) -> None:
         self.cfg, self.files, self.store, self.handlers = cfg, files, store, handlers
         self.live_in_flight, self.policy_of = live_in_flight, policy_of
         self.model_error, self.takes_priority = model_error, takes_priority
-        self.logger, self.new_id = logger, new_id
+        self.logger, self.new_id, self.tokens_left, self.spend = logger, new_id, tokens_left, spend
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.flights: dict[asyncio.Task[None], _Flight] = {}
         self.queued = 0
@@ -115,12 +135,30 @@ class BatchRunner:
                     task.cancel()
             await asyncio.sleep(_POLL_S)
 
-    async def _acquire(self, job: BatchJob) -> bool:
+    async def _acquire(self, job: BatchJob, tokens: int) -> bool:
+        """Wait for a free line slot and for room in the key's tpm; False when the batch stops first."""
         while not self._stopping(job):
-            if len(self.flights) < self.limit():
+            if len(self.flights) >= self.limit():
+                await asyncio.sleep(_POLL_S)
+            elif await self._within_tpm(job, tokens):
                 return True
-            await asyncio.sleep(_POLL_S)
+            else:
+                await asyncio.sleep(_TPM_POLL_S)
         return False
+
+    def _tokens(self, job: BatchJob, line: Line) -> int:
+        policy = self._key(job)
+        return estimate_tokens(line.body, policy) if policy is not None and policy.tpm else 0
+
+    async def _within_tpm(self, job: BatchJob, tokens: int) -> bool:
+        policy = self._key(job)
+        if policy is None or not policy.tpm or self.tokens_left is None:
+            return True
+        left = await self.tokens_left(policy)
+        if left is None:
+            return True
+        held = sum(f.tokens for f in self.flights.values() if f.job.tenant == job.tenant)
+        return left > 0 and (held == 0 or held + tokens <= left)
 
     def _stopping(self, job: BatchJob) -> bool:
         return job.cancel_requested or time.time() >= job.obj["expires_at"]
@@ -188,12 +226,13 @@ class BatchRunner:
                         break
                     await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)  # a preempted line may come back
                     continue
-                if not await self._acquire(job):
+                if not await self._acquire(job, self._tokens(job, pending[0])):
                     break
-                line = pending.popleft()
+                line = pending.popleft()  # pending[0] still, or a preempted line put back meanwhile
+                tokens = self._tokens(job, line)
                 self.queued -= 1
                 task = asyncio.create_task(self._send(job, line))
-                self.flights[task] = _Flight(job, line, pending, time.monotonic())
+                self.flights[task] = _Flight(job, line, pending, time.monotonic(), tokens)
                 running.add(task)
                 task.add_done_callback(self._landed)
                 task.add_done_callback(running.discard)
@@ -241,7 +280,7 @@ class BatchRunner:
         unavailable = 0
         while True:
             request_id = self.new_id()
-            reply = await call(self.handlers[endpoint], endpoint, body, authorization, policy, request_id)
+            reply = await call(self.handlers[endpoint], endpoint, body, authorization, policy, request_id, self.spend)
             retry = reply.status == 429 or (reply.status == 503 and unavailable < 5)
             if not retry or self._stopping(job):
                 break
@@ -272,7 +311,8 @@ class BatchRunner:
                 tmp = job.dir / f"{kind}.publish"
                 tmp.write_bytes(log.path.read_bytes())
                 file_id = f"file-{job.id.removeprefix('batch_')}{kind[0]}"  # the same id if a restart publishes again
-                self.files.create(job.tenant, f"{job.id}_{kind}.jsonl", "batch_output", Path(tmp), file_id=file_id)
+                name = f"{job.id}_{kind}.jsonl"
+                self.files.create(job.tenant, name, "batch_output", Path(tmp), file_id=file_id, expires_s=job.output_expiry_s)
                 extra[field] = file_id
         job.set_status(final, **extra)
         job.close()

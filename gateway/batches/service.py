@@ -1,8 +1,11 @@
-"""Wiring: build_batches(ctx, router, handlers) -> the routes and the runner's start/stop, for gateway/app.py."""
+"""Wiring: build_batches(ctx, router, handlers) -> the routes and the start/stop of the runner, the expiry
+sweep and the directory lock, for gateway/app.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.routing import Route
@@ -10,6 +13,7 @@ from starlette.routing import Route
 from gateway.batches.dispatch import Handler
 from gateway.batches.endpoints import BatchEndpoints
 from gateway.batches.files import FileStore
+from gateway.batches.lock import DirLock
 from gateway.batches.runner import BatchRunner
 from gateway.batches.storage import tenant_of_key
 from gateway.batches.store import BatchStore
@@ -18,20 +22,65 @@ from gateway.context import GatewayContext
 from gateway.errors import ModelNotFound
 from gateway.routing.config import KeyPolicy
 
+STANDBY_POLL_S = 1.0  # how often a standby gateway tries to take the directory lock over
+
 
 @dataclass
 class Batches:
     runner: BatchRunner
     endpoints: BatchEndpoints
+    files: FileStore
+    lock: DirLock
+    sweep_s: float
+    logger: Any
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
 
     def routes(self) -> list[Route]:
         return self.endpoints.routes()
 
     async def start(self) -> None:
+        if not self.lock.acquire():
+            self.logger.warning("batches_standby", dir=str(self.lock.path.parent), holder=self.lock.holder())
+            self.endpoints.standby_reason = self._standby_reason
+        else:
+            await self._activate()
+        self._task = asyncio.create_task(self._serve(), name="batches")
+
+    def _standby_reason(self) -> str:
+        return (
+            f"Another gateway ({self.lock.holder() or 'unknown'}) runs the batches in {self.lock.path.parent}; this one "
+            "takes over when it stops. Give each gateway its own batches.dir, or send batch requests to that one."
+        )
+
+    async def _activate(self) -> None:
         await self.runner.start()
+        self.endpoints.standby_reason = None
+
+    async def _serve(self) -> None:
+        """Stand by until the lock is ours, then delete expired files now and every `sweep_s`."""
+        while not self.lock.held:
+            await asyncio.sleep(STANDBY_POLL_S)
+            if self.lock.acquire():
+                self.logger.info("batches_taken_over", dir=str(self.lock.path.parent))
+                await self._activate()
+        while True:
+            try:
+                removed = await asyncio.to_thread(self.files.sweep)
+            except OSError as exc:  # a disk error must not end the sweeping for good
+                self.logger.warning("files_sweep_failed", error=str(exc))
+            else:
+                if removed:
+                    self.logger.info("files_expired", removed=removed)
+            await asyncio.sleep(self.sweep_s)
 
     async def stop(self) -> None:
-        await self.runner.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.lock.held:
+            await self.runner.stop()
+            self.lock.release()
 
 
 def build_batches(ctx: GatewayContext, router: Any, routes: list[Route]) -> Batches:
@@ -41,7 +90,7 @@ def build_batches(ctx: GatewayContext, router: Any, routes: list[Route]) -> Batc
     root.mkdir(parents=True, exist_ok=True)
     handlers: dict[str, Handler] = {r.path: r.endpoint for r in routes if r.path in ENDPOINTS and "POST" in (r.methods or ())}
     files, store = FileStore(root), BatchStore(root)
-    policies = {tenant_of_key(p.key): p for p in ctx.config.policies()}
+    policies = {tenant_of_key(p.key): p for p in ctx.guard.policies}  # the guard's own: its rate limits
     guard = ctx.guard
 
     def model_error(endpoint: str, model: str, policy: KeyPolicy | None) -> str | None:
@@ -75,7 +124,7 @@ def build_batches(ctx: GatewayContext, router: Any, routes: list[Route]) -> Batc
 
     runner = BatchRunner(
         cfg, files, store, handlers, lambda: ctx.stats.in_flight, policies.get, model_error, takes_priority,
-        ctx.metrics.registry, ctx.logger, ctx.ids.new,
+        ctx.metrics.registry, ctx.logger, ctx.ids.new, guard.tokens_left, guard.spend,
     )  # fmt: skip
     endpoints = BatchEndpoints(cfg, files, store, runner, bool(policies), ctx.config.max_body_bytes)
-    return Batches(runner, endpoints)
+    return Batches(runner, endpoints, files, DirLock(root), cfg.sweep_s, ctx.logger)

@@ -77,6 +77,7 @@ class BatchJob:
     err: ProgressLog | None = None
     done: set[str] = field(default_factory=set)  # custom_ids finished (in out or err)
     cancel_requested: bool = False
+    output_expiry_s: int | None = None  # output_expires_after.seconds: the output and error files expire then
 
     @property
     def id(self) -> str:
@@ -87,7 +88,8 @@ class BatchJob:
         return str(self.obj["status"])
 
     def save(self) -> None:
-        write_json(self.dir / "state.json", {"tenant": self.tenant, "batch": self.obj})
+        state = {"tenant": self.tenant, "batch": self.obj, "output_expiry_s": self.output_expiry_s}
+        write_json(self.dir / "state.json", state)
 
     def set_status(self, status: str, **extra: Any) -> None:
         self.obj["status"] = status
@@ -148,18 +150,18 @@ class BatchStore:
                 data = read_json(state)
             except (OSError, ValueError):
                 continue
-            job = BatchJob(data["tenant"], state.parent, data["batch"])
+            job = BatchJob(data["tenant"], state.parent, data["batch"], output_expiry_s=data.get("output_expiry_s"))
             self.jobs[job.id] = job
         return list(self.jobs.values())
 
-    def create(self, tenant: str, obj: dict[str, Any], input_path: Path) -> BatchJob:
+    def create(self, tenant: str, obj: dict[str, Any], input_path: Path, output_expiry_s: int | None = None) -> BatchJob:
         d = self.root / tenant / obj["id"]
         d.mkdir(parents=True, exist_ok=True)
         try:
             os.link(input_path, d / "input.jsonl")  # the same bytes, kept if the input file is deleted
         except OSError:
             shutil.copyfile(input_path, d / "input.jsonl")
-        job = BatchJob(tenant, d, obj)
+        job = BatchJob(tenant, d, obj, output_expiry_s=output_expiry_s)
         job.save()
         self.jobs[job.id] = job
         return job

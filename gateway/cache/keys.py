@@ -59,6 +59,7 @@ NON_OUTPUT_ENGINE_FIELDS = {
     "max_waiting": "how long the queue may grow",
     "enable_prefix_caching": "whether earlier prompts' KV blocks are reused (run-time state)",
     "priority_aging_s": "the order waiting requests are served in",
+    "background_max_batched_tokens": "how batch-only steps chunk prompts (batch composition)",
 }
 _MODEL_FILES = ("*.safetensors", "*.gguf", "*.json", "*.jinja")  # weights, config, tokenizer, chat template
 

@@ -131,6 +131,17 @@ class RateLimiter:
         except Exception as exc:
             self.on_error(exc)
 
+    async def tokens_left(self, limit: Limit) -> int | None:
+        """What is left of `limit`'s tpm in this window (may be negative); None without a tpm or when the
+        counters cannot be read (fail open, as `admit` does)."""
+        if not limit.tpm:
+            return None
+        try:
+            return limit.tpm - await self.counters.get(self._key(limit, "tpm")[0])
+        except Exception as exc:
+            self.on_error(exc)
+            return None
+
     async def close(self) -> None:
         await self.counters.close()
 
