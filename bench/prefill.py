@@ -15,8 +15,10 @@ A request is `POST /v1/completions` with those ids, streamed, greedy, `ignore_eo
 request in flight at a time; TTFT is from sending it to the first chunk with text (the same client code for both
 sides). Rounds interleave the sides (who goes first alternates) so both see the same phase of a shared machine.
 Reported per length: TTFT p50 and min of each side, prefill tokens/s (prompt tokens / TTFT p50), the ratio ours /
-peer of the p50s (below 1: ours is faster), and the prompt and cached token counts each server reported. Without
-a peer flag the peer is reported as absent. Last line: one JSON object (also bench/results/prefill.json).
+peer of the p50s (below 1: ours is faster) and the median of each round's ratio (`paired`: the two requests of a
+round ran back to back, so it holds better on a shared machine), and the prompt and cached token counts each server
+reported. Without a peer flag the peer is reported as absent. Last line: one JSON object (also
+bench/results/prefill.json).
 """
 
 from __future__ import annotations
@@ -152,14 +154,17 @@ def report(sides: list[Side], lengths: list[int]) -> dict[str, Any]:
     for n in lengths:
         row = {side.name: side.summary(n) for side in sides}
         if len(sides) == 2:
+            ours, other = (row[side.name]["ttft_ms"] for side in sides)
             row["ratio_ours_over_peer"] = round(row["ours"]["ttft_p50_ms"] / row["peer"]["ttft_p50_ms"], 3)
+            # each round's two requests ran back to back: their ratio sees one phase of a shared machine's load
+            row["ratio_paired_p50"] = round(statistics.median(a / b for a, b in zip(ours, other, strict=True)), 3)
         rows[str(n)] = row
     return rows
 
 
 def format_table(rows: dict[str, Any], peer_name: str | None) -> str:
     lines = [f"{'prompt':>7}  {'ours p50':>9} {'min':>8} {'tok/s':>8}"
-             + (f"  {'peer p50':>9} {'min':>8} {'tok/s':>8}  {'ours/peer':>9}" if peer_name else "")
+             + (f"  {'peer p50':>9} {'min':>8} {'tok/s':>8}  {'ours/peer':>9} {'paired':>7}" if peer_name else "")
              + "   (TTFT in ms)"]
     for n, row in rows.items():
         ours = row["ours"]
@@ -167,7 +172,7 @@ def format_table(rows: dict[str, Any], peer_name: str | None) -> str:
         if "peer" in row:
             p = row["peer"]
             line += f"  {p['ttft_p50_ms']:9.1f} {p['ttft_min_ms']:8.1f} {p['prefill_tok_s']:8.1f}"
-            line += f"  {row['ratio_ours_over_peer']:9.3f}"
+            line += f"  {row['ratio_ours_over_peer']:9.3f} {row['ratio_paired_p50']:7.3f}"
         lines.append(line)
     lines.append(f"peer: {peer_name}" if peer_name else "peer: absent (pass --llama-server PATH or --peer-url URL)")
     for n, row in rows.items():  # a server that says it reused cached prompt tokens was not timed on a cold prompt

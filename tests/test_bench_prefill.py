@@ -47,6 +47,8 @@ def test_a_peer_is_measured_in_the_same_run(live: LiveStack, tmp_path: Path) -> 
     assert row["ours"]["prompt_tokens"] == row["peer"]["prompt_tokens"] == 24  # the same ids reached both sides
     assert len(row["ours"]["ttft_ms"]) == len(row["peer"]["ttft_ms"]) == 2
     assert row["ratio_ours_over_peer"] == pytest.approx(row["ours"]["ttft_p50_ms"] / row["peer"]["ttft_p50_ms"], 1e-2)
+    pairs = [a / b for a, b in zip(row["ours"]["ttft_ms"], row["peer"]["ttft_ms"], strict=True)]
+    assert row["ratio_paired_p50"] == pytest.approx(sum(pairs) / 2, rel=1e-2)  # two rounds: the median is the mean
 
 
 @pytest.mark.skipif(not os.environ.get("LLAMA_SERVER"), reason="set LLAMA_SERVER to a llama-server binary")
