@@ -67,9 +67,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def unique_prompts(lengths: list[int], reps: int, seed: int = 0) -> list[list[int]]:
+def unique_prompts(lengths: list[int], reps: int, seed: int | None = None) -> list[list[int]]:
     """One prompt per (round, length) plus a warm-up per length, each starting with a token no other one starts
-    with: no prefix of one is a prefix of another, so no cache serves any part of it."""
+    with: no prefix of one is a prefix of another, so no cache serves any part of it. Unseeded, a new set each run:
+    a running server measured twice (--url, --peer-url) has not seen them either."""
     rng = random.Random(seed)
     firsts = rng.sample(range(*TOKEN_RANGE), (reps + 1) * len(lengths))
     return [[first, *(rng.randrange(*TOKEN_RANGE) for _ in range(n - 1))]
