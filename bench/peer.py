@@ -35,6 +35,8 @@ class PeerTiming:
     itls_s: list[float]
     wall_s: float
     new_tokens: int
+    prompt_tokens: int | None = None  # as the server counted them (its final `usage`), None where it sent none
+    cached_tokens: int | None = None  # of those, served from its prompt cache (`prompt_tokens_details`)
 
 
 def add_peer_args(p: argparse.ArgumentParser) -> None:
@@ -102,6 +104,7 @@ async def time_completion(
     ttft: float | None = None
     gaps: list[float] = []
     chunks, usage_tokens = 0, None
+    usage: dict[str, Any] = {}
     async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"peer answered {resp.status_code}: {(await resp.aread())[:500]!r}")
@@ -110,7 +113,8 @@ async def time_completion(
                 continue
             event = orjson.loads(line[5:])
             if event.get("usage"):
-                usage_tokens = event["usage"].get("completion_tokens")
+                usage = event["usage"]
+                usage_tokens = usage.get("completion_tokens")
             if not any(c.get("text") for c in event.get("choices") or ()):
                 continue
             now = time.perf_counter()
@@ -122,7 +126,8 @@ async def time_completion(
     tokens = usage_tokens if usage_tokens is not None else chunks
     if ttft is None or tokens != new_tokens:
         raise RuntimeError(f"peer: expected {new_tokens} new tokens, got {tokens}")
-    return PeerTiming(ttft, gaps, last - start, tokens)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return PeerTiming(ttft, gaps, last - start, tokens, usage.get("prompt_tokens"), cached)
 
 
 async def run_level(

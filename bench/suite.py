@@ -10,7 +10,8 @@ Each bench runs as its own process (`python -m bench.NAME ARGS`: a fresh interpr
 caches never reach the next) and writes bench/results/NAME.json with its provenance (bench/report.py). A bench that
 fails or runs past its time limit is recorded as such and the suite goes on; its previous result file, if any,
 stays (the tables cite each file's own date and commit). Peers: --llama-server PATH or --peer-url URL go to
-bench.throughput, which measures llama.cpp's server in the same run; without either the peer is reported absent.
+bench.throughput and bench.prefill, which measure llama.cpp's server in the same run; without either the peer is
+reported absent.
 HF `generate` is measured by bench.throughput whenever transformers is installed. At the end the suite writes
 bench/results/suite.json (what ran, how it ended, how long it took), then `python -m bench.tables` (the tables in
 docs/benchmarks.md and README.md) and `python -m bench.plots --out bench/plots` (the PNGs).

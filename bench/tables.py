@@ -127,6 +127,22 @@ def cache(r: Result) -> Figures:
 
 
 def prefill(r: Result) -> Figures:
+    quant = (r.get("ours") or {}).get("quantization", "?")
+    peer = r.get("peer") or {}
+    name = "llama.cpp's server" if peer.get("peer") == "llama-server" else str(peer.get("peer", "llama.cpp's server"))
+    rows: Figures = []
+    for n, row in sorted(r["lengths"].items(), key=lambda kv: int(kv[0])):
+        ours = f"{num(row['ours']['ttft_p50_ms'])} ms"
+        if "peer" in row:
+            rows.append((f"TTFT p50, unique {n}-token prompt: engine ({quant}) / {name}",
+                         f"{ours} / {num(row['peer']['ttft_p50_ms'])} ms (x{num(row['ratio_ours_over_peer'], 2)})"))
+        else:
+            rows.append((f"TTFT p50, unique {n}-token prompt: engine ({quant}) / llama.cpp's server",
+                         f"{ours} / {HOW_TO_PEER}"))
+    return rows
+
+
+def prefill_attention(r: Result) -> Figures:
     rows = [(f"prompt {n} tokens ({r.get('quantization', '?')}): TTFT per-token kernel / SDPA",
              f"{num(t['per_token_ms'])} / {num(t['sdpa_ms'])} ms (x{num(t['per_token_over_sdpa'], 2)})")
             for n, t in sorted(r["ttft"].items(), key=lambda kv: int(kv[0]))]
@@ -234,9 +250,10 @@ def kernels(r: Result) -> Figures:
 
 SUMMARIES: dict[str, Callable[[Result], Figures]] = {
     "throughput": throughput, "gateway_overhead": gateway_overhead, "cache_pairs": cache_pairs, "cache": cache,
-    "prefill": prefill, "kv_dtype": kv_dtype, "cpu_kernels": cpu_kernels, "profile_step": profile_step,
-    "gemm": gemm, "structured": structured, "awq": awq, "quant": quant, "speculative": speculative,
-    "pipeline": pipeline, "routing": routing, "overload": overload, "soak": soak, "kernels": kernels,
+    "prefill": prefill, "prefill_attention": prefill_attention, "kv_dtype": kv_dtype, "cpu_kernels": cpu_kernels,
+    "profile_step": profile_step, "gemm": gemm, "structured": structured, "awq": awq, "quant": quant,
+    "speculative": speculative, "pipeline": pipeline, "routing": routing, "overload": overload, "soak": soak,
+    "kernels": kernels,
 }  # fmt: skip
 
 
@@ -418,6 +435,7 @@ def readme_rows(results: dict[str, Result]) -> list[tuple[str, str, str]]:
         "gateway_overhead": lambda what: "1 client" in what and "latency" in what,
         "cache": lambda what: what.startswith("over HTTP"),
         "cache_pairs": lambda what: True,
+        "prefill": lambda what: "2000-token" in what,
         "structured": lambda what: what.startswith("constrained decoding overhead, 1 stream"),
         "awq": lambda what: what.startswith("held-out"),
     }

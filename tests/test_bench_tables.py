@@ -149,12 +149,12 @@ def test_documented_flags_exist() -> None:
             assert f'"{flag}"' in src, f"{name}: {flag}"
 
 
-def test_the_suite_passes_peers_to_throughput_only() -> None:
+def test_the_suite_passes_peers_to_the_benches_that_measure_them() -> None:
     args = suite.parse_args(["--quick", "--only", "throughput,cache_pairs", "--llama-server", "/opt/llama-server"])
     assert [b.name for b in args.benches] == ["throughput", "cache_pairs"] and args.timeout == suite.QUICK_TIMEOUT_S
     extra = suite.peer_args(args)
     assert extra == ["--llama-server", "/opt/llama-server"]
-    assert suite.BY_NAME["throughput"].peer and not suite.BY_NAME["cache_pairs"].peer
+    assert {b.name for b in suite.SUITE if b.peer} == {"throughput", "prefill"}
     assert "--quick" in suite.BY_NAME["throughput"].argv(quick=True)
     assert [b.name for b in suite.parse_args(["--skip", "soak"]).benches] == [b.name for b in suite.SUITE if b.name != "soak"]
     with pytest.raises(SystemExit):
