@@ -20,8 +20,8 @@ the loader, then `prepare()` runs once on the final device:
 torch's layout stores w = (q - 8) * scale + zero_f; AWQ's w = (q - z) * scale, so zero_f = (8 - z) * scale.
 A layer built with `layout="gguf"` holds a GGUF file's Q4_0/Q4_1 blocks instead (gguf_blocks.py: groups of 32,
 w = d q + m, so zero_f = 8 d + m), served as they are by the W4A8 kernel (zero term -m, no integer zero point) or
-torch's int4 kernel (whose bf16 scale and zero round them); on CUDA they are dequantized once into a dense fp32
-weight (the Triton kernel reads AWQ's integer zero points).
+torch's int4 kernel (whose bf16 scale and zero round them); on CUDA the Triton W4A16 GEMM takes them with float zero
+terms.
 An act-order GPTQ layer (gptq_format.py) also carries `in_perm`: its weight's input channels are stored sorted
 by group, so the input's columns are gathered in that order first.
 """
@@ -39,6 +39,7 @@ from backend.quant.awq_format import QuantizedWeight, unpack
 from backend.quant.gguf_blocks import dequantize_blocks, unpack_q4
 from kernels.cpu.w4a8 import GROUP_SIZES as W4A8_GROUP_SIZES
 from kernels.cpu.w4a8 import pack_w4a8, pack_w4a8_terms, w4a8_linear
+from kernels.triton.awq_gemm import awq_pack
 
 DENSE_ROWS = 128  # from this many rows on, dequantize + dense GEMM beats the int4 kernel (measured ~96)
 DENSE_COPY_ROWS = 10  # from this many rows on, a kept dense copy beats the int4 kernel (measured ~9 bf16 AMX, ~8 fp32 AVX2)
@@ -72,7 +73,7 @@ class Int4Linear(nn.Module):
             self.scales = frozen(groups, out_features, dtype=torch.float16)
         self.bias = frozen(out_features, dtype=torch.float32) if bias else None
         self.register_buffer("in_perm", None)  # (in,) long, act-order GPTQ only (set by the loader)
-        # after prepare(): "w4a8" / "int4pack" (CPU), "dense" (CPU fallback; CUDA for the gguf layout), "triton" (CUDA)
+        # after prepare(): "w4a8" / "int4pack" (CPU), "dense" (CPU fallback), "triton" (CUDA)
         self.mode = "awq"
 
     def extra_repr(self) -> str:
@@ -106,12 +107,18 @@ class Int4Linear(nn.Module):
         d, m = (t.data.view(torch.float16).float() for t in (self.q4_scales, self.q4_mins))  # exact: fp16 in fp32
         del self.q4, self.q4_scales, self.q4_mins
         if q.device.type == "cuda":
-            self.weight_dense, self.mode = dequantize_blocks(q, d, m), "dense"  # fp32: exactly the blocks' values
+            self.prepare_triton_blocks(q, d, m)
             return
         if w4a8 is not None and self.group_size in W4A8_GROUP_SIZES and self.in_features % 64 == 0:
             self.w4a8, self.w4a8_lib, self.mode = pack_w4a8_terms(q, d, -m), w4a8, "w4a8"
             return
         self._prepare_torch(q, d, 8 * d + m, dense_copy)
+
+    def prepare_triton_blocks(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        """The Triton W4A16 GEMM with float zero terms (kernels/triton/awq_gemm.py): q in AWQ's packing, d as the
+        scales, -m as the zero terms (fp32, exact)."""
+        self.qweight = awq_pack(q.T.contiguous())
+        self.scales, self.zero_terms, self.mode = d.T.half().contiguous(), (-m).T.contiguous(), "triton"
 
     def _prepare_torch(self, q: torch.Tensor, scale: torch.Tensor, zero_f: torch.Tensor, dense_copy: bool) -> None:
         """torch's int4 layout: w = (q - 8) * scale + zero_f, scale and zero_f (out, groups) rounded to bf16."""
@@ -159,8 +166,6 @@ class Int4Linear(nn.Module):
             y = w4a8_linear(self.w4a8_lib, _unit_column_stride(rows.float()), self.w4a8)
         elif self.mode == "triton":
             y = self._forward_triton(rows)
-        elif self.mode == "dense" and hasattr(self, "weight_dense"):  # GGUF blocks on CUDA
-            y = F.linear(rows.to(self.weight_dense.dtype), self.weight_dense)
         elif self._use_dense_copy(rows.shape[0]):
             y = self.dense(rows.to(self.dense.dtype))
         elif self.mode == "int4pack" and (rows.shape[0] < DENSE_ROWS or not self.dense_ok):
@@ -185,13 +190,16 @@ class Int4Linear(nn.Module):
         from kernels.triton.awq_gemm import awq_gemm
 
         act = rows if rows.dtype in (torch.float16, torch.bfloat16) else rows.to(torch.float16)
-        return awq_gemm(act.contiguous(), self.qweight, self.qzeros, self.scales.to(act.dtype), self.group_size)
+        zero_terms = getattr(self, "zero_terms", None)  # GGUF blocks: float zero terms instead of AWQ's integers
+        qzeros = None if zero_terms is not None else self.qzeros
+        return awq_gemm(act.contiguous(), self.qweight, qzeros, self.scales.to(act.dtype), self.group_size,
+                        zero_terms=zero_terms)
 
     def weight_bytes(self) -> int:
         """Bytes this layer's weight occupies as prepared (integers + scales/zeros, or the dense weight of a
         shape torch cannot pack); the optional dense copy for batched calls is `dense_copy_bytes`."""
-        names = ("packed", "scales_zeros", "qweight", "qzeros", "scales", "q4", "q4_scales", "q4_mins", "weight_dense")
-        dense = self.dense.nbytes() if self.mode == "dense" and hasattr(self, "dense") else 0
+        names = ("packed", "scales_zeros", "qweight", "qzeros", "scales", "q4", "q4_scales", "q4_mins", "zero_terms")
+        dense = self.dense.nbytes() if self.mode == "dense" else 0
         w4a8 = self.w4a8.nbytes() if self.mode == "w4a8" else 0
         return sum(_nbytes(getattr(self, n, None)) for n in names) + dense + w4a8
 
