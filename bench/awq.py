@@ -12,10 +12,10 @@ each other, made on first use under the cache folder.
 
 Decode speed: per level, N streams each generate --new-tokens tokens (greedy, ignore_eos) from chat
 prompts; the clock starts once every stream has its first token (prefill done), so it measures decode
-steps only. fp32 and INT4 engines are measured back to back, --rounds times; the speedup reported is the
-median of the per-round ratios (the machine is shared: compare ratios, not absolute numbers). On a busy
-2-core machine use --threads 1: with 2 threads every op waits for a descheduled thread. The last line
-printed is one JSON object; it is also written to bench/results/awq.json.
+steps only. fp32, AWQ INT4 and GGUF-block engines are measured back to back, --rounds times; the speedups
+reported (AWQ over fp32, GGUF blocks over AWQ) are the medians of the per-round ratios (the machine is shared:
+compare ratios, not absolute numbers). On a busy 2-core machine use --threads 1: with 2 threads every op waits
+for a descheduled thread. The last line printed is one JSON object; it is also written to bench/results/awq.json.
 """
 
 from __future__ import annotations
@@ -121,19 +121,22 @@ def decode_tok_s(engine: LLMEngine, streams: int, new_tokens: int) -> float:
 
 
 def speed(engines: dict[str, LLMEngine], levels: list[int], new_tokens: int, rounds: int
-          ) -> tuple[dict[str, dict[int, float]], dict[int, list[float]]]:
-    """Best tok/s per engine and level, and the int4/fp32 ratio of each round (back-to-back measurements)."""
+          ) -> tuple[dict[str, dict[int, float]], dict[int, list[float]], dict[int, list[float]]]:
+    """Best tok/s per engine and level, and per round (back-to-back measurements) the int4 (AWQ) / fp32 and the
+    GGUF blocks / AWQ ratios."""
     best: dict[str, dict[int, float]] = {name: {} for name in engines}
     ratios: dict[int, list[float]] = {s: [] for s in levels}
+    gguf_ratios: dict[int, list[float]] = {s: [] for s in levels}
     for _ in range(rounds):
         for streams in levels:
             now: dict[str, float] = {}
             for name, engine in engines.items():  # alternate, so load changes hit both alike
                 now[name] = decode_tok_s(engine, streams, new_tokens)
                 best[name][streams] = max(best[name].get(streams, 0.0), now[name])
-                print(f"decode {name:5s} streams={streams:<3d} {now[name]:8.1f} tok/s", flush=True)
+                print(f"decode {name:9s} streams={streams:<3d} {now[name]:8.1f} tok/s", flush=True)
             ratios[streams].append(now["int4"] / now["fp32"])
-    return best, ratios
+            gguf_ratios[streams].append(now["gguf_q4_1"] / now["int4"])
+    return best, ratios, gguf_ratios
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -153,19 +156,19 @@ def main(argv: list[str] | None = None) -> None:
     engines = {"fp32": engine_for(args.fp_dir, args.threads), "int4": engine_for(args.awq_dir, args.threads)}
     ids = token_ids(engines["fp32"].tokenizer, HELDOUT)
     ppl: dict[str, float] = {}
-    others = {"rtn": args.rtn_dir, "gguf_q4_1": args.gguf_dir}
     for name, engine in [("fp32", engines["fp32"]), ("rtn", None), ("gguf_q4_1", None), ("awq", engines["int4"])]:
-        engine = engine or engine_for(others[name], args.threads)
+        if name == "gguf_q4_1":
+            engine = engines["gguf_q4_1"] = engine_for(args.gguf_dir, args.threads)  # raced in speed() too
+        engine = engine or engine_for(args.rtn_dir, args.threads)
         ppl[name], scored = perplexity(engine, ids, args.window)
         print(f"perplexity {name:9s} {ppl[name]:8.3f}  ({scored} held-out tokens)", flush=True)
-        if name == "gguf_q4_1":
-            gguf_int4_bytes = int4_weight_bytes(engine.runner.model)
         del engine
+    gguf_int4_bytes = int4_weight_bytes(engines["gguf_q4_1"].runner.model)
     weights = weight_report(engines["int4"])
     for key, value in weights.items():
         print(f"weights {key:24s} {value:>12,d}")
     levels = [int(s) for s in args.streams.split(",")]
-    tok_s, ratios = speed(engines, levels, args.new_tokens, args.rounds)
+    tok_s, ratios, gguf_ratios = speed(engines, levels, args.new_tokens, args.rounds)
     result = {
         "bench": "awq", "cpus": torch.get_num_threads(), "window": args.window, "heldout_tokens": scored,
         "group_size": engines["int4"].runner.model.layers[0].mlp.down_proj.group_size,
@@ -178,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
         "decode_tok_s": {name: {str(k): round(v, 1) for k, v in levels_.items()} for name, levels_ in tok_s.items()},
         "int4_over_fp32": {str(s): round(statistics.median(ratios[s]), 3) for s in levels},  # median of rounds
         "int4_over_fp32_rounds": {str(s): [round(r, 3) for r in ratios[s]] for s in levels},
+        "gguf_q4_1_over_awq": {str(s): round(statistics.median(gguf_ratios[s]), 3) for s in levels},
+        "gguf_q4_1_over_awq_rounds": {str(s): [round(r, 3) for r in gguf_ratios[s]] for s in levels},
         "new_tokens": args.new_tokens, "rounds": args.rounds,
     }
     emit(result, default_out("awq"))  # bench/plots.py plots it
