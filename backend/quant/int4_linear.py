@@ -96,7 +96,7 @@ class Int4Linear(nn.Module):
         qw = unpack(self.qweight.data, self.qzeros.data, self.scales.data.half())
         scale = qw.scales.float()  # (out, groups)
         del self.qweight, self.qzeros, self.scales  # the repacked copy replaces them
-        if w4a8 is not None and self.group_size in W4A8_GROUP_SIZES:
+        if w4a8 is not None and self._w4a8_fits():
             self.w4a8, self.w4a8_lib, self.mode = pack_w4a8(qw.q, scale, qw.zeros.float()), w4a8, "w4a8"
             return
         self._prepare_torch(qw.q, scale, (8 - qw.zeros.float()) * scale, dense_copy)
@@ -109,10 +109,14 @@ class Int4Linear(nn.Module):
         if q.device.type == "cuda":
             self.prepare_triton_blocks(q, d, m)
             return
-        if w4a8 is not None and self.group_size in W4A8_GROUP_SIZES and self.in_features % 64 == 0:
+        if w4a8 is not None and self._w4a8_fits():
             self.w4a8, self.w4a8_lib, self.mode = pack_w4a8_terms(q, d, -m), w4a8, "w4a8"
             return
         self._prepare_torch(q, d, 8 * d + m, dense_copy)
+
+    def _w4a8_fits(self) -> bool:
+        """The W4A8 kernel's shapes: its group sizes, in_features in whole 64-value blocks (group 32: two per block)."""
+        return self.group_size in W4A8_GROUP_SIZES and self.in_features % 64 == 0
 
     def prepare_triton_blocks(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         """The Triton W4A16 GEMM with float zero terms (kernels/triton/awq_gemm.py): q in AWQ's packing, d as the
