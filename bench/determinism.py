@@ -1,6 +1,6 @@
 """What determinism costs: the serving configuration with `deterministic` on (the default) and off, side by side.
 
-    python -m bench.determinism                      # the default model's AWQ INT4 copy (SMOLGATE_* variables apply)
+    python -m bench.determinism                      # the default model's INT4 copy (SMOLGATE_* variables apply)
     python -m bench.determinism --model DIR --streams 1,16 --new-tokens 32 --rounds 2
 
 Two engines in one process, identical but for EngineConfig.deterministic (docs/determinism.md). Per concurrency level

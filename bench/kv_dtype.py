@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m bench.kv_dtype", description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=120)
-    p.add_argument("--quantization", default="awq", choices=["awq", "none"])
+    p.add_argument("--quantization", default="auto", choices=["auto", "awq", "none"])
     p.add_argument("--dtypes", default="float32,bfloat16", help="the two kv_cache_dtype values compared")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)

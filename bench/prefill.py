@@ -53,8 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lengths", default="128,512,2000", help="prompt lengths in tokens")
     p.add_argument("--reps", type=int, default=3, help="rounds: one prompt per length per round")
     p.add_argument("--new-tokens", type=int, default=2, help="tokens generated per request (default 2)")
-    p.add_argument("--quantization", choices=["awq", "none"],
-                   help="our server's copy of the default model (default: SMOLGATE_QUANTIZATION, else awq)")
+    p.add_argument("--quantization", choices=["auto", "awq", "none"],
+                   help="our server's copy of the default model (default: SMOLGATE_QUANTIZATION, else auto)")
     p.add_argument("--url", default="", help="a running gateway to measure instead of starting one")
     p.add_argument("--api-key", default="", help="bearer key for --url")
     p.add_argument("--threads", type=int, default=0, help="llama-server's -t (0: the cores this process may use)")
@@ -92,7 +92,7 @@ def our_server(args: argparse.Namespace) -> Iterator[str]:
     config = serving_config(args)
     if not config.resolved_model().exists():
         raise SystemExit(f"{config.resolved_model()} is missing: run `python -m backend.fetch` "
-                         "(it builds the AWQ INT4 copy) or pass --quantization none")
+                         "(it builds the serving copy) or pass --quantization none")
     env = {"SMOLGATE_API_KEYS": ""}
     if args.quantization:
         env["SMOLGATE_QUANTIZATION"] = args.quantization

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m bench.prefill_attention", description=__doc__.split("\n")[0])
     p.add_argument("--lengths", default="50,200,500,1000,2000", help="prompt lengths in tokens")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--quantization", default="awq", choices=["awq", "none"])
+    p.add_argument("--quantization", default="auto", choices=["auto", "awq", "none"])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     lengths = [int(n) for n in args.lengths.split(",")]

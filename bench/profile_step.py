@@ -1,6 +1,6 @@
 """Where one engine step goes: time decode steps at a given batch size and group the CPU time by op.
 
-    python -m bench.profile_step --batch 32 --quantization awq     # the serving configuration
+    python -m bench.profile_step --batch 32 --quantization auto    # the serving configuration
     python -m bench.profile_step --batch 1 --quantization none
 
 It starts `batch` greedy requests (the throughput bench's questions), runs steps until every request is
@@ -67,7 +67,7 @@ def profile_steps(engine: LLMEngine, steps: int, top: int) -> list[dict[str, Any
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m bench.profile_step", description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--quantization", default="awq", choices=["awq", "none"])
+    p.add_argument("--quantization", default="auto", choices=["auto", "awq", "none"])
     p.add_argument("--steps", type=int, default=20, help="timed decode steps (median reported)")
     p.add_argument("--profile-steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=0)

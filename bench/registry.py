@@ -13,7 +13,7 @@ class Bench:
     args: tuple[str, ...] = ()  # the full run
     quick: tuple[str, ...] = ()  # the smoke run
     peer: bool = False  # takes the peer flags (--llama-server, --peer-url, ...)
-    quantization: bool = False  # takes --quantization awq|none
+    quantization: bool = False  # takes --quantization auto|awq|none
     what: str = ""
 
     def argv(self, quick: bool) -> list[str]:

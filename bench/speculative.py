@@ -1,6 +1,6 @@
 """python -m bench.speculative: n-gram, reference-text and draft-model speculation vs plain decoding.
 
-The target is the full-precision default model; the draft model is its AWQ INT4 copy; the Medusa heads are
+The target is the full-precision default model; the draft model is its INT4 copy (the GGUF's blocks); the Medusa heads are
 the self-distilled ones (trained first by backend.spec.medusa_train if the cache has none). Every figure is a
 ratio inside one run (the machine is shared): the same greedy requests go through a plain engine and
 each speculating engine, interleaved prompt group by prompt group, and the outputs are checked to be identical.

@@ -1,7 +1,7 @@
 """Constrained decoding cost and correctness: per-token overhead at 1 and 32 streams, grammar compile
 time (cold and cached), and the share of constrained outputs that validate.
 
-    python -m bench.structured [--streams 1,32] [--new-tokens 32] [--valid-requests 24] [--quantization awq|none]
+    python -m bench.structured [--streams 1,32] [--new-tokens 32] [--valid-requests 24] [--quantization auto|awq|none]
 
 Overhead: the same N chat prompts decode --new-tokens tokens (greedy, ignore_eos) unconstrained and
 then constrained to stay inside a JSON string (the costliest lexeme to mask: almost any token may
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--streams", default="1,32")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--valid-requests", type=int, default=24)
-    ap.add_argument("--quantization", default="awq", choices=["awq", "none"])
+    ap.add_argument("--quantization", default="auto", choices=["auto", "awq", "none"])
     args = ap.parse_args(argv)
     engine = LLMEngine(EngineConfig(max_num_seqs=64, quantization=args.quantization))
     free = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)

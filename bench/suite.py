@@ -86,9 +86,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip", default="", help="comma-separated bench names to leave out")
     p.add_argument("--timeout", type=float, default=None,
                    help=f"seconds per bench (default: none; {QUICK_TIMEOUT_S:.0f} with --quick)")
-    p.add_argument("--quantization", choices=["awq", "none"], default=os.environ.get("BENCH_QUANTIZATION") or None,
+    p.add_argument("--quantization", choices=["auto", "awq", "none"], default=os.environ.get("BENCH_QUANTIZATION") or None,
                    help="the engine's weights in every bench that has the choice (default: each bench's own, "
-                   "mostly the AWQ INT4 copy that `python -m backend.fetch` builds)")
+                   "mostly the INT4 copy that `python -m backend.fetch` writes: the GGUF's blocks)")
     p.add_argument("--no-tables", action="store_true", help="do not regenerate the tables and plots at the end")
     p.add_argument("--list", action="store_true", help="print the suite and exit")
     peer.add_peer_args(p)

@@ -196,6 +196,8 @@ def structured(r: Result) -> Figures:
 def awq(r: Result) -> Figures:
     rows = [("held-out perplexity", " / ".join(f"{k} {num(v, 2)}" for k, v in r["perplexity"].items()))]
     rows += [(f"decode, INT4 / fp32 tokens/s, {streams(n)}", f"x{num(v, 2)}") for n, v in r.get("int4_over_fp32", {}).items()]
+    rows += [(f"decode, GGUF Q4_1 blocks / AWQ tokens/s, {streams(n)}", f"x{num(v, 2)}")
+             for n, v in r.get("gguf_q4_1_over_awq", {}).items()]
     return rows
 
 

@@ -1,13 +1,13 @@
 """Generation throughput and latency: this engine at 1 and 32 concurrent streams vs HF `generate`.
 
     python -m bench.throughput [--streams 1,32] [--new-tokens 128] [--hf-requests 3] [--dtype float32]
-                               [--quantization awq|none] [--threads N]
+                               [--quantization auto|awq|none] [--threads N]
     python -m bench.throughput --quick        # a tiny run (4 prompts, 8 new tokens, 1 HF request)
     python -m bench.throughput --llama-server PATH   # llama.cpp's server measured in the same run (bench/peer.py)
 
 Every request is a chat prompt from QUESTIONS (built with the model's chat template) that generates
 exactly --new-tokens tokens (greedy, ignore_eos). The engine runs its serving configuration (SMOLGATE_*
-variables apply; by default the AWQ INT4 copy of the default model). Per concurrency level a fresh
+variables apply; by default the INT4 copy of the default model, the GGUF's own blocks). Per concurrency level a fresh
 engine is loaded, warmed up with one request, then `max(streams, --min-requests)` requests run with at
 most `streams` in flight. Per request it records TTFT (submit -> first token) and inter-token latencies
 (the gap between successive deltas, divided evenly when a delta carries several tokens). The baseline
@@ -339,9 +339,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-requests", type=int, default=4, help="requests per level: max(streams, this)")
     p.add_argument(
         "--quantization",
-        choices=["awq", "none"],
-        help="the engine's copy of the default model: awq (INT4) or none (full precision, the weights HF runs); "
-        "default: the engine's own default (SMOLGATE_QUANTIZATION, else awq)",
+        choices=["auto", "awq", "none"],
+        help="the engine's copy of the default model: auto (the GGUF's INT4 blocks), awq (INT4, AWQ) or none (full "
+        "precision, the weights HF runs); default: the engine's own default (SMOLGATE_QUANTIZATION, else auto)",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads for both engine and HF (0: all cores)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -372,7 +372,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
     if not config.resolved_model().exists():
         raise SystemExit(
-            f"{config.resolved_model()} is missing: run `python -m backend.fetch` (it builds the AWQ INT4 copy) "
+            f"{config.resolved_model()} is missing: run `python -m backend.fetch --copies {config.quantization}` "
             "or pass --quantization none"
         )
     return config

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from backend.config import EngineConfig, cache_dir, default_model_path
+from backend.config import EngineConfig, cache_dir, default_gguf_model_path, default_model_path
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import RequestOutput
 from backend.engine.sampling_params import SamplingParams
@@ -49,8 +49,8 @@ def model_path() -> Path:
 def rtn_int4_model() -> Path:
     """The default model in the serving copy's INT4 format (round-to-nearest, group 64), made once per cache.
 
-    `make test` has no AWQ copy (`make test-models` fetches with --no-awq): tests of the INT4 path (determinism, the
-    draft model) use this one. Only the weights' values differ from AWQ's search, not the format or the kernels."""
+    `make test` has no AWQ copy (`make test-models` fetches --copies auto,none): tests of the INT4 path (determinism,
+    the draft model) use this one. Only the weights' values differ from AWQ's search, not the format or the kernels."""
     from backend.quant.awq import quantize_model
 
     out = cache_dir() / "test-models" / "SmolLM2-135M-Instruct-rtn-g64"
@@ -60,6 +60,15 @@ def rtn_int4_model() -> Path:
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     return out
+
+
+@cache
+def gguf_int4_model() -> Path:
+    """The default serving copy: the shipped GGUF's Q4_1 blocks as they are (`make test-models` writes it; written
+    here in seconds if missing, from the GGUF kept in the cache)."""
+    from backend.fetch import fetch_gguf_blocks
+
+    return fetch_gguf_blocks(default_gguf_model_path())
 
 
 def make_engine(**overrides: object) -> LLMEngine:

@@ -4,11 +4,11 @@ every request the same tokens and the same log-probabilities, to the bit, cold o
 of mixed prefill chunks and decodes, chunked or whole, preempted and recomputed, with or without speculation; greedy
 and seeded (temperature 0.8, top_p 0.95).
 
-`make test` has no AWQ copy of the model (`make test-models` fetches with --no-awq), so the fixture quantizes the
-full-precision weights once with round-to-nearest into the same INT4 checkpoint format (AWQ GEMM layout, group 64: what
-the serving copy uses) and keeps it on disk. Determinism is a property of the kernels and the engine, not of the
-quantizer's quality: the AWQ search only changes the weights' values. Skipped where the C kernels cannot build (the
-torch fallback is not batch-invariant, as the doc says)."""
+Every test runs on two INT4 models: the default serving copy (the shipped GGUF's Q4_1 blocks, groups of 32) and, as
+`make test` has no AWQ copy (`make test-models` fetches --copies auto,none), the full-precision weights quantized once
+with round-to-nearest into the AWQ checkpoint format (group 64), kept on disk. Determinism is a property of the kernels
+and the engine, not of the quantizer's quality: the AWQ search only changes the weights' values. Skipped where the C
+kernels cannot build (the torch fallback is not batch-invariant, as the doc says)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,15 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.quant.int4_linear import Int4Linear
 from tests.c_kernels import requires_c_kernels
-from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, rtn_int4_model, run_to_completion, token_ids
+from tests.engine_helpers import (
+    QUESTIONS,
+    assert_no_leaks,
+    chat_ids,
+    gguf_int4_model,
+    rtn_int4_model,
+    run_to_completion,
+    token_ids,
+)
 
 pytestmark = requires_c_kernels
 
@@ -35,9 +43,9 @@ OTHER = SamplingParams(temperature=0, max_tokens=MAX_NEW + 6, ignore_eos=True)
 Result = tuple[list[int], list[float]]  # token ids, the chosen tokens' log-probabilities
 
 
-@pytest.fixture(scope="module")
-def int4_model() -> Path:
-    return rtn_int4_model()
+@pytest.fixture(scope="module", params=["gguf-q4_1-g32", "rtn-awq-g64"])
+def int4_model(request: pytest.FixtureRequest) -> Path:
+    return gguf_int4_model() if request.param.startswith("gguf") else rtn_int4_model()
 
 
 def engine(model: Path, **overrides: object) -> LLMEngine:

@@ -54,6 +54,40 @@ def test_awq_gemm(dtype, case):
     check(out, ref, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("case", GEMM_CASES[:2], ids=lambda c: f"m{c[0]}k{c[1]}n{c[2]}g{c[3]}sk{c[4]}")
+def test_awq_gemm_float_zero_terms(dtype, case):
+    """GGUF Q4_1 blocks (w = q * d + m): float zero terms -m per group instead of integer zero points."""
+    m, k, n, group_size, split_k, block_m, block_n = case
+    g = generator("awq-zt", dtype, case)
+    qweight, _, scales = random_awq(g, k, n, group_size)
+    mins = -(torch.rand(k // group_size, n, generator=g) * 0.1).half()
+    w = aw.awq_unpack(qweight).float() * scales.float().repeat_interleave(group_size, 0)
+    w = w + mins.float().repeat_interleave(group_size, 0)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    out = poison(m, n, dtype=dtype, device=DEV)
+    zt = (-mins.float()).contiguous()
+    aw.awq_gemm(*(t.to(DEV) for t in (x, qweight)), None, scales.to(DEV), group_size, out=out, split_k=split_k,
+                block_m=block_m, block_n=block_n, zero_terms=zt.to(DEV))
+    check(out, x.float() @ w, dtype)
+
+
+def test_int4_linear_gguf_blocks_on_the_triton_path():
+    """Int4Linear's CUDA preparation of GGUF blocks (AWQ packing, fp16 scales, fp32 zero terms) through the kernel."""
+    from backend.quant.gguf_blocks import dequantize_blocks
+    from backend.quant.int4_linear import Int4Linear
+
+    g = generator("awq-gguf-layer")
+    q = torch.randint(0, 16, (48, 128), generator=g, dtype=torch.uint8)
+    d = (torch.rand(48, 4, generator=g) * 0.01 + 1e-3).half()
+    m = (-torch.rand(48, 4, generator=g) * 0.08).half()
+    layer = Int4Linear(128, 48, 32, bias=False, layout="gguf")
+    layer.prepare_triton_blocks(*(t.to(DEV) for t in (q, d.float(), m.float())))
+    assert layer.mode == "triton"
+    x = torch.randn(5, 128, generator=g).half()
+    check(layer(x.to(DEV)), x.float() @ dequantize_blocks(q, d, m).T, torch.float16)
+
+
 def test_awq_gemm_quantized_linear_close_to_fp():
     """End to end on a real weight: quantise, run the kernel, compare with the float matmul."""
     g = generator("awq-linear")

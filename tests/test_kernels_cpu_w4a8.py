@@ -13,6 +13,7 @@ from backend.quant.int4_linear import Int4Linear, dequantized_weight
 from kernels.cpu.w4a8 import (
     load_w4a8,
     pack_w4a8,
+    pack_w4a8_terms,
     quantize_rows_ref,
     unpack_w4a8,
     w4a8_linear,
@@ -49,7 +50,7 @@ def test_pack_roundtrip_and_layout() -> None:
     assert w.q[0, 33].item() == q[0, 65].item() | (q[0, 97].item() << 4)  # byte j: values j and j + 32 of its block
 
 
-@pytest.mark.parametrize("group", [64, 128, 256])
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
 @pytest.mark.parametrize("rows", [1, 3, 4, 9, 32, 70])  # the 4-row tile, its tails, several 32-row blocks
 def test_matches_reference_and_float_matmul(lib, group: int, rows: int) -> None:
     n, k = 40, 512  # 40 weight rows: two chunks of 16 plus a tail of 8
@@ -64,8 +65,9 @@ def test_matches_reference_and_float_matmul(lib, group: int, rows: int) -> None:
     assert ((y - exact).norm() / exact.norm()).item() < 0.02  # what int8 activations cost
 
 
-def test_a_row_does_not_depend_on_its_batch(lib) -> None:
-    q, scales, zeros = random_weight(48, 256, 64)
+@pytest.mark.parametrize("group", [32, 64])
+def test_a_row_does_not_depend_on_its_batch(lib, group: int) -> None:
+    q, scales, zeros = random_weight(48, 256, group)
     w = pack_w4a8(q, scales, zeros)
     x = torch.randn(37, 256)
     full = w4a8_linear(lib, x, w)
@@ -100,7 +102,29 @@ def test_launcher_checks_shapes(lib) -> None:
     with pytest.raises(AssertionError, match="float32"):
         w4a8_linear(lib, torch.randn(2, 64, dtype=torch.float64), w)
     with pytest.raises(AssertionError, match="group size"):
-        pack_w4a8(*random_weight(16, 64, 32))
+        pack_w4a8(*random_weight(16, 64, 16))
+    with pytest.raises(AssertionError, match="multiple of 64"):
+        pack_w4a8(*random_weight(16, 96, 32))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_zero_terms_of_gguf_blocks(lib, rows: int) -> None:
+    """Group 32 with a float zero term per block (GGUF Q4_1: w = d q + m), against the exact fp32 matmul and the
+    kernel's reference; the 32-value groups are the two halves of each 64-value block."""
+    n, k = 24, 384
+    g = torch.Generator().manual_seed(7)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    d = (torch.rand(n, k // 32, generator=g) * 0.02 + 1e-3).half().float()
+    m = -(torch.rand(n, k // 32, generator=g) * 0.15).half().float()
+    w = pack_w4a8_terms(q, d, -m)
+    assert w.group_size == 32 and torch.equal(unpack_w4a8(w), q)
+    weight = (q.float().view(n, -1, 32) * d[..., None] + m[..., None]).view(n, k)
+    x = torch.randn(rows, k, generator=g)
+    y = w4a8_linear(lib, x, w)
+    ref = w4a8_linear_ref(x, w)
+    assert ((y - ref).abs().max() / ref.abs().max()).item() < 1e-5
+    exact = x @ weight.T
+    assert ((y - exact).norm() / exact.norm()).item() < 0.02
 
 
 @pytest.mark.parametrize("rows", [1, 32, 200])

@@ -132,11 +132,13 @@ def test_saved_checkpoint_reads_back(tmp_path: Path) -> None:
     assert torch.equal(loaded["model.layers.0.self_attn.q_proj.qweight"], tensors["model.layers.0.self_attn.q_proj.qweight"])
 
 
-def test_engine_serves_the_awq_copy_of_the_default_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_engine_serves_the_gguf_blocks_of_the_default_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from backend.config import EngineConfig, engine_config_from_env
 
     monkeypatch.setenv("SMOLGATE_CACHE", str(tmp_path))
-    assert EngineConfig().resolved_model() == tmp_path / "models" / "awq" / "SmolLM2-135M-Instruct"
+    assert EngineConfig().resolved_model() == tmp_path / "models" / "gguf" / "SmolLM2-135M-Instruct"
+    awq = EngineConfig(quantization="awq").resolved_model()
+    assert awq == tmp_path / "models" / "awq" / "SmolLM2-135M-Instruct"
     fp = engine_config_from_env(environ={"SMOLGATE_QUANTIZATION": "none"})
     assert fp.resolved_model() == tmp_path / "models" / "SmolLM2-135M-Instruct"
     assert EngineConfig(model="/m/x", quantization="none").resolved_model() == Path("/m/x")  # explicit: as is

@@ -57,7 +57,7 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.set_flush_denormal(True)  # denormals made the CPU forward ~2x slower
-        model_dir = resolve_model_dir(config.resolved_model())
+        model_dir = resolve_model_dir(config.resolved_model(), gguf_blocks=config.quantization == "auto")
         self.model_name = config.served_model_name or config.resolved_model().name.removesuffix(".gguf")
         self.tokenizer = load_tokenizer(model_dir)
         hf_max = model_max_len(model_dir)

@@ -1,7 +1,8 @@
 """Load a model directory (HF safetensors) or a GGUF file into our LlamaForCausalLM.
 
 HF names map onto ours with two fusions: q/k/v -> qkv_proj and gate/up -> gate_up_proj.
-A GGUF file is converted once to safetensors under the cache folder, then loaded the same way.
+A GGUF file is converted once to safetensors under the cache folder, then loaded the same way: by default
+(`quantization: auto`) its Q4_0/Q4_1 blocks as they are (backend/quant/gguf_blocks.py), otherwise dequantized.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from backend.model.llama import LlamaForCausalLM
 from backend.model.ops import CpuOps, Ops
 from backend.model.rope import RotaryEmbedding
 from backend.quant.config import AWQ_TENSORS, AwqConfig, GptqConfig, awq_config_of, gptq_config_of
+from backend.quant.gguf_blocks import BLOCK_TENSORS, NoBlocksError, as_module_tensors, dequantize_mixed_groups, is_gguf_blocks
 
 SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "smollm3"}
 FUSED = {  # our parameter -> the HF parameters concatenated along the output dimension
@@ -28,13 +30,22 @@ FUSED = {  # our parameter -> the HF parameters concatenated along the output di
 }
 
 
-def resolve_model_dir(path: Path) -> Path:
-    """A GGUF file becomes a converted directory under the cache; a directory is used as is."""
+def resolve_model_dir(path: Path, gguf_blocks: bool = False) -> Path:
+    """A GGUF file becomes a converted directory under the cache (`gguf_blocks`: its Q4_0/Q4_1 blocks kept as they
+    are where it has them; else dequantized); a directory is used as is."""
     if path.is_dir():
         return path
     if path.suffix != ".gguf" or not path.exists():
         raise FileNotFoundError(f"model not found (need an HF directory or a .gguf file): {path}")
     digest = hashlib.sha256(f"{path.resolve()}:{path.stat().st_size}".encode()).hexdigest()[:12]
+    if gguf_blocks:
+        from backend.quant.gguf_blocks import convert_gguf_blocks
+
+        blocks = cache_dir() / "converted" / f"{path.stem}-{digest}-blocks"
+        try:
+            return blocks if (blocks / "model.safetensors").exists() else convert_gguf_blocks(path, blocks)
+        except NoBlocksError:
+            pass  # nothing 4-bit to keep (another block type, another architecture): dequantized below
     out = cache_dir() / "converted" / f"{path.stem}-{digest}"
     if not (out / "model.safetensors").exists():
         from backend.model.gguf_convert import convert_gguf_to_hf
@@ -77,7 +88,7 @@ def to_our_names(hf: dict[str, torch.Tensor], layer_ids: range) -> dict[str, tor
         prefix = f"layers.{i}."
         layer = {k.removeprefix(prefix): v for k, v in hf.items() if k.startswith(prefix)}
         for fused, parts in FUSED.items():
-            for kind in ("weight", "bias", *AWQ_TENSORS):  # AWQ tensors are (in, out): fuse along dim 1
+            for kind in ("weight", "bias", *AWQ_TENSORS, *BLOCK_TENSORS):  # AWQ tensors are (in, out): fuse along dim 1
                 if f"{parts[0]}.{kind}" in layer:
                     dim = 1 if kind in AWQ_TENSORS else 0
                     layer[f"{fused}.{kind}"] = torch.cat([layer.pop(f"{p}.{kind}") for p in parts], dim=dim)
@@ -125,6 +136,8 @@ def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | Non
         ends = model.embed_tokens is not None
         keep = lambda name: keeps_tensor(name, model.layer_ids, ends)  # noqa: E731
     hf = read_hf_tensors(model_dir, keep)
+    if any(k.endswith(".q4") for k in hf):  # GGUF blocks: a fused projection's parts must share a form
+        hf = as_module_tensors(dequantize_mixed_groups(hf, FUSED.values()))
     if gptq is not None:
         from backend.quant.gptq_format import convert_gptq_tensors
 
@@ -154,8 +167,15 @@ def load_model(
     gptq = gptq_config_of(config)  # GPTQ is converted to the same INT4 layout at load time
     if gptq is not None:
         awq = AwqConfig(group_size=gptq.group_size)
+    blocks = is_gguf_blocks(model_dir)  # a GGUF's Q4_0/Q4_1 blocks: INT4 layers where the state holds them
+    if blocks and tp is not None:
+        raise ValueError("tensor parallelism needs full-precision weights (quantization: none)")
     model = _empty_model(config, max_positions, ops, awq, quantization, tp, pp)
     state = _read_state(model_dir, model, gptq, tp, pp)
+    if blocks:
+        from backend.quant.convert import swap_in_gguf_blocks
+
+        swap_in_gguf_blocks(model, state)
     for name in [k for k in state if k.endswith(".in_perm")]:  # act-order: Int4Linear gathers its input columns
         model.get_submodule(name.removesuffix(".in_perm")).register_buffer("in_perm", state.pop(name))
     tied = config.tie_word_embeddings and model.embed_tokens is not None  # a later pipeline stage has neither
@@ -168,7 +188,7 @@ def load_model(
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model = model.to(device=device, dtype=dtype).eval()
-    if awq is not None:
+    if awq is not None or blocks:
         from backend.quant.convert import prepare_int4
 
         prepare_int4(model, dense_copy=int4_dense_copy, cpu_kernel=int4_cpu_kernel, deterministic=deterministic)

@@ -82,7 +82,7 @@ def _load_worker_model(cfg: Any) -> tuple[nn.Module, torch.dtype, str]:
     from backend.model.ops import select_ops
     from backend.model.weights import load_model, model_max_len, resolve_model_dir
 
-    model_dir = resolve_model_dir(cfg.resolved_model())
+    model_dir = resolve_model_dir(cfg.resolved_model(), gguf_blocks=cfg.quantization == "auto")
     hf_max = model_max_len(model_dir)
     max_len = min(cfg.max_model_len or hf_max, hf_max)
     dtype, device = DTYPES[cfg.dtype], cfg.resolved_device()

@@ -40,10 +40,10 @@ def awq_config_of(config: PretrainedConfig) -> AwqConfig | None:
         return None
     q = q if isinstance(q, dict) else q.to_dict()
     method = q.get("quant_method")
-    if method == "gptq":
-        return None  # gptq_config_of reads it
+    if method in {"gptq", "gguf_blocks"}:
+        return None  # gptq_config_of reads it; a GGUF's blocks are found by their tensors (backend/quant/gguf_blocks.py)
     if method != "awq":
-        raise ValueError(f"unsupported quantization {method!r}: only AWQ and GPTQ 4-bit checkpoints load")
+        raise ValueError(f"unsupported quantization {method!r}: only AWQ, GPTQ and GGUF-block 4-bit checkpoints load")
     bits, group = q.get("bits", q.get("w_bit")), q.get("group_size", q.get("q_group_size"))
     version, zero_point = str(q.get("version", "gemm")).lower(), q.get("zero_point", True)
     if bits != 4 or version != "gemm" or not zero_point or group not in GROUP_SIZES:

@@ -1,6 +1,7 @@
-"""Turn our LlamaForCausalLM into its INT4 form for an AWQ checkpoint: the loader's two hooks.
+"""Turn our LlamaForCausalLM into its INT4 form for an AWQ checkpoint or a GGUF's blocks: the loader's hooks.
 
     swap_in_int4(model, awq)   on the meta device, before load_state_dict: every projection -> Int4Linear
+    swap_in_gguf_blocks(model, state)   the same for a GGUF's Q4_0/Q4_1 blocks, projection by projection
     prepare_int4(model)        after loading and moving to the device: repack, plus a low-bit lm_head copy
     quantize_int8(model)       a full-precision model after loading (quantization: int8): projections ->
                                Int8Linear (per-channel int8), plus the same lm_head copy
@@ -21,6 +22,7 @@ from torch import nn
 from backend.config import cache_dir
 from backend.model.cpu_gemm import dense_dtype
 from backend.quant.config import AwqConfig
+from backend.quant.gguf_blocks import BLOCK
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear
 from backend.quant.lm_head import LowBitHead
@@ -39,6 +41,20 @@ def swap_in_int4(model: nn.Module, awq: AwqConfig) -> None:
             parent = getattr(layer, parent_name)
             linear: nn.Linear = getattr(parent, name)
             int4 = Int4Linear(linear.in_features, linear.out_features, awq.group_size, linear.bias is not None)
+            setattr(parent, name, int4)
+
+
+def swap_in_gguf_blocks(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """On the meta device, before load_state_dict: each projection whose GGUF blocks `state` holds (our names, after
+    fusion) -> an empty Int4Linear in the gguf layout; the others stay nn.Linear (their tensors were dequantized)."""
+    for i, layer in enumerate(model.layers):
+        for path in PROJECTIONS:
+            if f"layers.{i}.{path}.q4" not in state:
+                continue
+            parent_name, name = path.split(".")
+            parent = getattr(layer, parent_name)
+            linear: nn.Linear = getattr(parent, name)
+            int4 = Int4Linear(linear.in_features, linear.out_features, BLOCK, linear.bias is not None, layout="gguf")
             setattr(parent, name, int4)
 
 

@@ -18,6 +18,10 @@ the loader, then `prepare()` runs once on the final device:
 - CUDA: keep the AWQ layout and call the Triton W4A16 GEMM (kernels/triton/awq_gemm.py).
 
 torch's layout stores w = (q - 8) * scale + zero_f; AWQ's w = (q - z) * scale, so zero_f = (8 - z) * scale.
+A layer built with `layout="gguf"` holds a GGUF file's Q4_0/Q4_1 blocks instead (gguf_blocks.py: groups of 32,
+w = d q + m, so zero_f = 8 d + m), served as they are by the W4A8 kernel (zero term -m, no integer zero point) or
+torch's int4 kernel (whose bf16 scale and zero round them); on CUDA the Triton W4A16 GEMM takes them with float zero
+terms.
 An act-order GPTQ layer (gptq_format.py) also carries `in_perm`: its weight's input channels are stored sorted
 by group, so the input's columns are gathered in that order first.
 """
@@ -32,8 +36,10 @@ from torch import nn
 
 from backend.model.cpu_gemm import PackedLinear, dense_dtype
 from backend.quant.awq_format import QuantizedWeight, unpack
+from backend.quant.gguf_blocks import dequantize_blocks, unpack_q4
 from kernels.cpu.w4a8 import GROUP_SIZES as W4A8_GROUP_SIZES
-from kernels.cpu.w4a8 import pack_w4a8, w4a8_linear
+from kernels.cpu.w4a8 import pack_w4a8, pack_w4a8_terms, w4a8_linear
+from kernels.triton.awq_gemm import awq_pack
 
 DENSE_ROWS = 128  # from this many rows on, dequantize + dense GEMM beats the int4 kernel (measured ~96)
 DENSE_COPY_ROWS = 10  # from this many rows on, a kept dense copy beats the int4 kernel (measured ~9 bf16 AMX, ~8 fp32 AVX2)
@@ -43,21 +49,32 @@ CPU_BLOCKS_N = (64, 32)
 
 
 class Int4Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool) -> None:
+    def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool, layout: str = "awq") -> None:
+        """layout "awq": AWQ's qweight / qzeros / scales (awq_format.py); "gguf": q4 / q4_scales / q4_mins, a GGUF
+        file's Q4_0/Q4_1 blocks (gguf_blocks.py; group_size 32), the fp16 scales and minimums held as their int16
+        bit patterns so that casting the model to another float dtype cannot round them."""
         super().__init__()
-        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        if layout not in {"awq", "gguf"}:
+            raise ValueError(f"unknown Int4Linear layout {layout!r}")
+        self.in_features, self.out_features, self.group_size, self.layout = in_features, out_features, group_size, layout
         groups = in_features // group_size
 
         def frozen(*shape: int, dtype: torch.dtype) -> nn.Parameter:
             return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
         # Parameters (not buffers) so the loader's "anything left on the meta device?" check covers them.
-        self.qweight = frozen(in_features, out_features // 8, dtype=torch.int32)
-        self.qzeros = frozen(groups, out_features // 8, dtype=torch.int32)
-        self.scales = frozen(groups, out_features, dtype=torch.float16)
+        if layout == "gguf":
+            self.q4 = frozen(out_features, in_features // 2, dtype=torch.uint8)
+            self.q4_scales = frozen(out_features, groups, dtype=torch.int16)
+            self.q4_mins = frozen(out_features, groups, dtype=torch.int16)
+        else:
+            self.qweight = frozen(in_features, out_features // 8, dtype=torch.int32)
+            self.qzeros = frozen(groups, out_features // 8, dtype=torch.int32)
+            self.scales = frozen(groups, out_features, dtype=torch.float16)
         self.bias = frozen(out_features, dtype=torch.float32) if bias else None
         self.register_buffer("in_perm", None)  # (in,) long, act-order GPTQ only (set by the loader)
-        self.mode = "awq"  # after prepare(): "w4a8" / "int4pack" (CPU), "dense" (CPU fallback), "triton" (CUDA)
+        # after prepare(): "w4a8" / "int4pack" (CPU), "dense" (CPU fallback), "triton" (CUDA)
+        self.mode = "awq"
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, group={self.group_size}, mode={self.mode}"
@@ -66,28 +83,58 @@ class Int4Linear(nn.Module):
     def prepare(self, dense_copy: bool = True, w4a8: ctypes.CDLL | None = None) -> None:
         """Repack the loaded AWQ tensors for this device (once, at load time); `w4a8`: the built W4A8 kernel
         (CPU), which then serves every call; else `dense_copy`: also keep a dense copy for batched calls (CPU)."""
-        if self.qweight.is_meta:
-            raise ValueError("Int4Linear.prepare() before its AWQ tensors were loaded")
+        first = self.q4 if self.layout == "gguf" else self.qweight
+        if first.is_meta:
+            raise ValueError("Int4Linear.prepare() before its 4-bit tensors were loaded")
+        if self.layout == "gguf":
+            self._prepare_gguf(dense_copy, w4a8)
+            return
         if self.qweight.device.type == "cuda":
             self.scales.data = self.scales.data.half()
             self.mode = "triton"
             return
         qw = unpack(self.qweight.data, self.qzeros.data, self.scales.data.half())
         scale = qw.scales.float()  # (out, groups)
-        zero_f = (8 - qw.zeros.float()) * scale
         del self.qweight, self.qzeros, self.scales  # the repacked copy replaces them
-        if w4a8 is not None and self.group_size in W4A8_GROUP_SIZES:
+        if w4a8 is not None and self._w4a8_fits():
             self.w4a8, self.w4a8_lib, self.mode = pack_w4a8(qw.q, scale, qw.zeros.float()), w4a8, "w4a8"
             return
+        self._prepare_torch(qw.q, scale, (8 - qw.zeros.float()) * scale, dense_copy)
+
+    def _prepare_gguf(self, dense_copy: bool, w4a8: ctypes.CDLL | None) -> None:
+        """GGUF blocks: w = d q + m per group of 32; the W4A8 kernel takes d and the zero term -m as they are."""
+        q = unpack_q4(self.q4.data)
+        d, m = (t.data.view(torch.float16).float() for t in (self.q4_scales, self.q4_mins))  # exact: fp16 in fp32
+        del self.q4, self.q4_scales, self.q4_mins
+        if q.device.type == "cuda":
+            self.prepare_triton_blocks(q, d, m)
+            return
+        if w4a8 is not None and self._w4a8_fits():
+            self.w4a8, self.w4a8_lib, self.mode = pack_w4a8_terms(q, d, -m), w4a8, "w4a8"
+            return
+        self._prepare_torch(q, d, 8 * d + m, dense_copy)
+
+    def _w4a8_fits(self) -> bool:
+        """The W4A8 kernel's shapes: its group sizes, in_features in whole 64-value blocks (group 32: two per block)."""
+        return self.group_size in W4A8_GROUP_SIZES and self.in_features % 64 == 0
+
+    def prepare_triton_blocks(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        """The Triton W4A16 GEMM with float zero terms (kernels/triton/awq_gemm.py): q in AWQ's packing, d as the
+        scales, -m as the zero terms (fp32, exact)."""
+        self.qweight = awq_pack(q.T.contiguous())
+        self.scales, self.zero_terms, self.mode = d.T.half().contiguous(), (-m).T.contiguous(), "triton"
+
+    def _prepare_torch(self, q: torch.Tensor, scale: torch.Tensor, zero_f: torch.Tensor, dense_copy: bool) -> None:
+        """torch's int4 layout: w = (q - 8) * scale + zero_f, scale and zero_f (out, groups) rounded to bf16."""
         self.scales_zeros = torch.stack([scale.T, zero_f.T], dim=-1).to(torch.bfloat16).contiguous()
         if self.out_features % 16 == 0:
-            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(qw.q.to(torch.int32), 1)
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
             self.mode = "int4pack"
-            self.block_n = self._layout_block(qw.q)  # known: large calls may dequantize the packed weight
+            self.block_n = self._layout_block(q)  # known: large calls may dequantize the packed weight
             self.dense_ok = self.block_n > 0
-            self.dense = PackedLinear(self._dequantize(qw.q)) if dense_copy else None
+            self.dense = PackedLinear(self._dequantize(q)) if dense_copy else None
         else:  # torch's packer needs out_features % 16 == 0: keep a dense copy instead (rare shapes)
-            self.dense = PackedLinear(self._dequantize(qw.q))
+            self.dense = PackedLinear(self._dequantize(q))
             del self.scales_zeros
             self.mode = "dense"
 
@@ -147,12 +194,15 @@ class Int4Linear(nn.Module):
         from kernels.triton.awq_gemm import awq_gemm
 
         act = rows if rows.dtype in (torch.float16, torch.bfloat16) else rows.to(torch.float16)
-        return awq_gemm(act.contiguous(), self.qweight, self.qzeros, self.scales.to(act.dtype), self.group_size)
+        zero_terms = getattr(self, "zero_terms", None)  # GGUF blocks: float zero terms instead of AWQ's integers
+        qzeros = None if zero_terms is not None else self.qzeros
+        return awq_gemm(act.contiguous(), self.qweight, qzeros, self.scales.to(act.dtype), self.group_size,
+                        zero_terms=zero_terms)
 
     def weight_bytes(self) -> int:
         """Bytes this layer's weight occupies as prepared (integers + scales/zeros, or the dense weight of a
         shape torch cannot pack); the optional dense copy for batched calls is `dense_copy_bytes`."""
-        names = ("packed", "scales_zeros", "qweight", "qzeros", "scales")
+        names = ("packed", "scales_zeros", "qweight", "qzeros", "scales", "q4", "q4_scales", "q4_mins", "zero_terms")
         dense = self.dense.nbytes() if self.mode == "dense" else 0
         w4a8 = self.w4a8.nbytes() if self.mode == "w4a8" else 0
         return sum(_nbytes(getattr(self, n, None)) for n in names) + dense + w4a8
@@ -178,8 +228,11 @@ def _nbytes(t: object) -> int:
 
 
 def dequantized_weight(layer: Int4Linear) -> torch.Tensor:
-    """The float32 (out, in) weight an unprepared (AWQ-layout) layer stands for; tests compare against it."""
+    """The float32 (out, in) weight an unprepared layer stands for; tests compare against it."""
     from backend.quant.awq_format import dequantize
 
+    if layer.layout == "gguf":
+        d, m = (t.data.view(torch.float16) for t in (layer.q4_scales, layer.q4_mins))
+        return dequantize_blocks(unpack_q4(layer.q4.data), d, m)
     qw: QuantizedWeight = unpack(layer.qweight.data, layer.qzeros.data, layer.scales.data)
     return dequantize(qw)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from backend.config import EngineConfig, default_awq_model_path
+from backend.config import EngineConfig, default_gguf_model_path
 from backend.engine.kv_cache import KVCacheManager
 from backend.engine.model_runner import ModelRunner, kv_cache_shape
 from backend.engine.request import Sequence
@@ -37,14 +37,16 @@ DEFAULT_MIN_CONFIDENCE = 0.3  # bench.speculative: see bench/README.md ("specula
 def load_draft_model(
     config: EngineConfig, target: LlamaForCausalLM, dtype: torch.dtype, device: str, max_model_len: int, ops: Ops
 ) -> LlamaForCausalLM | None:
-    """The configured draft model (default: the default model's AWQ INT4 copy), or None without draft speculation."""
+    """The configured draft model (default: the default model's INT4 copy, its GGUF blocks), or None without draft
+    speculation."""
     if config.speculative_method not in {"ngram", "draft", "medusa"}:
         raise ValueError(f"unknown speculative_method {config.speculative_method!r}: use ngram, draft or medusa")
     if config.speculative_method != "draft" or not config.num_speculative_tokens:
         return None
-    path = Path(config.speculative_model).expanduser() if config.speculative_model else default_awq_model_path()
+    path = Path(config.speculative_model).expanduser() if config.speculative_model else default_gguf_model_path()
+    draft_dir = resolve_model_dir(path, gguf_blocks=config.quantization == "auto")
     draft = load_model(
-        resolve_model_dir(path), dtype, device, max_model_len, ops, config.int4_dense_copy, packed_copy=config.packed_copy,
+        draft_dir, dtype, device, max_model_len, ops, config.int4_dense_copy, packed_copy=config.packed_copy,
         int4_cpu_kernel=config.int4_cpu_kernel, deterministic=config.deterministic,
     )
     if draft.config.vocab_size != target.config.vocab_size:

@@ -9,8 +9,10 @@
  * Layout (prepared once by the Python side):
  *   wq   (N, K/2) uint8: row n, 64-value block b: byte j holds q[n, 64b + j] (low nibble) and q[n, 64b + 32 + j]
  *        (high), so one 32-byte load and two masks give 64 values in order
- *   ws   (N, K/G) float: scale s[n, g]                      w[n, k] = (q[n, k] - z[n, g]) * s[n, g]
- *   wzt  (K/G, N) float: z[n, g] * s[n, g], transposed so the zero term is a vector loop over n
+ *        (G = 32, GGUF's blocks: the low nibbles of 64-value block b are group 2b, the high nibbles group 2b + 1)
+ *   ws   (N, K/G) float: scale s[n, g]                      w[n, k] = (q[n, k] - z[n, g]) * s[n, g] = q s - z s
+ *   wzt  (K/G, N) float: the zero term z[n, g] * s[n, g] (GGUF Q4_1: minus its block minimum), transposed so it is
+ *        a vector loop over n
  *   xq   (M, K) int8, xd (M, K/G) float, xs (M, K/G) float: x ~ xq * xd per group; xs = exact sum of x per group
  * so  y[m, n] = sum_g s[n,g] * xd[m,g] * dot(q[n,g], xq[m,g])  -  sum_g (z s)[n,g] * xs[m,g].
  *
@@ -72,11 +74,48 @@ TILES(1) TILE(2, 4, 1) TILE(2, 1, 1)
 TILES(2)
 TILES(4)
 
+/* Groups of 32 (GGUF's Q4_0 / Q4_1 blocks): a 64-value block's low nibbles are group 2b and its high nibbles group
+ * 2b + 1, so each 32-byte load feeds two integer dot products, each scaled by its own group's two scales. Per
+ * (m, n) the order is fixed: group 2b's fmadd, then group 2b + 1's, block after block. */
+#define TILE32(NT, MT)                                                                                           \
+  static void tile_##NT##x##MT##_g32(const uint8_t *wq, const float *ws, const int8_t *xq, const float *xd,     \
+                                     int64_t K, float *y, int64_t ldy) {                                         \
+    const int64_t nb = K / 64, ng = K / 32;                                                                      \
+    const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(15);                                     \
+    __m256 acc[NT][MT];                                                                                          \
+    for (int i = 0; i < NT; i++)                                                                                 \
+      for (int r = 0; r < MT; r++) acc[i][r] = _mm256_setzero_ps();                                             \
+    for (int64_t b = 0; b < nb; b++) {                                                                           \
+      __m256i lo[NT], hi[NT];                                                                                    \
+      for (int i = 0; i < NT; i++) {                                                                             \
+        _mm_prefetch((const char *)(wq + i * (K / 2) + b * 32 + PREFETCH), _MM_HINT_T0);                         \
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(wq + i * (K / 2) + b * 32));                     \
+        lo[i] = _mm256_and_si256(v, mask);                                                                       \
+        hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);                                                 \
+      }                                                                                                          \
+      for (int r = 0; r < MT; r++) {                                                                             \
+        const int8_t *a = xq + r * K + b * 64;                                                                   \
+        const __m256i a0 = _mm256_loadu_si256((const __m256i *)a), a1 = _mm256_loadu_si256((const __m256i *)(a + 32)); \
+        const __m256 d0 = _mm256_broadcast_ss(xd + r * ng + 2 * b), d1 = _mm256_broadcast_ss(xd + r * ng + 2 * b + 1); \
+        for (int i = 0; i < NT; i++) {                                                                           \
+          const __m256 f0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(lo[i], a0), ones));       \
+          const __m256 f1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(hi[i], a1), ones));       \
+          acc[i][r] = _mm256_fmadd_ps(f0, _mm256_mul_ps(_mm256_broadcast_ss(ws + i * ng + 2 * b), d0), acc[i][r]); \
+          acc[i][r] = _mm256_fmadd_ps(f1, _mm256_mul_ps(_mm256_broadcast_ss(ws + i * ng + 2 * b + 1), d1), acc[i][r]); \
+        }                                                                                                        \
+      }                                                                                                          \
+    }                                                                                                            \
+    for (int i = 0; i < NT; i++)                                                                                 \
+      for (int r = 0; r < MT; r++) y[r * ldy + i] = hsum(acc[i][r]);                                            \
+  }
+TILE32(2, 4) TILE32(1, 4) TILE32(2, 1) TILE32(1, 1)
+
 typedef void (*tile_fn)(const uint8_t *, const float *, const int8_t *, const float *, int64_t, float *, int64_t);
 typedef struct { int nt; tile_fn main, one_w, one_x, single; } tiles;
 
 static tiles tiles_for(int64_t G) {
   switch (G) {
+    case 32: return (tiles){2, tile_2x4_g32, tile_1x4_g32, tile_2x1_g32, tile_1x1_g32};
     case 64: return (tiles){2, tile_2x4_1, tile_1x4_1, tile_2x1_1, tile_1x1_1};
     case 128: return (tiles){1, tile_1x4_2, tile_1x4_2, tile_1x1_2, tile_1x1_2};
     default: return (tiles){1, tile_1x4_4, tile_1x4_4, tile_1x1_4, tile_1x1_4}; /* 256 (the launcher checks) */

@@ -2,6 +2,7 @@
 
     lib = load_w4a8(build_dir)                       # None where it cannot run: cpu_build.c_kernels_unavailable() says why
     w = pack_w4a8(q, scales, zeros)                  # once per layer: q (N, K) 0..15, w = (q - zeros) * scales
+    w = pack_w4a8_terms(q, scales, zero_terms)       # or w = q * scales - zero_terms (GGUF Q4_1: zero_terms = -min)
     y = w4a8_linear(lib, x, w)                       # x (M, K) float32 -> (M, N) float32
     y_ref = w4a8_linear_ref(x, w)                    # the same arithmetic in torch (tests)
 
@@ -26,7 +27,8 @@ import torch
 from kernels.cpu.build import load_c_kernel
 
 SOURCE = Path(__file__).with_suffix(".c")
-GROUP_SIZES = (64, 128, 256)  # 64-value blocks; int16 per-group sums of 8 half-blocks at most (see the C file)
+# 64-value blocks (K a multiple of 64); int16 per-group sums of 8 half-blocks at most (see the C file); 32: half a block
+GROUP_SIZES = (32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -54,14 +56,21 @@ class W4A8Weight:
 
 def pack_w4a8(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> W4A8Weight:
     """q (N, K) integers 0..15, scales and zeros (N, K / G) with w = (q - zeros) * scales."""
+    assert scales.shape == zeros.shape, "scales/zeros must be (N, K / G)"
+    return pack_w4a8_terms(q, scales, zeros.float() * scales.float())
+
+
+def pack_w4a8_terms(q: torch.Tensor, scales: torch.Tensor, zero_terms: torch.Tensor) -> W4A8Weight:
+    """q (N, K) integers 0..15, scales and zero terms (N, K / G) with w = q * scales - zero_terms: the form GGUF's
+    Q4_1 blocks take as they are (w = d q + m: zero term -m), no integer zero point needed."""
     n, k = q.shape
     group = k // scales.shape[1]
-    assert scales.shape == zeros.shape == (n, k // group) and k % group == 0, "scales/zeros must be (N, K / G)"
+    assert scales.shape == zero_terms.shape == (n, k // group) and k % group == 0, "scales/zeros must be (N, K / G)"
     assert group in GROUP_SIZES, f"group size {group}: one of {GROUP_SIZES}"
+    assert k % 64 == 0, f"in_features {k}: a multiple of 64 (the kernel's 64-value blocks)"
     blocks = q.to(torch.uint8).reshape(n, k // 64, 2, 32)
     packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
-    s = scales.float().contiguous()
-    return W4A8Weight(packed, s, (zeros.float() * s).T.contiguous(), group)
+    return W4A8Weight(packed, scales.float().contiguous(), zero_terms.float().T.contiguous(), group)
 
 
 def unpack_w4a8(w: W4A8Weight) -> torch.Tensor:

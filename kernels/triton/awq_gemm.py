@@ -7,6 +7,9 @@ Layout (AutoAWQ ``WQLinear_GEMM``, w_bit 4, K = in_features, N = out_features)
     qzeros:   (K / group_size, N / 8) int32, the same packing, zero points 0..15 (stored as is, not minus 1).
     scales:   (K / group_size, N) float16.
     w[k, n] = (q[k, n] - z[k // group_size, n]) * s[k // group_size, n].
+    Or, with ``zero_terms`` (K / group_size, N) float instead of qzeros (a GGUF file's Q4_0/Q4_1 blocks:
+    backend/quant/gguf_blocks.py, whose Q4_1 minimum m is no integer multiple of the scale):
+    w[k, n] = q[k, n] * s[k // group_size, n] - zero_terms[k // group_size, n].
 
 Algorithm
     Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), SPLIT_K). A program owns an output tile and a slice of K.
@@ -38,7 +41,7 @@ def _awq_gemm_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr,
     M, N, K, stride_xm, stride_om, stride_qw, stride_qz, stride_s, group_size, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, FLOAT_ZERO: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -63,12 +66,16 @@ def _awq_gemm_kernel(
                      other=0)
         # 3. The group's zero points and scales (one row: the tile lies inside one group).
         grp = k0 // group_size
-        qz = tl.load(qz_ptr + grp * stride_qz + word, mask=n_mask, other=0)
         sc = tl.load(s_ptr + grp * stride_s + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         # 4. Unpack, subtract the zero point, scale: the dequantised tile in x's dtype, then the MMA.
         q = (qw >> shifts[None, :]) & 0xF
-        z = (qz >> shifts) & 0xF
-        w = ((q - z[None, :]).to(tl.float32) * sc[None, :]).to(x.dtype)
+        if FLOAT_ZERO:  # qz_ptr holds float zero terms, one per column: w = q * s - zt
+            zt = tl.load(qz_ptr + grp * stride_qz + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            w = (q.to(tl.float32) * sc[None, :] - zt[None, :]).to(x.dtype)
+        else:
+            qz = tl.load(qz_ptr + grp * stride_qz + word, mask=n_mask, other=0)
+            z = (qz >> shifts) & 0xF
+            w = ((q - z[None, :]).to(tl.float32) * sc[None, :]).to(x.dtype)
         acc = mma(x, w, acc, UPCAST)
     out_ptrs = out_ptr + pid_k.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * stride_om
     out_ptrs += offs_n[None, :]
@@ -76,15 +83,23 @@ def _awq_gemm_kernel(
 
 
 def awq_gemm(x, qweight, qzeros, scales, group_size: int, out=None, split_k: int | None = None,
-             block_m: int | None = None, block_n: int = 64, block_k: int | None = None):
-    """y = x @ W for an AWQ-packed W (K, N); x (M, K) -> (M, N) in x's dtype."""
+             block_m: int | None = None, block_n: int = 64, block_k: int | None = None, zero_terms=None):
+    """y = x @ W for an AWQ-packed W (K, N); x (M, K) -> (M, N) in x's dtype. `zero_terms` (K / group_size, N) float
+    replaces qzeros (then None): w = q * scale - zero_term."""
     assert x.dim() == 2 and x.stride(1) == 1, (x.shape, x.stride())
     M, K = x.shape
-    assert qweight.dtype == torch.int32 and qzeros.dtype == torch.int32, (qweight.dtype, qzeros.dtype)
-    assert qweight.dim() == 2 and qweight.shape[0] == K and qweight.is_contiguous(), (qweight.shape, K)
+    assert qweight.dtype == torch.int32 and qweight.dim() == 2 and qweight.shape[0] == K, (qweight.dtype, qweight.shape, K)
+    assert qweight.is_contiguous(), qweight.stride()
     N = qweight.shape[1] * 8
     assert K % group_size == 0, (K, group_size)
-    assert qzeros.shape == (K // group_size, N // 8) and qzeros.is_contiguous(), qzeros.shape
+    if zero_terms is not None:
+        assert qzeros is None, "zero_terms replace qzeros"
+        assert zero_terms.shape == (K // group_size, N) and zero_terms.is_contiguous(), zero_terms.shape
+        assert zero_terms.dtype in (torch.float16, torch.bfloat16, torch.float32), zero_terms.dtype
+        qzeros = zero_terms  # the kernel reads them through the zero points' pointer (FLOAT_ZERO)
+    else:
+        assert qzeros.dtype == torch.int32, qzeros.dtype
+        assert qzeros.shape == (K // group_size, N // 8) and qzeros.is_contiguous(), qzeros.shape
     assert scales.shape == (K // group_size, N) and scales.is_contiguous(), scales.shape
     assert scales.dtype in (torch.float16, torch.bfloat16, torch.float32), scales.dtype
     assert x.dtype in (torch.float16, torch.bfloat16, torch.float32), x.dtype
@@ -111,7 +126,7 @@ def awq_gemm(x, qweight, qzeros, scales, group_size: int, out=None, split_k: int
         M, N, K, x.stride(0), N if split_k > 1 else out.stride(0), qweight.stride(0), qzeros.stride(0),
         scales.stride(0), group_size, k_per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
-        UPCAST=dot_upcast(_awq_gemm_kernel, x.dtype),
+        UPCAST=dot_upcast(_awq_gemm_kernel, x.dtype), FLOAT_ZERO=zero_terms is not None,
     )
     if split_k > 1:
         out.copy_(target.sum(dim=0))
