@@ -20,11 +20,13 @@ install: $(STAMP)
 
 models: install
 	$(PY) -m backend.fetch
+	$(PY) -m gateway.cache.wordnet_fetch
 
 # The tests run the full-precision model (greedy output is checked against HF's fp32 reference) and the
 # quantizer on real layers, so they don't need the AWQ copy that `make serve` builds once.
 test-models: install
 	$(PY) -m backend.fetch --no-awq
+	$(PY) -m gateway.cache.wordnet_fetch
 
 serve: models
 	$(PY) -m gateway --host $(HOST) --port $(PORT)

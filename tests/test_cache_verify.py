@@ -90,15 +90,14 @@ def test_lexical_check_passes_rephrasings(a: str, b: str) -> None:
         ("do all birds fly", "do some birds fly"),  # quantifier
         ("recipe for vegetarian lasagna", "recipe for lasagna"),  # dropped modifier
         ("summarize this article", "translate this article"),  # another task
-        ("how do i get rid of weeds", "how do i eliminate weeds"),  # a synonym: a missed hit, never a wrong one
     ],
 )
 def test_lexical_check_rejects_a_changed_content_word(a: str, b: str) -> None:
     assert lexical.compare(b, a) == lexical.DIFFERENT
 
 
-def test_lexical_check_leaves_word_order_to_the_verifier() -> None:
-    assert lexical.compare("convert miles to kilometers", "convert kilometers to miles") == lexical.REORDERED
+def test_lexical_check_leaves_swapped_roles_to_the_verifier() -> None:
+    assert lexical.compare("convert miles to kilometers", "convert kilometers to miles") == lexical.SWAPPED
     assert lexical.compare("in python, how do i sort a list", "how do i sort a list in python") == lexical.REORDERED
 
 

@@ -52,9 +52,9 @@ async def embed_query(embedder: EmbeddingClient, text: str, logger: Any) -> list
     return vectors[0]
 
 
-# Given a candidate's stored entry and whether its content words swapped roles (the strict criterion): does its
+# Given a candidate, its stored entry and whether its content words swapped roles (the strict criterion): does its
 # answer fit the new question? (None: no verifier, lexical mode)
-Verify = Callable[[bytes, bool], Awaitable[bool]]
+Verify = Callable[[Candidate, bytes, bool], Awaitable[bool]]
 
 
 async def match(
@@ -81,7 +81,7 @@ async def match(
         entry = await store.get(cand.key)
         if entry is None:
             continue
-        if verify is not None and not await verify(entry, verdict == lexical.SWAPPED):
+        if verify is not None and not await verify(cand, entry, verdict == lexical.SWAPPED):
             near = near or NearMiss(cand, "verifier")
             continue
         return SemanticMatch(cand, entry, near)
