@@ -19,6 +19,7 @@ the same words reordered (REORDERED: a reordered paraphrase or a role reversal, 
 
 from __future__ import annotations
 
+import gc
 import re
 from dataclasses import dataclass
 
@@ -263,4 +264,5 @@ def default_lexicon() -> Lexicon | bool:
     if not _DEFAULT:
         root = default_wordnet_path()
         _DEFAULT.append(Lexicon(load(root)) if (root / "index.noun").exists() else False)
+        gc.collect()  # untracks the index's ~200k tuples now, not in a collection during some request
     return _DEFAULT[0]

@@ -45,20 +45,31 @@ class Lexicon:
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019 - one lexicon per process
     def _antonyms(self, pos: str, lemma: str) -> frozenset[tuple[str, str]]:
-        """Antonyms of `lemma`, and for adjectives every member of the antonym's cluster (its similar-to
-        satellites) plus the antonyms of the cluster heads `lemma` is similar to."""
-        wn = self.wn
-        direct = wn.lexical_targets(lemma, pos, ANTONYM)
-        if pos == "adj":
-            for key in wn.senses(lemma, pos):
-                for head in wn.synset(key).targets(SIMILAR):
-                    for head_lemma in wn.synset(head).lemmas:
-                        direct |= wn.lexical_targets(head_lemma, pos, ANTONYM)
-            for _, ant in list(direct):
-                for key in wn.senses(ant, pos):
-                    for sat in wn.synset(key).targets(SIMILAR):
-                        direct |= {(pos, w) for w in wn.synset(sat).lemmas}
-        return frozenset(direct)
+        """The words WordNet marks as antonyms of `lemma`, sense by sense."""
+        return frozenset(self.wn.lexical_targets(lemma, pos, ANTONYM))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def _heads(self, lemma: str) -> frozenset[tuple[str, int]]:
+        """An adjective's cluster heads: its own head synsets, and the heads its satellite senses are similar to
+        ("soggy" -> "wet")."""
+        heads = set()
+        for key in self.wn.senses(lemma, "adj"):
+            similar = self.wn.synset(key).targets(SIMILAR)
+            heads.update(similar if self.wn.is_satellite(key) else [key])
+        return frozenset(heads)
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def _opposite_heads(self, lemma: str) -> frozenset[tuple[str, int]]:
+        """The cluster heads opposed to an adjective's heads (the antonym pointers between cluster heads)."""
+        return frozenset(t for head in self._heads(lemma) for t in self.wn.synset(head).targets(ANTONYM))
+
+    def _opposed(self, la: set[tuple[str, str]], lb: set[tuple[str, str]]) -> bool:
+        for pos, lemma in la:
+            if self._antonyms(pos, lemma) & lb:
+                return True
+            if pos == "adj" and any(p == "adj" and self._opposite_heads(lemma) & self._heads(w) for p, w in lb):
+                return True
+        return False
 
     def _top(self, pos: str, lemma: str) -> tuple[tuple[str, int], ...]:
         return self.wn.senses(lemma, pos)[:SENSES]
@@ -73,12 +84,8 @@ class Lexicon:
         la, lb = set(self.wn.lemmas(a)), set(self.wn.lemmas(b))
         if la & lb:
             return "same"
-        for pos, lemma in la:
-            if self._antonyms(pos, lemma) & lb:
-                return "antonym"
-        for pos, lemma in lb:
-            if self._antonyms(pos, lemma) & la:
-                return "antonym"
+        if self._opposed(la, lb) or self._opposed(lb, la):
+            return "antonym"
         if any(prefixed(x, y) for _, x in la for _, y in lb):
             return "prefix"
         for pos, lemma in la:

@@ -109,6 +109,12 @@ class WordNet:
             pointers.append((sym, (_POS_CHAR[p], int(off)), int(st[:2], 16), int(st[2:], 16)))
         return Synset(key, lemmas, tuple(pointers))
 
+    def is_satellite(self, key: tuple[str, int]) -> bool:
+        """An adjective satellite (ss_type s): its sense hangs off a cluster head through a similar-to pointer."""
+        pos, offset = key
+        data = self._data[pos]
+        return pos == "adj" and data[offset + 12 : offset + 13] == b"s"
+
     def lexical_targets(self, lemma: str, pos: str, *symbols: str) -> set[tuple[str, str]]:
         """(pos, lemma) of every word that `lemma` points to with one of `symbols`, sense by sense (lexical pointers
         name their source and target word; a semantic pointer (0/0) relates every word of the two synsets)."""
