@@ -378,7 +378,8 @@ async def evaluate(path: Path, floor: float, max_tokens: int = 64) -> list[Looku
     from backend.engine.async_engine import AsyncEngine
     from gateway.config import GatewayConfig, apply_env
 
-    config = apply_env(GatewayConfig(engine=EngineConfig(max_model_len=2048, kv_cache_memory_mb=512)), os.environ)
+    # room for every question's answer at once (a few hundred sequences): no preemption and recompute
+    config = apply_env(GatewayConfig(engine=EngineConfig(max_model_len=2048, kv_cache_memory_mb=2048)), os.environ)
     engine = AsyncEngine.from_config(config.engine)
     embedder = for_cache(Embedder(batch_size=256, executor=engine), config.cache.embedding_dtype)
 
