@@ -50,11 +50,11 @@ class Criterion:
     `max_tokens` answer tokens are scored: the tokens that echo the question come first, and the prefill's cost
     grows with every token."""
 
-    max_drop: float = 5.0
-    mean_drop: float = 0.2
-    reordered_max_drop: float = 0.9
-    reordered_mean_drop: float = 0.1
-    min_greedy: float = 0.0
+    max_drop: float = 6.0
+    mean_drop: float = 0.35
+    reordered_max_drop: float = 0.5
+    reordered_mean_drop: float = 0.05
+    min_greedy: float = 0.5
     max_tokens: int = 32
 
     @staticmethod
