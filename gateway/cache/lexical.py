@@ -9,12 +9,14 @@ A general rule, not a list of the pairs it was tried on. English words fall in t
   closed-class words that change what is asked: negations, quantifiers, comparison and direction words,
   prepositions of relation. These must match.
 
-The check passes when the two questions' content words are the same multiset after normalising
-inflection (a light suffix stemmer: "spiders" = "spider", "boiling" = "boil"), contractions and
-common chat spellings ("u" = "you"). `compare` tells apart the same words in the same order (SAME) from
-the same words reordered (REORDERED: a reordered paraphrase or a role reversal, "convert X to Y" vs
-"Y to X": only the engine verifier may accept it). Paraphrases that reword content (synonyms: "rain" vs
-"raining" passes, "big" vs "large" does not) fail it: that costs hit rate, never a wrong answer.
+The check passes when every content word of one question has a partner in the other: the same word after
+normalising inflection (a light suffix stemmer: "spiders" = "spider"), contractions and chat spellings ("u" =
+"you"), or, with the WordNet lexicon (gateway/cache/lexicon.py), a synonym, an inflection WordNet knows ("ran" /
+"run"), a derivation or a direct hypernym; never an antonym, a word behind a negating prefix or a sibling.
+`compare` then reads the roles: each content word carries the preposition right before it. The same order
+(SAME), or one phrase moved with its preposition (REORDERED), keeps the roles; words that crossed or changed
+preposition (SWAPPED: a role reversal, "convert X to Y" vs "Y to X", or a reordered paraphrase) are left to the
+engine verifier. A rewording WordNet cannot relate fails the check: that costs hit rate, not a wrong answer.
 """
 
 from __future__ import annotations

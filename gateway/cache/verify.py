@@ -10,12 +10,14 @@ the opposite adjective), the tokens that echo or depend on the changed part fall
 
 The criterion (`Criterion.accept`) compares per-token log-probabilities: the answer's tokens under the
 original prompt (recorded when the answer was generated: the engine returns each sampled token's
-log-probability) against the same tokens under the new prompt. It accepts when the largest single-token
-drop and the mean drop are both under thresholds (looser when the content words come in the same order,
-strict when they were reordered) calibrated on the dev split
-(tests/data/cache_pairs/dev.tsv, `python -m bench.cache_pairs --calibrate`).
+log-probability) against the same tokens under the new prompt, over the answer's first `max_tokens` tokens. It
+accepts when the largest single-token drop and the mean drop are both under thresholds (a loose safety net when the
+content words keep their roles, strict when they swapped roles) and enough of the tokens are still the new prompt's
+greedy choice; calibrated on the dev split (tests/data/cache_pairs/dev.tsv, `python -m bench.cache_pairs
+--calibrate`).
 
-Nothing here imports torch: scoring goes through `EngineClient.generate` with `prompt_logprobs=0`.
+Nothing here imports torch: scoring goes through `EngineClient.generate` with `prompt_logprobs=1` (each token's
+log-probability and the most likely token at its position).
 """
 
 from __future__ import annotations
