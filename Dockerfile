@@ -13,6 +13,6 @@ COPY kernels kernels
 COPY bench bench
 RUN pip install .
 # Models are fetched (and the CPU kernels compiled) at build time, so the container runs offline.
-RUN python -m backend.fetch
+RUN python -m backend.fetch && python -m gateway.cache.wordnet_fetch
 EXPOSE 8000
 CMD ["python", "-m", "gateway", "--host", "0.0.0.0", "--port", "8000"]

@@ -20,11 +20,13 @@ install: $(STAMP)
 
 models: install
 	$(PY) -m backend.fetch
+	$(PY) -m gateway.cache.wordnet_fetch
 
 # The tests run the full-precision model (greedy output is checked against HF's fp32 reference), the GGUF's 4-bit
 # blocks `make serve` serves (checked against the same weights dequantized) and the quantizer on real layers; no AWQ copy.
 test-models: install
 	$(PY) -m backend.fetch --copies auto,none
+	$(PY) -m gateway.cache.wordnet_fetch
 
 serve: models
 	$(PY) -m gateway --host $(HOST) --port $(PORT)

@@ -138,16 +138,20 @@ def sweep(embed_sync: Callable[[list[str]], tuple[list[list[float]], int]], thre
 
 
 def lookups_to_json(lookups: list[Lookup]) -> list[dict]:
-    return [{"pair": dataclasses.asdict(look.pair), "examined": [dataclasses.asdict(e) for e in look.examined]}
-            for look in lookups]  # fmt: skip
+    return [{"pair": dataclasses.asdict(look.pair), "examined": [dataclasses.asdict(e) for e in look.examined],
+             "nearest": look.nearest} for look in lookups]  # fmt: skip
 
 
 def lookups_from_json(rows: list[dict]) -> list[Lookup]:
     def ex(e: dict) -> Examined:
         new = None if e["new"] is None else tuple(e["new"])
-        return Examined(e["cached"], e["similarity"], e["verdict"], e["right"], tuple(e["original"]), new)
+        greedy = None if e.get("greedy") is None else tuple(e["greedy"])
+        return Examined(e["cached"], e["similarity"], e["verdict"], e["right"], tuple(e["original"]), new, greedy)
 
-    return [Lookup(Pair(**r["pair"]), tuple(ex(e) for e in r["examined"])) for r in rows]
+    def near(raw: list | None) -> tuple[str, float, bool] | None:
+        return None if raw is None else (raw[0], float(raw[1]), bool(raw[2]))
+
+    return [Lookup(Pair(**r["pair"]), tuple(ex(e) for e in r["examined"]), near(r.get("nearest"))) for r in rows]
 
 
 def calibrate(out: Path, floor: float) -> None:
@@ -228,12 +232,14 @@ class Examined:
     right: bool  # serving it would be a correct answer
     original: tuple[float, ...]  # answer-token log-probabilities under the cached question
     new: tuple[float, ...] | None  # ... under the incoming question (None: the engine could not score it)
+    greedy: tuple[bool, ...] | None = None  # whether each is the incoming question's greedy choice
 
 
 @dataclass(frozen=True)
 class Lookup:
     pair: Pair
     examined: tuple[Examined, ...]  # best first
+    nearest: tuple[str, float, bool] | None = None  # the most similar cached question, its cosine, and if right
 
 
 @dataclass(frozen=True)
@@ -293,45 +299,63 @@ async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float,
         await store.put(text, orjson.dumps({"query": text, "answer": answers[text].to_json()}), 3600)
         await store.add_vector("scope", text, text, vec[text], 3600)
     counter = iter(range(10**9))
-    verifier = EngineVerifier(engine, Criterion(), lambda: str(next(counter)))
+    verifier = EngineVerifier(engine, Criterion(max_tokens=max_tokens), lambda: str(next(counter)))  # all tokens
 
     async def look(p: Pair) -> Lookup:
         seen: list[Examined] = []
 
-        async def record(entry: bytes, reordered: bool) -> bool:
+        async def record(_: object, entry: bytes, swapped: bool) -> bool:
             text = orjson.loads(entry)["query"]
             new = await verifier.score(prompt[p.query], answers[text].token_ids)
             right = _norm(text) == _norm(p.query) or (_norm(text), _norm(p.query)) in equivalent
             sim = float(sum(a * b for a, b in zip(vec[text], vec[p.query], strict=True)))
             verdict = lexical.compare(p.query, text)
-            seen.append(Examined(text, sim, verdict, right, answers[text].logprobs, None if new is None else tuple(new)))
+            lps, greedy = (None, None) if new is None else (new.logprobs, new.greedy)
+            seen.append(Examined(text, sim, verdict, right, answers[text].logprobs, lps, greedy))
             return False  # reject every candidate, so all of them are examined
 
         await match(store, "scope", p.query, vec[p.query], floor, 0.0, record)
-        return Lookup(p, tuple(seen))
+        top = await store.search("scope", vec[p.query], 1, floor)
+        nearest = None
+        if top:
+            text = top[0].key
+            right = _norm(text) == _norm(p.query) or (_norm(text), _norm(p.query)) in equivalent
+            nearest = (text, float(top[0].similarity), right)
+        return Lookup(p, tuple(seen), nearest)
 
     return list(await asyncio.gather(*(look(p) for p in pairs)))
 
 
 def score_lookups(lookups: list[Lookup], mode: str, threshold: float, criterion: object = None) -> MechanismScore:
-    """What the matcher serves at `threshold`: lexical mode, the first SAME candidate; verified mode, the first
-    candidate (SAME or REORDERED) the criterion accepts (each one tried costs a verification)."""
+    """What the matcher serves at `threshold`: embedding mode, the nearest cached question (cosine alone); lexical
+    mode, the first SAME or REORDERED candidate; verified mode, the first candidate the criterion accepts (strictly
+    for SWAPPED ones; each one tried costs a verification)."""
     from gateway.cache import lexical
+    from gateway.cache.verify import Scores
 
     hits = false_hits = paraphrase_hits = verifications = 0
     for look in lookups:
+        if mode == "embedding":  # the nearest cached question above the threshold, nothing else checked
+            near = look.nearest
+            if near is None or near[1] < threshold:
+                continue
+            hits += 1
+            false_hits += not near[2]
+            paraphrase_hits += near[2] and look.pair.label == "paraphrase" and _norm(near[0]) == _norm(look.pair.cached)
+            continue
         served = None
         for ex in look.examined:
             if ex.similarity < threshold:
                 continue
             if mode == "lexical":
-                if ex.verdict == lexical.SAME:
+                if ex.verdict in (lexical.SAME, lexical.REORDERED):
                     served = ex
                     break
                 continue
             verifications += 1
-            reordered = ex.verdict == lexical.REORDERED
-            if ex.new is not None and criterion.accept(ex.original, ex.new, reordered):  # type: ignore[attr-defined]
+            strict = ex.verdict == lexical.SWAPPED
+            scores = None if ex.new is None else Scores(ex.new, ex.greedy or (True,) * len(ex.new))
+            if scores is not None and criterion.accept(ex.original, scores, strict):  # type: ignore[attr-defined]
                 served = ex
                 break
         if served is None:
@@ -354,7 +378,8 @@ async def evaluate(path: Path, floor: float, max_tokens: int = 64) -> list[Looku
     from backend.engine.async_engine import AsyncEngine
     from gateway.config import GatewayConfig, apply_env
 
-    config = apply_env(GatewayConfig(engine=EngineConfig(max_model_len=2048, kv_cache_memory_mb=512)), os.environ)
+    # room for every question's answer at once (a few hundred sequences): no preemption and recompute
+    config = apply_env(GatewayConfig(engine=EngineConfig(max_model_len=2048, kv_cache_memory_mb=2048)), os.environ)
     engine = AsyncEngine.from_config(config.engine)
     embedder = for_cache(Embedder(batch_size=256, executor=engine), config.cache.embedding_dtype)
 

@@ -34,12 +34,19 @@ class CacheConfig:
     semantic_verify: str = "auto"  # VERIFY_MODES
     # The verifier's criterion (gateway/cache/verify.py), calibrated on tests/data/cache_pairs/dev.tsv: the largest
     # single-token and the mean drop in log-probability (nats) of the cached answer under the new question, for
-    # candidates with the same content words in the same order, and (stricter) in another order.
-    # Lower = fewer wrong answers and fewer hits.
-    verify_max_drop: float = 5.0
-    verify_mean_drop: float = 0.2
-    verify_reordered_max_drop: float = 0.9
-    verify_reordered_mean_drop: float = 0.1
+    # candidates whose content words keep their roles (a safety net: the lexical check vouches for them), and much
+    # stricter when the words swapped roles (on dev role reversals lost no more than paraphrases did: only a nearly
+    # unchanged answer passes). Lower = fewer wrong answers and fewer hits.
+    verify_max_drop: float = 6.0
+    verify_mean_drop: float = 0.35
+    verify_reordered_max_drop: float = 0.5
+    verify_reordered_mean_drop: float = 0.05
+    verify_min_greedy: float = 0.5  # the share of scored answer tokens that must be the new question's greedy choice
+    verify_max_tokens: int = 32  # answer tokens scored (the first ones): the verifier's prefill grows with each
+    # Per-entry thresholds (gateway/cache/thresholds.py): a candidate skips the engine verifier when its entry's own
+    # verified outcomes bound the chance of a wrong answer at its similarity by error_bound (95% confidence).
+    # 0 = verify every candidate.
+    error_bound: float = 0.0
     fingerprint: str = ""  # extra model fingerprint: change it when weights change under the same path
     # Shared by a router and its backend replicas (env SMOLGATE_CACHE_TENANT_SECRET only, never the file): the router
     # signs each request's tenant namespace with it, a backend trusts only a signed one (gateway/cache/tenancy.py).
@@ -55,6 +62,10 @@ class CacheConfig:
         drops = (self.verify_max_drop, self.verify_mean_drop, self.verify_reordered_max_drop, self.verify_reordered_mean_drop)
         if min(drops) < 0:
             raise ValueError("cache.verify_*_drop thresholds must be non-negative")
+        if not 0.0 <= self.error_bound < 1.0:
+            raise ValueError("cache.error_bound must be in [0, 1)")
+        if not 0.0 <= self.verify_min_greedy <= 1.0 or self.verify_max_tokens < 1:
+            raise ValueError("cache.verify_min_greedy must be in [0, 1] and cache.verify_max_tokens positive")
         if not 0.0 < self.similarity_threshold <= 1.0:
             raise ValueError("cache.similarity_threshold must be in (0, 1]")
         if self.ttl_s < 1 or self.max_ttl_s < 1 or self.max_entries < 1:

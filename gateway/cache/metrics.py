@@ -22,7 +22,8 @@ class CacheMetrics:
         )
         self.verifications = Counter(
             "smolgate_cache_verifications",
-            "Semantic candidates the engine scored under the new question (one prefill each): accepted or rejected",
+            "Semantic candidates the engine scored under the new question (one prefill each): accepted or rejected; "
+            "skipped: served without the engine, the entry's verified record bounding the error (cache.error_bound)",
             ["outcome"],
             registry=registry,
         )

@@ -2,10 +2,11 @@
 
 1. cosine >= threshold (the embedding finds candidates, it never decides alone),
 2. the key-term guards agree (numbers, operators, negations: gateway/cache/guards.py),
-3. the lexical check passes (gateway/cache/lexical.py): the same content words, inflection aside, and
-4. either the content words come in the same order and nothing can verify (lexical mode: models the
-   engine cannot score), or the engine verifier accepts the cached answer under the new question
-   (gateway/cache/verify.py: one teacher-forced prefill), which also judges reordered questions.
+3. the lexical check passes (gateway/cache/lexical.py): every content word has a partner in the other question
+   (the same word, or through WordNet a synonym, an inflection, a derivation or a direct hypernym), and
+4. either the words keep their roles (the same order, or one phrase moved with its preposition) and nothing can
+   verify (lexical mode: models the engine cannot score), or the engine verifier accepts the cached answer under
+   the new question (gateway/cache/verify.py: one teacher-forced prefill), strictly when the words swapped roles.
 
 The best rejected candidate comes back as `near_miss`: the extension point for speculative
 decoding (a near miss's answer is a good draft for the engine, never served as the answer).
@@ -51,9 +52,9 @@ async def embed_query(embedder: EmbeddingClient, text: str, logger: Any) -> list
     return vectors[0]
 
 
-# Given a candidate's stored entry and whether its content words were reordered: does its answer fit the new
-# question? (None: no verifier, lexical mode)
-Verify = Callable[[bytes, bool], Awaitable[bool]]
+# Given a candidate, its stored entry and whether its content words swapped roles (the strict criterion): does its
+# answer fit the new question? (None: no verifier, lexical mode)
+Verify = Callable[[Candidate, bytes, bool], Awaitable[bool]]
 
 
 async def match(
@@ -74,13 +75,13 @@ async def match(
             near = near or NearMiss(cand, "guard")
             continue
         verdict = lexical.compare(query, cand.text)
-        if verdict == lexical.DIFFERENT or (verdict == lexical.REORDERED and verify is None):
+        if verdict == lexical.DIFFERENT or (verdict == lexical.SWAPPED and verify is None):
             near = near or NearMiss(cand, "lexical")
             continue
         entry = await store.get(cand.key)
         if entry is None:
             continue
-        if verify is not None and not await verify(entry, verdict == lexical.REORDERED):
+        if verify is not None and not await verify(cand, entry, verdict == lexical.SWAPPED):
             near = near or NearMiss(cand, "verifier")
             continue
         return SemanticMatch(cand, entry, near)

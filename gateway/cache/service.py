@@ -6,12 +6,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.cache import lexical
 from gateway.cache.config import CacheConfig
 from gateway.cache.keys import model_fingerprint
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import CacheControl, take_control
 from gateway.cache.stores import CacheStore, MemoryStore, SafeStore, describe
 from gateway.cache.tenancy import request_namespace
+from gateway.cache.thresholds import EntryThresholds
 from gateway.cache.ticket import Ticket
 from gateway.cache.verify import Criterion, EngineVerifier
 from gateway.client import EmbeddingClient
@@ -45,6 +47,9 @@ class ResponseCache:
         self.fingerprint = fingerprint
         self.stream_limits = stream_limits
         self.verifier = verifier if self.embedder is not None else None
+        # per-entry records of verified outcomes; with them a candidate may skip the engine (gateway/cache/thresholds.py)
+        self.thresholds = EntryThresholds(cfg.error_bound, entries=cfg.max_entries) if (
+            self.verifier is not None and cfg.error_bound > 0) else None  # fmt: skip
         self._last_warning = -_WARN_EVERY_S
         self._last_tenant_warning = -_WARN_EVERY_S
 
@@ -80,7 +85,8 @@ class ResponseCache:
 
 
 def criterion_of(cfg: CacheConfig) -> Criterion:
-    return Criterion(cfg.verify_max_drop, cfg.verify_mean_drop, cfg.verify_reordered_max_drop, cfg.verify_reordered_mean_drop)
+    return Criterion(cfg.verify_max_drop, cfg.verify_mean_drop, cfg.verify_reordered_max_drop, cfg.verify_reordered_mean_drop,
+                     cfg.verify_min_greedy, cfg.verify_max_tokens)  # fmt: skip
 
 
 def make_store(cfg: CacheConfig) -> CacheStore | None:
@@ -110,6 +116,9 @@ def build_cache(
     cfg = config.cache
     fingerprint = model_fingerprint(model_id, config.engine, cfg.fingerprint, resolved)
     chosen = store if store is not None else make_store(cfg)
+    if cfg.semantic and embedder is not None and not lexical.default_lexicon():  # loaded now, not on a first request
+        logger.warning("cache_wordnet_missing", detail="run `python -m gateway.cache.wordnet_fetch`: without WordNet the "
+                       "lexical check knows no synonyms (fewer semantic hits, never more)")  # fmt: skip
     verifier = None
     if engine is not None and model_id and cfg.semantic and cfg.semantic_verify == "auto":
         verifier = EngineVerifier(engine, criterion_of(cfg), ids.new)

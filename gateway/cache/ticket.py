@@ -14,6 +14,7 @@ from backend.engine.outputs import RequestOutput
 from backend.engine.sampling_params import SamplingParams
 from gateway.cache import replay
 from gateway.cache.config import CacheConfig
+from gateway.cache.index import Candidate
 from gateway.cache.keys import exact_key, semantic_scope
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import CacheControl, exact_allowed, semantic_allowed
@@ -123,12 +124,18 @@ class Ticket:
             return None
         prompt_ids = self.prompt_ids
 
-        async def verify(entry: bytes, reordered: bool) -> bool:
+        async def verify(cand: Candidate, entry: bytes, swapped: bool) -> bool:
             answer = Answer.from_json(orjson.loads(entry).get("answer"))
             if answer is None:  # stored without its log-probabilities: it cannot be verified, so it is not served
                 return False
-            accepted = await verifier.verify(prompt_ids, answer, reordered)
+            learned = self.cache.thresholds
+            if learned is not None and not swapped and learned.decide(cand.key, cand.similarity).skip:
+                self.cache.metrics.verifications.labels("skipped").inc()  # this entry's record bounds the error
+                return True
+            accepted = await verifier.verify(prompt_ids, answer, swapped)
             self.cache.metrics.verifications.labels("accepted" if accepted else "rejected").inc()
+            if learned is not None:
+                learned.observe(cand.key, cand.similarity, accepted)
             return accepted
 
         return verify

@@ -10,12 +10,14 @@ the opposite adjective), the tokens that echo or depend on the changed part fall
 
 The criterion (`Criterion.accept`) compares per-token log-probabilities: the answer's tokens under the
 original prompt (recorded when the answer was generated: the engine returns each sampled token's
-log-probability) against the same tokens under the new prompt. It accepts when the largest single-token
-drop and the mean drop are both under thresholds (looser when the content words come in the same order,
-strict when they were reordered) calibrated on the dev split
-(tests/data/cache_pairs/dev.tsv, `python -m bench.cache_pairs --calibrate`).
+log-probability) against the same tokens under the new prompt, over the answer's first `max_tokens` tokens. It
+accepts when the largest single-token drop and the mean drop are both under thresholds (a loose safety net when the
+content words keep their roles, strict when they swapped roles) and enough of the tokens are still the new prompt's
+greedy choice; calibrated on the dev split (tests/data/cache_pairs/dev.tsv, `python -m bench.cache_pairs
+--calibrate`).
 
-Nothing here imports torch: scoring goes through `EngineClient.generate` with `prompt_logprobs=0`.
+Nothing here imports torch: scoring goes through `EngineClient.generate` with `prompt_logprobs=1` (each token's
+log-probability and the most likely token at its position).
 """
 
 from __future__ import annotations
@@ -30,30 +32,49 @@ from backend.errors import EngineError
 
 
 @dataclass(frozen=True)
+class Scores:
+    """The cached answer's first tokens read under the new prompt: each one's log-probability, and whether it is
+    the token the new prompt would have chosen greedily (its most likely)."""
+
+    logprobs: tuple[float, ...]
+    greedy: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
 class Criterion:
-    """Accept a cached answer for a new prompt when no answer token lost more than `max_drop` nats of
-    log-probability and the tokens lost at most `mean_drop` nats on average.
+    """Accept a cached answer for a new prompt when, over its first `max_tokens` tokens, no token lost more than
+    `max_drop` nats of log-probability, the tokens lost at most `mean_drop` nats on average, and at least
+    `min_greedy` of them are still the new prompt's greedy choice.
 
-    Two settings: one for candidates whose content words come in the same order as the new question's (the
-    lexical check already vouches for them: the verifier only catches gross mismatches), a much stricter one
-    for reordered content words (a reordered paraphrase, or a role reversal that no word check can see)."""
+    Two settings of the drops: one for candidates whose content words keep their roles (the lexical check
+    already vouches for them: the verifier only catches gross mismatches), a much stricter one for words that
+    swapped roles (a reordered paraphrase, or a role reversal that no word check can see). Only the first
+    `max_tokens` answer tokens are scored: the tokens that echo the question come first, and the prefill's cost
+    grows with every token."""
 
-    max_drop: float = 5.0
-    mean_drop: float = 0.2
-    reordered_max_drop: float = 0.9
-    reordered_mean_drop: float = 0.1
+    max_drop: float = 6.0
+    mean_drop: float = 0.35
+    reordered_max_drop: float = 0.5
+    reordered_mean_drop: float = 0.05
+    min_greedy: float = 0.5
+    max_tokens: int = 32
 
     @staticmethod
     def drops(original: Sequence[float], new: Sequence[float]) -> list[float]:
         return [o - n for o, n in zip(original, new, strict=True)]
 
-    def accept(self, original: Sequence[float], new: Sequence[float], reordered: bool = False) -> bool:
-        if not original or len(original) != len(new):
+    def accept(self, original: Sequence[float], new: Sequence[float] | Scores, reordered: bool = False) -> bool:
+        scores = new if isinstance(new, Scores) else Scores(tuple(new), (True,) * len(new))
+        n = min(len(original), self.max_tokens)
+        if not original or len(scores.logprobs) < n:
             return False
-        drops = self.drops(original, new)
+        if not isinstance(new, Scores) and len(new) != len(original):
+            return False
+        drops = self.drops(original[:n], scores.logprobs[:n])
         max_drop, mean_drop = (self.reordered_max_drop, self.reordered_mean_drop) if reordered else (
             self.max_drop, self.mean_drop)  # fmt: skip
-        return max(drops) <= max_drop and sum(drops) / len(drops) <= mean_drop
+        greedy = sum(scores.greedy[:n]) / n
+        return max(drops) <= max_drop and sum(drops) / n <= mean_drop and greedy >= self.min_greedy
 
 
 @dataclass(frozen=True)
@@ -85,18 +106,22 @@ class EngineVerifier:
         self.criterion = criterion
         self._new_id = new_id
 
-    async def score(self, prompt_ids: Sequence[int], answer_ids: Sequence[int]) -> list[float] | None:
-        """log P(answer token | new prompt, earlier answer tokens) for each answer token; None when the
-        engine cannot take the request (queue full, too long)."""
-        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, speculate=False)
-        ids = [*prompt_ids, *answer_ids]
+    async def score(self, prompt_ids: Sequence[int], answer_ids: Sequence[int]) -> Scores | None:
+        """The first `criterion.max_tokens` answer tokens under the new prompt (one prefill: the new prompt, whose
+        template prefix the engine's prefix cache already holds, plus those tokens); None when the engine cannot
+        take the request (queue full, too long)."""
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, speculate=False)
+        answer = list(answer_ids[: self.criterion.max_tokens])
+        ids = [*prompt_ids, *answer]
         try:
             stream = self.engine.generate(ids, params, f"cache-verify-{self._new_id()}")
             async with aclosing(stream):
                 async for out in stream:
                     if out.prompt_logprobs is not None:
                         tail = out.prompt_logprobs[len(prompt_ids) :]
-                        return [lp.logprob if lp is not None else float("-inf") for lp in tail]
+                        lps = tuple(lp.logprob if lp is not None else float("-inf") for lp in tail)
+                        greedy = tuple(lp is not None and bool(lp.top) and lp.top[0][0] == lp.token_id for lp in tail)
+                        return Scores(lps, greedy)
         except EngineError:
             return None
         return None

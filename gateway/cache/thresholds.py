@@ -1,0 +1,81 @@
+"""Per-entry thresholds with an operator-set error bound, learned online from verified outcomes (after vCache,
+"Verified Semantic Prompt Caching", Schroeder et al.).
+
+A global cosine threshold is wrong for most entries: some cached questions have close neighbours that ask
+something else ("capital of France" / "of Germany"), others have none. Every time the engine verifier (or, for
+upstream models, a sampled comparison with a fresh answer) judges a candidate, the outcome is recorded against that
+entry with the candidate's similarity. A later candidate for the same entry may then skip verification when the
+entry's own record bounds the chance of a wrong answer at that similarity by `delta`:
+
+- correctness is assumed to grow with similarity (the vCache assumption), so the outcomes observed at the same or a
+  *lower* similarity are at least as likely to be wrong as the new candidate: their error rate over-estimates its;
+- the bound is the one-sided Clopper-Pearson upper limit of that error rate at `confidence`, so a skip needs
+  evidence: with no error observed, about 3/delta outcomes (300 for delta = 1% at 95%) below the similarity.
+
+Everything else is verified as before; nothing here ever serves a candidate the lexical check rejected. The record
+lives in the process (one per replica, bounded LRU) and is lost on restart: a replica relearns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+
+def binomial_upper(errors: int, n: int, confidence: float) -> float:
+    """One-sided Clopper-Pearson upper limit on a rate from `errors` in `n` trials (bisection on the binomial CDF)."""
+    if n <= 0:
+        return 1.0
+    if errors >= n:
+        return 1.0
+    alpha = 1.0 - confidence
+
+    def cdf(p: float) -> float:  # P(X <= errors) for X ~ Binomial(n, p)
+        return sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(errors + 1))
+
+    lo, hi = errors / n, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if cdf(mid) > alpha:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+@dataclass(frozen=True)
+class Decision:
+    skip: bool  # serve without verification
+    bound: float  # the upper limit on the error rate that decided it
+    evidence: int  # outcomes at or below the candidate's similarity
+
+
+class EntryThresholds:
+    """Outcomes per cache entry (similarity, right?) and the skip decision for a new candidate."""
+
+    def __init__(self, delta: float, confidence: float = 0.95, per_entry: int = 512, entries: int = 10000) -> None:
+        self.delta = delta
+        self.confidence = confidence
+        self.per_entry = per_entry
+        self.entries = entries
+        self._seen: OrderedDict[str, deque[tuple[float, bool]]] = OrderedDict()
+
+    def observe(self, key: str, similarity: float, right: bool) -> None:
+        record = self._seen.get(key)
+        if record is None:
+            record = self._seen[key] = deque(maxlen=self.per_entry)
+            while len(self._seen) > self.entries:
+                self._seen.popitem(last=False)
+        self._seen.move_to_end(key)
+        record.append((similarity, right))
+
+    def decide(self, key: str, similarity: float) -> Decision:
+        record = self._seen.get(key, ())
+        below = [right for sim, right in record if sim <= similarity]
+        errors = len(below) - sum(below)
+        bound = binomial_upper(errors, len(below), self.confidence)
+        return Decision(self.delta > 0 and bound <= self.delta, bound, len(below))
+
+    def __len__(self) -> int:
+        return len(self._seen)

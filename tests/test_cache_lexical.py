@@ -1,0 +1,147 @@
+"""The lexical check on the real WordNet 3.1 database (fetched by `make test-models`): the reader (morphy, synsets,
+pointers), word-against-word relations, and whole questions. The cases are written here, for this test."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.cache import lexical
+from gateway.cache.lexicon import Lexicon, prefixed
+from gateway.cache.wordnet import load
+from gateway.cache.wordnet_fetch import FILES, default_wordnet_path
+
+ROOT = default_wordnet_path()
+pytestmark = pytest.mark.skipif(
+    not all((ROOT / f).exists() for f in FILES), reason="run `python -m gateway.cache.wordnet_fetch` first"
+)
+
+
+@pytest.fixture(scope="module")
+def lex() -> Lexicon:
+    return Lexicon(load(ROOT))
+
+
+# ---- the reader -----------------------------------------------------------------------------------------------------
+
+
+def test_morphy_reads_the_exception_lists_and_the_detachment_rules(lex: Lexicon) -> None:
+    wn = lex.wn
+    assert wn.morphy("geese", "noun") == ("goose",)  # noun.exc
+    assert "run" in wn.morphy("ran", "verb")  # verb.exc
+    assert wn.morphy("kettles", "noun") == ("kettle",)  # rule s -> ""
+    assert "bake" in wn.morphy("baking", "verb")  # rule ing -> e
+    assert ("adj", "good") in wn.lemmas("better")  # adj.exc
+    assert wn.morphy("setting_up", "verb") == ("set_up",)  # a collocation inflects its first word
+    assert wn.morphy("qwzxv", "noun") == ()
+
+
+def test_synsets_and_pointers_come_from_the_data_files(lex: Lexicon) -> None:
+    wn = lex.wn
+    first = wn.synset(wn.senses("car", "noun")[0])
+    assert {"car", "auto", "automobile"} <= set(first.lemmas)
+    hypernyms = [wn.synset(k).lemmas for k in first.targets("@")]
+    assert any("motor_vehicle" in lemmas for lemmas in hypernyms)
+    assert ("adj", "cold") in wn.lexical_targets("hot", "adj", "!")  # a lexical antonym pointer
+    assert wn.has("ice_cream", "noun") and not wn.has("ice_cream", "verb")
+
+
+# ---- word against word ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "relation"),
+    [
+        ("repair", "fix", "synonym"),
+        ("automobile", "car", "synonym"),
+        ("kettles", "kettle", "same"),
+        ("swam", "swimming", "same"),
+        ("happily", "happy", "derived"),
+        ("sprint", "run", "hypernym"),  # a sprint is a kind of run
+        ("heavy", "light", "antonym"),
+        ("damp", "dry", "antonym"),  # damp is similar to wet, whose antonym is dry
+        ("buy", "sell", "antonym"),
+        ("tie", "untie", "prefix"),
+        ("legal", "illegal", "prefix"),
+        ("overcooked", "undercooked", "prefix"),
+        ("violin", "cello", "unrelated"),  # siblings
+        ("spanish", "italian", "unrelated"),
+        ("tiger", "lion", "unrelated"),
+        ("kettle", "volcano", "unrelated"),
+    ],
+)
+def test_relations(lex: Lexicon, a: str, b: str, relation: str) -> None:
+    assert lex.relation(a, b) == relation
+    assert lex.relation(b, a) == relation
+    assert lex.explains(a, b) == (relation in ("same", "derived", "synonym", "hypernym"))
+
+
+def test_prefixes_need_a_real_stem() -> None:
+    assert prefixed("unload", "load") and prefixed("preheat", "postheat")
+    assert not prefixed("under", "over")  # no stem left behind the prefixes
+    assert not prefixed("inch", "ch")
+
+
+# ---- whole questions ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cached", "query"),
+    [
+        ("how do i fix a leaking faucet", "could you tell me how to repair a leaking faucet"),  # synonym + framing
+        ("what do hedgehogs eat", "what does a hedgehog eat"),  # inflection
+        ("how do i get rid of fruit flies", "how do i eliminate fruit flies"),  # a collocation's synonym
+        ("why isn't my kettle boiling", "why is my kettle not boiling"),  # contraction
+        ("best way to store fresh basil", "Best way to store fresh basil?"),
+    ],
+)
+def test_paraphrases_pass_in_order(cached: str, query: str) -> None:
+    assert lexical.compare(query, cached) == lexical.SAME
+
+
+def test_a_moved_phrase_keeps_its_roles() -> None:
+    assert lexical.compare("how do i sort a list in python", "in python, how do i sort a list") == lexical.REORDERED
+    moved = lexical.compare("in winter what should i feed my chickens", "what should i feed my chickens in winter")
+    assert moved == lexical.REORDERED
+
+
+@pytest.mark.parametrize(
+    ("cached", "query"),
+    [
+        ("convert pounds to kilograms", "convert kilograms to pounds"),
+        ("can stress cause insomnia", "can insomnia cause stress"),
+        ("send money from paypal to my bank", "send money from my bank to paypal"),
+    ],
+)
+def test_swapped_roles_are_left_to_the_verifier(cached: str, query: str) -> None:
+    assert lexical.compare(query, cached) == lexical.SWAPPED
+
+
+@pytest.mark.parametrize(
+    ("cached", "query"),
+    [
+        ("how to keep bread soft", "how to keep bread hard"),  # antonym
+        ("is this mushroom edible", "is this mushroom inedible"),  # negating prefix
+        ("why is my violin out of tune", "why is my cello out of tune"),  # sibling
+        ("how to say thank you in spanish", "how to say thank you in italian"),  # sibling (languages)
+        ("can rabbits eat celery", "can rabbits not eat celery"),  # negation
+        ("do all spiders spin webs", "do most spiders spin webs"),  # quantifier
+        ("recipe for chocolate cake", "recipe for vegan chocolate cake"),  # added modifier
+        ("how long to roast smoked ham", "how long to roast ham"),  # a collocation's modifier dropped
+        ("how do i paint a fence", "how do i sand a fence"),  # another task
+    ],
+)
+def test_a_changed_content_word_rejects(cached: str, query: str) -> None:
+    assert lexical.compare(query, cached) == lexical.DIFFERENT
+
+
+def test_without_wordnet_only_equal_words_match() -> None:
+    assert lexical.compare("how do i repair a faucet", "how do i fix a faucet", lex=False) == lexical.DIFFERENT  # type: ignore[arg-type]
+    assert lexical.compare("how do i fix faucets", "how do i fix a faucet", lex=False) == lexical.SAME  # type: ignore[arg-type]
+
+
+def test_a_repeated_lookup_reads_no_synset_again(lex: Lexicon) -> None:
+    """The check parses a synset from the data files once per process (memoised), not once per question."""
+    lexical.compare("how do i repair a leaking faucet", "how do i fix a dripping tap")
+    misses = lex.wn.synset.cache_info().misses  # type: ignore[attr-defined]
+    lexical.compare("how do i repair a leaking faucet", "how do i fix a dripping tap")
+    assert lex.wn.synset.cache_info().misses == misses  # type: ignore[attr-defined]
