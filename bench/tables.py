@@ -344,7 +344,8 @@ def machines(results: dict[str, Result]) -> list[str]:
         m, v = prov.get("machine") or {}, prov.get("versions") or {}
         lines.append(
             f"- **{label}**: {m.get('cores_usable', '?')} usable cores, {num(m.get('memory_gib'))} GiB, CPU flags "
-            f"{' '.join(m.get('cpu_flags') or []) or 'none of note'}{', virtual machine' if m.get('hypervisor') else ''}; "
+            f"{' '.join(m.get('cpu_flags') or []) or 'none of note'}{', virtual machine' if m.get('hypervisor') else ''}"
+            f"{f', C GEMMs on {isa}' if (isa := m.get('kernel_isa')) else ''}; "
             f"{m.get('os', '?')}; Python {v.get('python', '?')}, torch {v.get('torch', '?')}, "
             f"transformers {v.get('transformers', '-')}."
         )

@@ -23,8 +23,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import torch
-
 # -ffp-contract=off: a multiply and an add written apart stay apart (the elementwise kernels match torch's rounding;
 # the GEMMs' explicit _mm256_fmadd_ps are unaffected)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp")
@@ -97,7 +95,10 @@ def _build(source: Path, target: Path, flags: tuple[str, ...], gomp: Path | None
 
 
 def _torch_openmp() -> Path | None:
-    """torch's bundled OpenMP runtime (libgomp), which the kernels must share."""
+    """torch's bundled OpenMP runtime (libgomp), which the kernels must share. torch is imported here, not at the top,
+    so bench/provenance.py can ask cpu_isa() without loading torch."""
+    import torch
+
     lib = Path(torch.__file__).parent / "lib"
     return next(iter(sorted(lib.glob("libgomp*.so*"))), None)
 
