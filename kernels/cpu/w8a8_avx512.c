@@ -21,8 +21,6 @@
 
 #include "w8a8_epilogue.h"
 
-#define PREFETCH 2048 /* bytes ahead of the weight stream (w4a8.c's reason) */
-
 /* Per activation row and chunk, what every weight row shares: the accumulator's start (-128 x the sum of the lane's
  * four x values) and the lane's group scale. */
 typedef struct { __m512i start; __m512 scale; } chunk_x;
@@ -37,14 +35,16 @@ typedef struct { __m512i start; __m512 scale; } chunk_x;
     for (int i = 0; i < NT; i++)                                                                                 \
       for (int r = 0; r < MT; r++) acc[i][r] = _mm512_setzero_ps();                                             \
     for (int64_t c = 0; c < kc; c++) {                                                                           \
-      const __mmask64 km = (c + 1) * 64 <= K ? ~(__mmask64)0 : (__mmask64)0xffffffffu;                           \
+      const int tail = (c + 1) * 64 > K; /* K % 64 == 32: the last chunk's second half reads as zero */        \
       __m512i u[NT];                                                                                             \
       for (int i = 0; i < NT; i++) {                                                                             \
-        _mm_prefetch((const char *)(w + i * K + c * 64 + PREFETCH), _MM_HINT_T0);                                \
-        u[i] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(km, w + i * K + c * 64), flip); /* w + 128, unsigned */ \
+        const int8_t *p = w + i * K + c * 64;                                                                    \
+        const __m512i v = tail ? _mm512_maskz_loadu_epi8((__mmask64)0xffffffffu, p) : _mm512_loadu_si512(p);     \
+        u[i] = _mm512_xor_si512(v, flip); /* w + 128, unsigned */                                                \
       }                                                                                                          \
       for (int r = 0; r < MT; r++) {                                                                             \
-        const __m512i xv = _mm512_maskz_loadu_epi8(km, xq + r * K + c * 64); /* a masked tail reads as 0 */     \
+        const int8_t *a = xq + r * K + c * 64;                                                                   \
+        const __m512i xv = tail ? _mm512_maskz_loadu_epi8((__mmask64)0xffffffffu, a) : _mm512_loadu_si512(a);    \
         const chunk_x *p = cx + r * kc + c;                                                                      \
         for (int i = 0; i < NT; i++) /* 1. the exact integer dot product, 2. times x's group scale */           \
           acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(p->start, u[i], xv)), p->scale, acc[i][r]); \
@@ -53,7 +53,9 @@ typedef struct { __m512i start; __m512 scale; } chunk_x;
     for (int i = 0; i < NT; i++) /* 3. the row's weight scale, once */                                          \
       for (int r = 0; r < MT; r++) y[r * ldy + i] = _mm512_reduce_add_ps(acc[i][r]) * ws[i];                   \
   }
-TILE(4, 1) TILE(2, 4) TILE(1, 4) TILE(1, 1)
+/* One weight row at a time (w4a8_avx512.c's TILES says why): the lm_head at one row of x took 1.4 ms with 1 row, 3.2-3.5 ms
+ * with 2, 4 or 8 rows interleaved (49152 x 576, one thread, AMD Zen 4). */
+TILE(1, 4) TILE(1, 1)
 
 /* cx (M, kc) for xq (M, K) and its group scales xd (M, K / G). */
 static void prepare_rows(const int8_t *xq, const float *xd, int64_t M, int64_t K, int64_t G, chunk_x *cx) {
@@ -97,15 +99,11 @@ int w8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, c
 #define AT(n, m) w + (n) * K, ws + (n), a.xq + (m) * K, cx + (m) * kc, K, kc, y + (m) * N + (n), N
     for (int64_t mb = 0; mb < M; mb += M_BLOCK) {
       const int64_t me = mb + M_BLOCK < M ? mb + M_BLOCK : M;
-      int64_t m = mb, n;
-      for (; m + 4 <= me; m += 4) {
-        for (n = n0; n + 2 <= n1; n += 2) tile_2x4(AT(n, m));
-        for (; n < n1; n++) tile_1x4(AT(n, m));
-      }
-      for (; m < me; m++) {
-        for (n = n0; n + 4 <= n1; n += 4) tile_4x1(AT(n, m));
-        for (; n < n1; n++) tile_1x1(AT(n, m));
-      }
+      int64_t m = mb;
+      for (; m + 4 <= me; m += 4)
+        for (int64_t n = n0; n < n1; n++) tile_1x4(AT(n, m));
+      for (; m < me; m++)
+        for (int64_t n = n0; n < n1; n++) tile_1x1(AT(n, m));
     }
 #undef AT
     if (bias || gelu) epilogue(y, N, M, n0, n1, bias, gelu);
