@@ -148,6 +148,8 @@ def cpu_kernels(r: Result) -> Figures:
              f"x{num(v, 2)}") for k, v in r.get("speedup", {}).items()]
     rows += [(f"decode step, C layer by layer / decode stack, {k.removeprefix('step_ms_b')} rows", f"x{num(v, 2)}")
              for k, v in r.get("decode_stack_speedup", {}).items()]
+    rows += [(f"decode step, AVX2 GEMMs / AVX-512 VNNI GEMMs, {k.removeprefix('step_ms_b')} rows", f"x{num(v, 2)}")
+             for k, v in (r.get("isa_speedup") or {}).items()]
     ppl = {name: e["perplexity"] for name, e in r.get("engines", {}).items() if "perplexity" in e}
     if ppl:
         rows.append(("held-out perplexity (torch / C)", " / ".join(f"{k} {num(v, 2)}" for k, v in ppl.items())))
