@@ -164,8 +164,13 @@ def profile_step(r: Result) -> Figures:
 
 
 def gemm(r: Result) -> Figures:
-    return [(f"decode step at batch {row['batch']}, F.linear / prepacked", f"x{num(row['speedup'], 2)}")
+    rows = [(f"decode step at batch {row['batch']}, F.linear / prepacked", f"x{num(row['speedup'], 2)}")
             for row in r.get("engine", [])]
+    stream = (r.get("c_kernels") or {}).get("decode_stream") or {}
+    for isa in (r.get("c_kernels") or {}).get("isas", []):
+        rows.append((f"one token's C GEMMs at one row ({stream.get('mb', '?')} MB of weights), {isa}",
+                     f"{num(stream.get(f'{isa}_ms'), 2)} ms ({num(stream.get(f'{isa}_gb_s'))} GB/s)"))
+    return rows
 
 
 def structured(r: Result) -> Figures:
