@@ -1,78 +1,67 @@
-/* W8A8 GEMM for x86 CPUs with AVX-512 (F/BW/VL) and VNNI: w8a8.c's kernel on 512-bit vectors and vpdpbusd; the same
- * entry point, layout, activation quantization (quantize.h) and epilogue (w8a8_epilogue.h), loaded by
- * kernels/cpu/w8a8.py where the CPU has them (kernels/cpu/build.py's cpu_isa).
+/* W8A8 GEMM for x86 CPUs with AVX-512 (F/BW/VL) and VNNI: w8a8.c's kernel with vpdpbusd; the same entry point, layout,
+ * activation quantization (quantize.h) and epilogue (w8a8_epilogue.h), loaded by kernels/cpu/w8a8.py where the CPU has
+ * them (kernels/cpu/build.py's cpu_isa).
  *
  * Why: the INT4 models' lm_head (49152 x 576 int8 for SmolLM2, ~28 MB) is a third of the bytes a one-stream decode step
- * reads, so it must run at memory speed. vpdpbusd multiplies unsigned by signed bytes (four products a lane into
- * int32); AVX-512 has no vpsignb to move w's sign onto x as w8a8.c does, so the weight is made unsigned instead:
- * u = w + 128 (an xor with 0x80, w in -127..127), and dot(w, x) = dot(u, x) - 128 sum(x), the second term computed
- * once per activation row (the accumulator starts at it), so each weight vector costs one xor and one vpdpbusd a row.
+ * reads. vpdpbusd multiplies unsigned by signed bytes, four products a lane into int32, replacing w8a8.c's vpsignb,
+ * vpmaddubsw, vpmaddwd and add. AVX-512 has no vpsignb to move w's sign onto x, so the weight is made unsigned instead:
+ * u = w + 128 (an xor with 0x80, w in -127..127), and dot(w, x) = dot(u, x) - 128 sum(x), the second term computed once
+ * per activation row and group (each group's accumulator starts at it).
  *
- * Layout (w8a8.c's): w (N, K) int8, ws (N,) float: w_real[n, k] = w[n, k] * ws[n]. A 64-value chunk is one group of
- * G = 64, or two of G = 32 (lanes 0..7 the first, 8..15 the second). The integer sums are exact (as w8a8.c's); the
- * fp32 sums group them by 16 lanes (w8a8.c by 8), so the two kernels agree to fp32 rounding, not bit for bit. Every
- * (m, n) result is computed by the same sequence of operations whatever M and the tiling are, so a row's output does
- * not depend on its batch-mates.
+ * 256-bit vectors (AVX-512 VL): the 512-bit version read the lm_head at one row of x 25% slower than w8a8.c on AMD Zen 4
+ * (1.9 vs 1.5 ms, one thread), whose 512-bit operations take two 256-bit passes and whose 16-lane sums cost more per
+ * output row. The group's integer sum, its conversion and scaling, and the final 8-lane sum are w8a8.c's
+ * (8 lanes, per group: cvt, fma with x's group scale; at the end hsum times the row's scale), but the lanes hold other
+ * partial sums (vpdpbusd adds four adjacent products, vpmaddubsw + vpmaddwd four at a stride), so the two kernels
+ * agree to fp32 rounding, not bit for bit. Every (m, n) result is computed by the same sequence of operations
+ * whatever M and the tiling are, so a row's output does not depend on its batch-mates.
+ *
+ * Layout (w8a8.c's): w (N, K) int8, ws (N,) float: w_real[n, k] = w[n, k] * ws[n]; G 64, or 32 where K % 64 != 0.
  */
 #include <immintrin.h>
 #include <stdint.h>
 
 #include "quantize.h"
 
+#include "simd.h"
+
 #include "w8a8_epilogue.h"
 
-/* Per activation row and chunk, what every weight row shares: the accumulator's start (-128 x the sum of the lane's
- * four x values) and the lane's group scale. */
-typedef struct { __m512i start; __m512 scale; } chunk_x;
-
-/* NT weight rows x MT activation rows (compile-time: NT weight vectors and NT x MT accumulators in registers). kc
- * chunks; x rows K bytes apart (the tail chunk of K % 64 == 32 read through a mask), cx rows kc entries apart. */
-#define TILE(NT, MT)                                                                                             \
-  static void tile_##NT##x##MT(const int8_t *w, const float *ws, const int8_t *xq, const chunk_x *cx, int64_t K,  \
-                               int64_t kc, float *y, int64_t ldy) {                                              \
-    const __m512i flip = _mm512_set1_epi8((char)0x80);                                                           \
-    __m512 acc[NT][MT];                                                                                          \
-    for (int i = 0; i < NT; i++)                                                                                 \
-      for (int r = 0; r < MT; r++) acc[i][r] = _mm512_setzero_ps();                                             \
-    for (int64_t c = 0; c < kc; c++) {                                                                           \
-      const int tail = (c + 1) * 64 > K; /* K % 64 == 32: the last chunk's second half reads as zero */        \
-      __m512i u[NT];                                                                                             \
-      for (int i = 0; i < NT; i++) {                                                                             \
-        const int8_t *p = w + i * K + c * 64;                                                                    \
-        const __m512i v = tail ? _mm512_maskz_loadu_epi8((__mmask64)0xffffffffu, p) : _mm512_loadu_si512(p);     \
-        u[i] = _mm512_xor_si512(v, flip); /* w + 128, unsigned */                                                \
-      }                                                                                                          \
+/* One weight row against MT rows of x, H = G / 32 halves per group (compile-time: the group's H weight vectors and the
+ * MT accumulators stay in registers). start (M, ng): each group's accumulator start, -128 x its lanes' x sums. */
+#define TILE(MT, H)                                                                                              \
+  static void tile_##MT##_##H(const int8_t *w, float ws, const int8_t *xq, const __m256i *start, const float *xd, \
+                              int64_t K, float *y, int64_t ldy) {                                                \
+    const int64_t ng = K / (32 * H);                                                                             \
+    const __m256i flip = _mm256_set1_epi8((char)0x80);                                                           \
+    __m256 acc[MT];                                                                                              \
+    for (int r = 0; r < MT; r++) acc[r] = _mm256_setzero_ps();                                                  \
+    for (int64_t g = 0; g < ng; g++) {                                                                           \
+      __m256i u[H];                                                                                              \
+      for (int h = 0; h < H; h++) /* w + 128, unsigned */                                                        \
+        u[h] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + (g * H + h) * 32)), flip);            \
       for (int r = 0; r < MT; r++) {                                                                             \
-        const int8_t *a = xq + r * K + c * 64;                                                                   \
-        const __m512i xv = tail ? _mm512_maskz_loadu_epi8((__mmask64)0xffffffffu, a) : _mm512_loadu_si512(a);    \
-        const chunk_x *p = cx + r * kc + c;                                                                      \
-        for (int i = 0; i < NT; i++) /* 1. the exact integer dot product, 2. times x's group scale */           \
-          acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(p->start, u[i], xv)), p->scale, acc[i][r]); \
+        const int8_t *a = xq + r * K + g * H * 32;                                                               \
+        __m256i p = start[r * ng + g]; /* 1. the exact integer dot product of the group */                      \
+        for (int h = 0; h < H; h++) p = _mm256_dpbusd_epi32(p, u[h], _mm256_loadu_si256((const __m256i *)(a + 32 * h))); \
+        /* 2. times x's scale for the group into fp32 */                                                         \
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(xd + r * ng + g), acc[r]);          \
       }                                                                                                          \
     }                                                                                                            \
-    for (int i = 0; i < NT; i++) /* 3. the row's weight scale, once */                                          \
-      for (int r = 0; r < MT; r++) y[r * ldy + i] = _mm512_reduce_add_ps(acc[i][r]) * ws[i];                   \
+    for (int r = 0; r < MT; r++) y[r * ldy] = hsum(acc[r]) * ws; /* 3. the row's weight scale, once */          \
   }
-/* One weight row at a time (w4a8_avx512.c's TILES says why): the lm_head at one row of x took 1.4 ms with 1 row, 3.2-3.5 ms
- * with 2, 4 or 8 rows interleaved (49152 x 576, one thread, AMD Zen 4). */
-TILE(1, 4) TILE(1, 1)
+TILE(4, 1) TILE(1, 1)
+TILE(4, 2) TILE(1, 2)
 
-/* cx (M, kc) for xq (M, K) and its group scales xd (M, K / G). */
-static void prepare_rows(const int8_t *xq, const float *xd, int64_t M, int64_t K, int64_t G, chunk_x *cx) {
-  const int64_t kc = (K + 63) / 64, ng = K / G;
-  const __m512i bias = _mm512_set1_epi8((char)0x80);
+/* start (M, K / G) for xq (M, K): -128 x the sum of each lane's x values over the group's halves. */
+static void group_starts(const int8_t *xq, int64_t M, int64_t K, int64_t G, __m256i *start) {
+  const __m256i bias = _mm256_set1_epi8((char)0x80);
   for (int64_t m = 0; m < M; m++)
-    for (int64_t c = 0; c < kc; c++) {
-      const __mmask64 km = (c + 1) * 64 <= K ? ~(__mmask64)0 : (__mmask64)0xffffffffu;
-      const __m512i xv = _mm512_maskz_loadu_epi8(km, xq + m * K + c * 64);
-      chunk_x *o = cx + m * kc + c;
-      o->start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xv));
-      if (G == 64) {
-        o->scale = _mm512_set1_ps(xd[m * ng + c]);
-      } else { /* G 32: lanes 0..7 group 2c, 8..15 group 2c + 1 (0 past the end) */
-        const float b = 2 * c + 1 < ng ? xd[m * ng + 2 * c + 1] : 0.f;
-        o->scale = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(xd[m * ng + 2 * c]), _mm512_set1_ps(b));
-      }
+    for (int64_t g = 0; g < K / G; g++) {
+      __m256i s = _mm256_setzero_si256();
+      for (int64_t h = 0; h < G / 32; h++)
+        s = _mm256_dpbusd_epi32(s, bias, _mm256_loadu_si256((const __m256i *)(xq + m * K + g * G + h * 32)));
+      start[m * (K / G) + g] = _mm256_sub_epi32(_mm256_setzero_si256(), s);
     }
 }
 
@@ -83,32 +72,36 @@ static void prepare_rows(const int8_t *xq, const float *xd, int64_t M, int64_t K
  * bias); bias (N,) may be NULL, gelu 0 or 1. G: 32 or 64. Returns 0, or -1 when the scratch could not be allocated. */
 int w8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *bias, int gelu, int64_t M,
                 int64_t N, int64_t K, int64_t G, float *y, int nthreads) {
-  const int64_t kc = (K + 63) / 64;
+  const int64_t ng = K / G;
   const quantized a = quantized_alloc(M, K, G);
-  chunk_x *cx = aligned_alloc(64, (size_t)(M * kc) * sizeof(chunk_x));
-  if (!a.block || !cx) {
+  __m256i *start = aligned_alloc(32, (size_t)(M * ng) * sizeof(__m256i));
+  if (!a.block || !start) {
     free(a.block);
-    free(cx);
+    free(start);
     return -1;
   }
   quantize_rows(x, ldx, M, K, G, a.xq, a.xd, a.xs, nthreads);
-  prepare_rows(a.xq, a.xd, M, K, G, cx);
+  group_starts(a.xq, M, K, G, start);
+  void (*four)(const int8_t *, float, const int8_t *, const __m256i *, const float *, int64_t, float *, int64_t) =
+      G == 64 ? tile_4_2 : tile_4_1;
+  void (*one)(const int8_t *, float, const int8_t *, const __m256i *, const float *, int64_t, float *, int64_t) =
+      G == 64 ? tile_1_2 : tile_1_1;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t n0 = 0; n0 < N; n0 += N_CHUNK) {
     const int64_t n1 = n0 + N_CHUNK < N ? n0 + N_CHUNK : N;
-#define AT(n, m) w + (n) * K, ws + (n), a.xq + (m) * K, cx + (m) * kc, K, kc, y + (m) * N + (n), N
+#define AT(n, m) w + (n) * K, ws[n], a.xq + (m) * K, start + (m) * ng, a.xd + (m) * ng, K, y + (m) * N + (n), N
     for (int64_t mb = 0; mb < M; mb += M_BLOCK) {
       const int64_t me = mb + M_BLOCK < M ? mb + M_BLOCK : M;
       int64_t m = mb;
       for (; m + 4 <= me; m += 4)
-        for (int64_t n = n0; n < n1; n++) tile_1x4(AT(n, m));
+        for (int64_t n = n0; n < n1; n++) four(AT(n, m));
       for (; m < me; m++)
-        for (int64_t n = n0; n < n1; n++) tile_1x1(AT(n, m));
+        for (int64_t n = n0; n < n1; n++) one(AT(n, m));
     }
 #undef AT
     if (bias || gelu) epilogue(y, N, M, n0, n1, bias, gelu);
   }
   free(a.block);
-  free(cx);
+  free(start);
   return 0;
 }
