@@ -26,7 +26,7 @@ from pathlib import Path
 # -ffp-contract=off: a multiply and an add written apart stay apart (the elementwise kernels match torch's rounding;
 # the GEMMs' explicit _mm256_fmadd_ps are unaffected)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp")
-# What a `*_avx512.c` kernel may use on top: 512-bit integer and float SIMD, masks, and vpdpbusd (VNNI: u8 x s8 -> i32)
+# What a `*_avx512.c` kernel may use on top: AVX-512 (masks, 256-bit EVEX forms via VL) and vpdpbusd (VNNI: u8 x s8 -> i32)
 AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 AVX512_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})  # as /proc/cpuinfo names them
 ISA_ENV = "SMOLGATE_CPU_ISA"  # auto (default) | avx2: force the AVX2 kernels where AVX-512 would run (tests, A/B)

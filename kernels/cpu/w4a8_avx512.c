@@ -1,128 +1,101 @@
-/* W4A8 GEMM for x86 CPUs with AVX-512 (F/BW/VL) and VNNI: w4a8.c's kernel on 512-bit vectors and vpdpbusd; the same
- * entry point, weight layout and activation quantization (quantize.h), loaded by kernels/cpu/w4a8.py where the CPU
- * has them (kernels/cpu/build.py's cpu_isa).
+/* W4A8 GEMM for x86 CPUs with AVX-512 (F/BW/VL) and VNNI: w4a8.c's kernel with vpdpbusd; the same entry point, weight
+ * layout and activation quantization (quantize.h), loaded by kernels/cpu/w4a8.py where the CPU has them
+ * (kernels/cpu/build.py's cpu_isa).
  *
- * Why: one decode stream reads every weight once per token, so the GEMV should run at memory speed. w4a8.c needs
- * ~6 instructions per 32 weight bytes (two masks, two vpmaddubsw, two int16 adds) on 256-bit vectors; here one
- * 64-byte load feeds two vpdpbusd (u8 x s8 -> i32, four products a lane, exactly our operand types: unsigned nibbles,
- * signed int8 activations) with no int16 stage. llama.cpp uses the same instruction on these CPUs.
+ * Why: vpdpbusd multiplies unsigned by signed bytes, four products a lane into int32: exactly our operands (unsigned
+ * nibbles, signed int8 activations), one instruction where w4a8.c needs vpmaddubsw, an int16 add and, per group,
+ * vpmaddwd. No int16 stage, so no bound on the products summed before widening. llama.cpp uses the same instruction.
  *
- * Layout: as w4a8.c (wq (N, K/2): per 64-value block, byte j = value j (low nibble) | value j + 32 (high)). One
- * 64-byte load covers two blocks ("a chunk", 128 values): its low nibbles are values 0..31 of either block, its high
- * nibbles values 32..63. The quantized activations are permuted once per call to match (xp, per chunk: [lo 64 | hi
- * 64] bytes, the missing second block of an odd tail zero), so both operands are plain 512-bit loads.
+ * 256-bit vectors (AVX-512 VL): on AMD Zen 4, which runs a 512-bit operation as two 256-bit ones, a 512-bit version
+ * (two blocks a load, activations permuted to match) read 30 layers of SmolLM2 at one row no faster than w4a8.c, and
+ * its W8A8 sibling was 25% slower (w8a8_avx512.c).
  *
- *   y[m, n] = sum_chunks sum_lanes cvt(int dot of the lane's products) * s[n, g(lane)] * xd[m, g(lane)]
- *             - sum_g (z s)[n, g] * xs[m, g]
+ * Layout: w4a8.c's (wq (N, K/2): per 64-value block, byte j = value j (low nibble) | value j + 32 (high); ws (N, K/G);
+ * wzt (K/G, N) = zero * scale, transposed), so one 32-byte load gives a block's low nibbles (values 0..31, the x bytes
+ * at the block's start) and high nibbles (values 32..63, the next 32 x bytes). For G = 32 these are two groups.
  *
- * The integer dot products are exact (as w4a8.c's); the fp32 sums group them by 16 lanes (w4a8.c by 8), so the two
- * kernels agree to fp32 rounding, not bit for bit. Every (m, n) result is computed by the same sequence of operations
- * whatever M and the tiling are, so a row's output does not depend on its batch-mates (the engine's batch
- * invariance). Group sizes 32, 64, 128, 256.
+ *   y[m, n] = sum_g cvt(int dot(q[n, g], xq[m, g])) * (s[n, g] * xd[m, g])  -  sum_g (z s)[n, g] * xs[m, g]
+ *
+ * The integer dot products are exact (as w4a8.c's); the int32 lanes hold other partial sums than w4a8.c's (four
+ * adjacent products, not pairs of pairs at a stride), so the fp32 results agree to rounding, not bit for bit. Every
+ * (m, n) result is computed by the same sequence of operations whatever M and the tiling are, so a row's output does
+ * not depend on its batch-mates (the engine's batch invariance). Group sizes 32, 64, 128, 256.
  */
 #include <immintrin.h>
 #include <stdint.h>
-#include <string.h>
+
+#include "simd.h"
 
 #include "quantize.h" /* quantize_rows: x -> per-row, per-group int8 + scales + exact sums (w4a8.c's, unchanged) */
 
 #define PREFETCH 2048 /* bytes ahead of the weight stream (w4a8.c's reason) */
 
-/* Lane l of a chunk's products: l < 8 from the chunk's first block, l >= 8 from its second; lo vectors hold values
- * 0..31 of a block, hi 32..63. A chunk's scale vector for G (s = ws * xd of the chunk's groups, in an xmm):
- *   G 32: groups 4c..4c+3 = (block 0 lo, block 0 hi, block 1 lo, block 1 hi): lo lanes take s[0]/s[2], hi s[1]/s[3]
- *   G 64: groups 2c, 2c+1 = blocks 0, 1: both take s[0]/s[1];  G 128: group c;  G 256: group c/2 (broadcast) */
-static inline __m512 spread(__m128 s, int a, int b) {
-  const __m512i idx = _mm512_set_epi32(b, b, b, b, b, b, b, b, a, a, a, a, a, a, a, a);
-  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s));
-}
-
-/* The chunk's groups' scales: `per` consecutive floats from p (fewer in a tail chunk; the rest read as 0). */
-static inline __m128 chunk_scales(const float *p, int64_t first, int64_t ng, int per) {
-  const int64_t left = ng - first;
-  const __mmask8 m = (__mmask8)((1u << (left < per ? left : per)) - 1);
-  return _mm_maskz_loadu_ps(m, p + first);
-}
-
-/* NT weight rows x MT activation rows, group size G (compile-time: NT x 2 weight vectors and NT x MT accumulators stay
- * in the 32 zmm registers; NT 1, see TILES). kc: chunks; wq rows K/2 bytes apart, xp rows 128 kc bytes apart. */
-#define TILE(NT, MT, G)                                                                                          \
-  static void tile_##NT##x##MT##_##G(const uint8_t *wq, const float *ws, const int8_t *xp, const float *xd,     \
-                                     int64_t K, int64_t kc, float *y, int64_t ldy) {                            \
-    const int64_t ng = K / G, wrow = K / 2;                                                                      \
-    const __m512i mask = _mm512_set1_epi8(15);                                                                   \
-    __m512 acc[NT][MT];                                                                                          \
-    for (int i = 0; i < NT; i++)                                                                                 \
-      for (int r = 0; r < MT; r++) acc[i][r] = _mm512_setzero_ps();                                             \
-    for (int64_t c = 0; c < kc; c++) {                                                                           \
-      /* the tail chunk of an odd block count holds one block: its second half reads as zero (a plain load     \
-       * elsewhere: masked loads cost more) */                                                                   \
-      const int tail = (2 * c + 1) * 64 > K;                                                                     \
-      __m512i lo[NT], hi[NT];                                                                                    \
-      for (int i = 0; i < NT; i++) {                                                                             \
-        const uint8_t *p = wq + i * wrow + c * 64;                                                               \
+/* One weight row against MT rows of x, group size G (compile-time: the group's unpacked weights and the MT fp32
+ * accumulators stay in registers). One weight row at a time keeps the weight stream sequential: 2 or 4 rows
+ * interleaved (K / 2 bytes apart) read 30 layers 30-40% slower at one row of x (AMD Zen 4), the hardware prefetcher
+ * following one stream better than several. */
+#define TILE(MT, G)                                                                                              \
+  static void tile_##MT##_##G(const uint8_t *wq, const float *ws, const int8_t *xq, const float *xd, int64_t K,  \
+                              float *y, int64_t ldy) {                                                           \
+    const int64_t ng = K / G, nb = G >= 64 ? G / 64 : 1; /* blocks per group (G 32: two groups per block) */    \
+    const __m256i mask = _mm256_set1_epi8(15);                                                                   \
+    __m256 acc[MT];                                                                                              \
+    for (int r = 0; r < MT; r++) acc[r] = _mm256_setzero_ps();                                                  \
+    for (int64_t g = 0; g < (G >= 64 ? ng : ng / 2); g++) { /* G 32: one block, groups 2g and 2g + 1 */          \
+      __m256i lo[G >= 64 ? G / 64 : 1], hi[G >= 64 ? G / 64 : 1];                                                \
+      for (int64_t b = 0; b < nb; b++) {                                                                         \
+        const uint8_t *p = wq + (g * nb + b) * 32;                                                               \
         _mm_prefetch((const char *)(p + PREFETCH), _MM_HINT_T0);                                                 \
-        const __m512i v = tail ? _mm512_maskz_loadu_epi8((__mmask64)0xffffffffu, p) : _mm512_loadu_si512(p);     \
-        lo[i] = _mm512_and_si512(v, mask);                                                                       \
-        hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);                                                 \
+        const __m256i v = _mm256_loadu_si256((const __m256i *)p);                                                \
+        lo[b] = _mm256_and_si256(v, mask);                                                                       \
+        hi[b] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);                                                 \
       }                                                                                                          \
       for (int r = 0; r < MT; r++) {                                                                             \
-        const __m512i xlo = _mm512_loadu_si512(xp + r * kc * 128 + c * 128);                                     \
-        const __m512i xhi = _mm512_loadu_si512(xp + r * kc * 128 + c * 128 + 64);                                \
-        for (int i = 0; i < NT; i++) {                                                                           \
-          /* 1. the exact integer dot products, 2. scaled by both scales into the fp32 accumulator */           \
-          if (G == 32) {                                                                                         \
-            const __m128 s = _mm_mul_ps(chunk_scales(ws + i * ng, 4 * c, ng, 4), chunk_scales(xd + r * ng, 4 * c, ng, 4)); \
-            const __m512i pl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], xlo);                          \
-            const __m512i ph = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[i], xhi);                          \
-            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pl), spread(s, 0, 2), acc[i][r]);                   \
-            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ph), spread(s, 1, 3), acc[i][r]);                   \
-          } else {                                                                                               \
-            __m512 sv;                                                                                           \
-            if (G == 64)                                                                                         \
-              sv = spread(_mm_mul_ps(chunk_scales(ws + i * ng, 2 * c, ng, 2), chunk_scales(xd + r * ng, 2 * c, ng, 2)), 0, 1); \
-            else {                                                                                               \
-              const int64_t g = G == 128 ? c : c / 2;                                                            \
-              sv = _mm512_set1_ps(ws[i * ng + g] * xd[r * ng + g]);                                              \
-            }                                                                                                    \
-            const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], xlo), hi[i], xhi); \
-            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sv, acc[i][r]);                                  \
+        const int8_t *a = xq + r * K + g * nb * 64;                                                              \
+        /* 1. the group's exact integer dot product, 2. scaled by both scales into the fp32 accumulator */      \
+        if (G == 32) {                                                                                           \
+          const __m256i pl = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[0], _mm256_loadu_si256((const __m256i *)a)); \
+          const __m256i ph = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hi[0], _mm256_loadu_si256((const __m256i *)(a + 32))); \
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pl), _mm256_set1_ps(ws[2 * g] * xd[r * ng + 2 * g]), acc[r]); \
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ph), _mm256_set1_ps(ws[2 * g + 1] * xd[r * ng + 2 * g + 1]), acc[r]); \
+        } else {                                                                                                 \
+          __m256i p = _mm256_setzero_si256();                                                                    \
+          for (int64_t b = 0; b < nb; b++) {                                                                     \
+            p = _mm256_dpbusd_epi32(p, lo[b], _mm256_loadu_si256((const __m256i *)(a + 64 * b)));               \
+            p = _mm256_dpbusd_epi32(p, hi[b], _mm256_loadu_si256((const __m256i *)(a + 64 * b + 32)));          \
           }                                                                                                      \
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ws[g] * xd[r * ng + g]), acc[r]);      \
         }                                                                                                        \
       }                                                                                                          \
     }                                                                                                            \
-    for (int i = 0; i < NT; i++)                                                                                 \
-      for (int r = 0; r < MT; r++) y[r * ldy + i] = _mm512_reduce_add_ps(acc[i][r]);                            \
+    for (int r = 0; r < MT; r++) y[r * ldy] = hsum(acc[r]);                                                     \
   }
-/* One weight row at a time, against 4 rows of x or 1: the weight stream stays sequential. Reading 2 or 4 rows at once
- * (K / 2 bytes apart) ran slower on AMD Zen 4 at one row of x (30 layers of SmolLM2: 1 row 7.9 ms, 2 rows 10.4, 4 rows
- * 11.1, one thread), the hardware prefetcher following one stream better than several interleaved ones. */
-#define TILES(G) TILE(1, 4, G) TILE(1, 1, G)
+#define TILES(G) TILE(4, G) TILE(1, G)
 TILES(32)
 TILES(64)
 TILES(128)
 TILES(256)
 
-typedef void (*tile_fn)(const uint8_t *, const float *, const int8_t *, const float *, int64_t, int64_t, float *, int64_t);
-typedef struct { tile_fn four, single; } tiles; /* 1x4, 1x1 */
+typedef void (*tile_fn)(const uint8_t *, const float *, const int8_t *, const float *, int64_t, float *, int64_t);
+typedef struct { tile_fn four, single; } tiles;
 
 static tiles tiles_for(int64_t G) {
   switch (G) {
-    case 32: return (tiles){tile_1x4_32, tile_1x1_32};
-    case 64: return (tiles){tile_1x4_64, tile_1x1_64};
-    case 128: return (tiles){tile_1x4_128, tile_1x1_128};
-    default: return (tiles){tile_1x4_256, tile_1x1_256}; /* 256 (the launcher checks) */
+    case 32: return (tiles){tile_4_32, tile_1_32};
+    case 64: return (tiles){tile_4_64, tile_1_64};
+    case 128: return (tiles){tile_4_128, tile_1_128};
+    default: return (tiles){tile_4_256, tile_1_256}; /* 256 (the launcher checks) */
   }
 }
 
 #define N_CHUNK 16 /* weight rows a thread takes at a time */
 #define M_BLOCK 32 /* rows of x multiplied by those weight rows in one pass (32 x K bytes stay in L1) */
 
-static void chunk(const uint8_t *wq, const float *ws, const float *wzt, const int8_t *xp, const float *xd,
+static void chunk(const uint8_t *wq, const float *ws, const float *wzt, const int8_t *xq, const float *xd,
                   const float *xs, int64_t M, int64_t N, int64_t K, int64_t G, int64_t n0, int64_t n1, float *y) {
-  const int64_t ng = K / G, kc = (K + 127) / 128;
+  const int64_t ng = K / G;
   const tiles t = tiles_for(G);
-#define AT(n, m) wq + (n) * (K / 2), ws + (n) * ng, xp + (m) * kc * 128, xd + (m) * ng, K, kc, y + (m) * N + (n), N
+#define AT(n, m) wq + (n) * (K / 2), ws + (n) * ng, xq + (m) * K, xd + (m) * ng, K, y + (m) * N + (n), N
   int64_t m;
   for (int64_t mb = 0; mb < M; mb += M_BLOCK) {
     const int64_t me = mb + M_BLOCK < M ? mb + M_BLOCK : M;
@@ -132,25 +105,14 @@ static void chunk(const uint8_t *wq, const float *ws, const float *wzt, const in
       for (int64_t n = n0; n < n1; n++) t.single(AT(n, m));
   }
 #undef AT
-  /* 3. the zero points: y[m, n] -= sum_g xs[m, g] * (z s)[n, g], sixteen columns at a time (masked at the end) */
+  /* 3. the zero points: y[m, n] -= sum_g xs[m, g] * (z s)[n, g], eight columns at a time (masked at the end, so every
+   * column takes the same fused multiply-adds) */
   for (m = 0; m < M; m++)
-    for (int64_t n = n0; n < n1; n += 16) {
-      const __mmask16 k = n1 - n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n1 - n)) - 1);
-      __m512 z = _mm512_setzero_ps();
-      for (int64_t g = 0; g < ng; g++) z = _mm512_fmadd_ps(_mm512_set1_ps(xs[m * ng + g]), _mm512_maskz_loadu_ps(k, wzt + g * N + n), z);
-      _mm512_mask_storeu_ps(y + m * N + n, k, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, y + m * N + n), z));
-    }
-}
-
-/* xq (M, K) in natural order -> xp (M, 128 kc): per chunk the values that meet the low nibbles, then the high. */
-static void permute_rows(const int8_t *xq, int64_t M, int64_t K, int8_t *xp) {
-  const int64_t kc = (K + 127) / 128;
-  memset(xp, 0, (size_t)(M * kc * 128));
-  for (int64_t m = 0; m < M; m++)
-    for (int64_t b = 0; b < K / 64; b++) { /* block b: chunk b / 2, half b % 2 */
-      int8_t *o = xp + m * kc * 128 + (b / 2) * 128 + (b % 2) * 32;
-      memcpy(o, xq + m * K + b * 64, 32);
-      memcpy(o + 64, xq + m * K + b * 64 + 32, 32);
+    for (int64_t n = n0; n < n1; n += 8) {
+      const __mmask8 k = n1 - n >= 8 ? (__mmask8)0xff : (__mmask8)((1u << (n1 - n)) - 1);
+      __m256 z = _mm256_setzero_ps();
+      for (int64_t g = 0; g < ng; g++) z = _mm256_fmadd_ps(_mm256_set1_ps(xs[m * ng + g]), _mm256_maskz_loadu_ps(k, wzt + g * N + n), z);
+      _mm256_mask_storeu_ps(y + m * N + n, k, _mm256_sub_ps(_mm256_maskz_loadu_ps(k, y + m * N + n), z));
     }
 }
 
@@ -159,18 +121,11 @@ static void permute_rows(const int8_t *xq, int64_t M, int64_t K, int8_t *xp) {
 int w4a8_linear(const float *x, int64_t ldx, const uint8_t *wq, const float *ws, const float *wzt, int64_t M, int64_t N,
                 int64_t K, int64_t G, float *y, int nthreads) {
   const quantized a = quantized_alloc(M, K, G);
-  int8_t *xp = malloc((size_t)(M * ((K + 127) / 128) * 128));
-  if (!a.block || !xp) {
-    free(a.block);
-    free(xp);
-    return -1;
-  }
+  if (!a.block) return -1;
   quantize_rows(x, ldx, M, K, G, a.xq, a.xd, a.xs, nthreads);
-  permute_rows(a.xq, M, K, xp);
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t n0 = 0; n0 < N; n0 += N_CHUNK)
-    chunk(wq, ws, wzt, xp, a.xd, a.xs, M, N, K, G, n0, n0 + N_CHUNK < N ? n0 + N_CHUNK : N, y);
+    chunk(wq, ws, wzt, a.xq, a.xd, a.xs, M, N, K, G, n0, n0 + N_CHUNK < N ? n0 + N_CHUNK : N, y);
   free(a.block);
-  free(xp);
   return 0;
 }
