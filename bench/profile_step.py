@@ -5,7 +5,12 @@
 
 It starts `batch` greedy requests (the throughput bench's questions), runs steps until every request is
 decoding, times `--steps` pure decode steps (median), then profiles a few more with torch.profiler and
-prints the top ops by self CPU time. Last line: one JSON object (also bench/results/profile_step.json).
+prints the top ops by self CPU time. torch.profiler does not see inside the C kernels (ctypes calls), so the step
+is also timed by phase (`phases`, median ms of each piece called on its own over the same decode batch): the
+scheduler, building the batch's tensors, the decoder layers (one C call with the decode stack), the final norm,
+the lm_head, the sampler, and the rest of the step (postprocess: appending tokens, stop checks, detokenizing).
+Last line: one JSON object (also bench/results/profile_step.json), with the C GEMMs' instruction set
+(machine.kernel_isa in its provenance).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +57,42 @@ def time_steps(engine: LLMEngine, steps: int) -> list[float]:
     return times
 
 
+@torch.inference_mode()
+def phases(engine: LLMEngine, reps: int) -> dict[str, float]:
+    """Median ms of each phase of a decode step, each called on its own `reps` times over one scheduled decode batch.
+    The forward's pieces rerun the same step (the same KV slots rewritten with the same values), so nothing moves."""
+    runner, model = engine.runner, engine.runner.model
+    out = engine.scheduler.schedule()
+    batch = runner.prepare(out)
+    x = model.embed(batch)
+    h, stream = model.run_layers(x, None, batch, runner.kv_cache)
+    normed = model.final_norm(h, stream)
+    logits = model.lm_head(normed).float()
+    seqs = [chunk.seq for chunk in out.scheduled]
+
+    def ms(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return round(statistics.median(times), 3)
+
+    parts = {
+        "prepare_batch": ms(lambda: runner.prepare(out)),
+        "embed_and_rope": ms(lambda: model.ops.rope_table(batch.positions, model.rope.cos_sin, model.embed(batch).dtype)),
+        "decoder_layers": ms(lambda: model.run_layers(x, None, batch, runner.kv_cache)),
+        "final_norm": ms(lambda: model.final_norm(h, stream)),
+        "lm_head": ms(lambda: model.lm_head(normed).float()),
+        "sampler": ms(lambda: engine.sampler(logits, seqs)),
+    }
+    engine.postprocess(out, logits)  # the scheduled step completes (its token appended), as a real step would
+    step = statistics.median(time_steps(engine, reps))
+    parts["step"] = round(step, 3)
+    parts["rest_of_step"] = round(step - sum(v for k, v in parts.items() if k != "step"), 3)  # schedule, postprocess
+    return parts
+
+
 def profile_steps(engine: LLMEngine, steps: int, top: int) -> list[dict[str, Any]]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
@@ -76,15 +118,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     config = EngineConfig(quantization=args.quantization, num_threads=args.threads, enable_prefix_caching=False)
     engine = LLMEngine(config)
-    start_requests(engine, args.batch, max_tokens=args.steps + args.profile_steps + 16)
+    start_requests(engine, args.batch, max_tokens=2 * args.steps + args.profile_steps + 16)  # phases steps too
     warm_up(engine)
     times = time_steps(engine, args.steps)
+    split = phases(engine, args.steps)
     ops = profile_steps(engine, args.profile_steps, args.top)
     for row in ops:
         print(f"{row['op']:<48} {row['calls']:>5} calls  {row['ms_per_step']:>8.2f} ms/step  {row['share']:>6.1%}")
+    print("phases (ms): " + ", ".join(f"{k} {v}" for k, v in split.items()))
     result = {"bench": "profile_step", "batch": args.batch, "quantization": args.quantization,
               "threads": torch.get_num_threads(), "step_ms_p50": round(statistics.median(times), 2),
-              "tok_s": round(args.batch * 1e3 / statistics.median(times), 1), "top_ops": ops}
+              "tok_s": round(args.batch * 1e3 / statistics.median(times), 1), "phases_ms": split, "top_ops": ops}
     return emit(result, args.out)
 
 

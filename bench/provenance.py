@@ -26,7 +26,8 @@ _STARTED_MONOTONIC = time.monotonic()
 _LOAD_AT_START = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 # The CPU features the kernels choose between (backend/model/cpu_gemm.py, kernels/cpu/*.c): AVX2/FMA for the C kernels,
-# AVX-512 VNNI / BF16 and AMX for oneDNN's int8 and bf16 paths.
+# AVX-512 F/BW/VL + VNNI for their GEMMs' *_avx512.c variants (machine()'s kernel_isa says which ran), AVX-512 VNNI /
+# BF16 and AMX for oneDNN's int8 and bf16 paths.
 CPU_FLAGS = (
     "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
     "amx_tile", "amx_int8", "amx_bf16",
@@ -66,6 +67,16 @@ def _gpu() -> str | None:
     return None
 
 
+def kernel_isa() -> str | None:
+    """The instruction set of the C GEMMs this process loads ("avx512" or "avx2", SMOLGATE_CPU_ISA applied); None
+    where the C kernels cannot run (kernels/cpu/build.py; it imports no torch until it builds)."""
+    from kernels.cpu.build import c_kernels_unavailable, cpu_isa
+
+    with contextlib.suppress(ValueError):
+        return cpu_isa() if c_kernels_unavailable() is None else None
+    return None
+
+
 def machine() -> dict[str, Any]:
     info = _cpuinfo()
     flags = set(info.get("flags", "").split())
@@ -75,6 +86,7 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "cores_usable": affinity,
         "cpu_flags": [f for f in CPU_FLAGS if f in flags],
+        "kernel_isa": kernel_isa(),
         "memory_gib": _memory_gib(),
         "gpu": _gpu(),
         "hypervisor": "hypervisor" in flags,
@@ -159,7 +171,7 @@ def _round(x: float | None) -> float | None:
 
 
 def machine_label(prov: dict[str, Any]) -> str:
-    """One short line for a table: `AMD EPYC, 2 cores, 23 GiB (avx2 avx512_vnni avx512_bf16)`."""
+    """One short line for a table: `AMD EPYC, 2 cores, 23 GiB (avx2 avx512_vnni avx512_bf16; avx512 kernels)`."""
     m = prov.get("machine") or {}
     flags = [f for f in m.get("cpu_flags", []) if f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")]
     parts = [str(m.get("cpu", "?")), f"{m.get('cores', '?')} cores"]
@@ -167,7 +179,9 @@ def machine_label(prov: dict[str, Any]) -> str:
         parts.append(f"{m['memory_gib']:.0f} GiB")
     if m.get("gpu"):
         parts.append(str(m["gpu"]))
-    return ", ".join(parts) + (f" ({' '.join(flags)})" if flags else "")
+    isa = f"{m['kernel_isa']} kernels" if m.get("kernel_isa") else ""
+    notes = " ".join(flags) + ("; " if flags and isa else "") + isa
+    return ", ".join(parts) + (f" ({notes})" if notes else "")
 
 
 def commit_label(prov: dict[str, Any]) -> str:

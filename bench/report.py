@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.provenance import provenance
+from bench.provenance import machine_label, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -21,9 +21,11 @@ def default_out(name: str) -> Path:
 
 
 def emit(result: dict[str, Any], out: Path | None = None, *, echo: bool = True) -> dict[str, Any]:
-    """Add provenance, write `out` (default: bench/results/<result['bench']>.json), print the same object
-    (unless `echo` is false: the caller prints it last itself)."""
+    """Add provenance, write `out` (default: bench/results/<result['bench']>.json), print the machine (its CPU's
+    instruction sets and the C GEMMs' choice, next to the figures above) and the same object (unless `echo` is false:
+    the caller prints it last itself)."""
     result = {**result, "provenance": provenance()}
+    print(f"machine: {machine_label(result['provenance'])}", flush=True)
     out = out or default_out(str(result.get("bench", "bench")))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

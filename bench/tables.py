@@ -164,6 +164,8 @@ def cpu_kernels(r: Result) -> Figures:
              f"x{num(v, 2)}") for k, v in r.get("speedup", {}).items()]
     rows += [(f"decode step, C layer by layer / decode stack, {k.removeprefix('step_ms_b')} rows", f"x{num(v, 2)}")
              for k, v in r.get("decode_stack_speedup", {}).items()]
+    rows += [(f"decode step, AVX2 GEMMs / AVX-512 VNNI GEMMs, {k.removeprefix('step_ms_b')} rows", f"x{num(v, 2)}")
+             for k, v in (r.get("isa_speedup") or {}).items()]
     ppl = {name: e["perplexity"] for name, e in r.get("engines", {}).items() if "perplexity" in e}
     if ppl:
         rows.append(("held-out perplexity (torch / C)", " / ".join(f"{k} {num(v, 2)}" for k, v in ppl.items())))
@@ -178,8 +180,13 @@ def profile_step(r: Result) -> Figures:
 
 
 def gemm(r: Result) -> Figures:
-    return [(f"decode step at batch {row['batch']}, F.linear / prepacked", f"x{num(row['speedup'], 2)}")
+    rows = [(f"decode step at batch {row['batch']}, F.linear / prepacked", f"x{num(row['speedup'], 2)}")
             for row in r.get("engine", [])]
+    stream = (r.get("c_kernels") or {}).get("decode_stream") or {}
+    for isa in (r.get("c_kernels") or {}).get("isas", []):
+        rows.append((f"one token's C GEMMs at one row ({stream.get('mb', '?')} MB of weights), {isa}",
+                     f"{num(stream.get(f'{isa}_ms'), 2)} ms ({num(stream.get(f'{isa}_gb_s'))} GB/s)"))
+    return rows
 
 
 def structured(r: Result) -> Figures:
@@ -363,7 +370,8 @@ def machines(results: dict[str, Result]) -> list[str]:
         m, v = prov.get("machine") or {}, prov.get("versions") or {}
         lines.append(
             f"- **{label}**: {m.get('cores_usable', '?')} usable cores, {num(m.get('memory_gib'))} GiB, CPU flags "
-            f"{' '.join(m.get('cpu_flags') or []) or 'none of note'}{', virtual machine' if m.get('hypervisor') else ''}; "
+            f"{' '.join(m.get('cpu_flags') or []) or 'none of note'}{', virtual machine' if m.get('hypervisor') else ''}"
+            f"{f', C GEMMs on {isa}' if (isa := m.get('kernel_isa')) else ''}; "
             f"{m.get('os', '?')}; Python {v.get('python', '?')}, torch {v.get('torch', '?')}, "
             f"transformers {v.get('transformers', '-')}."
         )

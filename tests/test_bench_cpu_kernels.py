@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import cpu_kernels
-from kernels.cpu.build import c_kernels_unavailable
+from kernels.cpu.build import avx512_available, c_kernels_unavailable, cpu_isa
 
 
 def test_short_run_ends_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -25,3 +25,6 @@ def test_short_run_ends_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert abs(torch_row["perplexity"] - c_row["perplexity"]) / torch_row["perplexity"] < 1e-3
     assert torch_row["step_ms_b2"] > 0 and c_row["step_ms_b2"] > 0 and result["speedup"]["step_ms_b2"] > 0
     assert result["engines"]["c-layers"]["step_ms_b2"] > 0 and result["decode_stack_speedup"]["step_ms_b2"] > 0
+    assert c_row["gemm_isa"] == (None if c_kernels_unavailable() else cpu_isa())
+    if avx512_available() and not c_kernels_unavailable():  # the AVX2 GEMMs beside them, in the same run
+        assert result["engines"]["c-avx2"]["gemm_isa"] == "avx2" and result["isa_speedup"]["step_ms_b2"] > 0

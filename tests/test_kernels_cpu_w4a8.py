@@ -1,7 +1,10 @@
-"""The W4A8 CPU kernel (kernels/cpu/w4a8.c) against its torch reference and a float32 matmul, and Int4Linear's
-w4a8 mode. Skipped, saying why, where the kernel cannot be built (not x86 AVX2, no C compiler)."""
+"""The W4A8 CPU kernel (kernels/cpu/w4a8.c, and w4a8_avx512.c where the CPU has AVX-512 VNNI) against its torch
+reference and a float32 matmul, and Int4Linear's w4a8 mode. Skipped, saying why, where the kernel cannot be built (not
+x86 AVX2, no C compiler)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
@@ -19,14 +22,15 @@ from kernels.cpu.w4a8 import (
     w4a8_linear,
     w4a8_linear_ref,
 )
-from tests.c_kernels import build, requires_c_kernels
+from tests.c_kernels import ISAS, build, requires_c_kernels
 
 pytestmark = requires_c_kernels
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory):
-    return build(load_w4a8, tmp_path_factory, "w4a8")
+@pytest.fixture(scope="module", params=ISAS)
+def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Each instruction set's kernel this CPU runs (w4a8.c, w4a8_avx512.c)."""
+    return build(partial(load_w4a8, isa=request.param), tmp_path_factory, f"w4a8-{request.param}")
 
 
 def random_weight(n: int, k: int, group: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,8 +1,10 @@
-"""The W8A8 CPU kernel (kernels/cpu/w8a8.c) against its torch reference and a float32 matmul, its bias + GELU
-epilogue against float64 GELU, and LowBitHead with it. Skipped, saying why, where the C kernels cannot be built (not
-x86 AVX2, no C compiler)."""
+"""The W8A8 CPU kernel (kernels/cpu/w8a8.c, and w8a8_avx512.c where the CPU has AVX-512 VNNI) against its torch
+reference and a float32 matmul, its bias + GELU epilogue against float64 GELU, and LowBitHead with it. Skipped, saying
+why, where the C kernels cannot be built (not x86 AVX2, no C compiler)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
@@ -10,14 +12,15 @@ import torch.nn.functional as F
 
 from backend.quant.lm_head import LowBitHead
 from kernels.cpu.w8a8 import gelu_ref, load_w8a8, pack_w8a8, w8a8_group, w8a8_linear, w8a8_linear_ref
-from tests.c_kernels import build, requires_c_kernels
+from tests.c_kernels import ISAS, build, requires_c_kernels
 
 pytestmark = requires_c_kernels
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory):
-    return build(load_w8a8, tmp_path_factory, "w8a8")
+@pytest.fixture(scope="module", params=ISAS)
+def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Each instruction set's kernel this CPU runs (w8a8.c, w8a8_avx512.c)."""
+    return build(partial(load_w8a8, isa=request.param), tmp_path_factory, f"w8a8-{request.param}")
 
 
 @pytest.mark.parametrize(("n", "k"), [(40, 576), (17, 544), (64, 128)])  # groups of 64, of 32; odd rows

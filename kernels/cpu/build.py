@@ -2,8 +2,10 @@
 
     lib = load_c_kernel(source, build_dir)          # a ctypes.CDLL, or None where it cannot be built
     why = c_kernels_unavailable()                   # None, or why not (not x86 AVX2 + FMA, no compiler)
+    cpu_isa()                                       # "avx512" or "avx2": the variant the dispatching kernels load
 
-Built with `cc -O3 -mavx2 -mfma -fopenmp` into `build_dir`, named by a hash of the source and flags (so a
+Built with `cc -O3 -mavx2 -mfma -fopenmp` into `build_dir` (a `*_avx512.c` source adds AVX-512 F/BW/VL + VNNI and
+is built only where the CPU runs it), named by a hash of the source and flags (so a
 changed kernel is rebuilt, and concurrent processes never load a half-written file: it is renamed into
 place), and linked to torch's own OpenMP runtime so the kernels' threads are torch's threads (a second
 runtime would make a second pool that fights torch's for the cores). ctypes releases the GIL during a call.
@@ -21,11 +23,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import torch
-
 # -ffp-contract=off: a multiply and an add written apart stay apart (the elementwise kernels match torch's rounding;
 # the GEMMs' explicit _mm256_fmadd_ps are unaffected)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp")
+# What a `*_avx512.c` kernel may use on top: AVX-512 (masks, 256-bit EVEX forms via VL) and vpdpbusd (VNNI: u8 x s8 -> i32)
+AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
+AVX512_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})  # as /proc/cpuinfo names them
+ISA_ENV = "SMOLGATE_CPU_ISA"  # auto (default) | avx2: force the AVX2 kernels where AVX-512 would run (tests, A/B)
 
 
 def c_kernels_unavailable() -> str | None:
@@ -39,14 +43,35 @@ def c_kernels_unavailable() -> str | None:
     return None
 
 
+def cpu_isa() -> str:
+    """The instruction set the dispatching kernels (w4a8, w8a8) run here: "avx512" where the CPU has AVX-512 F/BW/VL
+    and VNNI (unless SMOLGATE_CPU_ISA=avx2), else "avx2". Read on every call, so a test can switch it."""
+    forced = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
+    if forced not in {"auto", "avx2", "avx512"}:
+        raise ValueError(f"{ISA_ENV}={forced!r}: use auto, avx2 or avx512")
+    if forced == "avx2" or not avx512_available():
+        return "avx2"
+    return "avx512"
+
+
+def avx512_available() -> bool:
+    """Whether this CPU runs the `*_avx512.c` kernels (AVX-512 F/BW/VL and VNNI)."""
+    return _cpu_flags() >= AVX512_CPU_FLAGS
+
+
 @functools.cache
 def load_c_kernel(source: Path, build_dir: Path) -> ctypes.CDLL | None:
-    """`source` compiled (on first use) into `build_dir` and loaded; None where c_kernels_unavailable() says why
-    or the build failed (the compiler's error is then in `build_dir`/<name>.log)."""
+    """`source` compiled (on first use) into `build_dir` and loaded; None where c_kernels_unavailable() says why,
+    where it is an AVX-512 variant (`*_avx512.c`) this CPU cannot run, or where the build failed (the compiler's
+    error is then in `build_dir`/<name>.log)."""
     if c_kernels_unavailable() is not None:
+        return None
+    wide = source.stem.endswith("_avx512")
+    if wide and not avx512_available():
         return None
     gomp = _torch_openmp()
     flags = FLAGS if gomp else tuple(f for f in FLAGS if f != "-fopenmp")  # no OpenMP of torch's: one thread
+    flags = flags[:3] + AVX512_FLAGS + flags[3:] if wide else flags
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what the source may include
     tag = hashlib.sha256(source.read_bytes() + headers + " ".join(flags).encode() + str(gomp).encode()).hexdigest()[:12]
     target = Path(build_dir) / f"{source.stem}-{tag}.so"
@@ -70,7 +95,10 @@ def _build(source: Path, target: Path, flags: tuple[str, ...], gomp: Path | None
 
 
 def _torch_openmp() -> Path | None:
-    """torch's bundled OpenMP runtime (libgomp), which the kernels must share."""
+    """torch's bundled OpenMP runtime (libgomp), which the kernels must share. torch is imported here, not at the top,
+    so bench/provenance.py can ask cpu_isa() without loading torch."""
+    import torch
+
     lib = Path(torch.__file__).parent / "lib"
     return next(iter(sorted(lib.glob("libgomp*.so*"))), None)
 
@@ -80,9 +108,10 @@ def _compiler() -> Path | None:
     return Path(found) if found else None
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+            return next((frozenset(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), frozenset())
     except OSError:
-        return set()
+        return frozenset()

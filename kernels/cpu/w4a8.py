@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu.build import load_c_kernel
+from kernels.cpu.build import cpu_isa, load_c_kernel
 
 SOURCE = Path(__file__).with_suffix(".c")
+SOURCE_AVX512 = Path(__file__).with_name("w4a8_avx512.c")  # the same entry point on AVX-512 + VNNI
 # 64-value blocks (K a multiple of 64); int16 per-group sums of 8 half-blocks at most (see the C file); 32: half a block
 GROUP_SIZES = (32, 64, 128, 256)
 
@@ -112,9 +113,10 @@ def w4a8_linear_ref(x: torch.Tensor, w: W4A8Weight) -> torch.Tensor:
 
 
 # ---- loading -------------------------------------------------------------------------------------------
-def load_w4a8(build_dir: Path) -> ctypes.CDLL | None:
-    """The compiled kernel (built on first use into `build_dir`, kernels/cpu/build.py), or None where it cannot run."""
-    lib = load_c_kernel(SOURCE, Path(build_dir))
+def load_w4a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernel (built on first use into `build_dir`, kernels/cpu/build.py), or None where it cannot run.
+    isa: "avx2" (w4a8.c) or "avx512" (w4a8_avx512.c); by default the best this CPU runs (build.cpu_isa)."""
+    lib = load_c_kernel(SOURCE_AVX512 if (isa or cpu_isa()) == "avx512" else SOURCE, Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.w4a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]

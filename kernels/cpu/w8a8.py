@@ -22,10 +22,11 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu.build import load_c_kernel
+from kernels.cpu.build import cpu_isa, load_c_kernel
 from kernels.cpu.w4a8 import quantize_rows_ref
 
 SOURCE = Path(__file__).with_suffix(".c")
+SOURCE_AVX512 = Path(__file__).with_name("w8a8_avx512.c")  # the same entry point on AVX-512 + VNNI
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,10 @@ def pack_w8a8(weight: torch.Tensor) -> W8A8Weight:
     return W8A8Weight(q, scale.contiguous(), group)
 
 
-def load_w8a8(build_dir: Path) -> ctypes.CDLL | None:
-    lib = load_c_kernel(SOURCE, Path(build_dir))
+def load_w8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernel, or None where it cannot run. isa: "avx2" (w8a8.c) or "avx512" (w8a8_avx512.c); by default
+    the best this CPU runs (build.cpu_isa)."""
+    lib = load_c_kernel(SOURCE_AVX512 if (isa or cpu_isa()) == "avx512" else SOURCE, Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.w8a8_linear.argtypes = [p, i64, p, p, p, ctypes.c_int, i64, i64, i64, i64, p, ctypes.c_int]
