@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from backend.config import EngineConfig, default_medusa_path
-from backend.engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.model.tokenizer import apply_chat_template
 from bench.report import default_out, emit
