@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 REFERENCE, NGRAM, HEADS, DRAFT = "reference", "ngram", "medusa", "draft"
 SOURCES = (REFERENCE, NGRAM, HEADS, DRAFT)  # cheapest first
-# Optimistic first guesses of alpha (a new sequence tries its sources; two verifications outweigh the guess):
-# a near-miss answer is mostly right; the others are unknown until tried.
-PRIOR = {REFERENCE: 0.9, NGRAM: 0.7, HEADS: 0.7, DRAFT: 0.7}
+# First guesses of alpha, just above what pays at one sequence (a new sequence tries its sources with short drafts
+# and lengthens them as they are accepted; two verifications outweigh the guess): a near-miss answer is mostly right.
+PRIOR = {REFERENCE: 0.9, NGRAM: 0.5, HEADS: 0.5, DRAFT: 0.5}
 PRIOR_WEIGHT = 2.0  # tokens tried the prior counts for
 DECAY = 0.8  # weight of the past per verification: recent drafts count most (a RAG answer starts and stops copying)
 # Proposal cost per drafted token, in one-sequence decode steps: n-gram lookups are Python list scans; Medusa heads
@@ -69,7 +69,10 @@ def token_cost(row_cost: float, batch: int) -> float:
 
 
 def best_k(alpha: float, max_k: int, row_cost: float, batch: int, proposal_cost: float = 0.0) -> int:
-    """The longest draft whose every token is expected to pay for its row (and its proposal)."""
+    """The longest draft whose every token is expected to pay for its row (and its proposal). row_cost 0: max_k
+    always (every sequence drafts its longest draft at any batch size, as before the policy adapted)."""
+    if row_cost <= 0:
+        return max_k
     threshold = (row_cost + proposal_cost) / token_cost(row_cost, batch)
     k, p = 0, alpha
     while k < max_k and p > threshold:
