@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     heads, train_seconds = medusa_heads(args.medusa_train_seconds) if "medusa" in wanted else (Path(), 0.0)
 
     base = EngineConfig(quantization="none", num_threads=args.threads, kv_cache_memory_mb=256, num_speculative_tokens=0)
-    unlimited = {"speculative_max_batch": 10**6}
+    unlimited = {"speculative_max_batch": 10**6, "speculative_row_cost": 0.0}  # forced: k tokens at any batch size
     plain = LLMEngine(base)
     medusa = {"num_speculative_tokens": args.medusa_k or args.k, "speculative_method": "medusa",
               "speculative_model": str(heads), "medusa_min_confidence": args.medusa_min_confidence}

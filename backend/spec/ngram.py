@@ -11,12 +11,20 @@ from collections.abc import Sequence
 
 
 def _find(haystack: list[int], needle: list[int], end: int) -> int:
-    """Start of the last occurrence of `needle` in haystack[:end], or -1."""
-    n = len(needle)
-    for start in range(end - n, -1, -1):
-        if haystack[start : start + n] == needle:
-            return start
-    return -1
+    """Start of the last occurrence of `needle` in haystack[:end], or -1.
+
+    Candidates are the occurrences of its last token, found by list.index (a C loop): a Python loop over every
+    position cost ~3 ms a step for a 2,000-token prompt, a quarter of a decode step."""
+    n, last, best = len(needle), needle[-1], -1
+    i = n - 1
+    while True:
+        try:
+            i = haystack.index(last, i, end)
+        except ValueError:
+            return best
+        if haystack[i - n + 1 : i + 1] == needle:
+            best = i - n + 1
+        i += 1
 
 
 def propose_ngram(
