@@ -94,7 +94,8 @@ class EngineConfig:
     speculative_max_batch: int = 8  # no speculation while more sequences than this run (bench.speculative sweep)
     # What one more row costs a one-sequence decode step (fraction): a draft token is verified only when its
     # expected acceptance pays for its row, so the batch size where speculation stops follows from it
-    # (bench.speculative measures it: `row_cost`); 0: always the longest draft, at any acceptance and batch size
+    # (bench.speculative measures it: `row_cost`); 0: always the longest draft, at any acceptance and batch size,
+    # from the configured method only
     speculative_row_cost: float = 0.4
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds (0: never)
     tensor_parallel_size: int = 1  # > 1: shard every layer over a torch.distributed group (backend/parallel/tensor_parallel.py)

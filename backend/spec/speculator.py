@@ -95,9 +95,11 @@ class Speculator:
         return self.policy.max_k
 
     def _sources(self, seq: Sequence) -> list[str]:
-        """The sources seq can draft from, cheapest first."""
-        have = {REFERENCE: bool(seq.reference_ids), NGRAM: True, HEADS: self.medusa is not None,
-                DRAFT: self.draft_model is not None}
+        """The sources seq can draft from, cheapest first. Forced drafts (row cost 0, no adaptation) come from the
+        reference text or else the configured method only, as before the policy chose among sources."""
+        model = HEADS if self.medusa is not None else DRAFT if self.draft_model is not None else None
+        have = {REFERENCE: bool(seq.reference_ids), NGRAM: model is None or self.policy.row_cost > 0,
+                HEADS: model == HEADS, DRAFT: model == DRAFT}
         return [s for s in SOURCES if have[s]]
 
     def _room(self, seq: Sequence) -> int:
