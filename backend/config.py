@@ -89,7 +89,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # per-step token budget (chunked prefill)
     max_waiting: int = 1024  # waiting-queue limit; beyond it submit raises QueueFullError
     enable_prefix_caching: bool = True
-    num_speculative_tokens: int = 0  # draft tokens per step and sequence (0 = speculation off)
+    # The longest draft per step and sequence (0 = speculation off); the adaptive policy (backend/spec/policy.py)
+    # picks each sequence's source and k <= this from its recent acceptance
+    num_speculative_tokens: int = 4
     # ngram (prompt lookup, no model) | draft (a draft model proposes) | medusa (heads on the target's last hidden state)
     speculative_method: str = "ngram"
     # The draft model (same vocabulary; "" -> the default model's INT4 copy, its GGUF blocks), or with medusa a heads directory in
@@ -98,7 +100,12 @@ class EngineConfig:
     # medusa: a draft stops at the first head whose top probability is below this (0: always k tokens); an unsure
     # guess mostly costs a verified row (bench/README.md, "Medusa heads")
     medusa_min_confidence: float = 0.5
-    speculative_max_batch: int = 3  # no speculation while more sequences than this run (bench.speculative sweep)
+    speculative_max_batch: int = 8  # no speculation while more sequences than this run (bench.speculative sweep)
+    # What one more row costs a one-sequence decode step (fraction): a draft token is verified only when its
+    # expected acceptance pays for its row, so the batch size where speculation stops follows from it
+    # (bench.speculative measures it: `row_cost`); 0: always the longest draft, at any acceptance and batch size,
+    # from the configured method only
+    speculative_row_cost: float = 0.4
     priority_aging_s: float = 10.0  # a waiting request gains one priority level per this many seconds (0: never)
     # per-step token budget while only priority 2147483647 (batch) work is here: a live arrival waits for one such
     # step, so keep it short (0: max_num_batched_tokens)

@@ -11,12 +11,17 @@ each speculating engine, interleaved prompt group by prompt group, and the outpu
 - batch sweep: B concurrent chat+rag requests with speculation forced on (no `speculative_max_batch`
   limit) vs off: where speculation stops paying, which sets the `speculative_max_batch` default.
 - 32 streams with the default settings (speculation turns itself off above `speculative_max_batch`).
+- default on vs off: the default engine configuration (`make serve`'s: AWQ INT4 weights, the adaptive policy, k 4)
+  against the same with `num_speculative_tokens: 0`, on chat and RAG prompts at 1 and 32 streams; and `row_cost`,
+  what one more verified row adds to a one-sequence decode step (the `speculative_row_cost` setting).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,6 +29,7 @@ import torch
 from backend.config import EngineConfig, default_medusa_path
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
+from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
 from backend.model.tokenizer import apply_chat_template
 from bench.report import default_out, emit
 
@@ -42,6 +48,9 @@ RAG = [
     f"Repeat the key facts of this text as a bullet list:\n{PASSAGE}",
 ]
 CHAT = ["Write a short poem about the sea.", "Give me three tips for learning to code.", "Why is the sky blue?"]
+MORE_CHAT = ["What is the capital of France?", "Explain gravity in one sentence.", "List three fruits.",
+             "Who wrote Romeo and Juliet?", "How do I boil an egg?", "What does CPU stand for?",
+             "Tell me a fun fact about octopuses.", "Describe a cat in five words."]
 PARAPHRASES = ["Write a short poem about the ocean.", "What are three tips for learning programming?",
                "Why does the sky look blue?"]
 
@@ -93,6 +102,49 @@ def compare(
     return result
 
 
+def row_cost(engine: LLMEngine, prompt: list[int], k: int, reps: int) -> dict:
+    """What k more rows (a verified draft) add to a one-sequence decode step, per row, as a fraction of the step:
+    the same sequence's forward with 1 row and with 1 + k, alternated, medians."""
+    engine.add_request("row-cost", prompt, SamplingParams(max_tokens=k + 2, ignore_eos=True, speculate=False))
+    engine.step()  # the prompt's prefill: the sequence now has one token to decode
+    seq = engine.scheduler.running[0]
+    seq.token_ids.extend([seq.token_ids[-1]] * k)
+    seq.num_draft = k
+    assert engine.kv.allocate_slots(seq, 1 + k)
+    times: dict[int, list[float]] = {1: [], 1 + k: []}
+    for _ in range(reps):
+        for n in times:  # the KV of these positions is simply rewritten
+            start = time.perf_counter()
+            engine.runner.run(SchedulerOutput(decodes=[ScheduledSeq(seq, n)]))
+            times[n].append(time.perf_counter() - start)
+    seq.drop_draft()
+    engine.abort("row-cost")
+    one, many = statistics.median(times[1]), statistics.median(times[1 + k])
+    return {"step_ms": round(one * 1e3, 2), f"step_{1 + k}_rows_ms": round(many * 1e3, 2),
+            "row_cost": round((many - one) / (k * one), 3)}
+
+
+def default_on_vs_off(args: argparse.Namespace) -> dict:
+    """The default configuration against the same with speculation off, chat and RAG prompts, 1 and 32 streams."""
+    on = LLMEngine(EngineConfig(quantization=args.quantization, num_threads=args.threads, kv_cache_memory_mb=512))
+    off = LLMEngine(replace(on.config, num_speculative_tokens=0))
+    tok = on.tokenizer
+    chat = lambda q: apply_chat_template(tok, [{"role": "user", "content": q}])  # noqa: E731
+    run(off, [chat("Hello")], [SamplingParams(max_tokens=4)])  # warm-up
+    run(on, [chat("Hello")], [SamplingParams(max_tokens=4)])
+    results: dict = {"default_row_cost": row_cost(off, chat(CHAT[0]), on.config.num_speculative_tokens, args.row_cost_reps),
+                     "default_k": on.config.num_speculative_tokens,
+                     "default_speculative_max_batch": on.config.speculative_max_batch,
+                     "default_speculative_row_cost": on.config.speculative_row_cost}
+    for case, questions in (("chat", CHAT + MORE_CHAT), ("rag", RAG)):
+        for streams in (1, args.default_streams):
+            prompts = [chat(questions[i % len(questions)]) for i in range(max(streams, len(questions)))]
+            params = [SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)] * len(prompts)
+            groups = [[i] for i in range(len(questions))] if streams == 1 else [list(range(streams))]
+            results[f"default_{case}_{streams}"] = compare(off, {"default": on}, prompts, params, groups, args.rounds)
+    return results
+
+
 def medusa_heads(train_seconds: float) -> tuple[Path, float]:
     """The self-distilled heads, trained now (2 threads) if the cache has none; (path, seconds spent training)."""
     path = default_medusa_path()
@@ -121,12 +173,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--medusa-min-confidence", type=float, default=EngineConfig.medusa_min_confidence,
                         help="EngineConfig.medusa_min_confidence")
     parser.add_argument("--medusa-train-seconds", type=float, default=150, help="training budget when no heads are cached")
+    parser.add_argument("--quantization", default=EngineConfig.quantization, help="default-on-vs-off: the weights")
+    parser.add_argument("--default-streams", type=int, default=32, help="default-on-vs-off: the many-streams case")
+    parser.add_argument("--row-cost-reps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=default_out("speculative"), help="where the JSON result goes")
     args = parser.parse_args(argv)
+    results: dict = default_on_vs_off(args)
     wanted = set(args.methods.split(","))
     heads, train_seconds = medusa_heads(args.medusa_train_seconds) if "medusa" in wanted else (Path(), 0.0)
 
-    base = EngineConfig(quantization="none", num_threads=args.threads, kv_cache_memory_mb=256)
-    unlimited = {"speculative_max_batch": 10**6}
+    base = EngineConfig(quantization="none", num_threads=args.threads, kv_cache_memory_mb=256, num_speculative_tokens=0)
+    unlimited = {"speculative_max_batch": 10**6, "speculative_row_cost": 0.0}  # forced: k tokens at any batch size
     plain = LLMEngine(base)
     medusa = {"num_speculative_tokens": args.medusa_k or args.k, "speculative_method": "medusa",
               "speculative_model": str(heads), "medusa_min_confidence": args.medusa_min_confidence}
@@ -142,8 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     greedy = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
     run(plain, [chat("Hello")], [SamplingParams(max_tokens=4)])  # warm-up
 
-    results: dict = {}
-    for case, questions in (("rag", RAG), ("chat", CHAT)):
+    for case, questions in (("rag", RAG), ("chat", CHAT)) if engines else ():
         prompts = [chat(q) for q in questions]
         # the near miss: what the model answered to a paraphrase (for rag: the same question again)
         near = PARAPHRASES if case == "chat" else questions
@@ -170,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     for name, r in results.items():
+        if not isinstance(r, dict) or "plain_tok_s" not in r:
+            print(f"{name:>22}: {r}")
+            continue
         methods = "  ".join(f"{m} x{v['speedup']:.2f} ({v['tokens_per_verify']} tok/verify{'' if v['identical'] else ' DIFF'})"
                             for m, v in r.items() if isinstance(v, dict))
         print(f"{name:>22}: plain {r['plain_tok_s']:6.1f} tok/s  {methods}")
@@ -177,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
                "medusa_min_confidence": args.medusa_min_confidence, "new_tokens": args.new_tokens,
                "threads": args.threads, "rounds": args.rounds,
                "torch_threads": torch.get_num_threads(), "medusa_train_seconds": round(train_seconds), **results}
-    emit(summary, default_out("speculative"))
+    emit(summary, args.out)
 
 
 if __name__ == "__main__":

@@ -91,12 +91,13 @@ def only_targets(res: dict[str, Result]) -> dict[str, Result]:
 
 @pytest.fixture(scope="module")
 def cold(int4_model: Path) -> LLMEngine:
-    return engine(int4_model, enable_prefix_caching=False)
+    """No speculation: the other tests' engines speculate as the default configuration does."""
+    return engine(int4_model, enable_prefix_caching=False, num_speculative_tokens=0)
 
 
 @pytest.fixture(scope="module")
 def reference(cold: LLMEngine) -> dict[str, Result]:
-    """Each target alone, its prompt in one prefill chunk, nothing cached."""
+    """Each target alone, its prompt in one prefill chunk, nothing cached, no speculation."""
     return alone(cold)
 
 
@@ -141,6 +142,15 @@ def test_preempted_and_recomputed_agree(int4_model: Path, reference: dict[str, R
 def test_speculative_verification_agrees(int4_model: Path, reference: dict[str, Result]) -> None:
     """n-gram speculation (3 tokens): verified rows give the logits plain decode steps give, and a seeded request's
     verification draws the tokens plain sampling draws (position-keyed noise)."""
-    e = engine(int4_model, num_speculative_tokens=3, enable_prefix_caching=False)
+    e = engine(int4_model, num_speculative_tokens=3, speculative_row_cost=0.0, enable_prefix_caching=False)
     assert alone(e) == reference
     assert 0 < e.speculator.stats.accepted < e.speculator.stats.proposed
+
+
+def test_default_adaptive_speculation_agrees(int4_model: Path, reference: dict[str, Result]) -> None:
+    """The default configuration's adaptive policy (speculating or not per sequence and step) against no speculation,
+    greedy and seeded, alone and among other requests (most steps with more than speculative_max_batch running)."""
+    e = engine(int4_model, enable_prefix_caching=False)
+    assert alone(e) == reference
+    assert e.speculator.stats.proposed > 0
+    assert only_targets(results(e, mixed_batch())) == reference

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import gateway_fixtures
@@ -101,3 +102,23 @@ def test_metrics(live: LiveStack, client: openai.OpenAI) -> None:
         "smolgate_engine_up 1.0",
     ):
         assert name in text, name
+
+
+def _counter(text: str, name: str, source: str) -> float:
+    match = re.search(rf'^{name}_total{{source="{source}"}} (\S+)$', text, re.MULTILINE)
+    assert match, (name, source)
+    return float(match.group(1))
+
+
+def test_metrics_count_speculation_per_source(live: LiveStack, client: openai.OpenAI) -> None:
+    """Speculation is on by default; /metrics counts each source's proposed and accepted draft tokens."""
+    text = "one two three four five six seven eight nine ten"
+    client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": f"Repeat exactly: {text}. {text}."}],
+        max_tokens=32, temperature=0,
+    )
+    metrics = httpx.get(f"{live.url}/metrics", headers=AUTH).text
+    for source in ("reference", "ngram", "medusa", "draft"):
+        assert _counter(metrics, "smolgate_spec_accepted_tokens", source) <= _counter(
+            metrics, "smolgate_spec_proposed_tokens", source)
+    assert _counter(metrics, "smolgate_spec_proposed_tokens", "ngram") > 0

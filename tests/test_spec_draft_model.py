@@ -27,7 +27,7 @@ PROMPTS = QUESTIONS[:4]
 MAX_NEW = 24
 # The default draft is the AWQ INT4 copy `make serve` builds; `make test` has none, so the same format, rounded to
 # nearest (tests/engine_helpers.py), drafts here.
-DRAFT = {"num_speculative_tokens": 4, "speculative_method": "draft"}
+DRAFT = {"num_speculative_tokens": 4, "speculative_method": "draft", "speculative_row_cost": 0.0}  # always 4 tokens
 
 
 @pytest.mark.parametrize(
@@ -143,6 +143,7 @@ def test_draft_model_rule_keeps_the_target_distribution(tmp_path: Path, restore_
 
     engine = LLMEngine(EngineConfig(
         model=str(target_dir), num_speculative_tokens=3, speculative_method="draft", speculative_model=str(draft_dir),
+        speculative_row_cost=0.0,
         speculative_max_batch=10**6, max_num_seqs=256, max_num_batched_tokens=2048, max_waiting=10**5, kv_cache_memory_mb=64,
         num_threads=1,  # tiny tensors: a second thread only adds wake-ups on a busy machine
     ))

@@ -37,7 +37,7 @@ from tests.engine_helpers import (
 PROMPTS = QUESTIONS[:4]
 MAX_NEW = 32
 # Drafts of all k tokens whatever the heads' confidence: the exactness checks need drafts to verify.
-MEDUSA: dict = {"speculative_method": "medusa", "medusa_min_confidence": 0.0}
+MEDUSA: dict = {"speculative_method": "medusa", "medusa_min_confidence": 0.0, "speculative_row_cost": 0.0}  # always k
 
 
 @pytest.fixture(scope="module")

@@ -49,14 +49,15 @@ def run(engine: LLMEngine) -> dict[str, tuple]:
 
 @pytest.fixture(scope="module")
 def plain() -> dict[str, tuple]:
-    return run(make_engine())
+    return run(make_engine(num_speculative_tokens=0))
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_speculation_with_every_sampling_parameter_is_exact(plain: dict[str, tuple], method: str) -> None:
     # all five requests speculate from their first decode step (the default max batch would wait for the tail)
     draft = {"speculative_model": str(rtn_int4_model())} if method == "draft" else {}  # make test has no AWQ copy
-    engine = make_engine(num_speculative_tokens=4, speculative_method=method, speculative_max_batch=len(plain), **draft)
+    engine = make_engine(num_speculative_tokens=4, speculative_method=method, speculative_max_batch=len(plain),
+                         speculative_row_cost=0.0, **draft)
     if method == "draft":
         engine.speculator.draft_model.min_confidence = 0.0
     spec = run(engine)

@@ -12,10 +12,12 @@ from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.spec.ngram import propose_ngram
+from backend.spec.policy import NGRAM, REFERENCE, AdaptivePolicy, SeqSpecState, best_k
 from tests.c_kernels import requires_c_kernels
 from tests.engine_helpers import (
     QUESTIONS,
     assert_no_leaks,
+    check_mixed_speculation,
     make_engine,
     run_to_completion,
     save_random_model,
@@ -35,14 +37,21 @@ def test_ngram_proposer() -> None:
     assert propose_ngram([5, 6, 7], k=2) == []
     assert propose_ngram([4, 5], k=2, reference=[9, 5, 8, 7]) == [8, 7]  # the reference is searched too
     assert propose_ngram([1, 2, 3, 1], k=5, max_n=1) == [2, 3, 1]
+    assert propose_ngram([4, 5, 4], k=2, reference=[9, 5, 8, 7], search_self=False) == []  # the reference only
 
 
 CONSTRAINED = {"max_num_batched_tokens": 20, "kv_cache_memory_mb": 16}
+FORCED = {"num_speculative_tokens": 4, "speculative_row_cost": 0.0}  # every sequence drafts 4 tokens every step
 
 
-@pytest.mark.parametrize("overrides", [{}, CONSTRAINED], ids=["plain", "chunked+preempted"])
+@pytest.mark.parametrize(
+    "overrides", [FORCED, {**FORCED, **CONSTRAINED}, {}, CONSTRAINED],
+    ids=["forced", "forced-chunked+preempted", "default", "default-chunked+preempted"],
+)
 def test_greedy_speculation_is_exact(prompts: list[list[int]], reference: list[list[int]], overrides: dict) -> None:
-    engine = make_engine(num_speculative_tokens=4, **overrides)
+    """Forced: every draft is 4 tokens (the most rollbacks). Default: the adaptive policy of EngineConfig's defaults,
+    sequences speculating or not step by step as their acceptance and the batch size say."""
+    engine = make_engine(**overrides)
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
     arrivals = {i: [(f"r{i}", p, params)] for i, p in enumerate(prompts)}
     outs = run_to_completion(engine, arrivals)
@@ -51,6 +60,46 @@ def test_greedy_speculation_is_exact(prompts: list[list[int]], reference: list[l
     stats = engine.speculator.stats
     assert stats.accepted > 0 and stats.proposed > stats.accepted
     assert_no_leaks(engine)
+
+
+def test_default_policy_mixed_with_opted_out_and_preempted(prompts: list[list[int]], reference: list[list[int]]) -> None:
+    """The default configuration, staggered arrivals, every other request not speculating, a KV budget small enough
+    to preempt: every output equals HF's greedy one."""
+    check_mixed_speculation(make_engine(**CONSTRAINED), prompts, reference, MAX_NEW, preempts=True)
+
+
+def test_policy_k_follows_acceptance_and_batch_size() -> None:
+    """A token is drafted while its chance of acceptance (alpha**i) pays for its row at this batch size."""
+    assert best_k(0.9, 4, row_cost=0.4, batch=1) == 4  # 0.9**4 = 0.66 > 0.4
+    assert best_k(0.6, 4, row_cost=0.4, batch=1) == 1  # 0.6 > 0.4 > 0.36
+    assert best_k(0.3, 4, row_cost=0.4, batch=1) == 0
+    assert best_k(0.9, 4, row_cost=0.4, batch=8) == 1  # a token costs 0.475 of a one-sequence step at 8 streams
+    assert best_k(0.95, 4, row_cost=0.4, batch=32) == 0  # ... and 0.42 at 32: only near-certain drafts pay
+    assert best_k(0.999, 4, row_cost=0.4, batch=32) == 4
+    assert best_k(0.1, 4, row_cost=0.0, batch=64) == 4  # row cost 0: always the longest draft
+
+
+def test_policy_stops_a_failing_source_and_probes_with_backoff() -> None:
+    policy = AdaptivePolicy(max_k=4, row_cost=0.4, max_batch=8)
+    state = SeqSpecState()
+    assert policy.plan(state, [NGRAM], batch=1) == [(NGRAM, 1)]  # the prior: one token, lengthened when accepted
+    policy.proposed(state)
+    policy.verified(state, NGRAM, proposed=1, accepted=1)
+    assert policy.plan(state, [NGRAM], batch=1)[0][1] > 1
+    for _ in range(3):  # rejected drafts: alpha falls below what pays
+        policy.proposed(state)
+        policy.verified(state, NGRAM, proposed=2, accepted=0)
+    waits = []
+    for _ in range(3):  # it stops; probes one token after 8 idle steps, then 16, then 32 (each probe rejected)
+        steps = 1
+        while not policy.plan(state, [NGRAM], batch=1):
+            steps += 1
+        waits.append(steps)
+        policy.proposed(state)
+        policy.verified(state, NGRAM, proposed=1, accepted=0)
+    assert waits == [8, 16, 32]
+    assert policy.plan(state, [REFERENCE, NGRAM], batch=1) == [(REFERENCE, 4)]  # another source keeps its own estimate
+    assert policy.plan(state, [REFERENCE], batch=9) == []  # above speculative_max_batch
 
 
 @requires_c_kernels
@@ -112,6 +161,7 @@ def test_sampled_speculation_keeps_the_target_distribution(tmp_path: Path) -> No
     exact = p1 @ p2_given  # P(second token)
     every_token = " ".join(f"w{i}" for i in range(TINY.vocab_size))  # any last token finds a draft here
     engine = LLMEngine(EngineConfig(model=str(tmp_path), num_speculative_tokens=3, speculative_max_batch=10**6,
+                                    speculative_row_cost=0.0,
                                     max_num_seqs=256, max_num_batched_tokens=2048, max_waiting=10**5))
     n = 4000
     spec = second_token_distribution(engine, prompt, n, every_token)

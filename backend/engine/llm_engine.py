@@ -19,7 +19,7 @@ from backend.engine.detokenizer import IncrementalDetokenizer
 from backend.engine.guided import GrammarCache, advance
 from backend.engine.kv_cache import KVCacheManager
 from backend.engine.model_runner import DTYPES, ModelRunner, kv_cache_dtype, num_kv_blocks, per_token_prefill
-from backend.engine.outputs import EngineStats, RequestOutput, TokenLogprob
+from backend.engine.outputs import EngineStats, RequestOutput, SpecSourceStats, TokenLogprob
 from backend.engine.request import Sequence, request_output
 from backend.engine.sampler import Sampler
 from backend.engine.sampling_params import SamplingParams
@@ -103,7 +103,7 @@ class LLMEngine:
         self.speculator = Speculator(
             self.kv, config.num_speculative_tokens, config.speculative_max_batch, self.max_model_len, self.eos_token_id,
             None if draft is None else DraftModel(draft, self.kv, kv_dtype, self.device, self.eos_token_id),
-            None if heads is None else MedusaDrafter(heads, config.medusa_min_confidence),
+            None if heads is None else MedusaDrafter(heads, config.medusa_min_confidence), config.speculative_row_cost,
         )
         self.requests: dict[str, list[Sequence]] = {}
         self.prompt_tokens_total = 0
@@ -315,4 +315,5 @@ class LLMEngine:
                 "spec_accepted_tokens": float(self.speculator.stats.accepted),
                 "spec_mean_acceptance_length": self.speculator.stats.accepted / max(self.speculator.stats.verifications, 1),
             },
+            spec_sources={name: SpecSourceStats(c.proposed, c.accepted) for name, c in self.speculator.stats.by_source.items()},
         )

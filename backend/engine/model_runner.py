@@ -94,7 +94,13 @@ class ModelRunner:
         return tables, tables[:, :ctx_blocks].long(), lens
 
     def _decode_metadata(self, decodes: list[ScheduledSeq]) -> DecodeMetadata:
-        tables, blocks, lens = self._context(decodes)
+        """One decode query per token: a plain decode's one token, or each token of a verified draft (1 + k) over
+        its causal prefix (context up to and including it), as the plain decode steps would attend them."""
+        lens = [c.seq.num_computed_tokens + j + 1 for c in decodes for j in range(c.num_new_tokens)]
+        tables = self._block_tables(decodes)
+        if len(lens) > len(decodes):
+            tables = tables.repeat_interleave(self._tensor([c.num_new_tokens for c in decodes]), dim=0)
+        blocks = tables[:, : -(-max(lens) // self.kv.block_size)].long()
         width = blocks.shape[1] * self.kv.block_size
         valid = torch.arange(width, device=self.device)[None, :] < self._tensor(lens)[:, None]
         zeros = torch.zeros(valid.shape, dtype=self.kv_cache.dtype, device=self.device)
@@ -143,7 +149,7 @@ class ModelRunner:
             positions.extend(span)
             slots.extend(self.kv.slot(seq, p) for p in span)
             logits_rows.extend(range(len(ids) - chunk.num_logit_rows, len(ids)))
-        num_decodes = len(out.decodes)
+        num_decodes = sum(c.num_new_tokens for c in out.decodes)  # verified drafts are decode rows too
         return ForwardBatch(
             input_ids=self._tensor(ids),
             positions=self._tensor(positions),

@@ -52,6 +52,14 @@ class RequestOutput:
 
 
 @dataclass(frozen=True)
+class SpecSourceStats:
+    """Speculative draft tokens one source (reference, ngram, medusa, draft) proposed, and how many were accepted."""
+
+    proposed: int
+    accepted: int
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """A snapshot for /metrics and the dashboard."""
 
@@ -65,3 +73,4 @@ class EngineStats:
     generation_tokens_total: int
     num_preemptions: int
     extra: dict[str, float] = field(default_factory=dict)
+    spec_sources: dict[str, SpecSourceStats] = field(default_factory=dict)  # per speculation source

@@ -52,6 +52,7 @@ class Sequence:
     num_draft: int = 0  # unverified draft tokens at the end of token_ids
     num_draft_computed: int = 0  # leading tokens whose K/V are in the draft model's cache (backend/spec/draft_model.py)
     reference_ids: list[int] = field(default_factory=list)  # speculation source besides the sequence itself
+    speculation: Any = None  # its adaptive speculation state (backend/spec/policy.py's SeqSpecState), once it decodes
     prompt_reported: bool = False
     # Not yet reported to the caller:
     pending_token_ids: list[int] = field(default_factory=list)

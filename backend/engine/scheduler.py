@@ -48,9 +48,15 @@ class ScheduledSeq:
         return self.num_new_tokens if self.wants_prompt_logprobs or self.seq.num_draft else int(self.samples)
 
 
+def is_decode(seq: Sequence, n: int) -> bool:
+    """A chunk of n tokens is a decode: the sequence's last token, plus its draft to verify when it speculates
+    (each draft position then attends as the plain decode step there would, in the decode group)."""
+    return n == seq.num_tokens - seq.num_computed_tokens == 1 + seq.num_draft
+
+
 @dataclass(frozen=True)
 class SchedulerOutput:
-    """What one step runs: decodes (one token each) first, then prefill chunks."""
+    """What one step runs: decodes (one token each, or 1 + k for a draft to verify) first, then prefill chunks."""
 
     decodes: list[ScheduledSeq] = field(default_factory=list)
     prefills: list[ScheduledSeq] = field(default_factory=list)
@@ -120,7 +126,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                (out.decodes if n == 1 and not seq.is_prefill else out.prefills).append(ScheduledSeq(seq, n))
+                (out.decodes if is_decode(seq, n) else out.prefills).append(ScheduledSeq(seq, n))
                 budget -= n
         return budget
 

@@ -19,7 +19,7 @@ is a better guess than any model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,7 @@ from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
 from backend.spec.draft_model import DraftModel
 from backend.spec.medusa import MedusaDrafter
 from backend.spec.ngram import propose_ngram
+from backend.spec.policy import DRAFT, HEADS, NGRAM, REFERENCE, SOURCES, AdaptivePolicy, SeqSpecState
 from backend.spec.prefix import process_target_rows, target_probs
 from backend.spec.verify import verify_greedy, verify_sampled, verify_seeded
 
@@ -41,10 +42,21 @@ CATCH_UP_PER_TOKEN_LEFT = 4
 
 
 @dataclass
-class SpecStats:
+class SourceCounts:
     proposed: int = 0  # draft tokens proposed
     accepted: int = 0  # ... of which accepted
     verifications: int = 0  # verified drafts (accepted + 1 tokens each)
+
+
+@dataclass
+class SpecStats(SourceCounts):
+    by_source: dict[str, SourceCounts] = field(default_factory=lambda: {s: SourceCounts() for s in SOURCES})
+
+    def add(self, source: str, proposed: int, accepted: int) -> None:
+        for counts in (self, self.by_source[source]):
+            counts.proposed += proposed
+            counts.accepted += accepted
+            counts.verifications += 1
 
 
 def eligible(seq: Sequence) -> bool:
@@ -56,14 +68,19 @@ def _grammar_prefix(seq: Sequence, draft: list[int]) -> list[int]:
     return draft[: seq.guide.validate_tokens(draft)] if seq.guide is not None and draft else draft
 
 
+def _state(seq: Sequence) -> SeqSpecState:
+    if seq.speculation is None:
+        seq.speculation = SeqSpecState()
+    return seq.speculation
+
+
 class Speculator:
     def __init__(
         self, kv: KVCacheManager, num_tokens: int, max_batch: int, max_model_len: int, eos_token_id: int | None,
-        draft_model: DraftModel | None = None, medusa: MedusaDrafter | None = None,
+        draft_model: DraftModel | None = None, medusa: MedusaDrafter | None = None, row_cost: float = 0.5,
     ) -> None:
         self.kv = kv
-        self.k = num_tokens
-        self.max_batch = max_batch  # beyond this many running sequences, verification costs more than it saves
+        self.policy = AdaptivePolicy(num_tokens, row_cost, max_batch)
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
         self.draft_model = draft_model
@@ -71,39 +88,67 @@ class Speculator:
         self.stats = SpecStats()
         self._reserved: set[Sequence] = set()  # seqs whose draft tokens await the draft model
         self._q: dict[Sequence, torch.Tensor | None] = {}  # the draft model's distributions, until verified
+        self._source: dict[Sequence, str] = {}  # where each pending draft came from
+
+    @property
+    def k(self) -> int:
+        return self.policy.max_k
+
+    def _sources(self, seq: Sequence) -> list[str]:
+        """The sources seq can draft from, cheapest first. Forced drafts (row cost 0, no adaptation) come from the
+        reference text or else the configured method only, as before the policy chose among sources."""
+        model = HEADS if self.medusa is not None else DRAFT if self.draft_model is not None else None
+        have = {REFERENCE: bool(seq.reference_ids), NGRAM: model is None or self.policy.row_cost > 0,
+                HEADS: model == HEADS, DRAFT: model == DRAFT}
+        return [s for s in SOURCES if have[s]]
+
+    def _room(self, seq: Sequence) -> int:
+        """Draft tokens seq can still take: one token of max_tokens / the context is the target's own."""
+        return min((seq.params.max_tokens or 0) - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
 
     def propose(self, running: list[Sequence]) -> None:
+        """Give each decoding sequence the draft its policy chooses (n-gram copies now; the draft model reserves
+        slots it fills after scheduling; Medusa heads guess for all their sequences in one call)."""
         self._reserved = {s for s in self._reserved if s.num_draft and not s.is_finished}  # dropped on preemption
+        self._source = {s: src for s, src in self._source.items() if s.num_draft and not s.is_finished}
         if self.medusa is not None:
             self.medusa.forget_finished(running)
-        if not self.k or len(running) > self.max_batch:
+        if not self.policy.max_k or len(running) > self.policy.max_batch:
             return
         heads: list[tuple[Sequence, int]] = []  # seqs the Medusa heads draft for, in one batched call
         for seq in running:
-            if seq.num_tokens - seq.num_computed_tokens != 1 or not eligible(seq):
+            if seq.num_tokens - seq.num_computed_tokens != 1 or not eligible(seq) or (room := self._room(seq)) <= 0:
                 continue
-            room = min((seq.params.max_tokens or 0) - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
-            k = min(self.k, room)
-            if k <= 0:
-                continue
-            if self.draft_model is not None and not seq.reference_ids:
-                if seq.num_tokens - seq.num_draft_computed > CATCH_UP_PER_TOKEN_LEFT * room:
-                    continue  # its draft cache lags too far behind (it ran in a big batch): catching up costs more
-                draft = [seq.token_ids[-1]] * k  # placeholders: the draft model writes them after scheduling
-                self._reserved.add(seq)
-            elif self.medusa is not None and not seq.reference_ids:
-                heads.append((seq, k))
-                continue
-            else:
-                draft = _grammar_prefix(seq, propose_ngram(seq.token_ids, k, seq.reference_ids))
-            seq.token_ids.extend(draft)
-            seq.num_draft = len(draft)
+            state = _state(seq)
+            for source, k in self.policy.plan(state, self._sources(seq), len(running)):
+                k = min(k, room)
+                if source == HEADS:
+                    heads.append((seq, k))
+                elif source == DRAFT:
+                    if seq.num_tokens - seq.num_draft_computed > CATCH_UP_PER_TOKEN_LEFT * room:
+                        continue  # its draft cache lags too far behind (it ran in a big batch): catching up costs more
+                    self._reserved.add(seq)
+                    self._add_draft(seq, [seq.token_ids[-1]] * k, source)  # placeholders the draft model overwrites
+                elif not self._add_draft(seq, self._lookup(seq, source, k), source):
+                    continue  # no match: the next source
+                self._source[seq] = source
+                self.policy.proposed(state)
+                break
         if heads:
             drafts = self.medusa.propose(heads)  # type: ignore[union-attr]
             for seq, _ in heads:
-                draft = _grammar_prefix(seq, drafts.get(seq, []))
-                seq.token_ids.extend(draft)
-                seq.num_draft = len(draft)
+                self._add_draft(seq, drafts.get(seq, []), HEADS)
+
+    @staticmethod
+    def _lookup(seq: Sequence, source: str, k: int) -> list[int]:
+        reference = seq.reference_ids if source == REFERENCE else ()
+        return propose_ngram(seq.token_ids, k, reference, search_self=source == NGRAM)
+
+    def _add_draft(self, seq: Sequence, draft: list[int], source: str) -> bool:
+        draft = draft if source == DRAFT else _grammar_prefix(seq, draft)
+        seq.token_ids.extend(draft)
+        seq.num_draft = len(draft)
+        return bool(draft)
 
     def draft(self, out: SchedulerOutput, generator: torch.Generator) -> None:
         """Let the draft model fill the reserved drafts that were scheduled (verified whole this step)."""
@@ -113,11 +158,8 @@ class Speculator:
         assert self.draft_model is not None
         self._q.update(self.draft_model.propose(seqs, generator))
         self._reserved.difference_update(seqs)
-        shrunk = {c.seq for c in out.scheduled if c.seq in self._q and 1 + c.seq.num_draft < c.num_new_tokens}
-        if shrunk:  # an unsure draft proposed fewer tokens: the chunk shrinks (its spare slots stay allocated)
-            chunks = [ScheduledSeq(c.seq, 1 + c.seq.num_draft) if c.seq in shrunk else c for c in out.prefills]
-            out.prefills[:] = [c for c in chunks if c.num_new_tokens > 1]
-            out.decodes.extend(c for c in chunks if c.num_new_tokens == 1)
+        # an unsure draft proposed fewer tokens: its chunk shrinks (the spare slots stay allocated)
+        out.decodes[:] = [ScheduledSeq(c.seq, 1 + c.seq.num_draft) if c.seq in self._q else c for c in out.decodes]
 
     def remember(self, seq: Sequence, hidden: torch.Tensor, num_tokens: int | None = None) -> None:
         """hidden: the final hidden state whose logits produced seq's newest token, the one that makes it
@@ -151,7 +193,7 @@ class Speculator:
         self.kv.trim(seq)
         if hidden is not None:
             self.remember(seq, hidden[accepted], base + accepted + 1)  # after the engine appends the tokens
-        self.stats.proposed += len(draft)
-        self.stats.accepted += accepted
-        self.stats.verifications += 1
+        source = self._source.pop(seq, NGRAM)
+        self.stats.add(source, len(draft), accepted)
+        self.policy.verified(_state(seq), source, len(draft), accepted)
         return [*draft[:accepted], bonus]

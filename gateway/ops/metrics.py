@@ -49,6 +49,13 @@ def _engine_counters(s: EngineStats) -> Iterator[Metric]:
     yield CounterMetricFamily("smolgate_engine_prompt_tokens", "Prompt tokens the engine processed", value=s.prompt_tokens_total)
     yield CounterMetricFamily("smolgate_engine_generation_tokens", "Tokens the engine generated", value=s.generation_tokens_total)
     yield CounterMetricFamily("smolgate_engine_preemptions", "Sequences preempted", value=s.num_preemptions)
+    proposed = CounterMetricFamily("smolgate_spec_proposed_tokens", "Speculative draft tokens proposed", labels=["source"])
+    accepted = CounterMetricFamily("smolgate_spec_accepted_tokens", "Speculative draft tokens accepted", labels=["source"])
+    for source, counts in sorted(s.spec_sources.items()):
+        proposed.add_metric([source], counts.proposed)
+        accepted.add_metric([source], counts.accepted)
+    yield proposed
+    yield accepted
 
 
 @dataclass(frozen=True)
