@@ -12,6 +12,7 @@ kernels cannot build (the torch fallback is not batch-invariant, as the doc says
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,14 @@ def test_adaptive_speculation_agrees(int4_model: Path, reference: dict[str, Resu
     assert alone(e) == reference
     assert e.speculator.stats.proposed > 0
     assert only_targets(results(e, mixed_batch())) == reference
+
+
+def test_speculation_with_opted_out_and_preempted_agrees(int4_model: Path, reference: dict[str, Result]) -> None:
+    """Speculation on (forced: 4-token drafts every step, the most rollbacks) in an 11-block KV cache: the six targets
+    at once, every other one opting out (a step verifies drafts next to plain decode rows), sequences preempted
+    with their drafts dropped and recomputed as prefill chunks."""
+    e = engine(int4_model, kv_cache_memory_mb=4, enable_prefix_caching=False, num_speculative_tokens=4,
+               speculative_row_cost=0.0)
+    batch = [(rid, p, replace(params, speculate=j % 2 == 0)) for j, (rid, p, params) in enumerate(targets())]
+    assert results(e, {0: batch}) == reference
+    assert e.scheduler.num_preemptions > 0 and 0 < e.speculator.stats.accepted < e.speculator.stats.proposed
