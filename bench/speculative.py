@@ -4,6 +4,8 @@ The target is the full-precision default model; the draft model is its INT4 copy
 the self-distilled ones (trained first by backend.spec.medusa_train if the cache has none). Every figure is a
 ratio inside one run (the machine is shared): the same greedy requests go through a plain engine and
 each speculating engine, interleaved prompt group by prompt group, and the outputs are checked to be identical.
+Each ratio is given in wall time (`speedup`) and in process CPU time (`cpu_speedup`: with one thread, the work done,
+which other jobs' load inflates far less than the wall time).
 
 - single stream, one request at a time: (a) `rag`: summarisation / RAG prompts that quote their context,
   (b) `chat`: open chat prompts. Methods: ngram, reference (the answer to a paraphrased question handed
@@ -73,19 +75,25 @@ def compare(
     groups: list[list[int]], rounds: int, extra: dict[str, list[SamplingParams]] | None = None,
 ) -> dict:
     """Each group of prompts runs through plain, then every method, group after group (interleaved, so
-    load changes on the shared machine hit all engines alike), `rounds` times. `extra`: a method's own params."""
+    load changes on the shared machine hit all engines alike; every other round in reverse order), `rounds` times.
+    `extra`: a method's own params."""
     engines = {"plain": plain, **spec}
     seconds = dict.fromkeys(engines, 0.0)
+    cpu = dict.fromkeys(engines, 0.0)  # process CPU time: on a shared machine, what other jobs' load leaves out
     counts = {name: [0, 0, 0] for name in engines}  # proposed, accepted, verifications
     outs: dict[str, dict[int, list[int]]] = {name: {} for name in engines}
-    for _ in range(rounds):
+    for r in range(rounds):
         for group in groups:
-            for name, engine in engines.items():
+            # every other round in reverse order: the engine that runs first after another's run (cold caches, a
+            # load change) is not always the same one
+            for name, engine in list(engines.items())[:: -1 if r % 2 else 1]:
                 ps = (extra or {}).get(name, params)
                 st = engine.speculator.stats
                 before = st.proposed, st.accepted, st.verifications
+                start_cpu = time.process_time()
                 out, secs = run(engine, [prompts[i] for i in group], [ps[i] for i in group])
                 seconds[name] += secs
+                cpu[name] += time.process_time() - start_cpu
                 outs[name].update(zip(group, out, strict=True))
                 for j, now in enumerate((st.proposed, st.accepted, st.verifications)):
                     counts[name][j] += now - before[j]
@@ -95,6 +103,7 @@ def compare(
         proposed, accepted, verifications = counts[name]
         result[name] = {
             "tok_s": round(tokens / seconds[name], 2), "speedup": round(seconds["plain"] / seconds[name], 3),
+            "cpu_speedup": round(cpu["plain"] / cpu[name], 3),
             "acceptance_rate": round(accepted / proposed, 3) if proposed else 0.0,
             "tokens_per_verify": round((accepted + verifications) / verifications, 2) if verifications else 1.0,
             "mean_acceptance_length": round(accepted / verifications, 2) if verifications else 0.0,
@@ -232,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(r, dict) or "plain_tok_s" not in r:
             print(f"{name:>22}: {r}")
             continue
-        methods = "  ".join(f"{m} x{v['speedup']:.2f} ({v['tokens_per_verify']} tok/verify{'' if v['identical'] else ' DIFF'})"
+        methods = "  ".join(f"{m} x{v['speedup']:.2f}, cpu x{v['cpu_speedup']:.2f} "
+                            f"({v['tokens_per_verify']} tok/verify{'' if v['identical'] else ' DIFF'})"
                             for m, v in r.items() if isinstance(v, dict))
         print(f"{name:>22}: plain {r['plain_tok_s']:6.1f} tok/s  {methods}")
     summary = {"bench": "speculative", "k": args.k, "medusa_k": args.medusa_k or args.k,
