@@ -90,10 +90,9 @@ class EngineConfig:
     max_waiting: int = 1024  # waiting-queue limit; beyond it submit raises QueueFullError
     enable_prefix_caching: bool = True
     # The longest draft per step and sequence (0 = speculation off); the adaptive policy (backend/spec/policy.py)
-    # picks each sequence's source and k <= this from its recent acceptance
-    # Off by default: verified draft rows are not yet bit-identical to plain decode steps in their log-probabilities
-    # (token ids are), so turning it on gives up engine.deterministic's logprob guarantee (tests/test_batch_invariance.py)
-    num_speculative_tokens: int = 0
+    # picks each sequence's source and k <= this from its recent acceptance. Verified rows are bit-identical to plain
+    # decode steps on the C kernels (tests/test_batch_invariance.py), so speculation changes no token or logprob there
+    num_speculative_tokens: int = 4
     # ngram (prompt lookup, no model) | draft (a draft model proposes) | medusa (heads on the target's last hidden state)
     speculative_method: str = "ngram"
     # The draft model (same vocabulary; "" -> the default model's INT4 copy, its GGUF blocks), or with medusa a heads directory in

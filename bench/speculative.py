@@ -13,9 +13,9 @@ which other jobs' load inflates far less than the wall time).
 - batch sweep: B concurrent chat+rag requests with speculation forced on (no `speculative_max_batch`
   limit) vs off: where speculation stops paying, which sets the `speculative_max_batch` default.
 - 32 streams with the default settings (speculation turns itself off above `speculative_max_batch`).
-- adaptive on vs off: the default engine configuration with speculation turned on (`num_speculative_tokens: 4`,
-  the adaptive policy; speculation is off by default) against the same with `num_speculative_tokens: 0`, on chat
-  and RAG prompts at 1 and 32 streams; and `row_cost`,
+- adaptive on vs off: the default engine configuration (speculation on, the adaptive policy; `num_speculative_tokens`
+  4 if a configuration turns it off) against the same with `num_speculative_tokens: 0`, on chat and RAG prompts at
+  1 and 32 streams; and `row_cost`,
   what one more verified row adds to a one-sequence decode step (the `speculative_row_cost` setting).
 """
 
@@ -135,10 +135,10 @@ def row_cost(engine: LLMEngine, prompt: list[int], k: int, reps: int) -> dict:
 
 
 def default_on_vs_off(args: argparse.Namespace) -> dict:
-    """The default configuration with the adaptive policy on (k 4) against it off, chat and RAG prompts, 1 and 32
-    streams (result keys keep the name `default_*`)."""
+    """The default configuration (the adaptive policy; k 4 where the defaults turn speculation off) against it with
+    speculation off, chat and RAG prompts, 1 and 32 streams."""
     on = LLMEngine(EngineConfig(quantization=args.quantization, num_threads=args.threads, kv_cache_memory_mb=512,
-                                num_speculative_tokens=4))
+                                num_speculative_tokens=EngineConfig.num_speculative_tokens or 4))
     off = LLMEngine(replace(on.config, num_speculative_tokens=0))
     tok = on.tokenizer
     chat = lambda q: apply_chat_template(tok, [{"role": "user", "content": q}])  # noqa: E731

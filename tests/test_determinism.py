@@ -148,10 +148,10 @@ def test_speculative_verification_agrees(int4_model: Path, reference: dict[str, 
     assert 0 < e.speculator.stats.accepted < e.speculator.stats.proposed
 
 
-def test_adaptive_speculation_agrees(int4_model: Path, reference: dict[str, Result]) -> None:
-    """The adaptive policy (num_speculative_tokens 4: speculating or not per sequence and step) against no speculation,
+def test_default_adaptive_speculation_agrees(int4_model: Path, reference: dict[str, Result]) -> None:
+    """The default configuration's adaptive policy (speculating or not per sequence and step) against no speculation,
     greedy and seeded, alone and among other requests (most steps with more than speculative_max_batch running)."""
-    e = engine(int4_model, num_speculative_tokens=4, enable_prefix_caching=False)
+    e = engine(int4_model, enable_prefix_caching=False)
     assert alone(e) == reference
     assert e.speculator.stats.proposed > 0
     assert only_targets(results(e, mixed_batch())) == reference

@@ -111,7 +111,7 @@ def _counter(text: str, name: str, source: str) -> float:
 
 
 def test_metrics_count_speculation_per_source(live: LiveStack, client: openai.OpenAI) -> None:
-    """/metrics counts each source's proposed and accepted draft tokens; speculation is off by default, so none."""
+    """Speculation is on by default; /metrics counts each source's proposed and accepted draft tokens."""
     text = "one two three four five six seven eight nine ten"
     client.chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": f"Repeat exactly: {text}. {text}."}],
@@ -121,4 +121,4 @@ def test_metrics_count_speculation_per_source(live: LiveStack, client: openai.Op
     for source in ("reference", "ngram", "medusa", "draft"):
         assert _counter(metrics, "smolgate_spec_accepted_tokens", source) <= _counter(
             metrics, "smolgate_spec_proposed_tokens", source)
-    assert _counter(metrics, "smolgate_spec_proposed_tokens", "ngram") == 0
+    assert _counter(metrics, "smolgate_spec_proposed_tokens", "ngram") > 0

@@ -42,15 +42,15 @@ def test_ngram_proposer() -> None:
 
 CONSTRAINED = {"max_num_batched_tokens": 20, "kv_cache_memory_mb": 16}
 FORCED = {"num_speculative_tokens": 4, "speculative_row_cost": 0.0}  # every sequence drafts 4 tokens every step
-ADAPTIVE = {"num_speculative_tokens": 4}  # speculation on (off by default), the adaptive policy of the other defaults
+ADAPTIVE: dict = {}  # the default configuration: speculation on, the adaptive policy
 
 
 @pytest.mark.parametrize(
     "overrides", [FORCED, {**FORCED, **CONSTRAINED}, ADAPTIVE, {**ADAPTIVE, **CONSTRAINED}],
-    ids=["forced", "forced-chunked+preempted", "adaptive", "adaptive-chunked+preempted"],
+    ids=["forced", "forced-chunked+preempted", "default", "default-chunked+preempted"],
 )
 def test_greedy_speculation_is_exact(prompts: list[list[int]], reference: list[list[int]], overrides: dict) -> None:
-    """Forced: every draft is 4 tokens (the most rollbacks). Adaptive: the policy with EngineConfig's other defaults,
+    """Forced: every draft is 4 tokens (the most rollbacks). Default: the adaptive policy of EngineConfig's defaults,
     sequences speculating or not step by step as their acceptance and the batch size say."""
     engine = make_engine(**overrides)
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
@@ -63,9 +63,9 @@ def test_greedy_speculation_is_exact(prompts: list[list[int]], reference: list[l
     assert_no_leaks(engine)
 
 
-def test_adaptive_policy_mixed_with_opted_out_and_preempted(prompts: list[list[int]], reference: list[list[int]]) -> None:
-    """The adaptive policy, staggered arrivals, every other request not speculating, a KV budget small enough
-    to preempt: every output equals HF's greedy one."""
+def test_default_policy_mixed_with_opted_out_and_preempted(prompts: list[list[int]], reference: list[list[int]]) -> None:
+    """The default configuration (the adaptive policy), staggered arrivals, every other request not speculating, a KV
+    budget small enough to preempt: every output equals HF's greedy one."""
     check_mixed_speculation(make_engine(**ADAPTIVE, **CONSTRAINED), prompts, reference, MAX_NEW, preempts=True)
 
 
