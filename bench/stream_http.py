@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -92,7 +93,7 @@ async def one_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         raise RuntimeError("no content")
     timing = StreamTiming(arrivals[0] - start, tokens=tokens)
     per_event = max(1.0, (tokens - 1) / max(len(arrivals) - 1, 1))  # several tokens in one event: split its gap
-    timing.itls_s = [(b - a) / per_event for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    timing.itls_s = [(b - a) / per_event for a, b in itertools.pairwise(arrivals)]
     return timing
 
 
