@@ -167,6 +167,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=4, help="requests per level: max(streams, this) (default 4)")
     p.add_argument("--new-tokens", type=int, default=128, help="new tokens per request (default 128)")
     p.add_argument("--url", default="", help="a running gateway (default: start one)")
+    p.add_argument("--pid", type=int, default=0, help="with --url: the gateway's process id, for its CPU per thread")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON result")
     return p.parse_args(argv)
 
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     levels = [int(s) for s in args.streams.split(",") if s]
     server = None if args.url else GatewayProcess.start(SERVER_ENV)
     url = args.url or server.url  # type: ignore[union-attr]
-    pid = server.proc.pid if server is not None and Path(f"/proc/{server.proc.pid}/task").is_dir() else None
+    pid = server.proc.pid if server is not None else args.pid or None
+    pid = pid if pid and Path(f"/proc/{pid}/task").is_dir() else None
     try:
         results = [asyncio.run(run_level(url, pid, s, max(s, args.requests), args.new_tokens)) for s in levels]
     finally:
