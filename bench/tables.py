@@ -267,7 +267,8 @@ def kernels(r: Result) -> Figures:
 
 
 SUMMARIES: dict[str, Callable[[Result], Figures]] = {
-    "throughput": throughput, "gateway_overhead": gateway_overhead, "stream_http": stream_http, "cache_pairs": cache_pairs, "cache": cache,
+    "throughput": throughput, "gateway_overhead": gateway_overhead, "stream_http": stream_http,
+    "cache_pairs": cache_pairs, "cache": cache,
     "prefill": prefill, "prefill_attention": prefill_attention, "kv_dtype": kv_dtype, "cpu_kernels": cpu_kernels,
     "profile_step": profile_step, "gemm": gemm, "structured": structured, "awq": awq, "quant": quant,
     "speculative": speculative, "pipeline": pipeline, "routing": routing, "overload": overload, "soak": soak,
