@@ -25,6 +25,8 @@ SUITE: tuple[Bench, ...] = (
     Bench("cache_pairs", what="semantic-cache quality by similarity threshold"),
     Bench("gateway_overhead", ("--requests", "2000"), ("--requests", "200", "--concurrency", "1", "16"),
           what="latency the gateway adds over the engine, requests/s"),
+    Bench("stream_http", ("--streams", "1,8"), ("--requests", "1", "--new-tokens", "16"),
+          what="one chat stream over HTTP: tokens/s, ITL, server CPU per token by thread"),
     Bench("throughput", (), ("--quick",), peer=True, quantization=True,
           what="tokens/s, TTFT, ITL; HF generate and llama.cpp's server"),
     Bench("prefill", (), ("--lengths", "128", "--reps", "1"), peer=True, quantization=True,

@@ -99,6 +99,15 @@ def gateway_overhead(r: Result) -> Figures:
     return rows
 
 
+def stream_http(r: Result) -> Figures:
+    rows: Figures = []
+    for level in r["levels"]:
+        s = level["streams"]
+        rows.append((f"streamed chat over HTTP, {s} stream{'s' * (s != 1)}: tokens/s, ITL p50 / p99",
+                     f"{num(level['tok_s'], 1)}, {num(level['itl_p50_ms'], 2)} / {num(level['itl_p99_ms'], 2)} ms"))
+    return rows
+
+
 def _at_threshold(r: Result) -> Result:
     return min(r["sweep"], key=lambda row: abs(row["threshold"] - r["default_threshold"]))
 
@@ -258,7 +267,8 @@ def kernels(r: Result) -> Figures:
 
 
 SUMMARIES: dict[str, Callable[[Result], Figures]] = {
-    "throughput": throughput, "gateway_overhead": gateway_overhead, "cache_pairs": cache_pairs, "cache": cache,
+    "throughput": throughput, "gateway_overhead": gateway_overhead, "stream_http": stream_http,
+    "cache_pairs": cache_pairs, "cache": cache,
     "prefill": prefill, "prefill_attention": prefill_attention, "kv_dtype": kv_dtype, "cpu_kernels": cpu_kernels,
     "profile_step": profile_step, "gemm": gemm, "structured": structured, "awq": awq, "quant": quant,
     "speculative": speculative, "pipeline": pipeline, "routing": routing, "overload": overload, "soak": soak,

@@ -8,14 +8,26 @@ the start of a stop string.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 PROMPT_CONTEXT_TOKENS = 5  # decode with a few prompt tokens so leading-space rules see context
 
 
+def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    """decode(ids) without special tokens. A transformers fast tokenizer with no clean-up step decodes in its Rust
+    `tokenizers.Tokenizer` and returns that string as is, so call that directly: 3 us instead of 7.5 a call, and
+    the detokenizer makes two calls per token of every stream (measured on the 2-core dev machine, loaded)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False:
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], stop: tuple[str, ...]) -> None:
         self.tokenizer = tokenizer
+        self._decode = text_decoder(tokenizer)
         self.ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -23,9 +35,6 @@ class IncrementalDetokenizer:
         self.emitted = 0  # characters of `text` already handed to the caller
         self.stop = stop
         self.hold = max((len(s) for s in stop), default=1) - 1
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def append(self, token_id: int) -> str | None:
         """Add one token; return the stop string it completed, if any."""

@@ -90,6 +90,24 @@ def draw(probs: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) 
     return (probs / noise).argmax(dim=-1)
 
 
+def is_plain_greedy(seq: Sequence) -> bool:
+    """Greedy with nothing to apply before the argmax: no logprobs, bias, penalties, grammar or min_tokens pending."""
+    p = seq.params
+    return (
+        p.greedy and p.logprobs is None and not p.logit_bias and not p.uses_penalties and seq.guide is None
+        and seq.num_output_tokens >= p.min_tokens
+    )
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax (the first index of its maximum, as torch.argmax). On the CPU through numpy: one
+    single-threaded pass, ~10 us a 49,152-wide row, where torch's argmax wakes its OpenMP pool (~30 us idle, over
+    100 us when other processes hold the cores: 20 ms for 32 rows, measured on the 2-core dev machine)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return logits.detach().numpy().argmax(axis=-1).tolist()
+    return logits.argmax(dim=-1).tolist()
+
+
 class Sampler:
     def __init__(self, eos_token_id: int | None, seed: int, device: str) -> None:
         self.eos_token_id = eos_token_id
@@ -97,13 +115,15 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         """logits: (num_rows, vocab) fp32, one row per sequence in `seqs` (modified in place)."""
+        if all(is_plain_greedy(s) for s in seqs):
+            return SamplerOutput(greedy_tokens(logits), None)
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         apply_logit_bias(logits, seqs)
         apply_min_tokens(logits, seqs, self.eos_token_id)
         apply_penalties(logits, seqs)
         apply_masks(logits, seqs)  # constrained decoding: after every bias, before greedy/sampling
-        tokens = logits.argmax(dim=-1)
+        tokens = torch.tensor(greedy_tokens(logits), device=logits.device)
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if sampled:
             rows = [seqs[i] for i in sampled]
