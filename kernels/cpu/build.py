@@ -1,10 +1,10 @@
 """Build the C kernels of kernels/cpu/ (*.c) once, with the system C compiler, and load them with ctypes.
 
     lib = load_c_kernel(source, build_dir)          # a ctypes.CDLL, or None where it cannot be built
-    why = c_kernels_unavailable()                   # None, or why not (not x86 AVX2 + FMA, no compiler)
+    why = c_kernels_unavailable()                   # None, or why not (not x86 AVX2 + FMA + F16C, no compiler)
     cpu_isa()                                       # "avx512" or "avx2": the variant the dispatching kernels load
 
-Built with `cc -O3 -mavx2 -mfma -fopenmp` into `build_dir` (a `*_avx512.c` source adds AVX-512 F/BW/VL + VNNI and
+Built with `cc -O3 -mavx2 -mfma -mf16c -fopenmp` into `build_dir` (a `*_avx512.c` source adds AVX-512 F/BW/VL + VNNI and
 is built only where the CPU runs it), named by a hash of the source and flags (so a
 changed kernel is rebuilt, and concurrent processes never load a half-written file: it is renamed into
 place), and linked to torch's own OpenMP runtime so the kernels' threads are torch's threads (a second
@@ -25,7 +25,7 @@ from pathlib import Path
 
 # -ffp-contract=off: a multiply and an add written apart stay apart (the elementwise kernels match torch's rounding;
 # the GEMMs' explicit _mm256_fmadd_ps are unaffected)
-FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp")
 # What a `*_avx512.c` kernel may use on top: AVX-512 (masks, 256-bit EVEX forms via VL) and vpdpbusd (VNNI: u8 x s8 -> i32)
 AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 AVX512_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})  # as /proc/cpuinfo names them
@@ -36,8 +36,8 @@ def c_kernels_unavailable() -> str | None:
     """Why the C kernels cannot run here (None if they can be built)."""
     if platform.machine() not in {"x86_64", "AMD64"}:
         return f"not an x86-64 CPU ({platform.machine()})"
-    if not {"avx2", "fma"} <= _cpu_flags():
-        return "the CPU lacks AVX2/FMA"
+    if not {"avx2", "fma", "f16c"} <= _cpu_flags():  # F16C (fp16 <-> fp32): every AVX2 CPU has it
+        return "the CPU lacks AVX2/FMA/F16C"
     if _compiler() is None:
         return "no C compiler (cc/gcc) on PATH"
     return None
