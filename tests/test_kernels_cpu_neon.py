@@ -1,5 +1,5 @@
 """The aarch64 NEON GEMMs (kernels/cpu/w4a8_neon.c, w8a8_neon.c), on this x86 machine: cross-compiled with
-aarch64-linux-gnu-gcc (build.NEON_FLAGS, statically linked, without OpenMP) into a harness (tests/c/neon_harness.c)
+aarch64-linux-gnu-gcc (build.NEON_FLAGS, OpenMP included, statically linked) into a harness (tests/c/neon_harness.c)
 run under qemu-aarch64 -cpu max. The harness checks each kernel against a scalar C reference of the same arithmetic
 (exactly, where y is an integer matmul) and that every row of an M-row call equals the row computed alone; here the
 same inputs go through the x86 kernels (AVX2, and AVX-512 where the CPU has it) and the torch references, which the
@@ -59,9 +59,9 @@ class Case:
 
 def cross_compile(out: Path) -> Path:
     """The harness and the NEON kernels as one static aarch64 executable, with build.py's NEON flags."""
-    flags = [f for f in build.NEON_FLAGS if f not in {"-shared", "-fPIC", "-fopenmp"}]  # one static program, one thread
+    flags = [f for f in build.NEON_FLAGS if f not in {"-shared", "-fPIC"}]  # one static program (libgomp.a)
     exe = out / "neon_harness"
-    cmd = [CROSS_CC, *flags, "-static", "-Wall", "-Werror", "-Wno-unknown-pragmas", f"-I{KERNELS}",
+    cmd = [CROSS_CC, *flags, "-static", "-Wall", "-Wextra", "-Werror", f"-I{KERNELS}",
            str(ROOT / "tests" / "c" / "neon_harness.c"), str(KERNELS / "w4a8_neon.c"), str(KERNELS / "w8a8_neon.c"),
            "-lm", "-o", str(exe)]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -143,6 +143,18 @@ def test_on_aarch64_the_neon_gemms_are_built_and_the_x86_kernels_fall_back(
     assert built[0].startswith("-O3 -march=armv8.2-a+dotprod -ffp-contract=off") and "avx" not in built[0]
     monkeypatch.setattr(build, "_cpu_flags", lambda: frozenset({"fp", "asimd"}))
     assert "dot-product" in (build.c_kernels_unavailable() or "")
+
+
+@pytest.mark.parametrize("source", ["w4a8_neon.c", "w8a8_neon.c"])
+def test_build_py_compiles_the_neon_kernels_into_aarch64_libraries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                    source: str) -> None:
+    """build.py's own compile step with its NEON flags (OpenMP included), the cross compiler as CC: a shared library
+    for aarch64 (ELF machine 183), as an ARM machine's first load would build (there linked to torch's libgomp)."""
+    monkeypatch.setenv("CC", CROSS_CC)
+    target = tmp_path / f"{source}.so"
+    assert build._build(KERNELS / source, target, build.NEON_FLAGS, None), (tmp_path / f"{Path(source).stem}.log")
+    head = target.read_bytes()[:20]
+    assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 183
 
 
 def test_the_x86_choices_are_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,8 @@
  * floats apart) it runs each NEON GEMM and checks, itself:
  *   - against a plain scalar reference of the same arithmetic (the activations quantized as quantize.h does, exact
  *     integer dot products, scales, zero terms, bias and GELU in double): within fp32 rounding of the terms' size;
- *   - batch invariance: every row of an M-row call equals, bit for bit, the same row computed alone (M = 1).
+ *   - batch invariance: every row of an M-row call (THREADS OpenMP threads) equals, bit for bit, the same row
+ *     computed alone (M = 1, one thread).
  * It writes the inputs and NEON outputs to OUTDIR (raw little-endian arrays) and one line per case to stdout,
  *   w4a8 NAME M N K G LDX        or        w8a8 NAME M N K G LDX BIAS GELU
  * so the test can run the x86 kernels on the same inputs and compare. Exit status 0: every check passed; 1 otherwise
@@ -24,6 +25,7 @@ int w8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, c
                 int64_t N, int64_t K, int64_t G, float *y, int nthreads);
 
 enum { MAX_M = 17, N = 40 }; /* N: not a multiple of the kernels' 16-row chunks nor of their 4-column vectors */
+enum { THREADS = 3 };        /* OpenMP threads of an M-row call (the rows computed alone: one thread) */
 static const int64_t ROWS[] = {1, 3, 4, 17};
 static const char *outdir;
 static int failures;
@@ -134,7 +136,7 @@ static void w4a8_case(int64_t K, int64_t G, int exact) {
   for (size_t r = 0; r < sizeof ROWS / sizeof *ROWS; r++) {
     const int64_t M = ROWS[r];
     float *y = malloc(sizeof(float) * M * N);
-    if (w4a8_linear(x, ldx, wq, ws, wzt, M, N, K, G, y, 2)) {
+    if (w4a8_linear(x, ldx, wq, ws, wzt, M, N, K, G, y, THREADS)) {
       fprintf(stderr, "%s: w4a8_linear failed\n", name);
       exit(2);
     }
@@ -189,7 +191,7 @@ static void w8a8_case(int64_t K, int64_t G, int with_bias, int gelu, int exact) 
   for (size_t r = 0; r < sizeof ROWS / sizeof *ROWS; r++) {
     const int64_t M = ROWS[r];
     float *y = malloc(sizeof(float) * M * N);
-    if (w8a8_linear(x, ldx, w, ws, b, gelu, M, N, K, G, y, 2)) {
+    if (w8a8_linear(x, ldx, w, ws, b, gelu, M, N, K, G, y, THREADS)) {
       fprintf(stderr, "%s: w8a8_linear failed\n", name);
       exit(2);
     }
