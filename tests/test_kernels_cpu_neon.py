@@ -133,7 +133,8 @@ def test_on_aarch64_the_neon_gemms_are_built_and_the_x86_kernels_fall_back(
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     monkeypatch.setattr(build, "_cpu_flags", lambda: frozenset({"fp", "asimd", "asimddp"}))
     monkeypatch.delenv(build.ISA_ENV, raising=False)
-    assert build.c_kernels_unavailable() is None and build.cpu_isa() == "neon-dotprod"
+    assert build.c_gemms_unavailable() is None and build.cpu_isa() == "neon-dotprod"
+    assert "only the W4A8 / W8A8 GEMMs" in (build.c_kernels_unavailable() or "")  # the tests of the rest skip
     assert [s.name for s in sorted(KERNELS.glob("*.c")) if build.runs_here(s)] == ["w4a8_neon.c", "w8a8_neon.c"]
     built: list[str] = []
     monkeypatch.setattr(build, "_build", lambda source, target, flags, gomp: built.append(" ".join(flags)) or False)
@@ -142,7 +143,7 @@ def test_on_aarch64_the_neon_gemms_are_built_and_the_x86_kernels_fall_back(
     assert load_w4a8(tmp_path) is None and len(built) == 1  # w4a8_neon.c handed to the compiler (here: refused)
     assert built[0].startswith("-O3 -march=armv8.2-a+dotprod -ffp-contract=off") and "avx" not in built[0]
     monkeypatch.setattr(build, "_cpu_flags", lambda: frozenset({"fp", "asimd"}))
-    assert "dot-product" in (build.c_kernels_unavailable() or "")
+    assert "dot-product" in (build.c_gemms_unavailable() or "") and "dot-product" in (build.c_kernels_unavailable() or "")
 
 
 @pytest.mark.parametrize("source", ["w4a8_neon.c", "w8a8_neon.c"])

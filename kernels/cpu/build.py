@@ -1,7 +1,8 @@
 """Build the C kernels of kernels/cpu/ (*.c) once, with the system C compiler, and load them with ctypes.
 
     lib = load_c_kernel(source, build_dir)          # a ctypes.CDLL, or None where it cannot be built or run here
-    why = c_kernels_unavailable()                   # None, or why not (no AVX2 + FMA / no dot product, no compiler)
+    why = c_kernels_unavailable()                   # None, or why not all of them (not x86 AVX2 + FMA, no compiler)
+    why = c_gemms_unavailable()                     # the same for the W4A8 / W8A8 GEMMs (on aarch64: NEON dot product)
     cpu_isa()                                       # "avx512", "avx2" or "neon-dotprod": the dispatching kernels' variant
 
 On x86-64, built with `cc -O3 -mavx2 -mfma -fopenmp` into `build_dir` (a `*_avx512.c` source adds AVX-512 F/BW/VL +
@@ -49,12 +50,10 @@ def is_arm() -> bool:
 
 
 def c_kernels_unavailable() -> str | None:
-    """Why the C kernels cannot run here (None if they can be built; on aarch64 that means the NEON GEMMs, the only
-    kernels built there)."""
+    """Why the whole set of C kernels cannot run here (None if it can be built: x86-64 with AVX2 + FMA). On aarch64
+    only the GEMMs can (c_gemms_unavailable), so this names why the rest cannot."""
     if is_arm():
-        if not _arm_dotprod():
-            return f"the ARM CPU lacks the Armv8.2 dot-product instructions ({NEON_CPU_FEATURE})"
-        return None if _compiler() is not None else "no C compiler (cc/gcc) on PATH"
+        return c_gemms_unavailable() or "an aarch64 CPU: only the W4A8 / W8A8 GEMMs have C (NEON) variants there"
     if platform.machine() not in {"x86_64", "AMD64"}:
         return f"neither an x86-64 nor an aarch64 CPU ({platform.machine()})"
     if not {"avx2", "fma"} <= _cpu_flags():
@@ -62,6 +61,16 @@ def c_kernels_unavailable() -> str | None:
     if _compiler() is None:
         return "no C compiler (cc/gcc) on PATH"
     return None
+
+
+def c_gemms_unavailable() -> str | None:
+    """Why the W4A8 / W8A8 GEMMs cannot run here (None if they can be built): on aarch64 the NEON variants need the
+    dot-product instructions and a compiler; elsewhere they build with the rest (c_kernels_unavailable)."""
+    if not is_arm():
+        return c_kernels_unavailable()
+    if not _arm_dotprod():
+        return f"the ARM CPU lacks the Armv8.2 dot-product instructions ({NEON_CPU_FEATURE})"
+    return None if _compiler() is not None else "no C compiler (cc/gcc) on PATH"
 
 
 def cpu_isa() -> str:
@@ -95,11 +104,11 @@ def runs_here(source: Path) -> bool:
 
 @functools.cache
 def load_c_kernel(source: Path, build_dir: Path) -> ctypes.CDLL | None:
-    """`source` compiled (on first use) into `build_dir` and loaded; None where c_kernels_unavailable() says why,
-    where it is not for this CPU (runs_here: an AVX-512 variant without AVX-512, an x86 kernel on aarch64 (logged:
-    torch's ops run instead), a NEON one on x86), or where the build failed (the compiler's error is then in
-    `build_dir`/<name>.log)."""
-    if c_kernels_unavailable() is not None:
+    """`source` compiled (on first use) into `build_dir` and loaded; None where c_gemms_unavailable() says why (no
+    C kernel at all builds here), where it is not for this CPU (runs_here: an AVX-512 variant without AVX-512, an x86
+    kernel on aarch64 (logged: torch's ops run instead), a NEON one on x86), or where the build failed (the compiler's
+    error is then in `build_dir`/<name>.log)."""
+    if c_gemms_unavailable() is not None:
         return None
     if not runs_here(source):
         if is_arm():
