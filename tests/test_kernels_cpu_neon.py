@@ -3,8 +3,9 @@ aarch64-linux-gnu-gcc (build.NEON_FLAGS, OpenMP included, statically linked) int
 run under qemu-aarch64 -cpu max. The harness checks each kernel against a scalar C reference of the same arithmetic
 (exactly, where y is an integer matmul) and that every row of an M-row call equals the row computed alone; here the
 same inputs go through the x86 kernels (AVX2, and AVX-512 where the CPU has it) and the torch references, which the
-NEON results must match to fp32 rounding. Also: build.py's choices on an aarch64 CPU (the platform simulated).
-Skipped, saying why, where the cross tools are absent (`make system-deps` installs them)."""
+NEON results must match to fp32 rounding. Also: build.py's choices on an aarch64 CPU (the platform simulated). On an
+aarch64 machine the harness is built with `cc` and run natively (the x86 comparisons skip). Skipped, saying why, where
+the cross tools are absent (`make system-deps` installs them)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ from tests.c_kernels import ISAS, requires_c_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "kernels" / "cpu"
-CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
-missing = [tool for tool in (CROSS_CC, QEMU) if shutil.which(tool) is None]
-pytestmark = pytest.mark.skipif(bool(missing), reason=f"{' and '.join(missing)} absent: `make system-deps` installs them")
+# On an aarch64 machine the harness is built with its own compiler and run as it is; elsewhere cross-built and emulated
+NATIVE = build.is_arm()
+CROSS_CC, QEMU = ("cc", None) if NATIVE else ("aarch64-linux-gnu-gcc", "qemu-aarch64")
+RUN = [] if NATIVE else [QEMU, "-cpu", "max"]
+missing = [tool for tool in (CROSS_CC, QEMU) if tool and shutil.which(tool) is None]
+requires_tools = pytest.mark.skipif(bool(missing), reason=f"{' and '.join(missing)} absent: `make system-deps` installs them")
 GROUP_SIZES = (32, 64, 128, 256)
 
 
@@ -78,7 +82,7 @@ def executable(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory, executable: Path) -> tuple[subprocess.CompletedProcess[str], list[Case]]:
     out, exe = Path(tmp_path_factory.mktemp("neon")), executable
-    done = subprocess.run([QEMU, "-cpu", "max", str(exe), str(out)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*RUN, str(exe), str(out)], capture_output=True, text=True, timeout=300)
     cases = []
     for line in done.stdout.splitlines():
         kind, name, *nums = line.split()
@@ -88,6 +92,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory, executable: Path) -> tuple
     return done, cases
 
 
+@requires_tools
 def test_the_neon_kernels_match_the_scalar_reference_under_emulation(harness) -> None:
     """Every case's checks in the harness pass: the scalar reference (exactly for the integer cases) and each row
     independent of its batch-mates, for every group size and M = 1, 3, 4, 17."""
@@ -99,6 +104,8 @@ def test_the_neon_kernels_match_the_scalar_reference_under_emulation(harness) ->
     assert any(c.gelu and c.bias for c in cases) and any(c.name.endswith("_exact") for c in cases)
 
 
+@requires_tools
+@pytest.mark.skipif(NATIVE, reason="needs qemu's CPU models (an x86 host)")
 def test_the_kernels_run_the_dot_product_instructions(executable: Path, tmp_path: Path) -> None:
     """On an emulated Cortex-A53 (Armv8.0: no SDOT) the harness dies of an illegal instruction: the kernels do run
     SDOT, and the passing runs above ran it (qemu's `max` CPU has it)."""
@@ -110,6 +117,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
+@requires_tools
 @requires_c_kernels
 @pytest.mark.parametrize("isa", ISAS)
 def test_the_neon_kernels_match_the_x86_kernels_on_the_same_inputs(harness, isa: str, tmp_path: Path) -> None:
@@ -136,6 +144,7 @@ def test_the_neon_kernels_match_the_x86_kernels_on_the_same_inputs(harness, isa:
         assert rel(y, ref) < 1e-5 and rel(y, native) < 1e-5, (c.name, c.m, isa)
 
 
+@pytest.mark.skipif(build._compiler() is None, reason="no C compiler (cc/gcc) on PATH")
 def test_on_aarch64_the_neon_gemms_are_built_and_the_x86_kernels_fall_back(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -158,6 +167,8 @@ def test_on_aarch64_the_neon_gemms_are_built_and_the_x86_kernels_fall_back(
     assert "dot-product" in (build.c_gemms_unavailable() or "") and "dot-product" in (build.c_kernels_unavailable() or "")
 
 
+@requires_tools
+@pytest.mark.skipif(NATIVE, reason="the cross compiler (an x86 host)")
 @pytest.mark.parametrize("source", ["w4a8_neon.c", "w8a8_neon.c"])
 def test_build_py_compiles_the_neon_kernels_into_aarch64_libraries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                                     source: str) -> None:
