@@ -147,7 +147,10 @@ def _torch_openmp() -> Path | None:
     import torch
 
     lib = Path(torch.__file__).parent / "lib"
-    return next(iter(sorted(lib.glob("libgomp*.so*"))), None)
+    # torch/lib on x86 and in recent aarch64 wheels; auditwheel's torch.libs/ (libgomp-<hash>.so.1.0.0) in older
+    # aarch64 ones (torch 2.5)
+    return next(iter([*sorted(lib.glob("libgomp*.so*")), *sorted((lib.parent.parent / "torch.libs").glob("libgomp*.so*"))]),
+                None)
 
 
 def _compiler() -> Path | None:
