@@ -38,7 +38,7 @@ AVX512_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
 # AWS Graviton 2 and later); the same -ffp-contract=off reason as on x86
 NEON_FLAGS = ("-O3", "-march=armv8.2-a+dotprod", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp")
 NEON_CPU_FEATURE = "asimddp"  # as /proc/cpuinfo's Features line names the dot-product extension on Linux
-ISA_ENV = "SMOLGATE_CPU_ISA"  # auto (default) | avx2: force the AVX2 kernels where AVX-512 would run (tests, A/B)
+ISA_ENV = "SMOLGATE_CPU_ISA"  # auto (default) | avx2: the AVX2 kernels where AVX-512 would run (tests, A/B); aarch64 ignores it
 NEON_ISA = "neon-dotprod"  # cpu_isa() on aarch64
 
 log = logging.getLogger(__name__)
