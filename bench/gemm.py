@@ -12,6 +12,9 @@
    token's weight stream (30 layers' distinct projections, then the lm_head, at one row: ms and GB/s, so the weights
    come from memory as in a one-stream decode step); `isa_speedup` is AVX2's time over AVX-512's. With --threads 1
    these are the thread's CPU time (`clock: thread_cpu`: a shared machine's other jobs do not count), else wall time.
+   `layouts`: the same 30 layers' projections at 1 and 32 rows in each W4A8 weight layout, per instruction set (best
+   of 7 / 3, ms): AWQ's group 64, group 32 split (fp32 scales and zero terms apart, a zero pass) and group 32 in the
+   blocks layout the GGUF weights are served in (fp16 scales inline, kernels/cpu/w4a8_blocks.h).
 Last line: one JSON object (also bench/results/gemm.json), the CPU's flags and the C kernels' choice in its
 provenance (machine.cpu_flags, machine.kernel_isa).
 """
@@ -34,7 +37,7 @@ from backend.model.cpu_gemm import PackedLinear
 from bench.profile_step import start_requests, time_steps, warm_up
 from bench.report import emit
 from kernels.cpu.build import avx512_available, c_kernels_unavailable
-from kernels.cpu.w4a8 import W4A8Weight, load_w4a8, pack_w4a8, w4a8_linear
+from kernels.cpu.w4a8 import W4A8Weight, load_w4a8, pack_w4a8, pack_w4a8_blocks, pack_w4a8_terms, w4a8_linear
 from kernels.cpu.w8a8 import W8A8Weight, load_w8a8, pack_w8a8, w8a8_linear
 
 OUT = Path(__file__).parent / "results" / "gemm.json"
@@ -126,7 +129,8 @@ def c_kernels(rows_list: tuple[int, ...] = (1, 5, 32), layers: int = 30) -> dict
                                   for _ in range(layers)], head)
     print(stream, flush=True)
     speedup = {"decode_stream": round(stream["avx2_ms"] / stream["avx512_ms"], 3)} if "avx512" in isas else {}
-    return {"isas": list(isas), "clock": c_clock()[1], "micro": micro_rows, "decode_stream": stream, "isa_speedup": speedup}
+    return {"isas": list(isas), "clock": c_clock()[1], "micro": micro_rows, "decode_stream": stream, "isa_speedup": speedup,
+            "layouts": layouts(libs)}
 
 
 def decode_stream(libs: dict[str, tuple[Any, Any]], layers: list[list[W4A8Weight]], head: W8A8Weight) -> dict[str, Any]:
@@ -146,6 +150,41 @@ def decode_stream(libs: dict[str, tuple[Any, Any]], layers: list[list[W4A8Weight
     out: dict[str, Any] = {"layers": len(layers), "mb": round(nbytes / 1e6, 1)}
     for isa, t in best.items():
         out[f"{isa}_ms"], out[f"{isa}_gb_s"] = round(t * 1e3, 3), round(nbytes / t / 1e9, 1)
+    return out
+
+
+LAYOUTS = ("g64", "g32_split", "g32_blocks")
+
+
+def _int4_layout(shape: tuple[int, int], layout: str, g: torch.Generator) -> W4A8Weight:
+    """Random 4-bit weights with fp16-exact scales and zero terms, in one of LAYOUTS."""
+    n, k = shape
+    group = 64 if layout == "g64" else 32
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    d, z = ((torch.rand(n, k // group, generator=g) * 0.01).half().float() for _ in range(2))
+    return pack_w4a8_blocks(q, d, z) if layout == "g32_blocks" else pack_w4a8_terms(q, d, z)
+
+
+def layouts(libs: dict[str, tuple[Any, Any]], rows_list: tuple[int, ...] = (1, 32), layers: int = 30) -> list[dict[str, Any]]:
+    """30 layers' projections per weight layout, instruction set and row count, taking turns (best of 7 / 3, ms)."""
+    g = torch.Generator().manual_seed(1)
+    shapes = [shape for name, shape in SHAPES.items() if name != "lm_head"]
+    weights = {lay: [[_int4_layout(s, lay, g) for s in shapes] for _ in range(layers)] for lay in LAYOUTS}
+    clock, out = c_clock()[0], []
+    for rows in rows_list:
+        xs = {k: torch.randn(rows, k, generator=g) for _, k in shapes}
+        best = {(isa, lay): float("inf") for isa in libs for lay in LAYOUTS}
+        for _ in range(7 if rows == 1 else 3):
+            for isa, (w4, _) in libs.items():
+                for lay, stack in weights.items():
+                    start = clock()
+                    for layer in stack:
+                        for w in layer:
+                            w4a8_linear(w4, xs[w.shape[1]], w)
+                    best[isa, lay] = min(best[isa, lay], clock() - start)
+        row = {"rows": rows, **{f"{isa}_{lay}_ms": round(t * 1e3, 3) for (isa, lay), t in best.items()}}
+        print(row, flush=True)
+        out.append(row)
     return out
 
 

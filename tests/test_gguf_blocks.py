@@ -88,6 +88,7 @@ def test_gguf_layer_on_the_w4a8_kernel(rows: int) -> None:
     layer.prepare(w4a8=w4a8_kernel("w4a8"))
     assert layer.mode == "w4a8" and layer.w4a8.group_size == 32
     assert torch.equal(layer.w4a8.zeros_t, -mins.T)  # the zero term is -m as stored: no integer zero point
+    assert layer.w4a8.blocks and layer.weight_bytes() == 96 * 256 // 64 * 40  # fp16 d and -m inline: 5 bits a weight
     x = torch.randn(rows, 256)
     ref = x @ weight.T
     assert ((layer(x) - ref).norm() / ref.norm()).item() < 0.02  # int8 activations per group of 32

@@ -13,9 +13,12 @@ from backend.model.cpu_gemm import dense_dtype
 from backend.quant.awq_format import pack, quantize
 from backend.quant.convert import w4a8_kernel
 from backend.quant.int4_linear import Int4Linear, dequantized_weight
+from kernels.cpu.build import avx512_available
 from kernels.cpu.w4a8 import (
+    BLOCK_SLOTS,
     load_w4a8,
     pack_w4a8,
+    pack_w4a8_blocks,
     pack_w4a8_terms,
     quantize_rows_ref,
     unpack_w4a8,
@@ -129,6 +132,77 @@ def test_zero_terms_of_gguf_blocks(lib, rows: int) -> None:
     assert ((y - ref).abs().max() / ref.abs().max()).item() < 1e-5
     exact = x @ weight.T
     assert ((y - exact).norm() / exact.norm()).item() < 0.02
+
+
+def q4_1_blocks(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random Q4_1-like blocks: values 0..15, fp16 scales d and minimums m per group of 32 (w = d q + m)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    d = (torch.rand(n, k // 32, generator=g) * 0.02 + 1e-3).half().float()
+    m = -(torch.rand(n, k // 32, generator=g) * 0.15).half().float()
+    return q, d, m
+
+
+def test_blocks_layout() -> None:
+    """The blocks layout byte by byte: 40 bytes per 64 values, nibbles in the kernel's slots, then the two groups'
+    fp16 scales and zero terms as they were given."""
+    q, d, m = q4_1_blocks(3, 128, seed=1)
+    w = pack_w4a8_blocks(q, d, -m)
+    assert w.blocks and w.group_size == 32 and w.shape == (3, 128) and w.q.shape == (3, 2 * 40)
+    assert w.nbytes() == 3 * 2 * 40 and w.args[1:] == (0, 0)  # the kernel gets no separate scales
+    assert torch.equal(unpack_w4a8(w), q)
+    block = w.q[2, 40:80]  # row 2, values 64..127 (groups 2 and 3)
+    # slot 4: value 32 (the second group's first); byte 13: slots 13 (value 32 + 4 + 1) and 45 (32 + 16 + 4 + 1)
+    assert BLOCK_SLOTS[4].item() == 32 and BLOCK_SLOTS[13].item() == 37 and BLOCK_SLOTS[45].item() == 53
+    assert block[13].item() == q[2, 64 + 37].item() | (q[2, 64 + 53].item() << 4)
+    halves = block[32:].view(torch.float16).float()
+    assert torch.equal(halves, torch.stack([d[2, 2], d[2, 3], -m[2, 2], -m[2, 3]]))
+    with pytest.raises(AssertionError, match="fp16 values"):
+        pack_w4a8_blocks(q, d + 1e-7, -m)
+
+
+def blocks_reference(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """The blocks kernel's arithmetic in plain torch (float64), from the unpacked values: x quantized per row and group
+    of 32 to int8, exact integer dot products per group, y = sum_g d xd dot - z xs."""
+    rows, (n, k) = x.shape[0], q.shape
+    g = x.double().view(rows, k // 32, 32)
+    amax = g.abs().amax(-1)
+    xq = torch.round(g * torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))[..., None])
+    dots = torch.einsum("mgk,ngk->mng", xq, q.double().view(n, k // 32, 32))  # exact: small integers
+    return ((dots * (d.double()[None] * (amax / 127)[:, None])).sum(-1) - g.sum(-1) @ z.double().T).float()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9, 32, 70])  # the 4-row tiles, their tails, several 32-row blocks
+def test_blocks_layout_against_torch(lib, rows: int) -> None:
+    """Group 32 in the blocks layout (GGUF Q4_1: w = d q + m, zero term -m): against the same arithmetic in plain
+    torch, the split layout's kernel (fp32 rounding apart) and the exact fp32 matmul (int8 activations' error)."""
+    n, k = 41, 576  # an odd number of rows (the 2-row tile's tail), two chunks of 16 and 9 blocks of 64 (SmolLM2's K)
+    q, d, m = q4_1_blocks(n, k, seed=rows)
+    w = pack_w4a8_blocks(q, d, -m)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    y = w4a8_linear(lib, x, w)
+    ref = blocks_reference(x, q, d, -m)
+    assert y.shape == (rows, n) and ((y - ref).abs().max() / ref.abs().max()).item() < 1e-5
+    split = w4a8_linear(lib, x, pack_w4a8_terms(q, d, -m))
+    assert ((y - split).abs().max() / split.abs().max()).item() < 1e-5
+    exact = x @ (q.float().view(n, -1, 32) * d[..., None] + m[..., None]).view(n, k).T
+    assert ((y - exact).norm() / exact.norm()).item() < 0.02
+
+
+def test_blocks_layout_rows_do_not_depend_on_their_batch_or_the_isa(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every row of a blocks-layout call equals the row alone, bit for bit, on each instruction set; and the AVX2 and
+    AVX-512 kernels give the same bits (their int32 lanes hold the same partial sums in this layout)."""
+    q, d, m = q4_1_blocks(37, 192, seed=3)
+    w = pack_w4a8_blocks(q, d, -m)
+    x = torch.randn(38, 192, generator=torch.Generator().manual_seed(5))
+    outs = []
+    for isa in ["avx2", "avx512"] if avx512_available() else ["avx2"]:
+        lib = build(partial(load_w4a8, isa=isa), tmp_path_factory, f"w4a8-blocks-{isa}")
+        full = w4a8_linear(lib, x, w)
+        for part in (slice(5, 6), slice(0, 4), slice(3, 36), slice(0, 33), slice(37, 38)):
+            assert torch.equal(w4a8_linear(lib, x[part], w), full[part])
+        outs.append(full)
+    assert all(torch.equal(o, outs[0]) for o in outs)
 
 
 @pytest.mark.parametrize("rows", [1, 32, 200])

@@ -19,7 +19,8 @@ the loader, then `prepare()` runs once on the final device:
 
 torch's layout stores w = (q - 8) * scale + zero_f; AWQ's w = (q - z) * scale, so zero_f = (8 - z) * scale.
 A layer built with `layout="gguf"` holds a GGUF file's Q4_0/Q4_1 blocks instead (gguf_blocks.py: groups of 32,
-w = d q + m, so zero_f = 8 d + m), served as they are by the W4A8 kernel (zero term -m, no integer zero point) or
+w = d q + m, so zero_f = 8 d + m), served as they are by the W4A8 kernel (its group-32 blocks layout: fp16 d and zero
+term -m inline with the nibbles, no integer zero point) or
 torch's int4 kernel (whose bf16 scale and zero round them); on CUDA the Triton W4A16 GEMM takes them with float zero
 terms.
 An act-order GPTQ layer (gptq_format.py) also carries `in_perm`: its weight's input channels are stored sorted
@@ -38,7 +39,7 @@ from backend.model.cpu_gemm import PackedLinear, dense_dtype
 from backend.quant.awq_format import QuantizedWeight, unpack
 from backend.quant.gguf_blocks import dequantize_blocks, unpack_q4
 from kernels.cpu.w4a8 import GROUP_SIZES as W4A8_GROUP_SIZES
-from kernels.cpu.w4a8 import pack_w4a8, pack_w4a8_terms, w4a8_linear
+from kernels.cpu.w4a8 import pack_w4a8, pack_w4a8_blocks, w4a8_linear
 from kernels.triton.awq_gemm import awq_pack
 
 DENSE_ROWS = 128  # from this many rows on, dequantize + dense GEMM beats the int4 kernel (measured ~96)
@@ -102,7 +103,8 @@ class Int4Linear(nn.Module):
         self._prepare_torch(qw.q, scale, (8 - qw.zeros.float()) * scale, dense_copy)
 
     def _prepare_gguf(self, dense_copy: bool, w4a8: ctypes.CDLL | None) -> None:
-        """GGUF blocks: w = d q + m per group of 32; the W4A8 kernel takes d and the zero term -m as they are."""
+        """GGUF blocks: w = d q + m per group of 32; the W4A8 kernel takes d and the zero term -m as they are, in its
+        blocks layout (fp16 inline with the nibbles, as in the file)."""
         q = unpack_q4(self.q4.data)
         d, m = (t.data.view(torch.float16).float() for t in (self.q4_scales, self.q4_mins))  # exact: fp16 in fp32
         del self.q4, self.q4_scales, self.q4_mins
@@ -110,7 +112,7 @@ class Int4Linear(nn.Module):
             self.prepare_triton_blocks(q, d, m)
             return
         if w4a8 is not None and self._w4a8_fits():
-            self.w4a8, self.w4a8_lib, self.mode = pack_w4a8_terms(q, d, -m), w4a8, "w4a8"
+            self.w4a8, self.w4a8_lib, self.mode = pack_w4a8_blocks(q, d, -m), w4a8, "w4a8"
             return
         self._prepare_torch(q, d, 8 * d + m, dense_copy)
 

@@ -1,18 +1,18 @@
 """Build the C kernels of kernels/cpu/ (*.c) once, with the system C compiler, and load them with ctypes.
 
     lib = load_c_kernel(source, build_dir)          # a ctypes.CDLL, or None where it cannot be built or run here
-    why = c_kernels_unavailable()                   # None, or why not all of them (not x86 AVX2 + FMA, no compiler)
+    why = c_kernels_unavailable()                   # None, or why not all of them (not x86 AVX2 + FMA + F16C, no compiler)
     why = c_gemms_unavailable()                     # the same for the W4A8 / W8A8 GEMMs (on aarch64: NEON dot product)
     cpu_isa()                                       # "avx512", "avx2" or "neon-dotprod": the dispatching kernels' variant
 
-On x86-64, built with `cc -O3 -mavx2 -mfma -fopenmp` into `build_dir` (a `*_avx512.c` source adds AVX-512 F/BW/VL +
-VNNI and is built only where the CPU runs it). On aarch64 (where the CPU has the Armv8.2 dot-product instructions)
-only the `*_neon.c` sources are built, with `-march=armv8.2-a+dotprod`: the W4A8 and W8A8 GEMMs; the other kernels
-are x86-only, so their loaders get None (logged once each) and the engine runs torch's ops for them. Each library is
-named by a hash of the source and flags (so a changed kernel is rebuilt, and concurrent processes never load a
-half-written file: it is renamed into place), and linked to torch's own OpenMP runtime so the kernels' threads are
-torch's threads (a second runtime would make a second pool that fights torch's for the cores). ctypes releases the
-GIL during a call.
+On x86-64, built with `cc -O3 -mavx2 -mfma -mf16c -fopenmp` into `build_dir` (a `*_avx512.c` source adds AVX-512
+F/BW/VL + VNNI and is built only where the CPU runs it). On aarch64 (where the CPU has the Armv8.2 dot-product
+instructions) only the `*_neon.c` sources are built, with `-march=armv8.2-a+dotprod` (fp16 <-> fp32 conversion is
+part of the base instruction set there): the W4A8 and W8A8 GEMMs; the other kernels are x86-only, so their loaders
+get None (logged once each) and the engine runs torch's ops for them. Each library is named by a hash of the source
+and flags (so a changed kernel is rebuilt, and concurrent processes never load a half-written file: it is renamed
+into place), and linked to torch's own OpenMP runtime so the kernels' threads are torch's threads (a second runtime
+would make a second pool that fights torch's for the cores). ctypes releases the GIL during a call.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 
 # -ffp-contract=off: a multiply and an add written apart stay apart (the elementwise kernels match torch's rounding;
 # the GEMMs' explicit _mm256_fmadd_ps are unaffected)
-FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp")
 # What a `*_avx512.c` kernel may use on top: AVX-512 (masks, 256-bit EVEX forms via VL) and vpdpbusd (VNNI: u8 x s8 -> i32)
 AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 AVX512_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})  # as /proc/cpuinfo names them
@@ -50,14 +50,14 @@ def is_arm() -> bool:
 
 
 def c_kernels_unavailable() -> str | None:
-    """Why the whole set of C kernels cannot run here (None if it can be built: x86-64 with AVX2 + FMA). On aarch64
+    """Why the whole set of C kernels cannot run here (None if it can be built: x86-64 with AVX2 + FMA + F16C). On aarch64
     only the GEMMs can (c_gemms_unavailable), so this names why the rest cannot."""
     if is_arm():
         return c_gemms_unavailable() or "an aarch64 CPU: only the W4A8 / W8A8 GEMMs have C (NEON) variants there"
     if platform.machine() not in {"x86_64", "AMD64"}:
         return f"neither an x86-64 nor an aarch64 CPU ({platform.machine()})"
-    if not {"avx2", "fma"} <= _cpu_flags():
-        return "the CPU lacks AVX2/FMA"
+    if not {"avx2", "fma", "f16c"} <= _cpu_flags():  # F16C (fp16 <-> fp32): every AVX2 CPU has it
+        return "the CPU lacks AVX2/FMA/F16C"
     if _compiler() is None:
         return "no C compiler (cc/gcc) on PATH"
     return None

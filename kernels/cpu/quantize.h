@@ -1,10 +1,12 @@
 /* Activations for the integer GEMMs (w4a8.c, w8a8.c): each row of x (M, K) float quantized to int8 per
  * group of G values (symmetric, one scale per row and group, round to nearest): xq (M, K) int8, xd (M, K/G) the
  * scales, xs (M, K/G) the exact fp32 sum of each group (for zero points). x's rows are ldx floats apart.
+ * blocks (G 32 only): xq in the slots of w4a8_blocks.h's layout, value v of a 64-value block at slot
+ * (v % 32 / 16) * 32 + (v % 16 / 4) * 8 + (v / 32) * 4 + v % 4, so its 4-byte lanes alternate between the two groups.
  *
  * Two builds of the same arithmetic: AVX2 on x86 and NEON on aarch64 (the *_neon.c kernels). Both sum a group in
  * eight lanes (lane i: values i, i + 8, ...) and then the lanes 0..7 in order, and round x * (127 / max) to the
- * nearest integer (ties to even), so both give the same bytes, scales and sums for the same x. */
+ * nearest integer (ties to even), so both give the same bytes, scales and sums for the same x, in either order. */
 #pragma once
 #if defined(__aarch64__)
 #include <arm_neon.h>
@@ -13,6 +15,7 @@
 #endif
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Scratch for quantize_rows' outputs, one allocation (malloc costs less than the tensors a caller would make). */
 typedef struct { int8_t *xq; float *xd, *xs; void *block; } quantized;
@@ -29,7 +32,7 @@ static quantized quantized_alloc(int64_t M, int64_t K, int64_t G) {
 
 #if !defined(__aarch64__)
 static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int64_t G, int8_t *xq, float *xd, float *xs,
-                          int nthreads) {
+                          int blocks, int nthreads) {
   const int64_t ng = K / G;
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (M >= 16)
@@ -55,15 +58,22 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int
       for (int64_t i = 0; i < G; i += 8) {
         __m256 t = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         __m128i q32lo = _mm256_castsi256_si128(_mm256_cvtps_epi32(t)), q32hi = _mm256_extracti128_si256(_mm256_cvtps_epi32(t), 1);
-        __m128i q16 = _mm_packs_epi32(q32lo, q32hi);
-        _mm_storel_epi64((__m128i *)(o + i), _mm_packs_epi16(q16, q16));
+        __m128i q16 = _mm_packs_epi32(q32lo, q32hi), q8 = _mm_packs_epi16(q16, q16);
+        if (blocks) { /* values i..i+3 and i+4..i+7 of group g: two lanes of its block, 8 slots apart */
+          int8_t *s = xq + m * K + g / 2 * 64 + i / 16 * 32 + i % 16 / 4 * 8 + g % 2 * 4;
+          const int32_t lo4 = _mm_cvtsi128_si32(q8), hi4 = _mm_extract_epi32(q8, 1);
+          memcpy(s, &lo4, 4);
+          memcpy(s + 8, &hi4, 4);
+        } else {
+          _mm_storel_epi64((__m128i *)(o + i), q8);
+        }
       }
     }
   }
 }
 #else
 static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int64_t G, int8_t *xq, float *xd, float *xs,
-                          int nthreads) {
+                          int blocks, int nthreads) {
   const int64_t ng = K / G;
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (M >= 16)
   for (int64_t m = 0; m < M; m++) {
@@ -93,7 +103,15 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int
         const int32x4_t q0 = vcvtnq_s32_f32(vmulq_f32(vld1q_f32(v + i), inv));
         const int32x4_t q1 = vcvtnq_s32_f32(vmulq_f32(vld1q_f32(v + i + 4), inv));
         const int16x8_t q16 = vcombine_s16(vqmovn_s32(q0), vqmovn_s32(q1));
-        vst1_s8(o + i, vqmovn_s16(q16));
+        const int8x8_t q8 = vqmovn_s16(q16);
+        if (blocks) { /* values i..i+3 and i+4..i+7 of group g: two lanes of its block, 8 slots apart (as above) */
+          int8_t *s = xq + m * K + g / 2 * 64 + i / 16 * 32 + i % 16 / 4 * 8 + g % 2 * 4;
+          const int32_t lo4 = vget_lane_s32(vreinterpret_s32_s8(q8), 0), hi4 = vget_lane_s32(vreinterpret_s32_s8(q8), 1);
+          memcpy(s, &lo4, 4);
+          memcpy(s + 8, &hi4, 4);
+        } else {
+          vst1_s8(o + i, q8);
+        }
       }
     }
   }

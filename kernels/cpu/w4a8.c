@@ -122,11 +122,23 @@ static tiles tiles_for(int64_t G) {
   }
 }
 
+/* The blocks layout (G 32, scales inline; w4a8_blocks.h): vpmaddubsw pairs summed in int16 (|q xq| <= 15 x 127, four
+ * per lane: 7620 < 32767), then vpmaddwd to int32, whose 4-byte lanes are the layout's group lanes. One weight row
+ * per tile: two with their scale vectors and four rows' accumulators do not fit the 16 ymm registers. */
+#define BLOCK_DOT(lo, hi, a0, a1)                                                                                \
+  _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, a0), _mm256_maddubs_epi16(hi, a1)), _mm256_set1_epi16(1))
+#define BLOCKS_NT 1
+#include "w4a8_blocks.h"
+
 #define N_CHUNK 16 /* weight rows a thread takes at a time: 16 x K/2 bytes stay in L1 */
 #define M_BLOCK 32 /* rows of x multiplied by those weight rows in one pass: 32 x K bytes, also in L1 */
 
 static void chunk(const uint8_t *wq, const float *ws, const float *wzt, const int8_t *xq, const float *xd,
                   const float *xs, int64_t M, int64_t N, int64_t K, int64_t G, int64_t n0, int64_t n1, float *y) {
+  if (!ws) { /* the blocks layout: zero terms inline, no zero pass */
+    chunk_blocks(wq, xq, xd, xs, M, N, K, n0, n1, y);
+    return;
+  }
   const int64_t ng = K / G;
   const tiles t = tiles_for(G);
 #define AT(n, m) wq + (n) * (K / 2), ws + (n) * ng, xq + (m) * K, xd + (m) * ng, K, y + (m) * N + (n), N

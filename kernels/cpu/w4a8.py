@@ -4,6 +4,7 @@ with the dot-product instructions), built once with the system C compiler.
     lib = load_w4a8(build_dir)                       # None where it cannot run: cpu_build.c_kernels_unavailable() says why
     w = pack_w4a8(q, scales, zeros)                  # once per layer: q (N, K) 0..15, w = (q - zeros) * scales
     w = pack_w4a8_terms(q, scales, zero_terms)       # or w = q * scales - zero_terms (GGUF Q4_1: zero_terms = -min)
+    w = pack_w4a8_blocks(q, scales, zero_terms)      # the same, group 32, fp16 scales inline (w4a8_blocks.h; GGUF)
     y = w4a8_linear(lib, x, w)                       # x (M, K) float32 -> (M, N) float32
     y_ref = w4a8_linear_ref(x, w)                    # the same arithmetic in torch (tests)
 
@@ -35,27 +36,42 @@ SOURCES = {"avx2": SOURCE, "avx512": SOURCE_AVX512, NEON_ISA: SOURCE_NEON}  # by
 GROUP_SIZES = (32, 64, 128, 256)
 
 
+BLOCK_BYTES = 40  # the blocks layout: 32 bytes of nibbles + fp16 scales and zero terms of a 64-value block's 2 groups
+# The blocks layout's slots (w4a8_blocks.h): slot t of a 64-value block holds value BLOCK_SLOTS[t], so the 4-byte lanes
+# of the unpacked nibbles alternate between the block's two groups of 32
+_t = torch.arange(64)
+BLOCK_SLOTS = (_t // 4 % 2) * 32 + (_t // 32) * 16 + (_t % 32 // 8) * 4 + _t % 4
+
+
 @dataclass(frozen=True)
 class W4A8Weight:
-    """A weight in the kernel's layout (see w4a8.c)."""
+    """A weight in the kernel's layout (see w4a8.c): split (q, scales, zeros_t) or, with `blocks`, group 32 with the
+    fp16 scales and zero terms inline in q (w4a8_blocks.h; scales and zeros_t then hold them as float32, for tests
+    and the reference, and are not passed to the kernel)."""
 
     q: torch.Tensor  # (N, K / 2) uint8: per 64-value block, byte j = value j (low nibble) | value j + 32 (high)
     scales: torch.Tensor  # (N, K / G) float32
     zeros_t: torch.Tensor  # (K / G, N) float32: zero * scale, transposed
     group_size: int
+    blocks: bool = False  # q is (N, K / 64 * BLOCK_BYTES) uint8 in the blocks layout
     args: tuple[int, int, int] = field(init=False)  # the kernel's pointer arguments, looked up once
     dims: tuple[int, int, int] = field(init=False)  # (N, K, G)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "args", (self.q.data_ptr(), self.scales.data_ptr(), self.zeros_t.data_ptr()))
+        ptrs = (self.q.data_ptr(), 0, 0) if self.blocks else (self.q.data_ptr(), self.scales.data_ptr(), self.zeros_t.data_ptr())
+        object.__setattr__(self, "args", ptrs)
         object.__setattr__(self, "dims", (*self.shape, self.group_size))
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.blocks:
+            return self.q.shape[0], self.q.shape[1] // BLOCK_BYTES * 64
         return self.q.shape[0], self.q.shape[1] * 2
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.q, self.scales, self.zeros_t))
+        """Bytes the kernel reads (the blocks layout's float32 copies of its scales are not among them)."""
+        held = (self.q,) if self.blocks else (self.q, self.scales, self.zeros_t)
+        return sum(t.numel() * t.element_size() for t in held)
 
 
 def pack_w4a8(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> W4A8Weight:
@@ -77,9 +93,29 @@ def pack_w4a8_terms(q: torch.Tensor, scales: torch.Tensor, zero_terms: torch.Ten
     return W4A8Weight(packed, scales.float().contiguous(), zero_terms.float().T.contiguous(), group)
 
 
+def pack_w4a8_blocks(q: torch.Tensor, scales: torch.Tensor, zero_terms: torch.Tensor) -> W4A8Weight:
+    """q (N, K) integers 0..15, scales and zero terms (N, K / 32), w = q * scales - zero_terms, every scale and zero
+    term exactly an fp16 value (GGUF's Q4_0/Q4_1 blocks: d and -m): the blocks layout, one 40-byte block per 64 values
+    holding the nibbles in the kernel's slots and the two groups' fp16 scales and zero terms (w4a8_blocks.h)."""
+    n, k = q.shape
+    assert scales.shape == zero_terms.shape == (n, k // 32), "scales/zero terms must be (N, K / 32)"
+    assert k % 64 == 0, f"in_features {k}: a multiple of 64 (the kernel's 64-value blocks)"
+    d, z = scales.float(), zero_terms.float()
+    assert torch.equal(d.half().float(), d) and torch.equal(z.half().float(), z), "scales/zero terms must be fp16 values"
+    slots = q.to(torch.uint8).reshape(n, k // 64, 64)[:, :, BLOCK_SLOTS]
+    nibbles = slots[:, :, :32] | (slots[:, :, 32:] << 4)  # (N, blocks, 32)
+    halves = torch.cat([t.half().reshape(n, k // 64, 2) for t in (d, z)], dim=2)  # (N, blocks, [d0, d1, z0, z1])
+    packed = torch.cat([nibbles, halves.view(torch.uint8)], dim=2).reshape(n, -1).contiguous()
+    return W4A8Weight(packed, d.contiguous(), z.T.contiguous(), 32, blocks=True)
+
+
 def unpack_w4a8(w: W4A8Weight) -> torch.Tensor:
     """(N, K) uint8 values back out of the packed layout."""
     n, k = w.shape
+    if w.blocks:
+        b = w.q.reshape(n, k // 64, BLOCK_BYTES)[:, :, :32]
+        slots = torch.cat([b & 15, b >> 4], dim=2)  # (N, blocks, 64) in slot order
+        return torch.empty_like(slots).index_copy_(2, BLOCK_SLOTS, slots).reshape(n, k)
     b = w.q.reshape(n, k // 64, 32)
     return torch.stack([b & 15, b >> 4], dim=2).reshape(n, k)
 

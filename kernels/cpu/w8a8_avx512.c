@@ -80,7 +80,7 @@ int w8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, c
     free(start);
     return -1;
   }
-  quantize_rows(x, ldx, M, K, G, a.xq, a.xd, a.xs, nthreads);
+  quantize_rows(x, ldx, M, K, G, a.xq, a.xd, a.xs, 0, nthreads);
   group_starts(a.xq, M, K, G, start);
   void (*four)(const int8_t *, float, const int8_t *, const __m256i *, const float *, int64_t, float *, int64_t) =
       G == 64 ? tile_4_2 : tile_4_1;

@@ -63,7 +63,7 @@ int w8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, c
                 int64_t N, int64_t K, int64_t G, float *y, int nthreads) {
   const quantized a = quantized_alloc(M, K, G);
   if (!a.block) return -1;
-  quantize_rows(x, ldx, M, K, G, a.xq, a.xd, a.xs, nthreads);
+  quantize_rows(x, ldx, M, K, G, a.xq, a.xd, a.xs, 0, nthreads);
   const int64_t ng = K / G;
   void (*four)(const int8_t *, float, const int8_t *, const float *, int64_t, float *, int64_t) = G == 64 ? tile_4_2 : tile_4_1;
   void (*one)(const int8_t *, float, const int8_t *, const float *, int64_t, float *, int64_t) = G == 64 ? tile_1_2 : tile_1_1;
