@@ -136,7 +136,9 @@ def quantize_rows_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.
     """x (M, K) -> int8 values (M, K), scales (M, K / G), exact sums (M, K / G): the kernel's activation step."""
     g = x.float().reshape(x.shape[0], -1, group)  # (M, groups, G)
     amax = g.abs().amax(-1)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # a tensor over a tensor: torch computes `127.0 / amax` as 127 * reciprocal(amax), which can be an ulp off the C
+    # kernels' correctly rounded 127.f / a and flip a near-tie's rounding (seen on the NEON harness's inputs)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     xq = torch.round(g * inv[..., None]).to(torch.int8).reshape(x.shape)
     return xq, amax / 127.0, g.sum(-1)
 
