@@ -1,11 +1,12 @@
 """The aarch64 NEON GEMMs (kernels/cpu/w4a8_neon.c, w8a8_neon.c), on this x86 machine: cross-compiled with
 aarch64-linux-gnu-gcc (build.NEON_FLAGS, OpenMP included, statically linked) into a harness (tests/c/neon_harness.c)
 run under qemu-aarch64 -cpu max. The harness checks each kernel against a scalar C reference of the same arithmetic
-(exactly, where y is an integer matmul) and that every row of an M-row call equals the row computed alone; here the
-same inputs go through the x86 kernels (AVX2, and AVX-512 where the CPU has it) and the torch references, which the
-NEON results must match to fp32 rounding. Also: build.py's choices on an aarch64 CPU (the platform simulated). On an
-aarch64 machine the harness is built with `cc` and run natively (the x86 comparisons skip). Skipped, saying why, where
-the cross tools are absent (`make system-deps` installs them)."""
+(exactly, where y is an integer matmul; every W4A8 group size and the group-32 blocks layout GGUF weights run in) and
+that every row of an M-row call equals the row computed alone; here the same inputs go through the x86 kernels (AVX2,
+and AVX-512 where the CPU has it) and the torch references, which the NEON results must match to fp32 rounding.
+Also: build.py's choices on an aarch64 CPU (the platform simulated). On an aarch64 machine the harness is built with
+`cc` and run natively (the x86 comparisons skip). Skipped, saying why, where the cross tools are absent (`make
+system-deps` installs them)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from kernels.cpu import build
-from kernels.cpu.w4a8 import W4A8Weight, load_w4a8, w4a8_linear, w4a8_linear_ref
+from kernels.cpu.w4a8 import BLOCK_BYTES, W4A8Weight, load_w4a8, w4a8_linear, w4a8_linear_ref
 from kernels.cpu.w8a8 import W8A8Weight, load_w8a8, w8a8_linear, w8a8_linear_ref
 from tests.c_kernels import ISAS, requires_c_kernels
 
@@ -101,6 +102,7 @@ def test_the_neon_kernels_match_the_scalar_reference_under_emulation(harness) ->
     seen = {(c.kind, c.group, c.m) for c in cases}
     assert {("w4a8", g, m) for g in GROUP_SIZES for m in (1, 3, 4, 17)} <= seen
     assert {("w8a8", g, m) for g in (32, 64) for m in (1, 3, 4, 17)} <= seen
+    assert {("w4a8_blocks", 32, m) for m in (1, 3, 4, 17)} <= seen  # GGUF's group-32 blocks layout (ws NULL)
     assert any(c.gelu and c.bias for c in cases) and any(c.name.endswith("_exact") for c in cases)
 
 
@@ -123,17 +125,19 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_the_neon_kernels_match_the_x86_kernels_on_the_same_inputs(harness, isa: str, tmp_path: Path) -> None:
     """The NEON output of each case against this machine's kernel and the torch reference (float64) on the harness's
     inputs, read back from its files: fp32 summation order apart, and equal where y is an integer matmul. The torch
-    reference unpacks the harness's packed bytes, so the harness packs as w4a8.py does."""
+    reference unpacks the harness's packed bytes, so the harness packs as w4a8.py does (the blocks layout too: the x86
+    kernel reads its fp16 scales from those bytes, the reference its float copies)."""
     _, cases = harness
     w4, w8 = load_w4a8(tmp_path, isa), load_w8a8(tmp_path, isa)
     assert w4 is not None and w8 is not None, f"a kernel did not build (see the .log in {tmp_path})"
     assert cases
     for c in cases:
         x, y = c.x(), c.y()
-        if c.kind == "w4a8":
-            ng = c.k // c.group
-            w = W4A8Weight(c.array("wq", torch.uint8, c.n, c.k // 2), c.array("ws", torch.float32, c.n, ng),
-                           c.array("wzt", torch.float32, ng, c.n), c.group)
+        if c.kind in {"w4a8", "w4a8_blocks"}:
+            ng, blocks = c.k // c.group, c.kind == "w4a8_blocks"
+            wq = c.array("wq", torch.uint8, c.n, c.k // 64 * BLOCK_BYTES if blocks else c.k // 2)
+            w = W4A8Weight(wq, c.array("ws", torch.float32, c.n, ng), c.array("wzt", torch.float32, ng, c.n), c.group,
+                           blocks=blocks)
             native, ref = w4a8_linear(w4, x, w), w4a8_linear_ref(x, w)
         else:
             w = W8A8Weight(c.array("w", torch.int8, c.n, c.k), c.array("ws", torch.float32, c.n), c.group)

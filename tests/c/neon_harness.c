@@ -3,14 +3,14 @@
  *
  *   neon_harness OUTDIR
  *
- * For fixed-seed random weights and activations (every supported group size; M = 1, 3, 4, 17 rows of x, rows LDX
- * floats apart) it runs each NEON GEMM and checks, itself:
+ * For fixed-seed random weights and activations (every supported group size, and W4A8's group-32 blocks layout;
+ * M = 1, 3, 4, 17 rows of x, rows LDX floats apart) it runs each NEON GEMM and checks, itself:
  *   - against a plain scalar reference of the same arithmetic (the activations quantized as quantize.h does, exact
  *     integer dot products, scales, zero terms, bias and GELU in double): within fp32 rounding of the terms' size;
  *   - batch invariance: every row of an M-row call (THREADS OpenMP threads) equals, bit for bit, the same row
  *     computed alone (M = 1, one thread).
  * It writes the inputs and NEON outputs to OUTDIR (raw little-endian arrays) and one line per case to stdout,
- *   w4a8 NAME M N K G LDX        or        w8a8 NAME M N K G LDX BIAS GELU
+ *   w4a8 NAME M N K G LDX,   w4a8_blocks NAME M N K 32 LDX   or   w8a8 NAME M N K G LDX BIAS GELU
  * so the test can run the x86 kernels on the same inputs and compare. Exit status 0: every check passed; 1 otherwise
  * (the failures on stderr). */
 #include <math.h>
@@ -151,6 +151,72 @@ static void w4a8_case(int64_t K, int64_t G, int exact) {
   free(x), free(ws), free(wzt), free(q), free(wq), free(xq), free(xd), free(xs), free(y1), free(ref), free(size);
 }
 
+/* The group-32 blocks layout (w4a8_blocks.h; w4a8.py's pack_w4a8_blocks), passed with ws = wzt = NULL: fp16 scales
+ * d and zero terms z (w = q d - z) inline after each 64-value block's nibbles. exact: d 1, z 0, integer activations. */
+static void w4a8_blocks_case(int64_t K, int exact) {
+  const int64_t ldx = K + 16, ng = K / 32, row = K / 64 * 40;
+  float *x = activations(K, ldx, 32, exact), *ws = malloc(sizeof(float) * N * ng), *wzt = malloc(sizeof(float) * ng * N);
+  uint8_t *q = malloc(N * K), *wq = calloc(N * row, 1);
+  for (int64_t i = 0; i < N * K; i++) q[i] = next() % 16;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t g = 0; g < ng; g++) { /* fp16 values (as GGUF stores them), kept as float for the reference */
+      ws[n * ng + g] = exact ? 1.f : (float)(__fp16)uniform(0.005f, 0.02f);
+      wzt[g * N + n] = exact ? 0.f : (float)(__fp16)uniform(-0.15f, 0.15f);
+    }
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t b = 0; b < K / 64; b++) {
+      uint8_t *blk = wq + n * row + b * 40;
+      for (int t = 0; t < 64; t++) { /* slot t holds value v: 4-byte lanes alternate between the two groups */
+        const int v = (t / 4 % 2) * 32 + (t / 32) * 16 + (t % 32 / 8) * 4 + t % 4;
+        blk[t % 32] |= (uint8_t)(q[n * K + b * 64 + v] << (t >= 32 ? 4 : 0));
+      }
+      const __fp16 h[4] = {(__fp16)ws[n * ng + 2 * b], (__fp16)ws[n * ng + 2 * b + 1], (__fp16)wzt[2 * b * N + n],
+                           (__fp16)wzt[(2 * b + 1) * N + n]};
+      memcpy(blk + 32, h, sizeof h);
+    }
+  char name[64];
+  snprintf(name, sizeof name, "w4a8_blocks%s", exact ? "_exact" : "");
+  save(name, "x", x, sizeof(float) * MAX_M * ldx);
+  save(name, "wq", wq, N * row);
+  save(name, "ws", ws, sizeof(float) * N * ng);
+  save(name, "wzt", wzt, sizeof(float) * ng * N);
+  int8_t *xq = malloc(K);
+  float *xd = malloc(sizeof(float) * ng), *xs = malloc(sizeof(float) * ng), *y1 = malloc(sizeof(float) * MAX_M * N);
+  double *ref = malloc(sizeof(double) * MAX_M * N), *size = malloc(sizeof(double) * MAX_M * N);
+  for (int64_t m = 0; m < MAX_M; m++) {
+    for (int64_t g = 0; g < ng; g++) quantize_ref(x + m * ldx + g * 32, 32, xq + g * 32, xd + g, xs + g);
+    for (int64_t n = 0; n < N; n++) {
+      double y = 0, s = 0;
+      for (int64_t g = 0; g < ng; g++) {
+        int64_t dot = 0;
+        for (int64_t k = g * 32; k < (g + 1) * 32; k++) dot += (int64_t)q[n * K + k] * xq[k];
+        const double t = (double)dot * ((double)ws[n * ng + g] * xd[g]), z = (double)xs[g] * wzt[g * N + n];
+        y += t - z;
+        s += fabs(t) + fabs(z);
+      }
+      ref[m * N + n] = y;
+      size[m * N + n] = s;
+    }
+    w4a8_linear(x + m * ldx, ldx, wq, NULL, NULL, 1, N, K, 32, y1 + m * N, 1);
+  }
+  for (size_t r = 0; r < sizeof ROWS / sizeof *ROWS; r++) {
+    const int64_t M = ROWS[r];
+    float *y = malloc(sizeof(float) * M * N);
+    if (w4a8_linear(x, ldx, wq, NULL, NULL, M, N, K, 32, y, THREADS)) {
+      fprintf(stderr, "%s: w4a8_linear failed\n", name);
+      exit(2);
+    }
+    char what[16];
+    snprintf(what, sizeof what, "y%ld", (long)M);
+    save(name, what, y, sizeof(float) * M * N);
+    for (int64_t i = 0; i < M * N; i++) check(name, i / N, i % N, y[i], ref[i], size[i], exact);
+    check_invariant(name, M, y, y1);
+    printf("w4a8_blocks %s %ld %d %ld 32 %ld\n", name, (long)M, N, (long)K, (long)ldx);
+    free(y);
+  }
+  free(x), free(ws), free(wzt), free(q), free(wq), free(xq), free(xd), free(xs), free(y1), free(ref), free(size);
+}
+
 static double gelu_ref(double v) { return 0.5 * v * erfc(-v / sqrt(2.0)); }
 
 /* exact: weight scales 1 and integer activations, so y is the integer matmul */
@@ -214,6 +280,7 @@ int main(int argc, char **argv) {
   outdir = argv[1];
   static const int64_t groups[] = {32, 64, 128, 256}; /* w4a8.py's GROUP_SIZES */
   for (int i = 0; i < 4; i++) w4a8_case(512, groups[i], 0), w4a8_case(512, groups[i], 1);
+  w4a8_blocks_case(512, 0), w4a8_blocks_case(512, 1);
   w8a8_case(512, 64, 0, 0, 0); /* the lm_head's form */
   w8a8_case(512, 64, 1, 1, 0); /* the encoder's up projection: bias, GELU */
   w8a8_case(96, 32, 1, 0, 0);  /* K not a multiple of 64: groups of 32 */
