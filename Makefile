@@ -37,11 +37,17 @@ serve: models
 #   docker-compose  `docker compose config` of compose.yaml (when the docker client has no compose plugin;
 #                   no Docker engine is needed to validate)
 #   chromium        the dashboard test (Playwright drives the system browser: its own download needs internet)
+#   gcc-aarch64-linux-gnu, qemu-user   the NEON kernels' test: cross-compiled for aarch64, run under qemu-aarch64
+#                   (not on an aarch64 host, where the test builds with cc and runs natively)
 system-deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	{ docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; } || missing="$$missing docker-compose"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ "$$(uname -m)" != aarch64 ]; then \
+	  command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || missing="$$missing gcc-aarch64-linux-gnu"; \
+	  command -v qemu-aarch64 >/dev/null 2>&1 || missing="$$missing qemu-user"; \
+	fi; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ]; then \
 	  echo "make: missing$$missing and apt-get unavailable (or not root); the tests needing them will be skipped"; exit 0; \

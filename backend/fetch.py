@@ -156,13 +156,13 @@ def main(argv: list[str] | None = None) -> None:
 def build_cpu_kernels() -> str:
     """Compile the C kernels now (the engine would at its first load) so a served container needs no compiler."""
     import kernels.cpu
-    from kernels.cpu.build import avx512_available, c_kernels_unavailable, cpu_isa, load_c_kernel
+    from kernels.cpu.build import c_gemms_unavailable, cpu_isa, load_c_kernel, runs_here
 
-    why = c_kernels_unavailable()
+    why = c_gemms_unavailable()  # aarch64: only the NEON GEMMs are built (runs_here)
     if why is not None:
         return f"not built ({why}; the engine uses torch's ops)"
     sources = sorted(Path(kernels.cpu.__file__).parent.glob("*.c"))
-    sources = [s for s in sources if avx512_available() or not s.stem.endswith("_avx512")]  # the variants this CPU runs
+    sources = [s for s in sources if runs_here(s)]  # the variants this CPU runs (aarch64: the NEON GEMMs alone)
     built = [s.name for s in sources if load_c_kernel(s, cache_dir() / "kernels") is not None]
     return f"{len(built)} of {len(sources)} built in {cache_dir() / 'kernels'} ({cpu_isa()} GEMMs)"
 

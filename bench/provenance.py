@@ -68,12 +68,12 @@ def _gpu() -> str | None:
 
 
 def kernel_isa() -> str | None:
-    """The instruction set of the C GEMMs this process loads ("avx512" or "avx2", SMOLGATE_CPU_ISA applied); None
-    where the C kernels cannot run (kernels/cpu/build.py; it imports no torch until it builds)."""
-    from kernels.cpu.build import c_kernels_unavailable, cpu_isa
+    """The instruction set of the C GEMMs this process loads ("avx512", "avx2" or "neon-dotprod", SMOLGATE_CPU_ISA
+    applied); None where they cannot run (kernels/cpu/build.py; it imports no torch until it builds)."""
+    from kernels.cpu.build import c_gemms_unavailable, cpu_isa
 
     with contextlib.suppress(ValueError):
-        return cpu_isa() if c_kernels_unavailable() is None else None
+        return cpu_isa() if c_gemms_unavailable() is None else None
     return None
 
 

@@ -42,7 +42,7 @@ def _packed(*linears: nn.Linear, dtype: torch.dtype) -> Gemm:
     if dtype == torch.int8:
         lib = load_w8a8(cache_dir() / "kernels")
         if lib is None or not w8a8_group(weight.shape[1]):
-            raise ValueError("embedding dtype int8 needs the C kernels (x86 AVX2 and a C compiler)")
+            raise ValueError("embedding dtype int8 needs the C kernels (x86 AVX2 or aarch64 dot product, and a compiler)")
         return Int8ActLinear(weight, bias, lib)
     return PackedLinear(weight.to(dtype), bias.to(dtype))
 

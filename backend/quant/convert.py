@@ -26,7 +26,7 @@ from backend.quant.gguf_blocks import BLOCK
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear
 from backend.quant.lm_head import LowBitHead
-from kernels.cpu.build import c_kernels_unavailable
+from kernels.cpu.build import c_gemms_unavailable
 from kernels.cpu.w4a8 import load_w4a8
 from kernels.cpu.w8a8 import load_w8a8
 
@@ -88,7 +88,7 @@ def w4a8_kernel(choice: str, deterministic: bool = False) -> ctypes.CDLL | None:
         return None
     lib = load_w4a8(cache_dir() / "kernels")
     if lib is None and choice == "w4a8":
-        why = c_kernels_unavailable() or f"the build failed (log: {cache_dir() / 'kernels' / 'w4a8.log'})"
+        why = c_gemms_unavailable() or f"the build failed (log: {cache_dir() / 'kernels' / 'w4a8.log'})"
         raise ValueError(f"int4_cpu_kernel w4a8: {why}")
     return lib
 

@@ -1,4 +1,5 @@
-"""W4A8 GEMM on x86 CPUs (AVX2 + FMA): the C kernel in w4a8.c, built once with the system C compiler.
+"""W4A8 GEMM on CPUs: the C kernel in w4a8.c (x86 AVX2 + FMA; w4a8_avx512.c with AVX-512 VNNI, w4a8_neon.c on aarch64
+with the dot-product instructions), built once with the system C compiler.
 
     lib = load_w4a8(build_dir)                       # None where it cannot run: cpu_build.c_kernels_unavailable() says why
     w = pack_w4a8(q, scales, zeros)                  # once per layer: q (N, K) 0..15, w = (q - zeros) * scales
@@ -25,10 +26,12 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu.build import cpu_isa, load_c_kernel
+from kernels.cpu.build import NEON_ISA, cpu_isa, load_c_kernel
 
 SOURCE = Path(__file__).with_suffix(".c")
 SOURCE_AVX512 = Path(__file__).with_name("w4a8_avx512.c")  # the same entry point on AVX-512 + VNNI
+SOURCE_NEON = Path(__file__).with_name("w4a8_neon.c")  # the same entry point on aarch64 NEON + dot product
+SOURCES = {"avx2": SOURCE, "avx512": SOURCE_AVX512, NEON_ISA: SOURCE_NEON}  # by build.cpu_isa()
 # 64-value blocks (K a multiple of 64); int16 per-group sums of 8 half-blocks at most (see the C file); 32: half a block
 GROUP_SIZES = (32, 64, 128, 256)
 
@@ -133,7 +136,9 @@ def quantize_rows_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.
     """x (M, K) -> int8 values (M, K), scales (M, K / G), exact sums (M, K / G): the kernel's activation step."""
     g = x.float().reshape(x.shape[0], -1, group)  # (M, groups, G)
     amax = g.abs().amax(-1)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # a tensor over a tensor: torch computes `127.0 / amax` as 127 * reciprocal(amax), which can be an ulp off the C
+    # kernels' correctly rounded 127.f / a and flip a near-tie's rounding (seen on the NEON harness's inputs)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     xq = torch.round(g * inv[..., None]).to(torch.int8).reshape(x.shape)
     return xq, amax / 127.0, g.sum(-1)
 
@@ -151,8 +156,9 @@ def w4a8_linear_ref(x: torch.Tensor, w: W4A8Weight) -> torch.Tensor:
 # ---- loading -------------------------------------------------------------------------------------------
 def load_w4a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
     """The compiled kernel (built on first use into `build_dir`, kernels/cpu/build.py), or None where it cannot run.
-    isa: "avx2" (w4a8.c) or "avx512" (w4a8_avx512.c); by default the best this CPU runs (build.cpu_isa)."""
-    lib = load_c_kernel(SOURCE_AVX512 if (isa or cpu_isa()) == "avx512" else SOURCE, Path(build_dir))
+    isa: "avx2" (w4a8.c), "avx512" (w4a8_avx512.c) or "neon-dotprod" (w4a8_neon.c, aarch64); by default the best this
+    CPU runs (build.cpu_isa)."""
+    lib = load_c_kernel(SOURCES[isa or cpu_isa()], Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.w4a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]

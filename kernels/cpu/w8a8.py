@@ -1,5 +1,5 @@
-"""W8A8 GEMM on x86 CPUs (AVX2 + FMA): the C kernel in w8a8.c, for the INT4 models' lm_head and the embedder's
-int8 encoder.
+"""W8A8 GEMM on CPUs: the C kernel in w8a8.c (x86 AVX2 + FMA; w8a8_avx512.c with AVX-512 VNNI, w8a8_neon.c on aarch64
+with the dot-product instructions), for the INT4 models' lm_head and the embedder's int8 encoder.
 
     lib = load_w8a8(build_dir)                  # None where it cannot run (kernels/cpu/build.py says why)
     w = pack_w8a8(weight)                       # once: int8 rows, one scale per output row (symmetric)
@@ -22,11 +22,13 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu.build import cpu_isa, load_c_kernel
+from kernels.cpu.build import NEON_ISA, cpu_isa, load_c_kernel
 from kernels.cpu.w4a8 import quantize_rows_ref
 
 SOURCE = Path(__file__).with_suffix(".c")
 SOURCE_AVX512 = Path(__file__).with_name("w8a8_avx512.c")  # the same entry point on AVX-512 + VNNI
+SOURCE_NEON = Path(__file__).with_name("w8a8_neon.c")  # the same entry point on aarch64 NEON + dot product
+SOURCES = {"avx2": SOURCE, "avx512": SOURCE_AVX512, NEON_ISA: SOURCE_NEON}  # by build.cpu_isa()
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,9 @@ def pack_w8a8(weight: torch.Tensor) -> W8A8Weight:
 
 
 def load_w8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
-    """The compiled kernel, or None where it cannot run. isa: "avx2" (w8a8.c) or "avx512" (w8a8_avx512.c); by default
-    the best this CPU runs (build.cpu_isa)."""
-    lib = load_c_kernel(SOURCE_AVX512 if (isa or cpu_isa()) == "avx512" else SOURCE, Path(build_dir))
+    """The compiled kernel, or None where it cannot run. isa: "avx2" (w8a8.c), "avx512" (w8a8_avx512.c) or
+    "neon-dotprod" (w8a8_neon.c, aarch64); by default the best this CPU runs (build.cpu_isa)."""
+    lib = load_c_kernel(SOURCES[isa or cpu_isa()], Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.w8a8_linear.argtypes = [p, i64, p, p, p, ctypes.c_int, i64, i64, i64, i64, p, ctypes.c_int]
