@@ -163,3 +163,150 @@ void store_kv(const float *k, int64_t ldk, const float *v, int64_t ldv, void *kc
     store_row(v + i * ldv, vc, slot, width, kv_bf16);
   }
 }
+
+/* ---- prefill: a chunk's query tokens, each attended exactly as paged_decode attends it, in tiles ----------------
+ *
+ * Why: attending a prefill chunk one decode query per token (what batch invariance needs: a token's attention must be
+ * the same arithmetic in a prefill chunk as in a decode step, docs/determinism.md) re-read and re-widened the whole
+ * context for every token, ~4 loads and conversions per FMA: 43% of a 2,000-token prefill. Here a task takes TILE_Q
+ * consecutive query tokens of one sequence and one KV head: each group of eight keys is widened once into fp32 (L1)
+ * for the tile's TILE_Q x G query heads, and the values once per task, so the FMAs are nearly all that is left.
+ *
+ * Bit-identical to paged_decode, per query: the same fp32 FMA chain per score lane, keys in groups of eight from 0
+ * reduced by hsum8 and the tail (past the query's last multiple of eight) by hsum, the same softmax_row, and for the
+ * output the same per-lane FMA chain over the keys in order, times 1 / sum. No sliding window (the caller checks).
+ * tables (nseq, max_blocks); cu (nseq + 1) the chunks' first rows in q; lens (nseq) the tokens in the cache after the
+ * chunk, so query row j of chunk i sees lens[i] - (cu[i + 1] - cu[i]) + 1 + j tokens. scratch: nthreads *
+ * prefill_scratch_floats(H / KVH, D, max_len) floats. */
+#define TILE_Q 16
+
+int64_t prefill_scratch_floats(int64_t G, int64_t D, int64_t max_len) {
+  return TILE_Q * G * max_len + max_len * D + max_len; /* scores, widened values, slots */
+}
+
+/* out[p][j0 .. j0 + 4) for two query heads a and b (lengths la <= lb) over the widened values vf: the per-lane chains
+ * over the keys in order, as paged_decode's step 3. */
+static inline void pv_pair4(const float *sa, const float *sb, int64_t la, int64_t lb, const float *vf, int64_t D,
+                            int64_t j0, float inva, float invb, float *oa, float *ob) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  const float *v = vf + 8 * j0;
+  int64_t t = 0;
+  for (; t < la; t++, v += D) {
+    const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+    const __m256 pa = _mm256_set1_ps(sa[t]), pb = _mm256_set1_ps(sb[t]);
+    a0 = _mm256_fmadd_ps(pa, v0, a0); a1 = _mm256_fmadd_ps(pa, v1, a1);
+    a2 = _mm256_fmadd_ps(pa, v2, a2); a3 = _mm256_fmadd_ps(pa, v3, a3);
+    b0 = _mm256_fmadd_ps(pb, v0, b0); b1 = _mm256_fmadd_ps(pb, v1, b1);
+    b2 = _mm256_fmadd_ps(pb, v2, b2); b3 = _mm256_fmadd_ps(pb, v3, b3);
+  }
+  for (; t < lb; t++, v += D) {
+    const __m256 pb = _mm256_set1_ps(sb[t]);
+    b0 = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v), b0); b1 = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v + 8), b1);
+    b2 = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v + 16), b2); b3 = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v + 24), b3);
+  }
+  const __m256 ia = _mm256_set1_ps(inva), ib = _mm256_set1_ps(invb);
+  _mm256_storeu_ps(oa + 8 * j0, _mm256_mul_ps(a0, ia)); _mm256_storeu_ps(oa + 8 * j0 + 8, _mm256_mul_ps(a1, ia));
+  _mm256_storeu_ps(oa + 8 * j0 + 16, _mm256_mul_ps(a2, ia)); _mm256_storeu_ps(oa + 8 * j0 + 24, _mm256_mul_ps(a3, ia));
+  if (ob) {
+    _mm256_storeu_ps(ob + 8 * j0, _mm256_mul_ps(b0, ib)); _mm256_storeu_ps(ob + 8 * j0 + 8, _mm256_mul_ps(b1, ib));
+    _mm256_storeu_ps(ob + 8 * j0 + 16, _mm256_mul_ps(b2, ib)); _mm256_storeu_ps(ob + 8 * j0 + 24, _mm256_mul_ps(b3, ib));
+  }
+}
+
+/* The same for fewer than four vectors (head_dim not a multiple of 32), one query head at a time. */
+static void pv_one(const float *s, int64_t l, const float *vf, int64_t D, int64_t j0, int64_t nj, float inv, float *o) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t t = 0; t < l; t++) {
+    const __m256 p = _mm256_set1_ps(s[t]);
+    for (int64_t j = 0; j < nj; j++) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vf + t * D + 8 * (j0 + j)), acc[j]);
+  }
+  for (int64_t j = 0; j < nj; j++) _mm256_storeu_ps(o + 8 * (j0 + j), _mm256_mul_ps(acc[j], _mm256_set1_ps(inv)));
+}
+
+/* One (chunk, KV head, tile) task: query rows q[0 .. nq) (H heads of D each), the first seeing len0 tokens. */
+#define PREFILL_TASK(NAME, T, LOAD8)                                                                             \
+  static void NAME(const float *q, int64_t nq, int64_t len0, const T *kc, const T *vc, const int32_t *table,    \
+                   int64_t H, int64_t KVH, int64_t D, int64_t bs, int64_t kvh, float scale, float *scratch,      \
+                   int64_t max_len, float *out) {                                                                \
+    const int64_t G = H / KVH, nd = D / 8, stride = KVH * D, lmax = len0 + nq - 1;                              \
+    float *s = scratch, *vf = scratch + TILE_Q * G * max_len;                                                    \
+    int32_t *slots = (int32_t *)(vf + max_len * D);                                                              \
+    for (int64_t t = 0; t < lmax; t++) slots[t] = table[t / bs] * bs + t % bs;                                   \
+    /* 1. scores: eight keys widened once, for every query head of the tile */                                   \
+    float kbuf[8 * MAX_D];                                                                                       \
+    for (int64_t t = 0; t < lmax; t += 8) {                                                                      \
+      const int64_t nr = lmax - t < 8 ? lmax - t : 8;                                                            \
+      for (int64_t r = 0; r < 8; r++) {                                                                          \
+        const T *k = kc + (int64_t)slots[t + (r < nr ? r : 0)] * stride + kvh * D;                               \
+        for (int64_t j = 0; j < nd; j++)                                                                         \
+          _mm256_storeu_ps(kbuf + r * D + 8 * j, r < nr ? LOAD8(k + 8 * j) : _mm256_setzero_ps());              \
+      }                                                                                                          \
+      for (int64_t i = 0; i < nq; i++) {                                                                         \
+        const int64_t len = len0 + i;                                                                            \
+        if (t >= len) continue;                                                                                  \
+        for (int64_t g = 0; g < G; g++) {                                                                        \
+          const float *qh = q + i * H * D + (kvh * G + g) * D;                                                   \
+          __m256 acc[8];                                                                                         \
+          for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();                                             \
+          for (int64_t j = 0; j < nd; j++) {                                                                     \
+            const __m256 qv = _mm256_loadu_ps(qh + 8 * j);                                                       \
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kbuf + r * D + 8 * j), acc[r]); \
+          }                                                                                                      \
+          float *row = s + (i * G + g) * max_len;                                                                \
+          if (t + 8 <= len)                                                                                      \
+            _mm256_storeu_ps(row + t, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));                        \
+          else                                                                                                   \
+            for (int64_t r = 0; r < len - t; r++) row[t + r] = hsum(acc[r]) * scale;                             \
+        }                                                                                                        \
+      }                                                                                                          \
+    }                                                                                                            \
+    /* 2. softmax per query head, 3. the values widened once, then out = softmax @ V two query heads at a time */ \
+    float inv[TILE_Q * MAX_GROUP];                                                                               \
+    for (int64_t p = 0; p < nq * G; p++) inv[p] = softmax_row(s + p * max_len, 0, len0 + p / G);                \
+    for (int64_t t = 0; t < lmax; t++) {                                                                         \
+      const T *v = vc + (int64_t)slots[t] * stride + kvh * D;                                                    \
+      for (int64_t j = 0; j < nd; j++) _mm256_storeu_ps(vf + t * D + 8 * j, LOAD8(v + 8 * j));                  \
+    }                                                                                                            \
+    for (int64_t p = 0; p < nq * G; p += 2) {                                                                    \
+      const int64_t pb = p + 1 < nq * G ? p + 1 : p, la = len0 + p / G, lb = len0 + pb / G;                     \
+      float *oa = out + (p / G) * H * D + (kvh * G + p % G) * D;                                                 \
+      float *ob = pb != p ? out + (pb / G) * H * D + (kvh * G + pb % G) * D : 0;                                 \
+      for (int64_t j0 = 0; j0 < nd; j0 += 4) {                                                                   \
+        if (nd - j0 >= 4) {                                                                                      \
+          pv_pair4(s + p * max_len, s + pb * max_len, la, lb, vf, D, j0, inv[p], inv[pb], oa, ob);              \
+        } else {                                                                                                 \
+          pv_one(s + p * max_len, la, vf, D, j0, nd - j0, inv[p], oa);                                           \
+          if (ob) pv_one(s + pb * max_len, lb, vf, D, j0, nd - j0, inv[pb], ob);                                 \
+        }                                                                                                        \
+      }                                                                                                          \
+    }                                                                                                            \
+  }
+
+PREFILL_TASK(prefill_task_f32, float, load8_f32)
+PREFILL_TASK(prefill_task_bf16, uint16_t, load8_bf16)
+
+void paged_prefill(const float *q, const void *kc, const void *vc, const int32_t *tables, int64_t max_blocks,
+                   const int32_t *cu, const int32_t *lens, int64_t nseq, int64_t H, int64_t KVH, int64_t D, int64_t bs,
+                   float scale, float *scratch, int64_t max_len, float *out, int kv_bf16, int nthreads) {
+  int64_t ntiles = 0;
+  for (int64_t i = 0; i < nseq; i++) ntiles += (cu[i + 1] - cu[i] + TILE_Q - 1) / TILE_Q;
+  const int64_t per_thread = prefill_scratch_floats(H / KVH, D, max_len);
+  /* the last tiles of a chunk see the most keys: hand them out first, so the dynamic schedule ends evenly */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+  for (int64_t task = ntiles * KVH - 1; task >= 0; task--) {
+    int64_t tile = task / KVH, i = 0;
+    const int64_t kvh = task % KVH;
+    for (;; i++) {
+      const int64_t n = (cu[i + 1] - cu[i] + TILE_Q - 1) / TILE_Q;
+      if (tile < n) break;
+      tile -= n;
+    }
+    const int64_t qlen = cu[i + 1] - cu[i], r0 = tile * TILE_Q, nq = qlen - r0 < TILE_Q ? qlen - r0 : TILE_Q;
+    const int64_t len0 = lens[i] - qlen + 1 + r0, row = cu[i] + r0;
+    float *s = scratch + thread_index() * per_thread;
+    if (kv_bf16)
+      prefill_task_bf16(q + row * H * D, nq, len0, kc, vc, tables + i * max_blocks, H, KVH, D, bs, kvh, scale, s, max_len, out + row * H * D);
+    else
+      prefill_task_f32(q + row * H * D, nq, len0, kc, vc, tables + i * max_blocks, H, KVH, D, bs, kvh, scale, s, max_len, out + row * H * D);
+  }
+}
