@@ -184,43 +184,70 @@ int64_t prefill_scratch_floats(int64_t G, int64_t D, int64_t max_len) {
   return TILE_Q * G * max_len + max_len * D + max_len; /* scores, widened values, slots */
 }
 
-/* out[p][j0 .. j0 + 4) for two query heads a and b (lengths la <= lb) over the widened values vf: the per-lane chains
- * over the keys in order, as paged_decode's step 3. */
-static inline void pv_pair4(const float *sa, const float *sb, int64_t la, int64_t lb, const float *vf, int64_t D,
-                            int64_t j0, float inva, float invb, float *oa, float *ob) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  const float *v = vf + 8 * j0;
-  int64_t t = 0;
-  for (; t < la; t++, v += D) {
-    const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
-    const __m256 pa = _mm256_set1_ps(sa[t]), pb = _mm256_set1_ps(sb[t]);
-    a0 = _mm256_fmadd_ps(pa, v0, a0); a1 = _mm256_fmadd_ps(pa, v1, a1);
-    a2 = _mm256_fmadd_ps(pa, v2, a2); a3 = _mm256_fmadd_ps(pa, v3, a3);
-    b0 = _mm256_fmadd_ps(pb, v0, b0); b1 = _mm256_fmadd_ps(pb, v1, b1);
-    b2 = _mm256_fmadd_ps(pb, v2, b2); b3 = _mm256_fmadd_ps(pb, v3, b3);
-  }
-  for (; t < lb; t++, v += D) {
-    const __m256 pb = _mm256_set1_ps(sb[t]);
-    b0 = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v), b0); b1 = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v + 8), b1);
-    b2 = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v + 16), b2); b3 = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v + 24), b3);
-  }
-  const __m256 ia = _mm256_set1_ps(inva), ib = _mm256_set1_ps(invb);
-  _mm256_storeu_ps(oa + 8 * j0, _mm256_mul_ps(a0, ia)); _mm256_storeu_ps(oa + 8 * j0 + 8, _mm256_mul_ps(a1, ia));
-  _mm256_storeu_ps(oa + 8 * j0 + 16, _mm256_mul_ps(a2, ia)); _mm256_storeu_ps(oa + 8 * j0 + 24, _mm256_mul_ps(a3, ia));
-  if (ob) {
-    _mm256_storeu_ps(ob + 8 * j0, _mm256_mul_ps(b0, ib)); _mm256_storeu_ps(ob + 8 * j0 + 8, _mm256_mul_ps(b1, ib));
-    _mm256_storeu_ps(ob + 8 * j0 + 16, _mm256_mul_ps(b2, ib)); _mm256_storeu_ps(ob + 8 * j0 + 24, _mm256_mul_ps(b3, ib));
-  }
+/* hsum's sum of eight lanes, in its order, from memory: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)). */
+static inline float hsum_lanes(const float v[8]) {
+  return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 
-/* The same for fewer than four vectors (head_dim not a multiple of 32), one query head at a time. */
-static void pv_one(const float *s, int64_t l, const float *vf, int64_t D, int64_t j0, int64_t nj, float inv, float *o) {
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t t = 0; t < l; t++) {
-    const __m256 p = _mm256_set1_ps(s[t]);
-    for (int64_t j = 0; j < nj; j++) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vf + t * D + 8 * (j0 + j)), acc[j]);
+/* softmax_row's result to the bit, its max found eight scores at a time (the max of a set is the same whichever order
+ * reads it; where it is +-0, s - m is the same either way) instead of one scalar comparison a score. */
+static float softmax_row_wide(float *s, int64_t len) {
+  __m256 vm = _mm256_set1_ps(-INFINITY);
+  int64_t t = 0;
+  for (; t + 8 <= len; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + t));
+  float lanes[8], m = -INFINITY;
+  _mm256_storeu_ps(lanes, vm);
+  for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+  for (; t < len; t++) m = s[t] > m ? s[t] : m;
+  float sum = 0.f;
+  __m256 vsum = _mm256_setzero_ps();
+  for (t = 0; t + 8 <= len; t += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), _mm256_set1_ps(m)));
+    _mm256_storeu_ps(s + t, e);
+    vsum = _mm256_add_ps(vsum, e);
   }
-  for (int64_t j = 0; j < nj; j++) _mm256_storeu_ps(o + 8 * (j0 + j), _mm256_mul_ps(acc[j], _mm256_set1_ps(inv)));
+  for (; t < len; t++) { s[t] = expf(s[t] - m); sum += s[t]; }
+  return 1.f / (sum + hsum(vsum));
+}
+
+/* out[.][8 j0 .. 8 j0 + 16) for four query heads (score rows s[i], lengths l[i] ascending, 1 / sums inv[i], outputs
+ * o[i], NULL: none) over the widened values vf: each lane's FMA chain over the keys in order, as paged_decode's step
+ * 3 runs it; four heads share each value load. */
+static void pv_four2(const float *const s[4], const int64_t l[4], const float inv[4], float *const o[4],
+                     const float *vf, int64_t D, int64_t j0) {
+  const float *s0 = s[0], *s1 = s[1], *s2 = s[2], *s3 = s[3];
+  const int64_t l0 = l[0];
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+  const float *v = vf + 8 * j0;
+  for (int64_t t = 0; t < l0; t++, v += D) { /* plain variables: as an array gcc kept them on the stack */
+    const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+    const __m256 p0 = _mm256_broadcast_ss(s0 + t), p1 = _mm256_broadcast_ss(s1 + t);
+    const __m256 p2 = _mm256_broadcast_ss(s2 + t), p3 = _mm256_broadcast_ss(s3 + t);
+    a00 = _mm256_fmadd_ps(p0, v0, a00); a01 = _mm256_fmadd_ps(p0, v1, a01);
+    a10 = _mm256_fmadd_ps(p1, v0, a10); a11 = _mm256_fmadd_ps(p1, v1, a11);
+    a20 = _mm256_fmadd_ps(p2, v0, a20); a21 = _mm256_fmadd_ps(p2, v1, a21);
+    a30 = _mm256_fmadd_ps(p3, v0, a30); a31 = _mm256_fmadd_ps(p3, v1, a31);
+  }
+  __m256 a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+  for (int64_t t = l0; t < l[3]; t++, v += D) /* the longer rows' last keys */
+    for (int i = 1; i < 4; i++)
+      if (t < l[i]) {
+        const __m256 p = _mm256_broadcast_ss(s[i] + t);
+        a[i][0] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a[i][0]);
+        a[i][1] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a[i][1]);
+      }
+  for (int i = 0; i < 4; i++)
+    if (o[i]) {
+      _mm256_storeu_ps(o[i] + 8 * j0, _mm256_mul_ps(a[i][0], _mm256_set1_ps(inv[i])));
+      _mm256_storeu_ps(o[i] + 8 * j0 + 8, _mm256_mul_ps(a[i][1], _mm256_set1_ps(inv[i])));
+    }
+}
+
+/* The same for one vector (head_dim an odd multiple of 8), one query head at a time. */
+static void pv_one(const float *s, int64_t l, const float *vf, int64_t D, int64_t j0, float inv, float *o) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t t = 0; t < l; t++) acc = _mm256_fmadd_ps(_mm256_set1_ps(s[t]), _mm256_loadu_ps(vf + t * D + 8 * j0), acc);
+  _mm256_storeu_ps(o + 8 * j0, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
 }
 
 /* One (chunk, KV head, tile) task: query rows q[0 .. nq) (H heads of D each), the first seeing len0 tokens. */
@@ -237,6 +264,7 @@ static void pv_one(const float *s, int64_t l, const float *vf, int64_t D, int64_
     for (int64_t t = 0; t < lmax; t += 8) {                                                                      \
       const int64_t nr = lmax - t < 8 ? lmax - t : 8;                                                            \
       for (int64_t r = 0; r < 8; r++) {                                                                          \
+        if (t + 16 + r < lmax) _mm_prefetch((const char *)(kc + (int64_t)slots[t + 16 + r] * stride + kvh * D), _MM_HINT_T0); \
         const T *k = kc + (int64_t)slots[t + (r < nr ? r : 0)] * stride + kvh * D;                               \
         for (int64_t j = 0; j < nd; j++)                                                                         \
           _mm256_storeu_ps(kbuf + r * D + 8 * j, r < nr ? LOAD8(k + 8 * j) : _mm256_setzero_ps());              \
@@ -253,32 +281,38 @@ static void pv_one(const float *s, int64_t l, const float *vf, int64_t D, int64_
             for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kbuf + r * D + 8 * j), acc[r]); \
           }                                                                                                      \
           float *row = s + (i * G + g) * max_len;                                                                \
-          if (t + 8 <= len)                                                                                      \
+          if (t + 8 <= len) {                                                                                    \
             _mm256_storeu_ps(row + t, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));                        \
-          else                                                                                                   \
-            for (int64_t r = 0; r < len - t; r++) row[t + r] = hsum(acc[r]) * scale;                             \
+          } else { /* hsum's order from stored lanes (constant indices keep acc in registers) */                \
+            float lanes[8][8];                                                                                   \
+            for (int r = 0; r < 8; r++) _mm256_storeu_ps(lanes[r], acc[r]);                                     \
+            for (int64_t r = 0; r < len - t; r++) row[t + r] = hsum_lanes(lanes[r]) * scale;                     \
+          }                                                                                                      \
         }                                                                                                        \
       }                                                                                                          \
     }                                                                                                            \
-    /* 2. softmax per query head, 3. the values widened once, then out = softmax @ V two query heads at a time */ \
+    /* 2. softmax per query head, 3. the values widened once, then out = softmax @ V four query heads at a time */ \
     float inv[TILE_Q * MAX_GROUP];                                                                               \
-    for (int64_t p = 0; p < nq * G; p++) inv[p] = softmax_row(s + p * max_len, 0, len0 + p / G);                \
+    for (int64_t p = 0; p < nq * G; p++) inv[p] = softmax_row_wide(s + p * max_len, len0 + p / G);             \
     for (int64_t t = 0; t < lmax; t++) {                                                                         \
+      if (t + 16 < lmax) _mm_prefetch((const char *)(vc + (int64_t)slots[t + 16] * stride + kvh * D), _MM_HINT_T0); \
       const T *v = vc + (int64_t)slots[t] * stride + kvh * D;                                                    \
       for (int64_t j = 0; j < nd; j++) _mm256_storeu_ps(vf + t * D + 8 * j, LOAD8(v + 8 * j));                  \
     }                                                                                                            \
-    for (int64_t p = 0; p < nq * G; p += 2) {                                                                    \
-      const int64_t pb = p + 1 < nq * G ? p + 1 : p, la = len0 + p / G, lb = len0 + pb / G;                     \
-      float *oa = out + (p / G) * H * D + (kvh * G + p % G) * D;                                                 \
-      float *ob = pb != p ? out + (pb / G) * H * D + (kvh * G + pb % G) * D : 0;                                 \
-      for (int64_t j0 = 0; j0 < nd; j0 += 4) {                                                                   \
-        if (nd - j0 >= 4) {                                                                                      \
-          pv_pair4(s + p * max_len, s + pb * max_len, la, lb, vf, D, j0, inv[p], inv[pb], oa, ob);              \
-        } else {                                                                                                 \
-          pv_one(s + p * max_len, la, vf, D, j0, nd - j0, inv[p], oa);                                           \
-          if (ob) pv_one(s + pb * max_len, lb, vf, D, j0, nd - j0, inv[pb], ob);                                 \
-        }                                                                                                        \
+    for (int64_t p0 = 0; p0 < nq * G; p0 += 4) {                                                                 \
+      const float *rows[4];                                                                                      \
+      int64_t l[4];                                                                                              \
+      float iv[4], *o[4];                                                                                        \
+      for (int i = 0; i < 4; i++) { /* past the last head: a copy of it, not stored */                          \
+        const int64_t p = p0 + i < nq * G ? p0 + i : nq * G - 1;                                                 \
+        rows[i] = s + p * max_len, l[i] = len0 + p / G, iv[i] = inv[p];                                          \
+        o[i] = p0 + i < nq * G ? out + (p / G) * H * D + (kvh * G + p % G) * D : 0;                              \
       }                                                                                                          \
+      int64_t j0 = 0;                                                                                            \
+      for (; j0 + 2 <= nd; j0 += 2) pv_four2(rows, l, iv, o, vf, D, j0);                                         \
+      if (j0 < nd)                                                                                               \
+        for (int i = 0; i < 4; i++)                                                                              \
+          if (o[i]) pv_one(rows[i], l[i], vf, D, j0, iv[i], o[i]);                                               \
     }                                                                                                            \
   }
 
