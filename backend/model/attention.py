@@ -83,7 +83,9 @@ def paged_attention(
 ) -> torch.Tensor:
     """Store this step's K/V, then attend. q: (num_tokens, num_heads, head_dim). `decode_kernel`: the C paged
     decode kernel (kernels/cpu/paged_decode.c), used for the decode tokens (and its companion for storing K/V)
-    where it takes their dtype."""
+    where it takes their dtype, and for prefill chunks with per-token metadata: its tiled prefill entry (the same
+    arithmetic per token, each key and value read once for 16 tokens) where the layer has no sliding window, its
+    decode entry token by token where it has one."""
     if decode_kernel is not None and supports_store(k, v, cache):
         store_kv_cpu(decode_kernel, k, v, cache, batch.slot_mapping)
     else:

@@ -42,7 +42,7 @@ def load_paged_decode(build_dir: Path) -> ctypes.CDLL | None:
             p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, i64, p, ctypes.c_int, ctypes.c_int,
         ]
         lib.paged_prefill.restype = None
-        lib.prefill_scratch_floats.argtypes = [i64, i64, i64]
+        lib.prefill_scratch_floats.argtypes = [i64, i64, i64, i64, i64, i64]
         lib.prefill_scratch_floats.restype = i64
         lib.store_kv.argtypes = [p, i64, p, i64, p, p, p, i64, i64, ctypes.c_int]
         lib.store_kv.restype = None
@@ -102,7 +102,9 @@ def paged_prefill_cpu(
     q, tables, cu = q.contiguous(), block_tables.contiguous(), cu_seqlens_q.contiguous()
     max_len = max_len or (int(context_lens.max()) if n else 0)
     threads = torch.get_num_threads()
-    scratch = torch.empty(threads * lib.prefill_scratch_floats(heads // kv_heads, head_dim, max_len))
+    total = int(context_lens.sum()) if n else 0
+    # per thread its tile's scores, then the chunks' K/V widened to fp32 once (every tile of a chunk reads them all)
+    scratch = torch.empty(lib.prefill_scratch_floats(heads // kv_heads, kv_heads, head_dim, max_len, total, threads))
     out = torch.empty_like(q)
     lib.paged_prefill(
         q.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(), tables.data_ptr(), tables.shape[1], cu.data_ptr(),
