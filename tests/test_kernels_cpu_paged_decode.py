@@ -8,7 +8,14 @@ import torch
 
 from backend.model.attention import decode_attention
 from backend.model.forward_batch import DecodeMetadata
-from kernels.cpu.paged_decode import load_paged_decode, paged_decode_cpu, paged_decode_cpu_ref, store_kv_cpu, supports
+from kernels.cpu.paged_decode import (
+    load_paged_decode,
+    paged_decode_cpu,
+    paged_decode_cpu_ref,
+    paged_prefill_cpu,
+    store_kv_cpu,
+    supports,
+)
 from tests.c_kernels import build, requires_c_kernels
 
 pytestmark = requires_c_kernels
@@ -50,6 +57,42 @@ def test_matches_the_torch_decode_path(lib) -> None:
     mask = torch.where(k_pos[None] < lens_t[:, None].long(), 0.0, float("-inf"))[:, None, None, :]
     torch_out = decode_attention(q, cache, DecodeMetadata(tables.long(), mask, tables, lens_t), 0.125, 16)
     assert (paged_decode_cpu(lib, q, cache, tables, lens_t, 16, 0.125) - torch_out).abs().max().item() < 1e-5
+
+
+def prefill_case(chunks: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype):
+    """Prefill chunks (tokens already in the cache, new tokens) packed as the model runner packs them, and the same
+    queries as per-token decode queries over their causal prefixes (what the decode kernel is given for them)."""
+    g = torch.Generator().manual_seed(2)
+    bs, num_blocks = 16, 64
+    cache = torch.randn(2, num_blocks * bs, kv_heads, head_dim, generator=g).to(dtype)
+    width = max(-(-(done + new) // bs) for done, new in chunks)
+    order = torch.randperm(num_blocks, generator=g).int()
+    tables, used = [], 0
+    for done, new in chunks:  # each sequence its own scattered blocks
+        n = -(-(done + new) // bs)
+        tables.append(torch.cat([order[used : used + n], torch.zeros(width - n, dtype=torch.int32)]))
+        used += n
+    table = torch.stack(tables)
+    cu = torch.tensor([0, *torch.tensor([new for _, new in chunks]).cumsum(0).tolist()], dtype=torch.int32)
+    lens = torch.tensor([done + new for done, new in chunks], dtype=torch.int32)
+    q = torch.randn(int(cu[-1]), heads, head_dim, generator=g)
+    rows = torch.tensor([new for _, new in chunks])
+    query_lens = torch.tensor([done + 1 + j for done, new in chunks for j in range(new)], dtype=torch.int32)
+    return q, cache, table, cu, lens, table.repeat_interleave(rows, dim=0), query_lens
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 40), (16, 1, 128), (8, 2, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_equals_per_token_decode_to_the_bit(lib, heads: int, kv_heads: int, head_dim: int, dtype) -> None:
+    """A chunk's tokens through the tiled prefill entry get the decode kernel's result bit for bit (batch invariance
+    between prefill chunks and decode steps): chunks shorter and longer than a tile, after cached context, starting
+    and ending on and off the 8-key groups."""
+    chunks = [(0, 37), (5, 1), (100, 200), (17, 9), (0, 8), (31, 33)]
+    q, cache, table, cu, lens, query_tables, query_lens = prefill_case(chunks, heads, kv_heads, head_dim, dtype)
+    out = paged_prefill_cpu(lib, q, cache, table, cu, lens, 16, 0.125)
+    assert torch.equal(out, paged_decode_cpu(lib, q, cache, query_tables, query_lens, 16, 0.125))
+    ref = paged_decode_cpu_ref(q, cache, query_tables, query_lens, 16, 0.125)
+    assert (out - ref).abs().max().item() < 1e-5
 
 
 def test_large_scores_do_not_overflow(lib) -> None:

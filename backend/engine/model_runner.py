@@ -58,8 +58,9 @@ def per_token_prefill(model: LlamaForCausalLM, ops_name: str, dtype: torch.dtype
     kernels (CpuOps) where the kernel takes the model. A token's attention is then the same arithmetic whatever
     chunk computes it, so a prefix-cache hit, chunked prefill or a batch-mate changes no logit of an INT4 (W4A8)
     model, whose other ops are row-independent; with SDPA for long chunks, a cached prefix flipped near-tie greedy
-    tokens (5 of 20 repeated requests). Time to first token against SDPA's: 0.92x at 50 prompt tokens, 1.0x at 500,
-    1.24x at 2000 (bench/README, "prefill attention")."""
+    tokens (5 of 20 repeated requests). Token by token through the decode entry this cost 1.24x SDPA's time to first
+    token at 2,000 tokens; chunks now go through the kernel's tiled prefill entry (the same arithmetic per token, each
+    key and value read once for 16 tokens; `python -m bench.prefill_attention` compares it with SDPA)."""
     c = model.config
     return ops_name == "cpu" and supports_dims(c.num_attention_heads, c.num_key_value_heads, model.head_dim, dtype, kv_dtype)
 

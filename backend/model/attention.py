@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from backend.model.cpu_gemm import dense_dtype
 from backend.model.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
-from kernels.cpu.paged_decode import paged_decode_cpu, store_kv_cpu, supports, supports_store
+from kernels.cpu.paged_decode import paged_decode_cpu, paged_prefill_cpu, store_kv_cpu, supports, supports_store
 
 
 def store_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -83,7 +83,9 @@ def paged_attention(
 ) -> torch.Tensor:
     """Store this step's K/V, then attend. q: (num_tokens, num_heads, head_dim). `decode_kernel`: the C paged
     decode kernel (kernels/cpu/paged_decode.c), used for the decode tokens (and its companion for storing K/V)
-    where it takes their dtype."""
+    where it takes their dtype, and for prefill chunks with per-token metadata: its tiled prefill entry (the same
+    arithmetic per token, each key and value read once for 16 tokens) where the layer has no sliding window, its
+    decode entry token by token where it has one."""
     if decode_kernel is not None and supports_store(k, v, cache):
         store_kv_cpu(decode_kernel, k, v, cache, batch.slot_mapping)
     else:
@@ -101,6 +103,12 @@ def paged_attention(
         parts.append(decode_attention(q[:d], cache, batch.decode, scale, batch.block_size))
     p = batch.prefill
     if p is not None and p.query_context_lens is not None and decode_kernel is not None and supports(q, cache):
+        if not batch.window:  # every token as a decode query over its prefix, tiles of tokens sharing K/V reads
+            parts.append(paged_prefill_cpu(
+                decode_kernel, q[d:], cache, p.block_tables, p.cu_seqlens_q, p.context_lens, batch.block_size, scale,
+                p.max_context_len,
+            ))
+            return parts[0] if len(parts) == 1 else torch.cat(parts)
         assert p.query_block_tables is not None  # short chunks: every token is a decode query over its prefix
         parts.append(paged_decode_cpu(
             decode_kernel, q[d:], cache, p.query_block_tables, p.query_context_lens, batch.block_size, scale,

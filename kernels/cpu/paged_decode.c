@@ -163,3 +163,202 @@ void store_kv(const float *k, int64_t ldk, const float *v, int64_t ldv, void *kc
     store_row(v + i * ldv, vc, slot, width, kv_bf16);
   }
 }
+
+/* ---- prefill: a chunk's query tokens, each attended exactly as paged_decode attends it, in tiles ----------------
+ *
+ * Why: attending a prefill chunk one decode query per token (what batch invariance needs: a token's attention must be
+ * the same arithmetic in a prefill chunk as in a decode step, docs/determinism.md) re-read and re-widened the whole
+ * context for every token, ~4 loads and conversions per FMA: 43% of a 2,000-token prefill. Here the chunks' keys and
+ * values are widened to fp32 once per call, in token order, and a task takes TILE_Q consecutive query tokens of one
+ * sequence and one KV head: each group of eight keys serves the tile's TILE_Q x G query heads, each value row four of
+ * them at a time, so the FMAs are most of what is left.
+ *
+ * Bit-identical to paged_decode, per query: the same fp32 FMA chain per score lane, keys in groups of eight from 0
+ * reduced by hsum8 and the tail (past the query's last multiple of eight) by hsum, softmax_row's values, and for the
+ * output the same per-lane FMA chain over the keys in order, times 1 / sum. No sliding window (the caller checks).
+ * tables (nseq, max_blocks); cu (nseq + 1) the chunks' first rows in q; lens (nseq) the tokens in the cache after the
+ * chunk, so query row j of chunk i sees lens[i] - (cu[i + 1] - cu[i]) + 1 + j tokens. scratch:
+ * prefill_scratch_floats(H / KVH, KVH, D, max(lens), sum(lens), nthreads) floats. */
+#define TILE_Q 16
+
+int64_t prefill_scratch_floats(int64_t G, int64_t KVH, int64_t D, int64_t max_len, int64_t total_len, int64_t nthreads) {
+  return nthreads * TILE_Q * G * max_len + 2 * KVH * D * total_len; /* scores per thread, then K/V as fp32 */
+}
+
+/* hsum's sum of eight lanes, in its order, from memory: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)). */
+static inline float hsum_lanes(const float v[8]) {
+  return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
+/* softmax_row's result to the bit, its max found eight scores at a time (the max of a set is the same whichever order
+ * reads it; where it is +-0, s - m is the same either way) instead of one scalar comparison a score. */
+static float softmax_row_wide(float *s, int64_t len) {
+  __m256 vm = _mm256_set1_ps(-INFINITY);
+  int64_t t = 0;
+  for (; t + 8 <= len; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + t));
+  float lanes[8], m = -INFINITY;
+  _mm256_storeu_ps(lanes, vm);
+  for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+  for (; t < len; t++) m = s[t] > m ? s[t] : m;
+  float sum = 0.f;
+  __m256 vsum = _mm256_setzero_ps();
+  for (t = 0; t + 8 <= len; t += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), _mm256_set1_ps(m)));
+    _mm256_storeu_ps(s + t, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  for (; t < len; t++) { s[t] = expf(s[t] - m); sum += s[t]; }
+  return 1.f / (sum + hsum(vsum));
+}
+
+/* out[.][8 j0 .. 8 j0 + 16) for four query heads (score rows s[i], lengths l[i] ascending, 1 / sums inv[i], outputs
+ * o[i], NULL: none) over the widened values vf: each lane's FMA chain over the keys in order, as paged_decode's step
+ * 3 runs it; four heads share each value load. */
+static void pv_four2(const float *const s[4], const int64_t l[4], const float inv[4], float *const o[4],
+                     const float *vf, int64_t D, int64_t j0) {
+  const float *s0 = s[0], *s1 = s[1], *s2 = s[2], *s3 = s[3];
+  const int64_t l0 = l[0];
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+  const float *v = vf + 8 * j0;
+  for (int64_t t = 0; t < l0; t++, v += D) { /* plain variables: as an array gcc kept them on the stack */
+    const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+    const __m256 p0 = _mm256_broadcast_ss(s0 + t), p1 = _mm256_broadcast_ss(s1 + t);
+    const __m256 p2 = _mm256_broadcast_ss(s2 + t), p3 = _mm256_broadcast_ss(s3 + t);
+    a00 = _mm256_fmadd_ps(p0, v0, a00); a01 = _mm256_fmadd_ps(p0, v1, a01);
+    a10 = _mm256_fmadd_ps(p1, v0, a10); a11 = _mm256_fmadd_ps(p1, v1, a11);
+    a20 = _mm256_fmadd_ps(p2, v0, a20); a21 = _mm256_fmadd_ps(p2, v1, a21);
+    a30 = _mm256_fmadd_ps(p3, v0, a30); a31 = _mm256_fmadd_ps(p3, v1, a31);
+  }
+  __m256 a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+  for (int64_t t = l0; t < l[3]; t++, v += D) /* the longer rows' last keys */
+    for (int i = 1; i < 4; i++)
+      if (t < l[i]) {
+        const __m256 p = _mm256_broadcast_ss(s[i] + t);
+        a[i][0] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a[i][0]);
+        a[i][1] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a[i][1]);
+      }
+  for (int i = 0; i < 4; i++)
+    if (o[i]) {
+      _mm256_storeu_ps(o[i] + 8 * j0, _mm256_mul_ps(a[i][0], _mm256_set1_ps(inv[i])));
+      _mm256_storeu_ps(o[i] + 8 * j0 + 8, _mm256_mul_ps(a[i][1], _mm256_set1_ps(inv[i])));
+    }
+}
+
+/* The same for one vector (head_dim an odd multiple of 8), one query head at a time. */
+static void pv_one(const float *s, int64_t l, const float *vf, int64_t D, int64_t j0, float inv, float *o) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t t = 0; t < l; t++) acc = _mm256_fmadd_ps(_mm256_set1_ps(s[t]), _mm256_loadu_ps(vf + t * D + 8 * j0), acc);
+  _mm256_storeu_ps(o + 8 * j0, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+}
+
+/* One (chunk, KV head, tile) task: query rows q[0 .. nq) (H heads of D each), the first seeing len0 tokens; kf, vf: the
+ * chunk's keys and values of this KV head as fp32 rows of D (token order), s: scratch of TILE_Q * G * max_len. */
+static void prefill_task(const float *q, int64_t nq, int64_t len0, const float *kf, const float *vf, int64_t H,
+                         int64_t KVH, int64_t D, int64_t kvh, float scale, float *s, int64_t max_len, float *out) {
+  const int64_t G = H / KVH, nd = D / 8, lmax = len0 + nq - 1;
+  /* 1. scores, eight keys at a time for every query head of the tile (the last group zero-padded) */
+  float pad[8 * MAX_D];
+  for (int64_t t = 0; t < lmax; t += 8) {
+    const int64_t nr = lmax - t < 8 ? lmax - t : 8;
+    const float *keys = kf + t * D;
+    if (nr < 8) {
+      for (int64_t e = 0; e < 8 * D; e++) pad[e] = e < nr * D ? keys[e] : 0.f;
+      keys = pad;
+    }
+    for (int64_t i = 0; i < nq; i++) {
+      const int64_t len = len0 + i;
+      if (t >= len) continue;
+      for (int64_t g = 0; g < G; g++) {
+        const float *qh = q + i * H * D + (kvh * G + g) * D;
+        __m256 acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < nd; j++) {
+          const __m256 qv = _mm256_loadu_ps(qh + 8 * j);
+          for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + r * D + 8 * j), acc[r]);
+        }
+        float *row = s + (i * G + g) * max_len;
+        if (t + 8 <= len) {
+          _mm256_storeu_ps(row + t, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+        } else { /* hsum's order from stored lanes (constant indices keep acc in registers) */
+          float lanes[8][8];
+          for (int r = 0; r < 8; r++) _mm256_storeu_ps(lanes[r], acc[r]);
+          for (int64_t r = 0; r < len - t; r++) row[t + r] = hsum_lanes(lanes[r]) * scale;
+        }
+      }
+    }
+  }
+  /* 2. softmax per query head, 3. out = softmax @ V, four query heads at a time */
+  float inv[TILE_Q * MAX_GROUP];
+  for (int64_t p = 0; p < nq * G; p++) inv[p] = softmax_row_wide(s + p * max_len, len0 + p / G);
+  for (int64_t p0 = 0; p0 < nq * G; p0 += 4) {
+    const float *rows[4];
+    int64_t l[4];
+    float iv[4], *o[4];
+    for (int i = 0; i < 4; i++) { /* past the last head: a copy of it, not stored */
+      const int64_t p = p0 + i < nq * G ? p0 + i : nq * G - 1;
+      rows[i] = s + p * max_len, l[i] = len0 + p / G, iv[i] = inv[p];
+      o[i] = p0 + i < nq * G ? out + (p / G) * H * D + (kvh * G + p % G) * D : 0;
+    }
+    int64_t j0 = 0;
+    for (; j0 + 2 <= nd; j0 += 2) pv_four2(rows, l, iv, o, vf, D, j0);
+    if (j0 < nd)
+      for (int i = 0; i < 4; i++)
+        if (o[i]) pv_one(rows[i], l[i], vf, D, j0, iv[i], o[i]);
+  }
+}
+
+/* The chunks' keys and values as fp32, once per call (every tile of a chunk reads them all): token `row` of the
+ * concatenated contexts (chunk i's tokens from base[i]) into kvf, per chunk (K of each KV head, then V of each), rows of
+ * D floats. */
+#define WIDEN(NAME, T, LOAD8)                                                                                    \
+  static void NAME(const T *kc, const T *vc, const int32_t *table, int64_t t, int64_t len, int64_t KVH, int64_t D, \
+                   int64_t bs, float *kvf) {                                                                     \
+    const T *k = kc + ((int64_t)table[t / bs] * bs + t % bs) * KVH * D;                                          \
+    const T *v = vc + ((int64_t)table[t / bs] * bs + t % bs) * KVH * D;                                          \
+    for (int64_t h = 0; h < KVH; h++)                                                                            \
+      for (int64_t j = 0; j < D / 8; j++) {                                                                      \
+        _mm256_storeu_ps(kvf + (h * len + t) * D + 8 * j, LOAD8(k + h * D + 8 * j));                            \
+        _mm256_storeu_ps(kvf + ((KVH + h) * len + t) * D + 8 * j, LOAD8(v + h * D + 8 * j));                    \
+      }                                                                                                          \
+  }
+WIDEN(widen_f32, float, load8_f32)
+WIDEN(widen_bf16, uint16_t, load8_bf16)
+
+
+void paged_prefill(const float *q, const void *kc, const void *vc, const int32_t *tables, int64_t max_blocks,
+                   const int32_t *cu, const int32_t *lens, int64_t nseq, int64_t H, int64_t KVH, int64_t D, int64_t bs,
+                   float scale, float *scratch, int64_t max_len, float *out, int kv_bf16, int nthreads) {
+  int64_t ntiles = 0, total = 0;
+  for (int64_t i = 0; i < nseq; i++) ntiles += (cu[i + 1] - cu[i] + TILE_Q - 1) / TILE_Q, total += lens[i];
+  float *kvf = scratch + nthreads * TILE_Q * (H / KVH) * max_len;
+#pragma omp parallel num_threads(nthreads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < total; row++) {
+      int64_t i = 0, base = 0;
+      while (row - base >= lens[i]) base += lens[i++];
+      const int32_t *table = tables + i * max_blocks;
+      float *chunk = kvf + 2 * KVH * D * base;
+      if (kv_bf16)
+        widen_bf16(kc, vc, table, row - base, lens[i], KVH, D, bs, chunk);
+      else
+        widen_f32(kc, vc, table, row - base, lens[i], KVH, D, bs, chunk);
+    }
+    /* the last tiles of a chunk see the most keys: hand them out first, so the dynamic schedule ends evenly */
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = ntiles * KVH - 1; task >= 0; task--) {
+      int64_t tile = task / KVH, i = 0, base = 0;
+      const int64_t kvh = task % KVH;
+      for (;; base += lens[i], i++) {
+        const int64_t n = (cu[i + 1] - cu[i] + TILE_Q - 1) / TILE_Q;
+        if (tile < n) break;
+        tile -= n;
+      }
+      const int64_t qlen = cu[i + 1] - cu[i], r0 = tile * TILE_Q, nq = qlen - r0 < TILE_Q ? qlen - r0 : TILE_Q;
+      const int64_t len0 = lens[i] - qlen + 1 + r0, row = cu[i] + r0;
+      const float *chunk = kvf + 2 * KVH * D * base;
+      prefill_task(q + row * H * D, nq, len0, chunk + kvh * lens[i] * D, chunk + (KVH + kvh) * lens[i] * D, H, KVH, D,
+                   kvh, scale, scratch + thread_index() * TILE_Q * (H / KVH) * max_len, max_len, out + row * H * D);
+    }
+  }
+}

@@ -4,12 +4,17 @@
     out = paged_decode_cpu(lib, q, cache, block_tables, context_lens, block_size, scale, window=0)
     ref = paged_decode_cpu_ref(q, cache, block_tables, context_lens, block_size, scale, window=0)
     store_kv_cpu(lib, k, v, cache, slot_mapping)   # this step's K/V into their slots (the companion kernel)
+    out = paged_prefill_cpu(lib, q, cache, block_tables, cu_seqlens_q, context_lens, block_size, scale)  # chunks
 
 One query token per sequence against its whole context, read through the block table: each (sequence, KV
 head) task reads its keys and values once for the query heads that share them (GQA), with an exact
 two-pass softmax in fp32 (a bf16 cache is read as bf16 and widened in registers). It replaces the torch path's
 block gather + masked SDPA (two passes over the context and ~8 ops per layer) on the CPU. Cache: (2, slots,
 kv_heads, head_dim), slot = block * block_size + offset, as backend/model/attention.py stores it.
+
+`paged_prefill_cpu` attends prefill chunks: each query token exactly as `paged_decode_cpu` would attend it as a decode
+query over its causal prefix (bit for bit: batch invariance), computed in tiles of consecutive tokens that share each
+key and value they read (full attention only, no sliding window).
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ def load_paged_decode(build_dir: Path) -> ctypes.CDLL | None:
             p, p, p, p, i64, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, p, i64, p, ctypes.c_int, ctypes.c_int,
         ]
         lib.paged_decode.restype = None
+        lib.paged_prefill.argtypes = [
+            p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, i64, p, ctypes.c_int, ctypes.c_int,
+        ]
+        lib.paged_prefill.restype = None
+        lib.prefill_scratch_floats.argtypes = [i64, i64, i64, i64, i64, i64]
+        lib.prefill_scratch_floats.restype = i64
         lib.store_kv.argtypes = [p, i64, p, i64, p, p, p, i64, i64, ctypes.c_int]
         lib.store_kv.restype = None
     return lib
@@ -70,6 +81,35 @@ def paged_decode_cpu(
         q.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(), tables.data_ptr(), tables.shape[1], context_lens.data_ptr(),
         n, heads, kv_heads, head_dim, block_size, window, scale, scores.data_ptr(), max_len, out.data_ptr(),
         int(cache.dtype == torch.bfloat16), threads,
+    )
+    return out
+
+
+def paged_prefill_cpu(
+    lib: ctypes.CDLL, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor, block_size: int, scale: float, max_len: int = 0,
+) -> torch.Tensor:
+    """q (tokens, heads, head_dim) float32, the chunks packed (chunk i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1]),
+    -> (tokens, heads, head_dim): every row as `paged_decode_cpu` attends a decode query seeing its chunk's earlier
+    context and itself (row j of chunk i: context_lens[i] - its chunk's length + 1 + j tokens). block_tables (chunks,
+    max_blocks) and context_lens (chunks,) int32, the tokens in the cache after the chunk; no sliding window."""
+    n, heads, head_dim = q.shape
+    kv_heads = cache.shape[2]
+    assert supports(q, cache), "fp32 CPU q, fp32/bf16 cache, head_dim % 8 == 0, at most 16 query heads per KV head"
+    assert cache.shape[0] == 2 and cache.shape[3] == head_dim and cache.is_contiguous()
+    assert block_tables.dtype == context_lens.dtype == cu_seqlens_q.dtype == torch.int32
+    assert cu_seqlens_q.shape[0] == context_lens.shape[0] + 1 == block_tables.shape[0] + 1
+    q, tables, cu = q.contiguous(), block_tables.contiguous(), cu_seqlens_q.contiguous()
+    max_len = max_len or (int(context_lens.max()) if n else 0)
+    threads = torch.get_num_threads()
+    total = int(context_lens.sum()) if n else 0
+    # per thread its tile's scores, then the chunks' K/V widened to fp32 once (every tile of a chunk reads them all)
+    scratch = torch.empty(lib.prefill_scratch_floats(heads // kv_heads, kv_heads, head_dim, max_len, total, threads))
+    out = torch.empty_like(q)
+    lib.paged_prefill(
+        q.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(), tables.data_ptr(), tables.shape[1], cu.data_ptr(),
+        context_lens.contiguous().data_ptr(), context_lens.shape[0], heads, kv_heads, head_dim, block_size, scale,
+        scratch.data_ptr(), max_len, out.data_ptr(), int(cache.dtype == torch.bfloat16), threads,
     )
     return out
 
