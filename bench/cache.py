@@ -77,11 +77,17 @@ def quality(pairs: Path | None = None, threshold: float | None = None) -> dict[s
     # answers as long as the verifier reads (the tokens after them are never scored)
     lookups = asyncio.run(evaluate(path, t, criterion.max_tokens))  # per-pair records stay here: aggregates only
     out: dict[str, Any] = {"pairs_file": path.name, "pairs": len(lookups), "threshold": t}
-    for mode in ("embedding", "lexical", "verified"):
-        score = score_lookups(lookups, mode, t, criterion).as_dict()
+    margin = cfg.relevance_margin if cfg.relevance else None
+    # as configured (the answer-relevance check on by default), and the lexical and verified modes without it
+    modes = [("embedding", "embedding", None), ("lexical", "lexical", margin), ("verified", "verified", margin)]
+    if margin is not None:
+        modes += [("lexical_without_relevance", "lexical", None), ("verified_without_relevance", "verified", None)]
+    for name, mode, relevance in modes:
+        score = score_lookups(lookups, mode, t, criterion, relevance).as_dict()
         score["verifications_per_lookup"] = round(score.pop("verifications") / max(len(lookups), 1), 3)
-        out[mode] = {k: v for k, v in score.items() if k not in ("mode", "threshold")}
+        out[name] = {k: v for k, v in score.items() if k not in ("mode", "threshold")}
     out["criterion"] = dataclasses.asdict(criterion)
+    out["relevance_margin"] = margin
     return out
 
 
