@@ -9,9 +9,10 @@ hit/miss latency through the full HTTP path with the real engine and embedder.
    `cache.verify_max_tokens`) and indexed in one scope;
    every incoming question goes through the real matcher in three modes: embedding (the nearest cached question
    at or above the cosine threshold, nothing else checked: what a plain semantic cache serves), lexical (cosine +
-   guards + the WordNet lexical check, words in their roles: what upstream models get) and verified (the engine
-   scores the cached answer under the new question). Only aggregates are printed: paraphrase hit rate, false
-   hits / hits, and verifications per lookup;
+   guards + the WordNet lexical check, words in their roles, + the answer-relevance check: what upstream models
+   get) and verified (the same, then the engine scores the cached answer under the new question); lexical and
+   verified also without the answer-relevance check (`*_without_relevance`), for comparison. Only aggregates are
+   printed: paraphrase hit rate, false hits / hits, and verifications per lookup;
 2. lookup: exact get and semantic match (search + checks + get, lexical mode) in an in-process store holding
    10k and 100k entries in one scope (random unit vectors: the worst case, one matrix product);
 3. HTTP: a real gateway (real engine, embedders as `python -m gateway` builds them, in-process cache, semantic

@@ -310,8 +310,9 @@ async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float,
     generated = await asyncio.gather(*(answer(i, q) for i, q in enumerate(cached)))
     answers = {q: a for q, (a, _) in zip(cached, generated, strict=True)}
     vectors = await embed(cached + queries + [excerpt(text) for _, text in generated])
-    vec = dict(zip(cached + queries, vectors, strict=True))
-    avec = dict(zip(cached, vectors[len(cached) + len(queries) :], strict=True))
+    questions = cached + queries
+    vec = dict(zip(questions, vectors[: len(questions)], strict=True))
+    avec = dict(zip(cached, vectors[len(questions) :], strict=True))
     store = MemoryStore(max_entries=len(cached) + 1)
     for text in cached:
         await store.put(text, orjson.dumps({"query": text, "answer": answers[text].to_json()}), 3600)
