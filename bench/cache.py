@@ -67,17 +67,26 @@ def _pct(values: list[float]) -> dict[str, float]:
 def quality(pairs: Path | None = None, threshold: float | None = None) -> dict[str, Any]:
     """A held-out split (the test split unless `pairs` names another file), scored once with the configured threshold
     and criterion (SMOLGATE_CACHE_* apply), per mechanism: the embedding alone, the lexical check, engine-verified."""
-    from bench.cache_pairs import SPLITS_DIR, evaluate, score_lookups
+    from bench.cache_pairs import SPLITS_DIR, evaluate
     from gateway.cache.service import criterion_of
     from gateway.config import GatewayConfig, apply_env
 
     cfg = apply_env(GatewayConfig(), os.environ).cache
     t = cfg.similarity_threshold if threshold is None else threshold
     path = pairs or SPLITS_DIR / "test.tsv"
+    lookups = asyncio.run(evaluate(path, t, criterion_of(cfg).max_tokens))  # per-pair records stay here: aggregates only
+    return score_quality(lookups, path.name, t)
+
+
+def score_quality(lookups: list[Any], pairs_file: str, t: float) -> dict[str, Any]:
+    """The aggregates of `quality`, under the configuration as it is now (SMOLGATE_CACHE_* apply)."""
+    from bench.cache_pairs import score_lookups
+    from gateway.cache.service import criterion_of
+    from gateway.config import GatewayConfig, apply_env
+
+    cfg = apply_env(GatewayConfig(), os.environ).cache
     criterion = criterion_of(cfg)
-    # answers as long as the verifier reads (the tokens after them are never scored)
-    lookups = asyncio.run(evaluate(path, t, criterion.max_tokens))  # per-pair records stay here: aggregates only
-    out: dict[str, Any] = {"pairs_file": path.name, "pairs": len(lookups), "threshold": t}
+    out: dict[str, Any] = {"pairs_file": pairs_file, "pairs": len(lookups), "threshold": t}
     margin = cfg.relevance_margin if cfg.relevance else None
     # as configured (the answer-relevance check on by default), and the lexical and verified modes without it
     modes = [("embedding", "embedding", None), ("lexical", "lexical", margin), ("verified", "verified", margin)]

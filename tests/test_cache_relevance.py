@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import math
 
+import cache_fixtures
+import orjson
+from cache_fixtures import CacheStack
+
 from gateway.cache.config import CacheConfig
 from gateway.cache.relevance import ANSWER_WORDS, AnswerVector, cosine, excerpt, passes, relevant
+
+cache_stack = cache_fixtures.cache_stack
 
 
 def _unit(*xs: float) -> tuple[float, ...]:
@@ -50,3 +56,54 @@ def test_relevance_is_on_with_a_calibrated_margin_and_validated() -> None:
         pass
     else:
         raise AssertionError("a negative margin must be refused")
+
+
+# ---- through the live server: the real engine writes the answers, the cache's real embedder embeds them ------------
+
+
+def _ask(stack: CacheStack, question: str) -> tuple[dict[str, object], str]:
+    """One deterministic chat request with no system prompt, as bench.cache_pairs calibrates (64-token answers)."""
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": question}], "max_tokens": 64,
+            "temperature": 0}  # fmt: skip
+    raw = stack.client().chat.completions.with_raw_response.create(**body)
+    return raw.http_response.json(), raw.headers["x-cache"]
+
+
+def _entry(stack: CacheStack, question: str) -> dict[str, object]:
+    assert stack.memory_store is not None
+    stored = [orjson.loads(v) for v, _ in stack.memory_store._entries.values()]
+    return next(e for e in stored if e.get("query") == question)
+
+
+def test_a_paraphrase_is_served_and_an_attribute_look_alike_is_not_relevant(cache_stack: CacheStack) -> None:
+    """Two pairs of the dev split. "my phone is not charging" asks what "my phone isn't charging" asked: the cached
+    answer relates to it as well as to its own question, and it is served. "how much potassium is in a banana"
+    embeds close to a cached "how much sugar is in a banana" (cosine ~0.75), but the cached answer talks about
+    sugar: it relates far less to the look-alike than to its own question (on dev, by 0.25 in cosine)."""
+    margin = cache_stack.contexts["memory"].cache.cfg.relevance_margin
+    original, status = _ask(cache_stack, "my phone isn't charging")
+    assert status == "miss"
+    served, status = _ask(cache_stack, "my phone is not charging")
+    assert status == "semantic-hit" and served["choices"] == original["choices"]
+
+    _ask(cache_stack, "how much sugar is in a banana")
+    _, status = _ask(cache_stack, "how much potassium is in a banana")
+    assert status == "miss"  # the lexical check refuses it too (sugar / potassium are siblings)
+    sugar = AnswerVector.from_json(_entry(cache_stack, "how much sugar is in a banana")["relevance"])
+    assert sugar is not None and len(sugar.vector) == 384
+    vectors = cache_stack.memory_store.vectors  # type: ignore[union-attr]
+    assert not relevant(vectors["how much potassium is in a banana"], sugar, margin)
+    assert not relevant(vectors["how much potassium is in a banana"], sugar, 0.1)  # not a near thing
+    phone = AnswerVector.from_json(_entry(cache_stack, "my phone isn't charging")["relevance"])
+    assert phone is not None and relevant(vectors["my phone isn't charging"], phone, 0.0)
+
+
+def test_the_check_refuses_a_candidate_the_lexical_check_passed(cache_stack: CacheStack) -> None:
+    """What the check costs, on a dev pair: "hey, do you happen to know who wrote pride and prejudice" is a paraphrase
+    the lexical check passes (the framing words may differ), but the framing moves its embedding away from the cached
+    answer (on dev by 0.095 in cosine), so it is refused as `relevance` and generated, not served."""
+    before = cache_stack.metric("memory", 'smolgate_cache_near_misses_total{reason="relevance"}')
+    _ask(cache_stack, "who wrote pride and prejudice")
+    _, status = _ask(cache_stack, "hey, do you happen to know who wrote pride and prejudice")
+    assert status == "miss"
+    assert cache_stack.metric("memory", 'smolgate_cache_near_misses_total{reason="relevance"}') == before + 1
