@@ -172,12 +172,18 @@ def calibrate(out: Path, floor: float) -> None:
     print_sweep({name: lookups_from_json(rows) for name, rows in data.items()})
 
 
+RELEVANCE_MARGINS = (0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.1)
+
+
 def print_sweep(sets: dict[str, list[Lookup]]) -> None:
     from gateway.cache.verify import Criterion
 
     for threshold in (0.70, 0.75, 0.80, 0.86):
         for name, lookups in sets.items():
             print(name, score_lookups(lookups, "lexical", threshold).as_dict())
+            for margin in RELEVANCE_MARGINS:  # the answer-relevance check on top of the lexical one
+                row = score_lookups(lookups, "lexical", threshold, relevance_margin=margin).as_dict()
+                print(f"  relevance_margin={margin}: {row['paraphrase_hit_rate']:.3f}/{row['false_hits']}/{row['hits']}")
         for max_drop in (1.0, 1.5, 2.0, 2.5, 3.0, 4.0):
             for mean_drop in (0.05, 0.1, 0.15, 0.2, 0.3):
                 crit = Criterion(max_drop, mean_drop)
