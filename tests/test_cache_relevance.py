@@ -65,7 +65,8 @@ def _ask(stack: CacheStack, question: str) -> tuple[dict[str, object], str]:
     """One deterministic chat request with no system prompt, as bench.cache_pairs calibrates (64-token answers)."""
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": question}], "max_tokens": 64,
             "temperature": 0}  # fmt: skip
-    raw = stack.client().chat.completions.with_raw_response.create(**body)
+    client = stack.client().with_options(timeout=600)  # 64 tokens: a loaded machine can take minutes
+    raw = client.chat.completions.with_raw_response.create(**body)
     return raw.http_response.json(), raw.headers["x-cache"]
 
 
