@@ -9,9 +9,10 @@ hit/miss latency through the full HTTP path with the real engine and embedder.
    `cache.verify_max_tokens`) and indexed in one scope;
    every incoming question goes through the real matcher in three modes: embedding (the nearest cached question
    at or above the cosine threshold, nothing else checked: what a plain semantic cache serves), lexical (cosine +
-   guards + the WordNet lexical check, words in their roles: what upstream models get) and verified (the engine
-   scores the cached answer under the new question). Only aggregates are printed: paraphrase hit rate, false
-   hits / hits, and verifications per lookup;
+   guards + the WordNet lexical check, words in their roles, + the answer-relevance check: what upstream models
+   get) and verified (the same, then the engine scores the cached answer under the new question); lexical and
+   verified also without the answer-relevance check (`*_without_relevance`), for comparison. Only aggregates are
+   printed: paraphrase hit rate, false hits / hits, and verifications per lookup;
 2. lookup: exact get and semantic match (search + checks + get, lexical mode) in an in-process store holding
    10k and 100k entries in one scope (random unit vectors: the worst case, one matrix product);
 3. HTTP: a real gateway (real engine, embedders as `python -m gateway` builds them, in-process cache, semantic
@@ -66,22 +67,37 @@ def _pct(values: list[float]) -> dict[str, float]:
 def quality(pairs: Path | None = None, threshold: float | None = None) -> dict[str, Any]:
     """A held-out split (the test split unless `pairs` names another file), scored once with the configured threshold
     and criterion (SMOLGATE_CACHE_* apply), per mechanism: the embedding alone, the lexical check, engine-verified."""
-    from bench.cache_pairs import SPLITS_DIR, evaluate, score_lookups
+    from bench.cache_pairs import SPLITS_DIR, evaluate
     from gateway.cache.service import criterion_of
     from gateway.config import GatewayConfig, apply_env
 
     cfg = apply_env(GatewayConfig(), os.environ).cache
     t = cfg.similarity_threshold if threshold is None else threshold
     path = pairs or SPLITS_DIR / "test.tsv"
+    lookups = asyncio.run(evaluate(path, t, criterion_of(cfg).max_tokens))  # per-pair records stay here: aggregates only
+    return score_quality(lookups, path.name, t)
+
+
+def score_quality(lookups: list[Any], pairs_file: str, t: float) -> dict[str, Any]:
+    """The aggregates of `quality`, under the configuration as it is now (SMOLGATE_CACHE_* apply)."""
+    from bench.cache_pairs import score_lookups
+    from gateway.cache.service import criterion_of
+    from gateway.config import GatewayConfig, apply_env
+
+    cfg = apply_env(GatewayConfig(), os.environ).cache
     criterion = criterion_of(cfg)
-    # answers as long as the verifier reads (the tokens after them are never scored)
-    lookups = asyncio.run(evaluate(path, t, criterion.max_tokens))  # per-pair records stay here: aggregates only
-    out: dict[str, Any] = {"pairs_file": path.name, "pairs": len(lookups), "threshold": t}
-    for mode in ("embedding", "lexical", "verified"):
-        score = score_lookups(lookups, mode, t, criterion).as_dict()
+    out: dict[str, Any] = {"pairs_file": pairs_file, "pairs": len(lookups), "threshold": t}
+    margin = cfg.relevance_margin if cfg.relevance else None
+    # as configured (the answer-relevance check on by default), and the lexical and verified modes without it
+    modes = [("embedding", "embedding", None), ("lexical", "lexical", margin), ("verified", "verified", margin)]
+    if margin is not None:
+        modes += [("lexical_without_relevance", "lexical", None), ("verified_without_relevance", "verified", None)]
+    for name, mode, relevance in modes:
+        score = score_lookups(lookups, mode, t, criterion, relevance).as_dict()
         score["verifications_per_lookup"] = round(score.pop("verifications") / max(len(lookups), 1), 3)
-        out[mode] = {k: v for k, v in score.items() if k not in ("mode", "threshold")}
+        out[name] = {k: v for k, v in score.items() if k not in ("mode", "threshold")}
     out["criterion"] = dataclasses.asdict(criterion)
+    out["relevance_margin"] = margin
     return out
 
 

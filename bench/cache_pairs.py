@@ -139,19 +139,21 @@ def sweep(embed_sync: Callable[[list[str]], tuple[list[list[float]], int]], thre
 
 def lookups_to_json(lookups: list[Lookup]) -> list[dict]:
     return [{"pair": dataclasses.asdict(look.pair), "examined": [dataclasses.asdict(e) for e in look.examined],
-             "nearest": look.nearest} for look in lookups]  # fmt: skip
+             "nearest": look.nearest, "considered": look.considered} for look in lookups]  # fmt: skip
 
 
 def lookups_from_json(rows: list[dict]) -> list[Lookup]:
     def ex(e: dict) -> Examined:
         new = None if e["new"] is None else tuple(e["new"])
         greedy = None if e.get("greedy") is None else tuple(e["greedy"])
-        return Examined(e["cached"], e["similarity"], e["verdict"], e["right"], tuple(e["original"]), new, greedy)
+        return Examined(e["cached"], e["similarity"], e["verdict"], e["right"], tuple(e["original"]), new, greedy,
+                        e.get("answer_new"), e.get("answer_orig"))  # fmt: skip
 
     def near(raw: list | None) -> tuple[str, float, bool] | None:
         return None if raw is None else (raw[0], float(raw[1]), bool(raw[2]))
 
-    return [Lookup(Pair(**r["pair"]), tuple(ex(e) for e in r["examined"]), near(r.get("nearest"))) for r in rows]
+    return [Lookup(Pair(**r["pair"]), tuple(ex(e) for e in r["examined"]), near(r.get("nearest")),
+                   tuple(tuple(c) for c in r.get("considered", ()))) for r in rows]  # type: ignore[misc]  # fmt: skip
 
 
 def calibrate(out: Path, floor: float) -> None:
@@ -170,12 +172,18 @@ def calibrate(out: Path, floor: float) -> None:
     print_sweep({name: lookups_from_json(rows) for name, rows in data.items()})
 
 
+RELEVANCE_MARGINS = (0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.1)
+
+
 def print_sweep(sets: dict[str, list[Lookup]]) -> None:
     from gateway.cache.verify import Criterion
 
     for threshold in (0.70, 0.75, 0.80, 0.86):
         for name, lookups in sets.items():
             print(name, score_lookups(lookups, "lexical", threshold).as_dict())
+            for margin in RELEVANCE_MARGINS:  # the answer-relevance check on top of the lexical one
+                row = score_lookups(lookups, "lexical", threshold, relevance_margin=margin).as_dict()
+                print(f"  relevance_margin={margin}: {row['paraphrase_hit_rate']:.3f}/{row['false_hits']}/{row['hits']}")
         for max_drop in (1.0, 1.5, 2.0, 2.5, 3.0, 4.0):
             for mean_drop in (0.05, 0.1, 0.15, 0.2, 0.3):
                 crit = Criterion(max_drop, mean_drop)
@@ -222,6 +230,11 @@ def main() -> None:
 # then scored from those records without the engine. `python -m bench.cache_pairs --calibrate` sweeps them on dev.
 
 
+# answers are generated this long: what the relevance check embeds (gateway/cache/relevance.py's excerpt) is the
+# opening of a typical answer, not of the verifier's 32 scored tokens
+ANSWER_TOKENS = 64
+
+
 @dataclass(frozen=True)
 class Examined:
     """One candidate the matcher reached for one incoming question."""
@@ -233,6 +246,8 @@ class Examined:
     original: tuple[float, ...]  # answer-token log-probabilities under the cached question
     new: tuple[float, ...] | None  # ... under the incoming question (None: the engine could not score it)
     greedy: tuple[bool, ...] | None = None  # whether each is the incoming question's greedy choice
+    answer_new: float | None = None  # cos(incoming question, the cached answer's excerpt): gateway/cache/relevance.py
+    answer_orig: float | None = None  # cos(cached question, its answer's excerpt)
 
 
 @dataclass(frozen=True)
@@ -240,6 +255,9 @@ class Lookup:
     pair: Pair
     examined: tuple[Examined, ...]  # best first
     nearest: tuple[str, float, bool] | None = None  # the most similar cached question, its cosine, and if right
+    # every cached question above the floor, whatever the checks said: (cached, cosine, stage it reached, right,
+    # answer_new, answer_orig); stage is "guard" | "lexical" | a lexical verdict. For studying the checks on dev.
+    considered: tuple[tuple[str, float, str, bool, float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -271,12 +289,16 @@ class MechanismScore:
 
 async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float, max_tokens: int = 64) -> list[Lookup]:
     """Generate every cached question's answer with the engine (greedy, as the cache stores it, with its tokens'
-    log-probabilities), index the questions in one scope, and look every incoming question up through the real
-    matcher with a verifier that scores (and records) each candidate it is handed."""
+    log-probabilities; ANSWER_TOKENS long, of which the verifier scores the first `max_tokens`), embed each answer's
+    excerpt (gateway/cache/relevance.py), index the questions in one scope, and look every incoming question up
+    through the real matcher with a verifier that scores (and records) each candidate it is handed."""
     import orjson
 
     from backend.engine.sampling_params import SamplingParams
     from gateway.cache import lexical
+    from gateway.cache.guards import same_key_terms
+    from gateway.cache.relevance import cosine, excerpt
+    from gateway.cache.semantic import TOP_K
     from gateway.cache.verify import Answer, Criterion, EngineVerifier
     from gateway.protocol.generation import collect as drain
 
@@ -284,22 +306,28 @@ async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float,
     cached = sorted({p.cached for p in pairs})
     queries = sorted({p.query for p in pairs})
     prompt = {q: engine.apply_chat_template([{"role": "user", "content": q}]) for q in cached + queries}  # type: ignore[attr-defined]
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0)
+    params = SamplingParams(temperature=0.0, max_tokens=max(max_tokens, ANSWER_TOKENS), logprobs=0)
 
-    async def answer(i: int, q: str) -> Answer:
+    async def answer(i: int, q: str) -> tuple[Answer, str]:
         gen = await drain(engine.generate(prompt[q], params, f"bench-gen-{i}"), lambda: None)  # type: ignore[attr-defined]
         choice = gen.ordered()[0]
-        return Answer(tuple(choice.token_ids), tuple(lp.logprob for lp in choice.logprobs))
+        return Answer(tuple(choice.token_ids), tuple(lp.logprob for lp in choice.logprobs)), "".join(choice.text)
 
-    answers = dict(zip(cached, await asyncio.gather(*(answer(i, q) for i, q in enumerate(cached))), strict=True))
-    vectors = await embed(cached + queries)
-    vec = dict(zip(cached + queries, vectors, strict=True))
+    generated = await asyncio.gather(*(answer(i, q) for i, q in enumerate(cached)))
+    answers = {q: a for q, (a, _) in zip(cached, generated, strict=True)}
+    vectors = await embed(cached + queries + [excerpt(text) for _, text in generated])
+    questions = cached + queries
+    vec = dict(zip(questions, vectors[: len(questions)], strict=True))
+    avec = dict(zip(cached, vectors[len(questions) :], strict=True))
     store = MemoryStore(max_entries=len(cached) + 1)
     for text in cached:
         await store.put(text, orjson.dumps({"query": text, "answer": answers[text].to_json()}), 3600)
         await store.add_vector("scope", text, text, vec[text], 3600)
     counter = iter(range(10**9))
-    verifier = EngineVerifier(engine, Criterion(max_tokens=max_tokens), lambda: str(next(counter)))  # all tokens
+    verifier = EngineVerifier(engine, Criterion(max_tokens=max_tokens), lambda: str(next(counter)))
+
+    def is_right(text: str, query: str) -> bool:
+        return _norm(text) == _norm(query) or (_norm(text), _norm(query)) in equivalent
 
     async def look(p: Pair) -> Lookup:
         seen: list[Examined] = []
@@ -307,29 +335,37 @@ async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float,
         async def record(_: object, entry: bytes, swapped: bool) -> bool:
             text = orjson.loads(entry)["query"]
             new = await verifier.score(prompt[p.query], answers[text].token_ids)
-            right = _norm(text) == _norm(p.query) or (_norm(text), _norm(p.query)) in equivalent
-            sim = float(sum(a * b for a, b in zip(vec[text], vec[p.query], strict=True)))
+            right = is_right(text, p.query)
+            sim = cosine(vec[text], vec[p.query])
             verdict = lexical.compare(p.query, text)
             lps, greedy = (None, None) if new is None else (new.logprobs, new.greedy)
-            seen.append(Examined(text, sim, verdict, right, answers[text].logprobs, lps, greedy))
+            seen.append(Examined(text, sim, verdict, right, answers[text].logprobs, lps, greedy,
+                                 cosine(vec[p.query], avec[text]), cosine(vec[text], avec[text])))  # fmt: skip
             return False  # reject every candidate, so all of them are examined
 
         await match(store, "scope", p.query, vec[p.query], floor, 0.0, record)
-        top = await store.search("scope", vec[p.query], 1, floor)
+        top = await store.search("scope", vec[p.query], TOP_K, floor)
         nearest = None
         if top:
-            text = top[0].key
-            right = _norm(text) == _norm(p.query) or (_norm(text), _norm(p.query)) in equivalent
-            nearest = (text, float(top[0].similarity), right)
-        return Lookup(p, tuple(seen), nearest)
+            nearest = (top[0].key, float(top[0].similarity), is_right(top[0].key, p.query))
+        considered = []
+        for cand in top:
+            text = cand.key
+            stage = "guard" if not same_key_terms(p.query, text) else lexical.compare(p.query, text)
+            considered.append((text, float(cand.similarity), stage, is_right(text, p.query),
+                               cosine(vec[p.query], avec[text]), cosine(vec[text], avec[text])))  # fmt: skip
+        return Lookup(p, tuple(seen), nearest, tuple(considered))
 
     return list(await asyncio.gather(*(look(p) for p in pairs)))
 
 
-def score_lookups(lookups: list[Lookup], mode: str, threshold: float, criterion: object = None) -> MechanismScore:
+def score_lookups(
+    lookups: list[Lookup], mode: str, threshold: float, criterion: object = None, relevance_margin: float | None = None
+) -> MechanismScore:
     """What the matcher serves at `threshold`: embedding mode, the nearest cached question (cosine alone); lexical
     mode, the first SAME or REORDERED candidate; verified mode, the first candidate the criterion accepts (strictly
-    for SWAPPED ones; each one tried costs a verification)."""
+    for SWAPPED ones; each one tried costs a verification). With `relevance_margin`, lexical and verified modes first
+    drop candidates whose answer fails the relevance check (gateway/cache/relevance.py), as the matcher does."""
     from gateway.cache import lexical
     from gateway.cache.verify import Scores
 
@@ -346,6 +382,8 @@ def score_lookups(lookups: list[Lookup], mode: str, threshold: float, criterion:
         served = None
         for ex in look.examined:
             if ex.similarity < threshold:
+                continue
+            if relevance_margin is not None and not _relevant(ex, relevance_margin):
                 continue
             if mode == "lexical":
                 if ex.verdict in (lexical.SAME, lexical.REORDERED):
@@ -367,6 +405,14 @@ def score_lookups(lookups: list[Lookup], mode: str, threshold: float, criterion:
             paraphrase_hits += 1
     paraphrases = sum(look.pair.label == "paraphrase" for look in lookups)
     return MechanismScore(mode, threshold, paraphrases, paraphrase_hits, hits, false_hits, verifications)
+
+
+def _relevant(ex: Examined, margin: float) -> bool:
+    if ex.answer_new is None or ex.answer_orig is None:  # recorded before the check existed: never served
+        return False
+    from gateway.cache.relevance import passes
+
+    return passes(ex.answer_new, ex.answer_orig, margin)
 
 
 async def evaluate(path: Path, floor: float, max_tokens: int = 64) -> list[Lookup]:

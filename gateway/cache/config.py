@@ -43,6 +43,11 @@ class CacheConfig:
     verify_reordered_mean_drop: float = 0.05
     verify_min_greedy: float = 0.5  # the share of scored answer tokens that must be the new question's greedy choice
     verify_max_tokens: int = 32  # answer tokens scored (the first ones): the verifier's prefill grows with each
+    # Answer-conditioned relevance (gateway/cache/relevance.py): serve a candidate only if the cached answer's embedding
+    # is at most relevance_margin less similar to the new question than to the question it answered (calibrated on
+    # tests/data/cache_pairs/dev.tsv). Needs no engine: it applies to every model.
+    relevance: bool = True
+    relevance_margin: float = 0.02
     # Per-entry thresholds (gateway/cache/thresholds.py): a candidate skips the engine verifier when its entry's own
     # verified outcomes bound the chance of a wrong answer at its similarity by error_bound (95% confidence).
     # 0 = verify every candidate.
@@ -62,6 +67,8 @@ class CacheConfig:
         drops = (self.verify_max_drop, self.verify_mean_drop, self.verify_reordered_max_drop, self.verify_reordered_mean_drop)
         if min(drops) < 0:
             raise ValueError("cache.verify_*_drop thresholds must be non-negative")
+        if not 0.0 <= self.relevance_margin <= 2.0:
+            raise ValueError("cache.relevance_margin must be in [0, 2] (a difference of cosines)")
         if not 0.0 <= self.error_bound < 1.0:
             raise ValueError("cache.error_bound must be in [0, 1)")
         if not 0.0 <= self.verify_min_greedy <= 1.0 or self.verify_max_tokens < 1:

@@ -3,8 +3,10 @@
 1. cosine >= threshold (the embedding finds candidates, it never decides alone),
 2. the key-term guards agree (numbers, operators, negations: gateway/cache/guards.py),
 3. the lexical check passes (gateway/cache/lexical.py): every content word has a partner in the other question
-   (the same word, or through WordNet a synonym, an inflection, a derivation or a direct hypernym), and
-4. either the words keep their roles (the same order, or one phrase moved with its preposition) and nothing can
+   (the same word, or through WordNet a synonym, an inflection, a derivation or a direct hypernym),
+4. the cached answer relates to the new question about as well as to its own (gateway/cache/relevance.py; when
+   `relevance_margin` is given), and
+5. either the words keep their roles (the same order, or one phrase moved with its preposition) and nothing can
    verify (lexical mode: models the engine cannot score), or the engine verifier accepts the cached answer under
    the new question (gateway/cache/verify.py: one teacher-forced prefill), strictly when the words swapped roles.
 
@@ -18,9 +20,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from gateway.cache import lexical
 from gateway.cache.guards import same_key_terms
 from gateway.cache.index import Candidate
+from gateway.cache.relevance import AnswerVector, relevant
 from gateway.cache.stores import CacheStore
 from gateway.client import EmbeddingClient
 
@@ -31,7 +36,8 @@ TOP_K = 8
 class NearMiss:
     candidate: Candidate
     # "threshold" (similar, not enough) | "guard" (a number, entity or negation differs) | "lexical" (a content word
-    # differs, or the order differs with no verifier) | "verifier" (the engine found the answer does not fit)
+    # differs, or the order differs with no verifier) | "relevance" (the cached answer relates less to the new
+    # question than to its own) | "verifier" (the engine found the answer does not fit)
     reason: str
 
 
@@ -65,7 +71,10 @@ async def match(
     threshold: float,
     margin: float,
     verify: Verify | None = None,
+    relevance_margin: float | None = None,
 ) -> SemanticMatch:
+    """The first candidate (best cosine first) that passes every check. `relevance_margin`: None skips the
+    answer-relevance check; otherwise an entry stored without its answer's vector is never served."""
     near: NearMiss | None = None
     for cand in await store.search(scope, vector, TOP_K, threshold - margin):
         if cand.similarity < threshold:
@@ -81,8 +90,16 @@ async def match(
         entry = await store.get(cand.key)
         if entry is None:
             continue
+        if relevance_margin is not None and not _relevant(entry, vector, relevance_margin):
+            near = near or NearMiss(cand, "relevance")
+            continue
         if verify is not None and not await verify(cand, entry, verdict == lexical.SWAPPED):
             near = near or NearMiss(cand, "verifier")
             continue
         return SemanticMatch(cand, entry, near)
     return SemanticMatch(near_miss=near)
+
+
+def _relevant(entry: bytes, vector: list[float], margin: float) -> bool:
+    answer = AnswerVector.from_json(orjson.loads(entry).get("relevance"))
+    return answer is not None and relevant(vector, answer, margin)

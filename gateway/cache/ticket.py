@@ -18,6 +18,7 @@ from gateway.cache.index import Candidate
 from gateway.cache.keys import exact_key, semantic_scope
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import CacheControl, exact_allowed, semantic_allowed
+from gateway.cache.relevance import AnswerVector, excerpt
 from gateway.cache.semantic import NearMiss, Verify, embed_query, match
 from gateway.cache.stores import CacheStore
 from gateway.cache.verify import Answer, EngineVerifier
@@ -107,7 +108,8 @@ class Ticket:
         if self.vector is None:
             return None
         found = await match(
-            store, self.scope, self.query, self.vector, cfg.similarity_threshold, cfg.near_miss_margin, self._verify()
+            store, self.scope, self.query, self.vector, cfg.similarity_threshold, cfg.near_miss_margin, self._verify(),
+            cfg.relevance_margin if cfg.relevance else None,
         )
         self.near_miss = found.near_miss
         if found.near_miss is not None:
@@ -202,13 +204,16 @@ class Ticket:
         answer = _answer_of(gen)
         if answer is not None and self.scope is not None:
             entry["answer"] = answer.to_json()
+        embedder = self.cache.embedder
+        if self.scope is not None and embedder is not None and self.vector is None:
+            self.vector = await embed_query(embedder, self.query, self.cache.logger)
+        if self.vector is not None and embedder is not None and self.cache.cfg.relevance:
+            relevance = await _answer_vector(embedder, body, self.vector, self.cache.logger)
+            if relevance is not None:  # without it the entry is never served semantically (only exactly)
+                entry["relevance"] = relevance.to_json()
         await store.put(self.key, orjson.dumps(entry), ttl)
         self.cache.metrics.stores.labels(self.endpoint).inc()
-        if self.scope is None or self.cache.embedder is None:
-            return
-        if self.vector is None:
-            self.vector = await embed_query(self.cache.embedder, self.query, self.cache.logger)
-        if self.vector is not None:
+        if self.scope is not None and self.vector is not None:
             await store.add_vector(self.scope, self.key, self.query, self.vector, ttl)
 
     async def tap(
@@ -239,3 +244,17 @@ def _answer_of(gen: Generation | None) -> Answer | None:
     if not choice.token_ids or len(choice.logprobs) != len(choice.token_ids):
         return None
     return Answer(tuple(choice.token_ids), tuple(lp.logprob for lp in choice.logprobs))
+
+
+async def _answer_vector(embedder: EmbeddingClient, body: dict[str, Any], question: list[float], logger: Any
+                         ) -> AnswerVector | None:  # fmt: skip
+    """The embedded opening of a single-choice answer with its cosine to the question (gateway/cache/relevance.py)."""
+    choices = body.get("choices") or []
+    if len(choices) != 1:
+        return None
+    choice = choices[0]
+    text = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
+    if not isinstance(text, str) or not text.strip():
+        return None
+    vector = await embed_query(embedder, excerpt(text), logger)
+    return None if vector is None else AnswerVector.of(vector, question)
