@@ -77,6 +77,7 @@ def test_same_logprobs_and_tokens_as_layer_by_layer(
         assert_no_leaks(e)
         if overrides:
             assert e.scheduler.num_preemptions > 0
-        results.append({rid: (token_ids(o), [lp for out in o for d in out.deltas for lp in d.logprobs]) for rid, o in outs.items()})
+        per_token = {rid: [lp for out in o for d in out.deltas for lp in d.logprobs] for rid, o in outs.items()}
+        results.append({rid: (token_ids(o), per_token[rid]) for rid, o in outs.items()})
     assert results[0] == results[1]  # token ids and every top-3 log-probability, exactly
     assert len(results[0]) == len(PROMPTS) and max(calls) > 1  # the stack ran, batched decodes included
