@@ -27,6 +27,7 @@ import orjson
 
 START_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0
+STALE_CONNECTION_RETRIES = 2
 
 
 @dataclass(frozen=True)
@@ -100,12 +101,30 @@ async def time_completion(
         "model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True},
     }
+    for _ in range(STALE_CONNECTION_RETRIES):
+        with contextlib.suppress(_StaleConnectionError):
+            return await _time_once(client, url, body, new_tokens)
+    return await _time_once(client, url, body, new_tokens)
+
+
+class _StaleConnectionError(httpx.RemoteProtocolError):
+    """The server closed the connection before answering: a pooled keep-alive connection it had just dropped
+    (llama-server's HTTP library closes one after a few requests). The request never ran, so it is sent again on
+    a fresh connection and timed from that send; a disconnect mid-answer is not retried."""
+
+
+async def _time_once(client: httpx.AsyncClient, url: str, body: dict[str, Any], new_tokens: int) -> PeerTiming:
     start = last = time.perf_counter()
     ttft: float | None = None
     gaps: list[float] = []
     chunks, usage_tokens = 0, None
     usage: dict[str, Any] = {}
-    async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S) as resp:
+    request = client.build_request("POST", f"{url}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+    try:
+        resp = await client.send(request, stream=True)
+    except httpx.RemoteProtocolError as exc:
+        raise _StaleConnectionError(str(exc)) from exc
+    async with contextlib.aclosing(resp):
         if resp.status_code != 200:
             raise RuntimeError(f"peer answered {resp.status_code}: {(await resp.aread())[:500]!r}")
         async for line in resp.aiter_lines():

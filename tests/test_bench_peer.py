@@ -1,0 +1,60 @@
+"""bench.peer's timed completion against a real loopback HTTP server that drops connections (the fault llama-server's
+keep-alive handling produced): a request the server closed before answering is sent again, one it cut off mid-answer
+fails the run."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from bench.peer import time_completion
+
+EVENTS = b'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[{"text":"b"}]}\n\ndata: [DONE]\n\n'
+
+
+async def run(drop_first: bytes | None) -> tuple[object, int]:
+    """One time_completion of 2 tokens; the server's first connection gets `drop_first` and is closed (None: no drop)."""
+    calls = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal calls
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        calls += 1
+        if calls == 1 and drop_first is not None:
+            writer.write(drop_first)
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n"
+                         b"connection: close\r\n\r\n%s" % (len(EVENTS), EVENTS))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient() as client:
+            try:
+                return await time_completion(client, f"http://127.0.0.1:{port}", "m", [1, 2], 2), calls
+            except httpx.HTTPError as exc:
+                return exc, calls
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_a_connection_closed_before_the_answer_is_retried() -> None:
+    timing, calls = asyncio.run(run(drop_first=b""))
+    assert calls == 2 and timing.new_tokens == 2  # type: ignore[union-attr]
+
+
+def test_an_answer_cut_off_midway_is_not_retried() -> None:
+    cut = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\ndata:"
+    error, calls = asyncio.run(run(drop_first=cut))
+    assert calls == 1 and isinstance(error, httpx.RemoteProtocolError)
+
+
+def test_a_clean_answer_is_timed_once() -> None:
+    timing, calls = asyncio.run(run(drop_first=None))
+    assert calls == 1 and timing.new_tokens == 2 and timing.ttft_s > 0  # type: ignore[union-attr]
