@@ -116,16 +116,23 @@ def test_prepare_refuses_unloaded_layer() -> None:
         layer.prepare()
 
 
-def test_cuda_path_glue_under_triton_interpreter() -> None:
-    """The CUDA branch (AWQ tensors straight into kernels/triton/awq_gemm.py), run on the CPU by Triton's interpreter."""
-    import kernels
-
-    kernels.use_interpreter()
+def test_cuda_path_glue() -> None:
+    """The CUDA branch (AWQ tensors straight into kernels/triton/awq_gemm.py): compiled on a GPU, else run on the CPU
+    by Triton's interpreter."""
     layer, weight = make_layer(64, 128, 32, bias=True)
     bias = layer.bias.data.clone()
-    layer.mode = "triton"  # what prepare() sets on a CUDA device
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(9))
     ref = x.half().float() @ weight.T + bias
-    y = layer(x)
+    if torch.cuda.is_available():
+        layer = layer.to("cuda")
+        layer.prepare()
+        x = x.to("cuda")
+    else:
+        import kernels
+
+        kernels.use_interpreter()
+        layer.mode = "triton"  # what prepare() sets on a CUDA device
+    assert layer.mode == "triton"
+    y = layer(x).cpu()
     assert y.dtype == torch.float32
     assert ((y - ref).abs().max() / ref.abs().max()).item() < TOL
