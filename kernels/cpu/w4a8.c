@@ -135,7 +135,7 @@ static tiles tiles_for(int64_t G) {
 
 static void chunk(const uint8_t *wq, const float *ws, const float *wzt, const int8_t *xq, const float *xd,
                   const float *xs, int64_t M, int64_t N, int64_t K, int64_t G, int64_t n0, int64_t n1, float *y) {
-  if (!ws) { /* the blocks layout: zero terms inline, no zero pass */
+  if (!ws) { /* the blocks layout: zero terms inline, summed in the tiles */
     chunk_blocks(wq, xq, xd, xs, M, N, K, n0, n1, y);
     return;
   }
