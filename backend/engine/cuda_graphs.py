@@ -60,6 +60,13 @@ def capture_graph(forward: Callable[[], torch.Tensor], pool: object) -> tuple[Ca
     return graph.replay, output
 
 
+@dataclass(frozen=True)
+class _Graph:
+    replay: Callable[[], None]
+    logits: torch.Tensor  # (size, vocab) fp32, the static output
+    batch: ForwardBatch  # its static inputs, held: the graph reads them (logits_index is its own tensor)
+
+
 @dataclass
 class GraphStats:
     captured: list[int] = field(default_factory=list)  # the batch sizes with a graph
@@ -76,7 +83,7 @@ class DecodeGraphs:
         self.width = -(-max_model_len // kv.block_size)  # the block tables' fixed width
         self.max_len = self.width * kv.block_size  # longest context a row may hold
         self.stats = GraphStats()
-        self.graphs: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
+        self.graphs: dict[int, _Graph] = {}
         rows, device, on_gpu = self.sizes[-1], kv_cache.device, kv_cache.device.type == "cuda"
         # int64 rows: input_ids, positions, slot_mapping; int32: seq_lens, then the (rows, width) block tables
         self.host_i64 = torch.zeros(3, rows, dtype=torch.long, pin_memory=on_gpu)
@@ -99,7 +106,8 @@ class DecodeGraphs:
                 self.model(batch, self.kv_cache)  # warm-up: compiles the kernels; padding rows write no KV
                 if pool is not None:
                     torch.cuda.synchronize()
-                self.graphs[size] = capture_graph(lambda b=batch: self.model(b, self.kv_cache), pool)
+                replay, logits = capture_graph(lambda b=batch: self.model(b, self.kv_cache), pool)
+                self.graphs[size] = _Graph(replay, logits, batch)
         except Exception as exc:  # whatever failed: run eagerly, and say why
             self.graphs.clear()
             self.stats.error = f"{type(exc).__name__}: {exc}"
@@ -155,10 +163,10 @@ class DecodeGraphs:
         self.dev_i32[:used].copy_(self.host_i32[:used], non_blocking=True)
         if self.copied is not None:
             self.copied.record()
-        replay, logits = self.graphs[size]
-        replay()
+        graph = self.graphs[size]
+        graph.replay()
         self.stats.replays[size] += 1
-        return logits[:n]
+        return graph.logits[:n]
 
     def _pad(self, start: int, stop: int) -> None:
         """Rows start..stop-1 of the host buffers as padding: token 0 at position 0, slot -1, seq_len 0."""
