@@ -4,7 +4,8 @@ Skipped without a GPU (CI has none). The model has SmolLM2-135M's shapes (30 lay
 64, vocabulary 49,152) with random weights, so no download is needed; fp32, so the kernels' and cuBLAS's
 summation orders stay far below the gaps between the two best logits. The batch mixes whole and chunked prefills,
 staggered arrivals, prefix-cache hits and preemption: every Triton kernel and every path through the paged cache
-runs.
+runs. Pure-decode steps replay CUDA graphs (engine.cuda_graphs, on by default); the tests check that they did, at
+several padded batch sizes, and that with the setting off none is captured.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SMOL_SHAPES = LlamaConfig(
 )
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+GRAPH_SIZES = [1, 2, 4, 8, 16, 32, 48, 64]  # graph_batch_sizes(max_num_seqs=64), the default
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +72,22 @@ def engine(model_dir: Path, **overrides: object) -> LLMEngine:
     return LLMEngine(EngineConfig(**config))  # type: ignore[arg-type]
 
 
+def assert_graphs_replayed(eng: LLMEngine) -> None:
+    """Every size captured, and pure-decode steps replayed at more than one of them. The staggered finishes make
+    the decode batches shrink (as scheduled: whole prefill 8 -> 6, 5, 4, 3, 2, 1 sequences; chunked 8 -> 7, 6,
+    5, 2, 1; preemption 5, 4, 3, 1), so several padded sizes run whatever the numerics."""
+    stats = eng.runner.graph_stats
+    assert stats.error is None, stats.error
+    assert stats.captured == GRAPH_SIZES
+    used = [size for size, n in stats.replays.items() if n > 0]
+    assert len(used) > 1, stats
+
+
 def test_cuda_runs_the_triton_kernels(model_dir: Path) -> None:
     eng = engine(model_dir)
     assert eng.device == "cuda"
     assert eng.runner.model.ops.name == "triton"
+    assert eng.runner.graph_stats.captured == GRAPH_SIZES, eng.runner.graph_stats.error
 
 
 @pytest.mark.parametrize("budget", [512, 48], ids=["whole-prefill", "chunked-prefill"])
@@ -87,6 +101,7 @@ def test_staggered_batch_matches_hf(model_dir: Path, prompts: list[list[int]], r
     for i in range(len(prompts)):
         assert token_ids(outs[f"r{i}"]) == reference[i], f"prompt {i} diverged"
     assert eng.kv.hits > 0, "the shared prefix should have hit the prefix cache"
+    assert_graphs_replayed(eng)
     assert_no_leaks(eng)
 
 
@@ -98,6 +113,17 @@ def test_preemption_keeps_outputs_exact(model_dir: Path, prompts: list[list[int]
     assert eng.scheduler.num_preemptions > 0
     for i in range(len(prompts)):
         assert token_ids(outs[f"r{i}"]) == reference[i], f"prompt {i} diverged"
+    assert_graphs_replayed(eng)
+    assert_no_leaks(eng)
+
+
+def test_without_cuda_graphs_no_graph_runs(model_dir: Path, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    eng = engine(model_dir, cuda_graphs=False)
+    outs = run_to_completion(eng, {0: [(f"r{i}", p, GREEDY) for i, p in enumerate(prompts)]})
+    for i in range(len(prompts)):
+        assert token_ids(outs[f"r{i}"]) == reference[i], f"prompt {i} diverged"
+    assert eng.runner.graphs is None
+    assert eng.runner.graph_stats.captured == [] and eng.runner.graph_stats.replays == {}
     assert_no_leaks(eng)
 
 

@@ -95,7 +95,10 @@ class LLMEngine:
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, config.priority_aging_s,
             config.background_max_batched_tokens,
         )
-        self.runner = ModelRunner(model, self.kv, kv_dtype, self.device, per_token)
+        self.runner = ModelRunner(
+            model, self.kv, kv_dtype, self.device, per_token, config.cuda_graphs and single, config.max_num_seqs,
+            self.max_model_len,
+        )
         self.eos_token_id = self.tokenizer.eos_token_id
         self.vocab_size = model.config.vocab_size
         self.sampler = Sampler(self.eos_token_id, config.seed, self.device)

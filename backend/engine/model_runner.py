@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from backend.engine.cuda_graphs import DecodeGraphs, GraphStats
 from backend.engine.kv_cache import KVCacheManager
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
 from backend.model.cpu_gemm import onednn_available
@@ -67,15 +68,27 @@ def per_token_prefill(model: LlamaForCausalLM, ops_name: str, dtype: torch.dtype
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaForCausalLM, kv: KVCacheManager, kv_dtype: torch.dtype, device: str, per_token: bool = False
+        self, model: LlamaForCausalLM, kv: KVCacheManager, kv_dtype: torch.dtype, device: str, per_token: bool = False,
+        cuda_graphs: bool = False, max_num_seqs: int = 1, max_model_len: int = 0,
     ) -> None:
-        """per_token: every prefill chunk gets per-token decode metadata (`per_token_prefill`), not only short ones."""
+        """per_token: every prefill chunk gets per-token decode metadata (`per_token_prefill`), not only short ones.
+        cuda_graphs: pure-decode steps of up to max_num_seqs sequences replay CUDA graphs (backend/engine/cuda_graphs.py),
+        captured here; only on CUDA with the Triton ops and one process, else ignored."""
         self.model = model
         self.kv = kv
         self.device = device
         self.per_token = per_token
         self.window = max(model.layer_windows, default=0)  # sliding window of the windowed layers (0: none)
         self.kv_cache = torch.zeros(kv_cache_shape(model, kv.pool.num_blocks, kv.block_size), dtype=kv_dtype, device=device)
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and device.startswith("cuda") and isinstance(model, LlamaForCausalLM) and model.ops.name == "triton":
+            self.graphs = DecodeGraphs(model, self.kv_cache, kv, max_num_seqs, max_model_len)
+            self.graphs.capture()
+
+    @property
+    def graph_stats(self) -> GraphStats:
+        """Captured sizes and replays per size (empty without graphs)."""
+        return self.graphs.stats if self.graphs is not None else GraphStats()
 
     def _tensor(self, data: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
@@ -164,8 +177,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> torch.Tensor:
-        """(num_logit_rows, vocab) fp32 logits: each scheduled chunk's `num_logit_rows` rows, in order."""
-        return self.model(self.prepare(out), self.kv_cache)
+        """(num_logit_rows, vocab) fp32 logits: each scheduled chunk's `num_logit_rows` rows, in order. From a CUDA
+        graph they are a view of its static output, valid until the next step."""
+        logits = self.graphs.run(out) if self.graphs is not None else None
+        return logits if logits is not None else self.model(self.prepare(out), self.kv_cache)
 
     @torch.inference_mode()
     def run_with_hidden(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,7 +45,7 @@ OUTPUT_ENGINE_FIELDS = (
     "int4_dense_copy", "int4_cpu_kernel", "packed_copy", "kernel_backend", "kv_cache_dtype", "block_size",  # numerics
     "num_speculative_tokens", "speculative_method", "speculative_model", "medusa_min_confidence",  # sampled text
     "speculative_max_batch", "speculative_row_cost",
-    "tensor_parallel_size", "pipeline_parallel_size", "num_threads", "deterministic",  # reduction order
+    "tensor_parallel_size", "pipeline_parallel_size", "num_threads", "deterministic", "cuda_graphs",  # reduction order
     "seed",  # the sampler's generator for requests without a seed
 )  # fmt: skip
 # EngineConfig fields left out, and why: capacity and scheduling. What runs next to a request, how its prompt is

@@ -2,6 +2,8 @@
 
 * ``is_interpreted(kernel)``: whether a ``@triton.jit`` function was decorated while ``TRITON_INTERPRET=1``
   (Triton decides interpreter-vs-compiler once, at decoration time, i.e. when the kernel module is imported).
+* ``multi_processor_count(device)``: the GPU's SM count, read once per device (launchers size their grids with it
+  on every call, so it stays a host-side lookup: nothing a CUDA graph capture could trip on).
 * ``mma(a, b, acc, UPCAST)``: ``tl.dot`` with two fixes applied at compile time:
   - float32 operands use ``input_precision="ieee"`` (no silent TF32 rounding on the GPU);
   - ``UPCAST`` (set by launchers only for bfloat16 under the interpreter) converts the operands to float32
@@ -9,6 +11,8 @@
     those raw bit patterns, so a bfloat16 ``tl.dot`` returns garbage on the CPU. bf16 x bf16 products are
     exact in float32, so the upcast gives the same result a GPU's bf16 MMA with fp32 accumulation gives.
 """
+
+import functools
 
 import torch
 import triton
@@ -26,6 +30,16 @@ def triton_stdlib_interpreted() -> bool:
 
 def dot_upcast(kernel, dtype: torch.dtype) -> bool:
     return is_interpreted(kernel) and dtype == torch.bfloat16
+
+
+def multi_processor_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _sm_count(index)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def check_device(kernel, *tensors: torch.Tensor) -> None:

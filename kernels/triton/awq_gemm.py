@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton._utils import check_device, dot_upcast, mma
+from kernels.triton._utils import check_device, dot_upcast, mma, multi_processor_count
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]
@@ -116,7 +116,7 @@ def awq_gemm(x, qweight, qzeros, scales, group_size: int, out=None, split_k: int
     if split_k is None:
         split_k = 1
         if x.device.type == "cuda":
-            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+            sms = multi_processor_count(x.device)
             split_k = max(1, min(triton.cdiv(sms, tiles), K // block_k, 8))
     k_per_split = triton.cdiv(K // block_k, split_k) * block_k
     split_k = triton.cdiv(K, k_per_split)

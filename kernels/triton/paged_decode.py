@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton._utils import check_device, dot_upcast, mma
+from kernels.triton._utils import check_device, dot_upcast, mma, multi_processor_count
 
 
 @triton.jit
@@ -124,7 +124,7 @@ def _paged_decode_reduce_kernel(
 def _default_num_splits(device: torch.device, programs: int, max_context: int, block_n: int) -> int:
     if device.type != "cuda":
         return 1
-    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    target = 2 * multi_processor_count(device)
     # at least 256 keys per split so the (acc, m, l) round trip stays small next to the K/V reads
     return max(1, min(triton.cdiv(target, programs), triton.cdiv(max_context, max(256, block_n))))
 
