@@ -67,6 +67,7 @@ def test_batch_sizes() -> None:
     assert graph_batch_sizes(10_000)[-1] == cuda_graphs.MAX_GRAPH_BATCH
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the engine captures graphs (tests/test_engine_cuda.py)")
 def test_graphs_are_off_on_a_cpu(model_dir: Path) -> None:
     eng = engine(model_dir)  # cuda_graphs defaults to true: without CUDA it does nothing
     assert eng.config.cuda_graphs and eng.runner.graphs is None
