@@ -21,7 +21,15 @@ import pytest
 import torch
 
 from kernels.cpu import build
-from kernels.cpu.w4a8 import BLOCK_BYTES, W4A8Weight, load_w4a8, w4a8_linear, w4a8_linear_ref
+from kernels.cpu.w4a8 import (
+    BLOCK_BYTES,
+    W4A8Weight,
+    load_w4a8,
+    pack_w4a8_blocks,
+    unpack_w4a8,
+    w4a8_linear,
+    w4a8_linear_ref,
+)
 from kernels.cpu.w8a8 import W8A8Weight, load_w8a8, w8a8_linear, w8a8_linear_ref
 from tests.c_kernels import ISAS, requires_c_kernels
 
@@ -126,7 +134,7 @@ def test_the_neon_kernels_match_the_x86_kernels_on_the_same_inputs(harness, isa:
     """The NEON output of each case against this machine's kernel and the torch reference (float64) on the harness's
     inputs, read back from its files: fp32 summation order apart, and equal where y is an integer matmul. The torch
     reference unpacks the harness's packed bytes, so the harness packs as w4a8.py does (the blocks layout too: the x86
-    kernel reads its fp16 scales from those bytes, the reference its float copies)."""
+    kernel reads them repacked into its octets, fp16 scales inline, the reference their float copies)."""
     _, cases = harness
     w4, w8 = load_w4a8(tmp_path, isa), load_w8a8(tmp_path, isa)
     assert w4 is not None and w8 is not None, f"a kernel did not build (see the .log in {tmp_path})"
@@ -138,7 +146,9 @@ def test_the_neon_kernels_match_the_x86_kernels_on_the_same_inputs(harness, isa:
             wq = c.array("wq", torch.uint8, c.n, c.k // 64 * BLOCK_BYTES if blocks else c.k // 2)
             w = W4A8Weight(wq, c.array("ws", torch.float32, c.n, ng), c.array("wzt", torch.float32, ng, c.n), c.group,
                            blocks=blocks)
-            native, ref = w4a8_linear(w4, x, w), w4a8_linear_ref(x, w)
+            # x86 serves the same blocks in octets of weight rows (w4a8_blocks.h): the same values, repacked
+            x86 = pack_w4a8_blocks(unpack_w4a8(w), w.scales, w.zeros_t.T, octets=True) if blocks else w
+            native, ref = w4a8_linear(w4, x, x86), w4a8_linear_ref(x, w)
         else:
             w = W8A8Weight(c.array("w", torch.int8, c.n, c.k), c.array("ws", torch.float32, c.n), c.group)
             bias = c.array("bias", torch.float32, c.n) if c.bias else None

@@ -117,8 +117,10 @@ class Int4Linear(nn.Module):
         self._prepare_torch(q, d, 8 * d + m, dense_copy)
 
     def _w4a8_fits(self) -> bool:
-        """The W4A8 kernel's shapes: its group sizes, in_features in whole 64-value blocks (group 32: two per block)."""
-        return self.group_size in W4A8_GROUP_SIZES and self.in_features % 64 == 0
+        """The W4A8 kernel's shapes: its group sizes, in_features in whole 64-value blocks (group 32: two per block);
+        GGUF blocks in whole octets of output rows (x86's layout, w4a8_blocks.h)."""
+        octets = self.layout != "gguf" or self.out_features % 8 == 0
+        return self.group_size in W4A8_GROUP_SIZES and self.in_features % 64 == 0 and octets
 
     def prepare_triton_blocks(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         """The Triton W4A16 GEMM with float zero terms (kernels/triton/awq_gemm.py): q in AWQ's packing, d as the

@@ -123,11 +123,13 @@ static tiles tiles_for(int64_t G) {
 }
 
 /* The blocks layout (G 32, scales inline; w4a8_blocks.h): vpmaddubsw pairs summed in int16 (|q xq| <= 15 x 127, four
- * per lane: 7620 < 32767), then vpmaddwd to int32, whose 4-byte lanes are the layout's group lanes. One weight row
- * per tile: two with their scale vectors and four rows' accumulators do not fit the 16 ymm registers. */
-#define BLOCK_DOT(lo, hi, a0, a1)                                                                                \
-  _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, a0), _mm256_maddubs_epi16(hi, a1)), _mm256_set1_epi16(1))
-#define BLOCKS_NT 1
+ * per lane: 7620 < 32767), then vpmaddwd to int32: each lane one output's eight products. Four rows of x against one
+ * octet of weight rows: their group sums, accumulators and chunk fit the 16 ymm registers. */
+#define DOT8(acc, lo, hi, a0, a1)                                                                                \
+  _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, a0), _mm256_maddubs_epi16(hi, a1)), \
+                                          _mm256_set1_epi16(1)))
+#define OCT_MT 4
+#define OCT_NC 1
 #include "w4a8_blocks.h"
 
 #define N_CHUNK 16 /* weight rows a thread takes at a time: 16 x K/2 bytes stay in L1 */
@@ -135,8 +137,8 @@ static tiles tiles_for(int64_t G) {
 
 static void chunk(const uint8_t *wq, const float *ws, const float *wzt, const int8_t *xq, const float *xd,
                   const float *xs, int64_t M, int64_t N, int64_t K, int64_t G, int64_t n0, int64_t n1, float *y) {
-  if (!ws) { /* the blocks layout: zero terms inline, summed in the tiles */
-    chunk_blocks(wq, xq, xd, xs, M, N, K, n0, n1, y);
+  if (!ws) { /* the blocks layout: scales and zero terms inline */
+    chunk_octets(wq, xq, xd, xs, M, N, K, n0, n1, y);
     return;
   }
   const int64_t ng = K / G;

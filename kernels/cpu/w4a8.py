@@ -4,7 +4,8 @@ with the dot-product instructions), built once with the system C compiler.
     lib = load_w4a8(build_dir)                       # None where it cannot run: cpu_build.c_kernels_unavailable() says why
     w = pack_w4a8(q, scales, zeros)                  # once per layer: q (N, K) 0..15, w = (q - zeros) * scales
     w = pack_w4a8_terms(q, scales, zero_terms)       # or w = q * scales - zero_terms (GGUF Q4_1: zero_terms = -min)
-    w = pack_w4a8_blocks(q, scales, zero_terms)      # the same, group 32, fp16 scales inline (w4a8_blocks.h; GGUF)
+    w = pack_w4a8_blocks(q, scales, zero_terms)      # the same, group 32, fp16 scales inline (GGUF): w4a8_blocks.h's
+                                                     # octets on x86, w4a8_neon.c's 64-value blocks on aarch64
     y = w4a8_linear(lib, x, w)                       # x (M, K) float32 -> (M, N) float32
     y_ref = w4a8_linear_ref(x, w)                    # the same arithmetic in torch (tests)
 
@@ -36,24 +37,27 @@ SOURCES = {"avx2": SOURCE, "avx512": SOURCE_AVX512, NEON_ISA: SOURCE_NEON}  # by
 GROUP_SIZES = (32, 64, 128, 256)
 
 
-BLOCK_BYTES = 40  # the blocks layout: 32 bytes of nibbles + fp16 scales and zero terms of a 64-value block's 2 groups
-# The blocks layout's slots (w4a8_blocks.h): slot t of a 64-value block holds value BLOCK_SLOTS[t], so the 4-byte lanes
+BLOCK_BYTES = 40  # aarch64's blocks: 32 bytes of nibbles + fp16 scales and zero terms of a 64-value block's 2 groups
+# aarch64's blocks' slots (w4a8_neon.c): slot t of a 64-value block holds value BLOCK_SLOTS[t], so the 4-byte lanes
 # of the unpacked nibbles alternate between the block's two groups of 32
 _t = torch.arange(64)
 BLOCK_SLOTS = (_t // 4 % 2) * 32 + (_t // 32) * 16 + (_t % 32 // 8) * 4 + _t % 4
+OCTET_GROUP_BYTES = 160  # x86's blocks (w4a8_blocks.h): per 8 weight rows and group of 32, nibbles + 8 fp16 d + 8 fp16 z
 
 
 @dataclass(frozen=True)
 class W4A8Weight:
     """A weight in the kernel's layout (see w4a8.c): split (q, scales, zeros_t) or, with `blocks`, group 32 with the
-    fp16 scales and zero terms inline in q (w4a8_blocks.h; scales and zeros_t then hold them as float32, for tests
-    and the reference, and are not passed to the kernel)."""
+    fp16 scales and zero terms inline in q (scales and zeros_t then hold them as float32, for tests and the reference,
+    and are not passed to the kernel): in octets of weight rows (`octets`, w4a8_blocks.h, x86) or in 64-value blocks
+    (w4a8_neon.c, aarch64)."""
 
     q: torch.Tensor  # (N, K / 2) uint8: per 64-value block, byte j = value j (low nibble) | value j + 32 (high)
     scales: torch.Tensor  # (N, K / G) float32
     zeros_t: torch.Tensor  # (K / G, N) float32: zero * scale, transposed
     group_size: int
     blocks: bool = False  # q is (N, K / 64 * BLOCK_BYTES) uint8 in the blocks layout
+    octets: bool = False  # blocks as (N / 8, K / 32 * OCTET_GROUP_BYTES) uint8 octets (x86)
     args: tuple[int, int, int] = field(init=False)  # the kernel's pointer arguments, looked up once
     dims: tuple[int, int, int] = field(init=False)  # (N, K, G)
 
@@ -64,6 +68,8 @@ class W4A8Weight:
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.octets:
+            return self.q.shape[0] * 8, self.q.shape[1] // OCTET_GROUP_BYTES * 32
         if self.blocks:
             return self.q.shape[0], self.q.shape[1] // BLOCK_BYTES * 64
         return self.q.shape[0], self.q.shape[1] * 2
@@ -93,15 +99,28 @@ def pack_w4a8_terms(q: torch.Tensor, scales: torch.Tensor, zero_terms: torch.Ten
     return W4A8Weight(packed, scales.float().contiguous(), zero_terms.float().T.contiguous(), group)
 
 
-def pack_w4a8_blocks(q: torch.Tensor, scales: torch.Tensor, zero_terms: torch.Tensor) -> W4A8Weight:
+def pack_w4a8_blocks(
+    q: torch.Tensor, scales: torch.Tensor, zero_terms: torch.Tensor, octets: bool | None = None
+) -> W4A8Weight:
     """q (N, K) integers 0..15, scales and zero terms (N, K / 32), w = q * scales - zero_terms, every scale and zero
-    term exactly an fp16 value (GGUF's Q4_0/Q4_1 blocks: d and -m): the blocks layout, one 40-byte block per 64 values
-    holding the nibbles in the kernel's slots and the two groups' fp16 scales and zero terms (w4a8_blocks.h)."""
+    term exactly an fp16 value (GGUF's Q4_0/Q4_1 blocks: d and -m), the fp16 scales and zero terms inline with the
+    nibbles. octets (the default on x86): per 8 weight rows and group of 32, 128 bytes of nibbles (chunk j: int32 lane
+    l is row l, its byte p values 8j + p and 8j + 4 + p) and the rows' fp16 d and z (w4a8_blocks.h; N a multiple of 8);
+    else (aarch64) one 40-byte block per row and 64 values, the nibbles in the kernel's slots, then the two groups'
+    fp16 scales and zero terms (w4a8_neon.c)."""
     n, k = q.shape
     assert scales.shape == zero_terms.shape == (n, k // 32), "scales/zero terms must be (N, K / 32)"
     assert k % 64 == 0, f"in_features {k}: a multiple of 64 (the kernel's 64-value blocks)"
     d, z = scales.float(), zero_terms.float()
     assert torch.equal(d.half().float(), d) and torch.equal(z.half().float(), z), "scales/zero terms must be fp16 values"
+    octets = cpu_isa() != NEON_ISA if octets is None else octets
+    if octets:
+        assert n % 8 == 0, f"out_features {n}: a multiple of 8 (the kernel's octets of weight rows)"
+        v = q.to(torch.uint8).reshape(n // 8, 8, k // 32, 4, 8)  # (octet, row, group, chunk, value)
+        nibbles = (v[..., :4] | (v[..., 4:] << 4)).permute(0, 2, 3, 1, 4).reshape(n // 8, k // 32, 128)
+        halves = [t.half().reshape(n // 8, 8, k // 32).transpose(1, 2).contiguous().view(torch.uint8) for t in (d, z)]
+        packed = torch.cat([nibbles, *halves], dim=2).reshape(n // 8, -1).contiguous()
+        return W4A8Weight(packed, d.contiguous(), z.T.contiguous(), 32, blocks=True, octets=True)
     slots = q.to(torch.uint8).reshape(n, k // 64, 64)[:, :, BLOCK_SLOTS]
     nibbles = slots[:, :, :32] | (slots[:, :, 32:] << 4)  # (N, blocks, 32)
     halves = torch.cat([t.half().reshape(n, k // 64, 2) for t in (d, z)], dim=2)  # (N, blocks, [d0, d1, z0, z1])
@@ -112,6 +131,10 @@ def pack_w4a8_blocks(q: torch.Tensor, scales: torch.Tensor, zero_terms: torch.Te
 def unpack_w4a8(w: W4A8Weight) -> torch.Tensor:
     """(N, K) uint8 values back out of the packed layout."""
     n, k = w.shape
+    if w.octets:
+        b = w.q.reshape(n // 8, k // 32, OCTET_GROUP_BYTES)[:, :, :128].reshape(n // 8, k // 32, 4, 8, 4)
+        values = torch.cat([b & 15, b >> 4], dim=4)  # (octet, group, chunk, row, value)
+        return values.permute(0, 3, 1, 2, 4).reshape(n, k)
     if w.blocks:
         b = w.q.reshape(n, k // 64, BLOCK_BYTES)[:, :, :32]
         slots = torch.cat([b & 15, b >> 4], dim=2)  # (N, blocks, 64) in slot order

@@ -88,12 +88,12 @@ static tiles tiles_for(int64_t G) {
   }
 }
 
-/* The blocks layout (G 32, scales inline; w4a8_blocks.h): two vpdpbusd, whose int32 lanes are the layout's group
- * lanes. Three weight rows per tile at 4 x rows (AVX-512 VL's 32 ymm registers hold their nibbles, scale vectors and
- * twelve accumulators and three zero-term sums: 1.04x two rows at 32 x rows, four spill); one at a single row, whose
- * weight stream stays sequential (see TILE). */
-#define BLOCK_DOT(lo, hi, a0, a1) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, a0), hi, a1)
-#define BLOCKS_NT 3
+/* The blocks layout (G 32, scales inline; w4a8_blocks.h): two vpdpbusd, each lane one output's eight products. Four
+ * rows of x against two octets of weight rows (16 group sums, 16 accumulators, two chunks: 1.2x one octet at 32 rows
+ * of x, 1.15x two rows of x at two octets). */
+#define DOT8(acc, lo, hi, a0, a1) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, lo, a0), hi, a1)
+#define OCT_MT 4
+#define OCT_NC 2
 #include "w4a8_blocks.h"
 
 #define N_CHUNK 16 /* weight rows a thread takes at a time */
@@ -101,8 +101,8 @@ static tiles tiles_for(int64_t G) {
 
 static void chunk(const uint8_t *wq, const float *ws, const float *wzt, const int8_t *xq, const float *xd,
                   const float *xs, int64_t M, int64_t N, int64_t K, int64_t G, int64_t n0, int64_t n1, float *y) {
-  if (!ws) { /* the blocks layout: zero terms inline, summed in the tiles */
-    chunk_blocks(wq, xq, xd, xs, M, N, K, n0, n1, y);
+  if (!ws) { /* the blocks layout: scales and zero terms inline */
+    chunk_octets(wq, xq, xd, xs, M, N, K, n0, n1, y);
     return;
   }
   const int64_t ng = K / G;

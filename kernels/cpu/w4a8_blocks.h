@@ -1,136 +1,112 @@
-/* The W4A8 GEMMs' group-32 "blocks" layout (GGUF's Q4_0 / Q4_1 blocks as served), shared by w4a8.c (AVX2) and
- * w4a8_avx512.c: each defines BLOCK_DOT (the integer dot product of a block, its instruction set's) and BLOCKS_NT
- * (weight rows per tile at 4 x rows) and includes this before its `chunk`, which hands a weight without separate
- * scales (ws NULL) to chunk_blocks.
+/* The W4A8 GEMMs' group-32 blocks layout on x86 (GGUF's Q4_0 / Q4_1 blocks as served), shared by w4a8.c (AVX2) and
+ * w4a8_avx512.c: each defines DOT8 (acc + the dot products of two chunks of unsigned nibbles with two broadcasts of
+ * four signed int8 activations, eight products an int32 lane: vpdpbusd, or vpmaddubsw + vpmaddwd), OCT_MT and OCT_NC
+ * (the tile: rows of x, octets of weight rows) and
+ * includes this before its `chunk`, which hands a weight without separate scales (ws NULL) to chunk_octets.
+ * (w4a8_neon.c serves the same weights in its own 64-value blocks.)
  *
- * Why: at G = 32 the split layout (nibbles in wq, fp32 scales in ws, fp32 zero terms in wzt, a separate pass) reads
- * 8 bytes of scales per 16 bytes of nibbles from three places, and spends two cvt + two fmadd + two scalar scale
- * products per 64 values and row, plus the zero pass. Here a row is one sequential stream of 40-byte blocks, the
- * scale and zero term fp16 (GGUF's own precision: lossless), and one vector op per 64 values does the work the split
- * layout did per group.
+ * Layout: weight rows (y's columns) in octets of eight; per octet and group g of 32 input values, 160 bytes:
+ *   bytes   0..127  nibbles, four 32-byte chunks j: int32 lane l is weight row l, its byte p holds values 8j + p
+ *                   (low nibble) and 8j + 4 + p (high)
+ *   bytes 128..143  the eight rows' fp16 scales d
+ *   bytes 144..159  the eight rows' fp16 zero terms z                w = q d - z   (GGUF Q4_1: z = -m)
+ * and an octet's groups follow each other: one sequential stream per eight rows, 5 bits a weight.
  *
- * Layout, per weight row, 64-value block b (groups 2b and 2b + 1), 40 bytes:
- *   bytes 0..31   nibbles: byte j = value at slot j (low nibble) | value at slot 32 + j (high)
- *   bytes 32..35  fp16 scales d[2b], d[2b + 1]
- *   bytes 36..39  fp16 zero terms z[2b], z[2b + 1]                       w = q d - z  (GGUF Q4_1: z = -m)
- * Slot t holds value v = (t / 4 % 2) * 32 + (t / 32) * 16 + (t % 32 / 8) * 4 + t % 4: each 4-byte lane of the unpacked
- * low (slots 0..31) and high (32..63) nibbles alternates between the two groups, so the block's integer dot product
- * leaves group 2b's partial sums in the even int32 lanes and group 2b + 1's in the odd ones. The activations are
- * quantized into the same slots (quantize_rows' `blocks`), so one dot product, one cvt and one fmadd with the scale
- * vector [d0 xd0, d1 xd1, ...] cover both groups of a row.
+ * Why: one broadcast int32 of four activations times a chunk's unpacked nibbles gives eight outputs' partial dot
+ * products at once, so each lane ends as one output's exact group sum: no horizontal sums, and per group and row of x
+ * one cvt, one mul, one fmadd and one fnmadd cover eight outputs (the 64-value blocks before this needed a cvt, a mul
+ * and an fmadd per output and 64 values, plus an hsum per output). On AMD Zen 4 (AVX-512, one thread) the 30 layers
+ * ran 2.1x as fast as those blocks at 32 and 512 rows of x, 1.9x at one.
  *
- * The zero terms are summed apart, four rows of x at a time: per weight row and block one fmadd of [z0, z1, z0, z1, ...]
- * with the rows' exact activation sums [xs0 r0, xs1 r0, xs0 r1, xs1 r1, ...] (interleave_xs), so lanes 2r and 2r + 1
- * gather row r's even- and odd-group terms. Folded into each row's accumulator instead (one fnmadd per row and block,
- * six of eight lanes zero) they cost a fifth of the multiply ports' work: this way a 32-row step of the 30 layers ran
- * 1.19x and a 512-row prefill 1.17x faster on AMD Zen 4 (AVX-512, one thread), and one row 1.12x.
+ *   y[m, n] = sum over g, in order:  cvt(int dot(q[n, g], xq[m, g])) * (d[n, g] xd[m, g])  -  z[n, g] xs[m, g]
  *
- *   y[m, n] = hsum over lanes of ( sum_b cvt(dot_b) * (d xd)_b )  -  ( sum_b z_b xs_b  [lane 2r]  +  [lane 2r + 1] )
- *
- * The integer dot products are exact; the fp32 results agree with the split layout's to rounding. Every (m, n)
- * result is computed by the same sequence of operations whatever M and the tiling are (batch invariance).
+ * The integer dot products are exact and the same on both instruction sets, and every (m, n) result is the same
+ * sequence of fp32 operations whatever M, N and the tiling are: a row does not depend on its batch-mates (the engine's
+ * batch invariance), and AVX2 and AVX-512 give the same bits.
  */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "simd.h"
+#define OCTET_GROUP_BYTES 160 /* 128 bytes of nibbles + eight fp16 scales + eight fp16 zero terms */
 
-#define BLOCK_BYTES 40 /* 32 bytes of nibbles + 2 fp16 scales + 2 fp16 zero terms */
-
-/* two adjacent floats broadcast to every pair of lanes: [p0, p1, p0, p1, ...] */
-static inline __m256 pair_broadcast(const float *p) {
-  double t;
-  memcpy(&t, p, sizeof t);
-  return _mm256_castpd_ps(_mm256_set1_pd(t));
-}
-
-/* two adjacent fp16 values, widened and broadcast to every pair of lanes (exact) */
-static inline __m256 half_pair_broadcast(const uint8_t *p) {
+/* four int8 activations broadcast to every int32 lane */
+static inline __m256i broadcast4(const int8_t *p) {
   int32_t t;
   memcpy(&t, p, sizeof t);
-  return _mm256_cvtph_ps(_mm_set1_epi32(t));
+  return _mm256_set1_epi32(t);
 }
 
-/* NT weight rows x 4 rows of x (compile-time: unpacked nibbles, scale vectors and accumulators stay in registers); MT 1
- * for a single row. xs4: interleave_xs's zero-term scales of these rows. Row r of a 4-row tile and a single row run the
- * same operations in their lanes (2r, 2r + 1 and 0, 1), so a row's result does not depend on how it was tiled. */
-#define BTILE_BODY(NT, MT)                                                                                        \
-  static void btile_##NT##x##MT(const uint8_t *wq, const int8_t *xq, const float *xd, const float *xs4, int64_t K, \
+/* MT rows of x x NC octets of weight rows (compile-time: the integer group sums, the fp32 accumulators and the
+ * unpacked chunk stay in registers). w: the first octet's stream; xq, xd, xs: the first row's. */
+#define OTILE_BODY(MT, NC)                                                                                        \
+  static void otile_##MT##x##NC(const uint8_t *w, const int8_t *xq, const float *xd, const float *xs, int64_t K,  \
                                 float *y, int64_t ldy) {                                                          \
-    const int64_t nb = K / 64, ng = K / 32, row = nb * BLOCK_BYTES;                                              \
+    const int64_t ng = K / 32, octet = ng * OCTET_GROUP_BYTES;                                                   \
     const __m256i mask = _mm256_set1_epi8(15);                                                                   \
-    __m256 acc[NT][MT], zacc[NT];                                                                                \
-    for (int i = 0; i < NT; i++) {                                                                               \
-      zacc[i] = _mm256_setzero_ps();                                                                             \
-      for (int r = 0; r < MT; r++) acc[i][r] = _mm256_setzero_ps();                                             \
-    }                                                                                                            \
-    for (int64_t b = 0; b < nb; b++) {                                                                           \
-      __m256i lo[NT], hi[NT];                                                                                    \
-      __m256 d[NT];                                                                                              \
-      const __m256 xsv = _mm256_loadu_ps(xs4 + 8 * b);                                                           \
-      for (int i = 0; i < NT; i++) {                                                                             \
-        const uint8_t *p = wq + i * row + b * BLOCK_BYTES;                                                       \
-        _mm_prefetch((const char *)(p + PREFETCH), _MM_HINT_T0);                                                 \
-        const __m256i v = _mm256_loadu_si256((const __m256i *)p);                                                \
-        lo[i] = _mm256_and_si256(v, mask);                                                                       \
-        hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);                                                 \
-        d[i] = half_pair_broadcast(p + 32);                                                                      \
-        zacc[i] = _mm256_fmadd_ps(half_pair_broadcast(p + 36), xsv, zacc[i]);                                    \
+    __m256 acc[MT][NC];                                                                                          \
+    for (int r = 0; r < MT; r++)                                                                                 \
+      for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();                                             \
+    for (int64_t g = 0; g < ng; g++) {                                                                           \
+      __m256i dot[MT][NC];                                                                                       \
+      for (int r = 0; r < MT; r++)                                                                               \
+        for (int c = 0; c < NC; c++) dot[r][c] = _mm256_setzero_si256();                                        \
+      for (int j = 0; j < 4; j++) { /* 1. the group's exact integer dot products, eight values per chunk */      \
+        __m256i lo[NC], hi[NC];                                                                                  \
+        for (int c = 0; c < NC; c++) {                                                                           \
+          const uint8_t *p = w + c * octet + g * OCTET_GROUP_BYTES + 32 * j;                                     \
+          _mm_prefetch((const char *)(p + PREFETCH), _MM_HINT_T0);                                               \
+          const __m256i v = _mm256_loadu_si256((const __m256i *)p);                                              \
+          lo[c] = _mm256_and_si256(v, mask);                                                                     \
+          hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);                                               \
+        }                                                                                                        \
+        for (int r = 0; r < MT; r++) {                                                                           \
+          const int8_t *a = xq + r * K + g * 32 + 8 * j;                                                         \
+          const __m256i a0 = broadcast4(a), a1 = broadcast4(a + 4);                                              \
+          for (int c = 0; c < NC; c++) dot[r][c] = DOT8(dot[r][c], lo[c], hi[c], a0, a1);                        \
+        }                                                                                                        \
       }                                                                                                          \
-      for (int r = 0; r < MT; r++) {                                                                             \
-        const int8_t *a = xq + r * K + b * 64;                                                                   \
-        const __m256i a0 = _mm256_loadu_si256((const __m256i *)a), a1 = _mm256_loadu_si256((const __m256i *)(a + 32)); \
-        const __m256 xdv = pair_broadcast(xd + r * ng + 2 * b);                                                  \
-        for (int i = 0; i < NT; i++) {                                                                           \
-          const __m256 f = _mm256_cvtepi32_ps(BLOCK_DOT(lo[i], hi[i], a0, a1));                                 \
-          acc[i][r] = _mm256_fmadd_ps(f, _mm256_mul_ps(d[i], xdv), acc[i][r]);                                   \
+      for (int c = 0; c < NC; c++) { /* 2. scaled into fp32, the zero terms subtracted */                        \
+        const uint8_t *p = w + c * octet + g * OCTET_GROUP_BYTES + 128;                                          \
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));                                   \
+        const __m256 z = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));                            \
+        for (int r = 0; r < MT; r++) {                                                                           \
+          const __m256 f = _mm256_cvtepi32_ps(dot[r][c]);                                                        \
+          acc[r][c] = _mm256_fmadd_ps(f, _mm256_mul_ps(d, _mm256_set1_ps(xd[r * ng + g])), acc[r][c]);           \
+          acc[r][c] = _mm256_fnmadd_ps(z, _mm256_set1_ps(xs[r * ng + g]), acc[r][c]);                            \
         }                                                                                                        \
       }                                                                                                          \
     }                                                                                                            \
-    for (int i = 0; i < NT; i++) {                                                                               \
-      float zl[8];                                                                                               \
-      _mm256_storeu_ps(zl, zacc[i]);                                                                             \
-      for (int r = 0; r < MT; r++) y[r * ldy + i] = hsum(acc[i][r]) - (zl[2 * r] + zl[2 * r + 1]);              \
-    }                                                                                                            \
+    for (int r = 0; r < MT; r++)                                                                                 \
+      for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + r * ldy + 8 * c, acc[r][c]);                            \
   }
-#define BTILE(NT, MT) BTILE_BODY(NT, MT) /* expands BLOCKS_NT before pasting */
-BTILE(BLOCKS_NT, 4)
-#if BLOCKS_NT > 1
-BTILE(1, 4)
+#define OTILE(MT, NC) OTILE_BODY(MT, NC) /* expands OCT_MT / OCT_NC before pasting */
+#define OTILE_NAME_(MT, NC) otile_##MT##x##NC
+#define OTILE_NAME(MT, NC) OTILE_NAME_(MT, NC)
+OTILE(OCT_MT, OCT_NC)
+#if OCT_NC > 1
+OTILE(OCT_MT, 1)
 #endif
-BTILE(1, 1)
-#define BTILE_MAIN_(NT) btile_##NT##x4
-#define BTILE_MAIN(NT) BTILE_MAIN_(NT)
+#if OCT_MT > 1
+OTILE(1, 1)
+#endif
 
-/* xs4 (K / 64 blocks x 8 lanes): rows r < rows of xs (M, K / 32) in lanes 2r, 2r + 1 (block b's two groups), zeros
- * in the other lanes. */
-static void interleave_xs(const float *xs, int64_t K, int64_t rows, float *xs4) {
-  const int64_t ng = K / 32;
-  for (int64_t b = 0; b < ng / 2; b++)
-    for (int64_t l = 0; l < 8; l++) xs4[8 * b + l] = l / 2 < rows ? xs[(l / 2) * ng + 2 * b + l % 2] : 0.f;
-}
-
-/* Weight rows [n0, n1) of the blocks layout against all M rows of x (quantized into the blocks' slots). */
-static void chunk_blocks(const uint8_t *wq, const int8_t *xq, const float *xd, const float *xs, int64_t M, int64_t N,
+/* Weight rows [n0, n1) (whole octets) of the blocks layout against all M rows of x (quantized in plain order). */
+static void chunk_octets(const uint8_t *wq, const int8_t *xq, const float *xd, const float *xs, int64_t M, int64_t N,
                          int64_t K, int64_t n0, int64_t n1, float *y) {
-  const int64_t ng = K / 32, row = K / 64 * BLOCK_BYTES;
-  float xs4[8 * (K / 64)];
-#define BAT(n, m) wq + (n) * row, xq + (m) * K, xd + (m) * ng, xs4, K, y + (m) * N + (n), N
+  const int64_t ng = K / 32, octet = ng * OCTET_GROUP_BYTES;
+#define OAT(n, m) wq + (n) / 8 * octet, xq + (m) * K, xd + (m) * ng, xs + (m) * ng, K, y + (m) * N + (n), N
   int64_t m;
   for (int64_t mb = 0; mb < M; mb += 32) { /* 32 rows of x stay in L1 while the chunk's weights pass */
     const int64_t me = mb + 32 < M ? mb + 32 : M;
-    for (m = mb; m + 4 <= me; m += 4) {
-      interleave_xs(xs + m * ng, K, 4, xs4);
+    for (m = mb; m + OCT_MT <= me; m += OCT_MT) {
       int64_t n = n0;
-      for (; n + BLOCKS_NT <= n1; n += BLOCKS_NT) BTILE_MAIN(BLOCKS_NT)(BAT(n, m));
-      for (; n < n1; n++) btile_1x4(BAT(n, m));
+      for (; n + 8 * OCT_NC <= n1; n += 8 * OCT_NC) OTILE_NAME(OCT_MT, OCT_NC)(OAT(n, m));
+      for (; n < n1; n += 8) OTILE_NAME(OCT_MT, 1)(OAT(n, m));
     }
-    for (; m < me; m++) {
-      interleave_xs(xs + m * ng, K, 1, xs4);
-      for (int64_t n = n0; n < n1; n++) btile_1x1(BAT(n, m));
-    }
+    for (; m < me; m++)
+      for (int64_t n = n0; n < n1; n += 8) otile_1x1(OAT(n, m));
   }
-#undef BAT
+#undef OAT
 }
