@@ -11,7 +11,17 @@ import torch
 import torch.nn.functional as F
 
 from backend.quant.lm_head import LowBitHead
-from kernels.cpu.w8a8 import gelu_ref, load_w8a8, pack_w8a8, w8a8_group, w8a8_linear, w8a8_linear_ref
+from kernels.cpu.build import avx512_available
+from kernels.cpu.w8a8 import (
+    gelu_ref,
+    has_octets,
+    load_w8a8,
+    pack_w8a8,
+    unpack_w8a8,
+    w8a8_group,
+    w8a8_linear,
+    w8a8_linear_ref,
+)
 from tests.c_kernels import ISAS, build, requires_c_kernels
 
 pytestmark = requires_c_kernels
@@ -100,3 +110,59 @@ def test_lm_head_with_the_kernel_keeps_only_int8_rows(lib, rows: int) -> None:
     ref = x @ weight.T + bias
     assert ((head(x) - ref).norm() / ref.norm()).item() < 0.02
     assert LowBitHead(torch.randn(10, 100), None, lib).w8a8_lib is None  # K not a multiple of 32: torch's path
+
+
+def test_octets_layout() -> None:
+    """w8a8_octets.h's layout byte by byte: per 8 rows, 32-byte chunks whose int32 lane l is row l's four values."""
+    w = pack_w8a8(torch.randn(16, 64, generator=torch.Generator().manual_seed(1)), octets=True)
+    rows = pack_w8a8(torch.randn(16, 64, generator=torch.Generator().manual_seed(1)))
+    assert w.octets and w.q.shape == (16, 64) and torch.equal(unpack_w8a8(w), rows.q)
+    chunk = w.q.reshape(-1)[8 * 64 + 3 * 32 : 8 * 64 + 4 * 32]  # octet 1, chunk 3: values 12..15 of rows 8..15
+    assert torch.equal(chunk.view(8, 4), rows.q[8:16, 12:16])
+    with pytest.raises(AssertionError, match="multiple of 8"):
+        pack_w8a8(torch.randn(12, 64), octets=True)
+
+
+@pytest.mark.parametrize(("n", "k"), [(40, 576), (24, 544), (48, 128)])  # groups of 64, of 32; a one-octet tail
+@pytest.mark.parametrize("rows", [1, 4, 6, 33])
+def test_octets_match_the_rows_and_reference(lib, n: int, k: int, rows: int) -> None:
+    """The octets kernel against the same arithmetic in torch and the row layout's kernel (fp32 rounding apart)."""
+    assert has_octets(lib)
+    g = torch.Generator().manual_seed(n + rows)
+    weight = torch.randn(n, k, generator=g) * 0.05
+    weight[0, 0] = -weight.abs().max() * 3  # -127: the AVX-512 kernel's unsigned weights and their correction
+    x = torch.randn(rows, k, generator=g)
+    y = w8a8_linear(lib, x, pack_w8a8(weight, octets=True))
+    plain = w8a8_linear(lib, x, pack_w8a8(weight))
+    ref = w8a8_linear_ref(x, pack_w8a8(weight, octets=True))
+    assert ((y - ref).abs().max() / ref.abs().max()).item() < 1e-5
+    assert ((y - plain).abs().max() / plain.abs().max()).item() < 1e-5
+    with pytest.raises(AssertionError, match="no epilogue"):
+        w8a8_linear(lib, x, pack_w8a8(weight, octets=True), torch.zeros(n))
+
+
+def test_octets_rows_do_not_depend_on_their_batch_or_the_isa(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every row equals the row alone, bit for bit, on each instruction set; AVX2 and AVX-512 give the same bits."""
+    w = pack_w8a8(torch.randn(56, 576, generator=torch.Generator().manual_seed(2)) * 0.05, octets=True)
+    x = torch.randn(38, 576, generator=torch.Generator().manual_seed(3))
+    outs = []
+    for isa in ["avx2", "avx512"] if avx512_available() else ["avx2"]:
+        lib = build(partial(load_w8a8, isa=isa), tmp_path_factory, f"w8a8-octets-{isa}")
+        full = w8a8_linear(lib, x, w)
+        for part in (slice(5, 6), slice(0, 4), slice(3, 36), slice(0, 33), slice(37, 38)):
+            assert torch.equal(w8a8_linear(lib, x[part], w), full[part])
+        outs.append(full)
+    assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+@pytest.mark.parametrize("rows", [1, 32])
+def test_lm_head_without_bias_runs_octets(lib, rows: int) -> None:
+    """The INT4 models' head (no bias, rows a multiple of 8) in octets; with a bias, or 8 not dividing its rows, in rows."""
+    weight = torch.randn(304, 128, generator=torch.Generator().manual_seed(rows)) * 0.05
+    head = LowBitHead(weight, None, lib)
+    assert head.w8a8.octets and head.weight_bytes() == {"int8": 304 * 128 + 304 * 4}
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows + 1))
+    ref = x @ weight.T
+    assert ((head(x) - ref).norm() / ref.norm()).item() < 0.02
+    assert not LowBitHead(weight, torch.zeros(304), lib).w8a8.octets
+    assert not LowBitHead(weight[:300], None, lib).w8a8.octets

@@ -12,7 +12,8 @@ emulated: `cpu_gemm.dense_dtype`), where the int8 kernel wins up to ~8 rows. On 
 
 With the project's W8A8 kernel (kernels/cpu/w8a8.c: x86 AVX2, the INT4 models' default there) the int8 rows are
 the only copy and serve every call: x is quantized per row and group of 64 to int8 and the products run on integer
-SIMD. On an AMD EPYC (AVX2), 49152x576 with the weight warm in cache: 2.9 / 4.6 ms at 4 / 8 rows against 5.8 / 8.9
+SIMD; on x86 the rows are held in octets (w8a8_octets.h: 2.3x the row layout's speed at 32 rows with AVX-512).
+On an AMD EPYC (AVX2), in the row layout, 49152x576 with the weight warm in cache: 2.9 / 4.6 ms at 4 / 8 rows against 5.8 / 8.9
 (torch int8) and 7.9 / 9.3 (fp32 packed), 21.0 against 19.7 (fp32 packed) at 32 rows; but in a decode step the
 head's weight comes from memory, and there a quarter of the bytes wins: 32-stream step 104.4 ms against 113.8
 with the fp32 copy for batches (bench/README, "C kernels").
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from backend.model.cpu_gemm import PackedLinear, dense_dtype
-from kernels.cpu.w8a8 import pack_w8a8, w8a8_group, w8a8_linear
+from kernels.cpu.w8a8 import has_octets, pack_w8a8, w8a8_group, w8a8_linear
 
 # fewer rows than this: int8 kernel; more: the dense GEMM (measured crossovers, by the dense copy's dtype)
 INT8_MAX_ROWS = {torch.bfloat16: 4, torch.float32: 8}
@@ -39,8 +40,9 @@ class LowBitHead(nn.Module):
         w = weight.detach()
         self.bias = None if bias is None else bias.detach().float().contiguous()
         self.w8a8_lib = w8a8 if w.device.type == "cpu" and w8a8_group(self.in_features) else None
-        if self.w8a8_lib is not None:
-            self.w8a8, self.use_int8 = pack_w8a8(w), False
+        if self.w8a8_lib is not None:  # in octets of rows where the kernel has them (x86) and there is no bias
+            octets = has_octets(self.w8a8_lib) and self.out_features % 8 == 0 and self.bias is None
+            self.w8a8, self.use_int8 = pack_w8a8(w, octets=octets), False
             return
         self.dense = PackedLinear(w.to(dense_dtype(w.device)))
         self.int8_max_rows = INT8_MAX_ROWS[self.dense.dtype]

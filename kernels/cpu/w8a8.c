@@ -85,3 +85,13 @@ int w8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, c
   free(a.block);
   return 0;
 }
+
+/* The lm_head's octets layout (w8a8_octets.h): |w| times x with w's sign, pairs in int16, widened per chunk to int32
+ * (as above). Four rows of x against one octet of weight rows fit the 16 ymm registers. */
+#define W8_PREP(v) (v)
+#define W8_DOT(acc, wv, xb) \
+  _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xb, wv)), _mm256_set1_epi16(1)))
+#define W8_START(sum) _mm256_setzero_si256()
+#define OCT8_MT 4
+#define OCT8_NC 1
+#include "w8a8_octets.h"

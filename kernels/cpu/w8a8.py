@@ -33,9 +33,10 @@ SOURCES = {"avx2": SOURCE, "avx512": SOURCE_AVX512, NEON_ISA: SOURCE_NEON}  # by
 
 @dataclass(frozen=True)
 class W8A8Weight:
-    q: torch.Tensor  # (N, K) int8
+    q: torch.Tensor  # (N, K) int8; with `octets` its bytes in w8a8_octets.h's order (N / 8, K / 4, 8, 4)
     scales: torch.Tensor  # (N,) float32: w = q * scale
     group_size: int  # of the activations' quantization
+    octets: bool = False  # the layout of w8a8_octets.h (the lm_head's, on x86): w8a8_octets_linear, no bias or GELU
     args: tuple[int, int] = field(init=False)  # the kernel's pointer arguments, looked up once
 
     def __post_init__(self) -> None:
@@ -50,14 +51,30 @@ def w8a8_group(k: int) -> int:
     return 64 if k % 64 == 0 else 32 if k % 32 == 0 else 0
 
 
-def pack_w8a8(weight: torch.Tensor) -> W8A8Weight:
-    """(N, K) float weight -> int8 rows with one scale per row (max |w| / 127)."""
-    group = w8a8_group(weight.shape[1])
-    assert group, f"in_features {weight.shape[1]} must be a multiple of 32"
+def pack_w8a8(weight: torch.Tensor, octets: bool = False) -> W8A8Weight:
+    """(N, K) float weight -> int8 rows with one scale per row (max |w| / 127); octets: in w8a8_octets.h's order
+    (N a multiple of 8), for w8a8_octets_linear (`has_octets`)."""
+    n, k = weight.shape
+    group = w8a8_group(k)
+    assert group, f"in_features {k} must be a multiple of 32"
     w = weight.detach().float()
     scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127
-    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
-    return W8A8Weight(q, scale.contiguous(), group)
+    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    if octets:
+        assert n % 8 == 0, f"out_features {n}: a multiple of 8 (the kernel's octets of weight rows)"
+        q = q.view(n // 8, 8, k // 4, 4).transpose(1, 2).reshape(n, k)
+    return W8A8Weight(q.contiguous(), scale.contiguous(), group, octets)
+
+
+def unpack_w8a8(w: W8A8Weight) -> torch.Tensor:
+    """(N, K) int8 rows out of either layout."""
+    n, k = w.q.shape
+    return w.q.view(n // 8, k // 4, 8, 4).transpose(1, 2).reshape(n, k) if w.octets else w.q
+
+
+def has_octets(lib: ctypes.CDLL | None) -> bool:
+    """Whether the kernel serves the octets layout (x86: w8a8.c, w8a8_avx512.c; not w8a8_neon.c)."""
+    return lib is not None and hasattr(lib, "w8a8_octets_linear")
 
 
 def load_w8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
@@ -68,6 +85,9 @@ def load_w8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.w8a8_linear.argtypes = [p, i64, p, p, p, ctypes.c_int, i64, i64, i64, i64, p, ctypes.c_int]
         lib.w8a8_linear.restype = ctypes.c_int
+        if has_octets(lib):
+            lib.w8a8_octets_linear.argtypes = [p, i64, p, p, i64, i64, i64, i64, p, ctypes.c_int]
+            lib.w8a8_octets_linear.restype = ctypes.c_int
     return lib
 
 
@@ -82,6 +102,12 @@ def w8a8_linear(
     assert bias is None or (bias.shape == (n,) and bias.dtype == torch.float32 and bias.is_contiguous()), "bias: (N,) fp32"
     m = x.shape[0]
     y = torch.empty(m, n)
+    if w.octets:
+        assert bias is None and not gelu, "the octets layout has no epilogue"
+        if lib.w8a8_octets_linear(x.data_ptr(), x.stride(0), *w.args, m, n, k, w.group_size, y.data_ptr(),
+                                  torch.get_num_threads()):
+            raise MemoryError(f"w8a8_octets_linear: no memory for the quantized activations ({m} x {k})")
+        return y
     b = bias.data_ptr() if bias is not None else None
     if lib.w8a8_linear(
         x.data_ptr(), x.stride(0), *w.args, b, int(gelu), m, n, k, w.group_size, y.data_ptr(), torch.get_num_threads()
@@ -94,7 +120,8 @@ def w8a8_linear_ref(x: torch.Tensor, w: W8A8Weight, bias: torch.Tensor | None = 
     """The kernel's arithmetic in torch (float64 throughout: accumulation, bias and an exact-erf GELU)."""
     n = w.q.shape[0]
     xq, xd, _ = quantize_rows_ref(x, w.group_size)
-    dots = torch.einsum("mgk,ngk->mng", xq.double().view(x.shape[0], -1, w.group_size), w.q.double().view(n, -1, w.group_size))
+    q = unpack_w8a8(w).double().view(n, -1, w.group_size)
+    dots = torch.einsum("mgk,ngk->mng", xq.double().view(x.shape[0], -1, w.group_size), q)
     y = (dots * xd.double()[:, None]).sum(-1) * w.scales.double()
     y = y if bias is None else y + bias.double()
     return (gelu_ref(y) if gelu else y).float()

@@ -105,3 +105,12 @@ int w8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, c
   free(start);
   return 0;
 }
+
+/* The lm_head's octets layout (w8a8_octets.h): w + 128 unsigned (as above), so a lane's group sum starts at -128 times
+ * the group's activation sum. Four rows of x against two octets of weight rows. */
+#define W8_PREP(v) _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80))
+#define W8_DOT(acc, u, xb) _mm256_dpbusd_epi32(acc, u, xb)
+#define W8_START(sum) _mm256_set1_epi32(-128 * (sum))
+#define OCT8_MT 4
+#define OCT8_NC 2
+#include "w8a8_octets.h"
