@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from backend.quant.lm_head import LowBitHead
-from kernels.cpu.build import avx512_available
 from kernels.cpu.w8a8 import (
     gelu_ref,
     has_octets,
@@ -22,7 +21,7 @@ from kernels.cpu.w8a8 import (
     w8a8_linear,
     w8a8_linear_ref,
 )
-from tests.c_kernels import ISAS, build, requires_c_kernels
+from tests.c_kernels import ISAS, assert_rows_invariant_on_every_isa, build, requires_c_kernels
 
 pytestmark = requires_c_kernels
 
@@ -145,14 +144,7 @@ def test_octets_rows_do_not_depend_on_their_batch_or_the_isa(tmp_path_factory: p
     """Every row equals the row alone, bit for bit, on each instruction set; AVX2 and AVX-512 give the same bits."""
     w = pack_w8a8(torch.randn(56, 576, generator=torch.Generator().manual_seed(2)) * 0.05, octets=True)
     x = torch.randn(38, 576, generator=torch.Generator().manual_seed(3))
-    outs = []
-    for isa in ["avx2", "avx512"] if avx512_available() else ["avx2"]:
-        lib = build(partial(load_w8a8, isa=isa), tmp_path_factory, f"w8a8-octets-{isa}")
-        full = w8a8_linear(lib, x, w)
-        for part in (slice(5, 6), slice(0, 4), slice(3, 36), slice(0, 33), slice(37, 38)):
-            assert torch.equal(w8a8_linear(lib, x[part], w), full[part])
-        outs.append(full)
-    assert all(torch.equal(o, outs[0]) for o in outs)
+    assert_rows_invariant_on_every_isa(load_w8a8, w8a8_linear, w, x, tmp_path_factory, "w8a8-octets")
 
 
 @pytest.mark.parametrize("rows", [1, 32])

@@ -111,6 +111,7 @@ int w8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, c
 #define W8_PREP(v) _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80))
 #define W8_DOT(acc, u, xb) _mm256_dpbusd_epi32(acc, u, xb)
 #define W8_START(sum) _mm256_set1_epi32(-128 * (sum))
+#define W8_GROUP_SUMS 1
 #define OCT8_MT 4
 #define OCT8_NC 2
 #include "w8a8_octets.h"

@@ -1,6 +1,7 @@
 /* The W8A8 GEMM in octets of weight rows, for the INT4 models' lm_head (LowBitHead), shared by w8a8.c (AVX2) and
  * w8a8_avx512.c: each defines W8_PREP (a weight chunk made ready for its dot product), W8_DOT (acc + four products a
- * lane) and W8_START (a lane's group sum's starting value from the group's sum of int8 activations), OCT8_MT and
+ * lane) and W8_START (a lane's group sum's starting value from the group's sum of int8 activations, computed only
+ * where W8_GROUP_SUMS is 1), OCT8_MT and
  * OCT8_NC (the tile: rows of x, octets of weight rows) and includes this after w8a8_epilogue.h.
  *
  * Layout: w (N / 8, K / 4, 8, 4) int8: per octet of weight rows, K / 4 chunks of 32 bytes whose int32 lane l is row l's
@@ -93,11 +94,13 @@ int w8a8_octets_linear(const float *x, int64_t ldx, const int8_t *w, const float
     return -1;
   }
   quantize_rows(x, ldx, M, K, G, a.xq, a.xd, a.xs, 0, nthreads);
+#if W8_GROUP_SUMS
   for (int64_t i = 0; i < M * ng; i++) { /* the exact int8 sum of each row's group (W8_START's correction) */
     int32_t s = 0;
     for (int64_t k = 0; k < G; k++) s += a.xq[i * G + k];
     xsum[i] = s;
   }
+#endif
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t n0 = 0; n0 < N; n0 += 16) {
     const int64_t n1 = n0 + 16 < N ? n0 + 16 : N;
