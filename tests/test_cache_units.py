@@ -12,6 +12,7 @@ import pytest
 from backend.engine.sampling_params import SamplingParams
 from bench.cache_pairs import PairScore, load_pairs, score_with
 from gateway.cache.config import CacheConfig
+from gateway.cache import lexical
 from gateway.cache.guards import same_key_terms
 from gateway.cache.keys import exact_key, namespace, semantic_scope
 from gateway.cache.policy import CacheControl, from_body, from_header, semantic_allowed
@@ -51,14 +52,33 @@ def test_lexical_mode_hits_paraphrases_and_never_hard_negatives() -> None:
         ("what is the capital of france", "what is the capital of germany"),
         ("What is 2+3?", "What is 2+4?"),
         ("What is 10 divided by 2?", "What is 2 divided by 10?"),
-        ("Is coffee good for you?", "Is coffee not good for you?"),
-        ("Why do penguins fly?", "Why don't penguins fly?"),
         ("What is the largest ocean?", "What is the smallest ocean?"),
+        ("What is the hottest planet?", "what is the coldest planet"),
         ("Give me three tips.", "Give me five tips."),
     ],
 )
 def test_guards_reject_classic_false_hits(a: str, b: str) -> None:
     assert not same_key_terms(a, b)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Is coffee good for you?", "Is coffee not good for you?"),
+        ("Why do penguins fly?", "Why don't penguins fly?"),
+        ("hi, if you dont mind: why do penguins fly?", "why dont penguins fly"),
+    ],
+)
+def test_negations_are_read_after_the_courtesies(a: str, b: str) -> None:
+    """Negations are the lexical check's: it reads them once greetings and "if you don't mind" are dropped."""
+    assert same_key_terms(a, b)
+    assert lexical.compare(a, b) == lexical.DIFFERENT
+
+
+def test_a_polarity_word_on_one_side_is_left_to_the_lexical_check() -> None:
+    assert same_key_terms("how do i boost my credit score", "how do i increase my credit score")
+    assert same_key_terms("What is the Pythagorean theorem?", "what's the pythagorean theorem")  # names, any case
+    assert not same_key_terms("flights to Paris", "flights to Rome")
 
 
 @pytest.mark.parametrize(

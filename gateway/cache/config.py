@@ -46,7 +46,7 @@ class CacheConfig:
     # Answer-conditioned relevance (gateway/cache/relevance.py): serve a candidate only if the cached answer's embedding
     # is at most relevance_margin less similar to the new question than to the question it answered (calibrated on
     # tests/data/cache_pairs/dev.tsv). Needs no engine: it applies to every model.
-    relevance: bool = True
+    relevance: bool = False
     relevance_margin: float = 0.02
     # Per-entry thresholds (gateway/cache/thresholds.py): a candidate skips the engine verifier when its entry's own
     # verified outcomes bound the chance of a wrong answer at its similarity by error_bound (95% confidence).

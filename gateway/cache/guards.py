@@ -32,11 +32,11 @@ _NUMBER_WORDS |= {"thirty": "30", "forty": "40", "fifty": "50", "sixty": "60", "
                   "ninety": "90", "hundred": "100", "thousand": "1000", "million": "1e6", "billion": "1e9",
                   "half": "0.5", "twice": "x2", "double": "x2", "triple": "x3", "first": "#1", "second": "#2",
                   "third": "#3", "fourth": "#4", "fifth": "#5", "last": "#-1", "dozen": "12"}  # fmt: skip
+del _NUMBER_WORDS["one"]  # mostly a pronoun ("a good one", "quick one"); "one cup" / "two cups" still differ (2)
 _OPERATORS = {"+": "+", "plus": "+", "add": "+", "sum": "+", "-": "-", "minus": "-", "subtract": "-",
               "*": "*", "×": "*", "times": "*", "multiplied": "*", "multiply": "*", "product": "*",
               "/": "/", "÷": "/", "divided": "/", "divide": "/", "over": "/", "^": "^", "power": "^",
               "squared": "^2", "cubed": "^3", "%": "%", "percent": "%", "<": "<", ">": ">"}  # fmt: skip
-_NEGATIONS = {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot", "without", "nowhere"}
 # Opposites and their common synonyms, folded onto one side each; both sides must agree.
 _POLARITY = {
     "more": "more", "most": "more", "greater": "more", "larger": "big", "largest": "big", "biggest": "big",
@@ -87,40 +87,49 @@ _PLACES = set(
 class KeyTerms:
     """The parts of a question a paraphrase keeps and a different question changes."""
 
-    sequence: tuple[str, ...]  # numbers, operators, entities, polarity words, in order
-    negations: int
+    sequence: tuple[str, ...]  # numbers, operators and names, in order
+    polarity: frozenset[str]  # polarity words, folded onto one side each ("warmest" -> hot)
 
 
-def _term(word: str) -> str | None:
-    low = word.lower()
-    if low[:1].isdigit():
-        return low.replace(",", "")
-    for table in (_NUMBER_WORDS, _OPERATORS, _POLARITY):
-        if low in table:
-            return table[low]
-    stem = low.split("'")[0].split("’")[0]
-    if stem in _PLACES:
-        return "@" + stem
-    if word[:1].isupper() and stem not in _COMMON:
-        return "@" + stem
-    return None
+_SENTENCE_END = frozenset(".!?")
 
 
-def key_terms(text: str) -> KeyTerms:
-    terms: list[str] = []
-    negations = 0
+def names(text: str) -> frozenset[str]:
+    """Words that name something: a place on the list, or a capitalised word that is no common sentence word and
+    does not start a sentence (where every word is capitalised)."""
+    found = set()
+    start = True
     for match in _TOKEN.finditer(text):
         word = match.group(0)
-        low = word.lower()
-        if low in _NEGATIONS or low.endswith(("n't", "n’t")):
-            negations += 1
-            continue
-        term = _term(word)
-        if term is not None:
-            terms.append(term)
-    return KeyTerms(tuple(terms), negations)
+        stem = word.lower().split("'")[0].split("’")[0]
+        if stem in _PLACES or (word[:1].isupper() and not start and stem not in _COMMON):
+            found.add(stem)
+        rest = text[match.end() : match.end() + 2].strip()
+        start = bool(rest) and rest[0] in _SENTENCE_END
+    return frozenset(found)
+
+
+def key_terms(text: str, named: frozenset[str] = frozenset()) -> KeyTerms:
+    """`named`: the words that name something in either question (`names`), however this one capitalises them."""
+    terms: list[str] = []
+    polarity: set[str] = set()
+    for match in _TOKEN.finditer(text):
+        low = match.group(0).lower()
+        if low[:1].isdigit():
+            terms.append(low.replace(",", ""))
+        elif low in _NUMBER_WORDS or low in _OPERATORS:
+            terms.append(_NUMBER_WORDS.get(low) or _OPERATORS[low])
+        elif low in _POLARITY:
+            polarity.add(_POLARITY[low])
+        elif (stem := low.split("'")[0].split("’")[0]) in named:
+            terms.append("@" + stem)
+    return KeyTerms(tuple(terms), frozenset(polarity))
 
 
 def same_key_terms(query: str, candidate: str) -> bool:
-    """True when no number, operator, entity, polarity word or negation differs."""
-    return key_terms(query) == key_terms(candidate)
+    """True when the numbers, operators and names agree in order, and no polarity word of one is opposed by another
+    polarity word of the other ("hottest" / "coldest"). A polarity word on one side only ("how to boost" / "how to
+    increase") is left to the lexical check, which relates the two words or rejects them; so are negations."""
+    named = names(query) | names(candidate)
+    a, b = key_terms(query, named), key_terms(candidate, named)
+    return a.sequence == b.sequence and not (a.polarity - b.polarity and b.polarity - a.polarity)

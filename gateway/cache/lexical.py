@@ -2,21 +2,35 @@
 
 A general rule, not a list of the pairs it was tried on. English words fall in two classes:
 
-- closed-class words (pronouns, determiners, auxiliaries, wh-words, the words that frame a request:
-  "can you tell me", "please", "explain") are a finite, enumerable set; rephrasing adds, drops and
-  changes them freely, so they may differ;
-- every other word carries content (nouns, verbs, adjectives, adverbs, numbers, names), and so do the
-  closed-class words that change what is asked: negations, quantifiers, comparison and direction words,
-  prepositions of relation. These must match.
+- closed-class words (pronouns, determiners, auxiliaries, the words that frame a request: "can you tell me",
+  "please", "explain") are a finite, enumerable set; rephrasing adds, drops and changes them freely, so they may
+  differ; so may whole clauses made of nothing else (greetings, thanks, apologies: "hi, sorry to bother you",
+  "thanks in advance");
+- every other word carries content (nouns, verbs, adjectives, adverbs, numbers, names), and so do the closed-class
+  words that change what is asked: negations, quantifiers, comparison and direction words, prepositions of
+  relation. These must match. So must the grammar that changes what is asked: the tense of the auxiliaries ("did
+  you need" / "do you need"), a verb's past form ("cooked" / "cook"), and the kind of question (why, when, where,
+  who, how many, how: "why does it rain" / "when does it rain"; "what" and "which" ask anything).
 
 The check passes when every content word of one question has a partner in the other: the same word after
 normalising inflection (a light suffix stemmer: "spiders" = "spider"), contractions and chat spellings ("u" =
-"you"), or, with the WordNet lexicon (gateway/cache/lexicon.py), a synonym, an inflection WordNet knows ("ran" /
-"run"), a derivation or a direct hypernym; never an antonym, a word behind a negating prefix or a sibling.
-`compare` then reads the roles: each content word carries the preposition right before it. The same order
-(SAME), or one phrase moved with its preposition (REORDERED), keeps the roles; words that crossed or changed
-preposition (SWAPPED: a role reversal, "convert X to Y" vs "Y to X", or a reordered paraphrase) are left to the
-engine verifier. A rewording WordNet cannot relate fails the check: that costs hit rate, not a wrong answer.
+"you", "dont" = "do not"), a misspelling of it (one edit apart, for a word no dictionary knows), or, with the
+WordNet lexicon (gateway/cache/lexicon.py), a synonym, an inflection WordNet knows ("ran" / "run"), a derivation,
+a similar adjective or a verb's direct hypernym; never an antonym, a word behind a negating prefix or a sibling.
+`compare` then reads the roles:
+
+- each content word carries the preposition right before it. The same order (SAME), or one phrase that moved
+  with the preposition that heads it ("in october, is it rainy in bali" / "is it rainy in bali in october",
+  REORDERED), keeps the roles. A bare noun that moves across its verb changes them ("my friend owes me" / "i owe
+  my friend"), and so do words that cross or change preposition ("convert X to Y" / "Y to X"): SWAPPED, left to
+  the engine verifier;
+- a keyword query (no preposition, no question word: "vitamin d deficiency symptoms") names a thing by a compound
+  whose head comes last; the question that spells it out puts the head first, with "of", "for", "in", "on",
+  "at", "with" or "about" before the modifiers ("symptoms of a deficiency in vitamin d"). Such a reordering is
+  REORDERED unless two words that stand side by side in one are side by side the other way round in the other
+  ("milk chocolate" / "chocolate milk": a compound's head changed).
+
+A rewording WordNet cannot relate fails the check: that costs hit rate, not a wrong answer.
 """
 
 from __future__ import annotations
@@ -34,19 +48,23 @@ def _words(text: str) -> list[str]:
     return text.split()
 
 
-_WORD = re.compile(r"\d+(?:[.,]\d+)*|[a-z]+(?:['’][a-z]+)?|[+\-*/^=%<>×÷&]")
+_WORD = re.compile(r"\d+(?:[.,]\d+)*|[a-z]+(?:'[a-z]+)?|[+\-*/^=%<>×÷&]")
+# Clause boundaries: punctuation, but not a decimal point or a thousands separator.
+_CLAUSE = re.compile(r"[!?;:]+|(?<!\d)[.,]+|[.,]+(?!\d)|\bbut\b")
 
 # Closed-class words that frame a question without changing what it asks.
 FUNCTION_WORDS = frozenset(
     _words(
-        """a an the this that these those it its it's i me my mine myself you your yours yourself we us our they
+        """a an the this that these those it its i me my mine myself you your yours yourself we us our they
     them their he him his she her one ones someone something anyone anything
     is are was were be been being am do does did done doing have has had having can could would should will
-    shall may might must let lets let's
-    what which who whom whose when where why how whats what's hows how's wheres where's whos who's whys why's
+    shall may might must let
+    what which who whom whose when where why how
     and or but so if then than also just really actually basically briefly simply exactly
-    please pls plz kindly thanks thank hey hi hello ok okay um uh well yeah yes oh
-    tell explain describe give show say help know wondering wonder curious need want like mean means
+    please kindly thanks thank hey hi hello um uh well yeah yes oh
+    tell explain describe give show say help know wondering wonder curious need want like mean means whether
+    tells says knows explains describes
+    recommend suggest
     to of for in on at by about as with from into
     there here some way ways kind sort type thing things bit little quick short brief"""
     )
@@ -54,19 +72,106 @@ FUNCTION_WORDS = frozenset(
 # Closed-class words that change the question: never free to differ (kept as content).
 MEANING_WORDS = frozenset(
     _words(
-        """not no never none nothing nobody nowhere neither nor without cannot can't won't don't doesn't didn't
-    isn't aren't wasn't weren't shouldn't wouldn't couldn't hasn't haven't hadn't
+        """not no never none nothing nobody nowhere neither nor without
     all every each any most more less least fewer many much few several both either only
     before after during since until above below under over between against toward towards up down
     first last next previous"""
     )
 )
+# A clause made only of these (and closed-class words), with at least one MARKER, greets, thanks, apologises or
+# hedges ("hi there", "sorry to bother you", "if you don't mind", "thanks so much", "hope you're well"): dropped.
+_DISCOURSE_MARKERS = frozenset(
+    _words(
+        """hi hello hey hiya heya howdy greetings thanks thank thx ty tysm cheers sorry apologies apologise apologize
+    pardon excuse please kindly appreciate appreciated grateful advance hope mind trouble bother bug question
+    asking ask"""
+    )
+)
+_DISCOURSE_HEDGES = frozenset(
+    _words(
+        """quick dumb silly stupid random much lot lots bunch very so well good great fine doing all um uh hmm lol
+    btw anyway guys everyone really too bit dear not no ok okay"""
+    )
+)
 _CHAT = {
     "u": "you", "ur": "your", "r": "are", "y": "why", "pls": "please", "plz": "please", "thx": "thanks",
-    "wanna": "want", "gonna": "going", "gotta": "must", "kinda": "kind", "dunno": "know", "whats": "what",
-    "hows": "how", "im": "i", "cuz": "because", "bc": "because", "tho": "though", "w/": "with", "abt": "about",
+    "wanna": "want", "gonna": "going", "gotta": "must", "kinda": "kind", "dunno": "know", "whats": "what is",
+    "hows": "how is", "wheres": "where is", "whos": "who is", "thats": "that is", "im": "i am", "ive": "i have",
+    "youre": "you are", "theyre": "they are", "cuz": "because", "bc": "because", "tho": "though", "abt": "about",
+    "dont": "do not", "doesnt": "does not", "didnt": "did not", "cant": "can not", "cannot": "can not",
+    "wont": "will not", "isnt": "is not", "arent": "are not", "wasnt": "was not", "werent": "were not",
+    "shouldnt": "should not", "wouldnt": "would not", "couldnt": "could not", "havent": "have not",
+    "hasnt": "has not", "hadnt": "had not", "yr": "year", "yrs": "years", "hr": "hour", "hrs": "hours",
 }  # fmt: skip
-_NEGATED = re.compile(r"(\w+)n['’]t$")
+_IRREGULAR_NOT = {"won't": "will not", "can't": "can not", "shan't": "shall not", "ain't": "is not"}
+_CONTRACTED = {"'re": "are", "'ve": "have", "'ll": "will", "'m": "am", "'d": "would"}
+_IS_CONTRACTED = frozenset(_words("what that it there here he she who where how when why"))
+
+# Phrases that only frame a request (politeness, hedging, "walk me through"), removed before the words are read.
+_FRAMES = re.compile(
+    r"\b(?:walk (?:me|us) (?:through|thru)|thanks? (?:you )?in advance|sorry to (?:ask|bother you|bug you)|excuse me|"
+    r"i (?:have|had|got) a (?:quick )?question|quick question|i would (?:really )?(?:love|like) to (?:know|learn|ask)|"
+    r"i would (?:really |very much )?appreciate (?:it|your help|any help)?|i was (?:hoping|wondering)|"
+    r"i am (?:curious|wondering)|do you (?:happen to )?know|would you mind(?: telling| explaining| showing)?|"
+    r"(?:may|can|could) i ask|if you (?:could|can|do not mind)|can i ask|let me know|"
+    r"(?:i would|i will) be (?:very |really |so )?grateful if you (?:could|would)|"
+    r"(?:could|can|would|will) you (?:please )?(?:tell|show|teach|explain(?: to)?) me|"
+    r"(?:could|can|would|will) you (?:please )?explain|teach me|show me|remind me)\b"
+)
+
+# Prepositions mark a content word's role ("from X to Y"): a phrase that moves takes its preposition along, a role
+# reversal leaves the prepositions where they were and swaps the words. Variants of one relation share a name.
+_RELATIONS = {"to": "to", "into": "to", "onto": "on", "toward": "to", "towards": "to", "of": "of", "for": "for",
+              "in": "in", "inside": "in", "within": "in", "on": "on", "upon": "on", "at": "at", "by": "by",
+              "about": "about", "as": "as", "with": "with", "from": "from", "than": "than", "vs": "vs",
+              "versus": "vs", "via": "via", "per": "per", "through": "through", "before": "before", "after": "after",
+              "during": "during", "since": "since", "until": "until", "above": "above", "below": "below",
+              "under": "under", "over": "over", "between": "between", "against": "against"}  # fmt: skip
+# The prepositions that spell out a compound's modifier ("deficiency symptoms" / "symptoms of a deficiency"), and
+# none that gives a direction or a comparison ("to", "from", "than").
+_COMPOUND_RELATIONS = frozenset(("of", "for", "in", "on", "at", "with", "about"))
+# Words between a preposition and its noun that keep the attachment ("in my old car", "of the")
+_DETERMINERS = frozenset(_words("a an the my your our their his her its this that these those"))
+NEGATIONS = frozenset(("not", "never", "no", "without", "nor", "neither"))
+# The tense an auxiliary gives the question ("did you need" / "do you need")
+_TENSE = {"did": "past", "was": "past", "were": "past", "do": "present", "does": "present", "is": "present",
+          "are": "present", "am": "present", "will": "future"}  # fmt: skip
+# What a question word asks; "what" and "which" ask for anything ("what causes" = "why"), so they are not kinds.
+_ASKS = {"why": "why", "when": "when", "where": "where", "who": "who", "whom": "who", "whose": "who"}
+_HOW_QUANTITY = frozenset(("many", "much"))
+# Who takes part, by person: "i rear end someone" / "someone rear ends me" swap roles with the same words
+_PERSONS = {w: 1 for w in _words("i me my mine myself we us our ours ourselves")} | {
+    w: 2 for w in _words("you your yours yourself yourselves")
+} | {w: 3 for w in _words("he him his himself she her hers herself they them their theirs someone somebody anyone "
+                          "anybody everyone everybody")}  # fmt: skip
+# Right after "how", these words ask for a manner or a means ("how do i", "how to", "how can"), not a degree
+_HOW_MANNER = frozenset(_words("do does did can could should would will to is are was were am i you we they it"))
+
+
+@dataclass(frozen=True)
+class Word:
+    text: str  # lower case, a WordNet collocation joined by "_" ("get_rid_of")
+    key: str  # what equal words share: the normalised stem (inflection aside)
+    attach: str | None  # the preposition that introduces it, None after a verb, a wh-word...
+    fixed: bool  # a number or a closed-class word that changes the question: only the same word stands for it
+    past: bool = False  # a verb's past form or participle ("cooked", "ran"): a present form does not stand for it
+    degree: bool = False  # the property a "how" question asks about ("how deep"): only one sense stands for it
+
+
+@dataclass(frozen=True)
+class Content:
+    words: tuple[Word, ...]  # content words in order
+    negations: int
+    tenses: frozenset[str] = frozenset()  # of the auxiliaries
+    asks: frozenset[str] = frozenset()  # the kinds of question words: why, when, where, who, quantity, manner
+    keywords: bool = False  # no preposition, no question word: a keyword query ("lawn brown patches")
+    # the persons taking part, each with the content word it stands before (len(words): at the end): "i rear end
+    # someone" = {(1, 0), (3, 1)}, "someone rear ends me" = {(3, 0), (1, 1)}
+    persons: frozenset[tuple[int, int]] = frozenset()
+
+    @property
+    def bag(self) -> tuple[str, ...]:
+        return tuple(sorted(w.key for w in self.words))
 
 
 def stem(word: str) -> str:
@@ -92,68 +197,86 @@ def _unify(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("e") else word
 
 
-# Phrases that only frame a request (politeness, hedging, "walk me through"), removed before the words are read.
-_FRAMES = re.compile(
-    r"\b(?:walk (?:me|us) through|thanks? (?:you )?in advance|sorry to (?:ask|bother you)|excuse me|"
-    r"i (?:have|had|got) a (?:quick )?question|quick question|i'?d (?:really )?(?:love|like) to (?:know|learn|ask)|"
-    r"i'?d (?:really )?appreciate (?:it|your help|any help)?|i was (?:hoping|wondering)|i'?m (?:curious|wondering)|"
-    r"do you (?:happen to )?know|would you mind|(?:may|can|could) i ask|if you (?:could|can|don'?t mind)|can i ask|let me know|"
-    r"could you (?:please )?(?:tell|show|teach) me|teach me|show me|remind me)\b"
-)
+def _expand(raw: str) -> list[str]:
+    """One token in its full form: contractions and chat spellings spelled out ("don't" -> "do not")."""
+    if raw in _CHAT:
+        return _CHAT[raw].split()
+    if raw in _IRREGULAR_NOT:
+        return _IRREGULAR_NOT[raw].split()
+    if raw.endswith("n't"):
+        return [raw[:-3], "not"]
+    for suffix, full in _CONTRACTED.items():
+        if raw.endswith(suffix):
+            return [raw[: -len(suffix)], full]
+    if raw.endswith("'s"):
+        head = raw[:-2]
+        return [head, "us"] if head == "let" else [head, "is"] if head in _IS_CONTRACTED else [head]
+    return [raw]
 
 
-# Prepositions mark a content word's role ("from X to Y"): a phrase that moves takes its preposition along, a role
-# reversal leaves the prepositions where they were and swaps the words. Variants of one relation share a name.
-_RELATIONS = {"to": "to", "into": "to", "onto": "on", "toward": "to", "towards": "to", "of": "of", "for": "for",
-              "in": "in", "inside": "in", "within": "in", "on": "on", "upon": "on", "at": "at", "by": "by",
-              "about": "about", "as": "as", "with": "with", "from": "from", "than": "than", "vs": "vs",
-              "versus": "vs", "via": "via", "per": "per", "through": "through", "before": "before", "after": "after",
-              "during": "during", "since": "since", "until": "until", "above": "above", "below": "below",
-              "under": "under", "over": "over", "between": "between", "against": "against"}  # fmt: skip
-# Words between a preposition and its noun that keep the attachment ("in my old car", "of the")
-_DETERMINERS = frozenset(_words("a an the my your our their his her its this that these those"))
-NEGATIONS = frozenset(("not", "never", "no", "cannot", "without", "nor", "neither"))
-
-
-@dataclass(frozen=True)
-class Word:
-    text: str  # lower case, a WordNet collocation joined by "_" ("get_rid_of")
-    key: str  # what equal words share: the normalised stem (inflection aside)
-    attach: str | None  # the preposition that introduces it, None after a verb, a wh-word...
-    fixed: bool  # a number or a closed-class word that changes the question: only the same word stands for it
-
-
-@dataclass(frozen=True)
-class Content:
-    words: tuple[Word, ...]  # content words in order
-    negations: int
-
-    @property
-    def bag(self) -> tuple[str, ...]:
-        return tuple(sorted(w.key for w in self.words))
+def _discourse(clause: list[str]) -> bool:
+    """A clause that only greets, thanks, apologises or hedges."""
+    return any(w in _DISCOURSE_MARKERS for w in clause) and all(
+        w in _DISCOURSE_MARKERS or w in _DISCOURSE_HEDGES or w in FUNCTION_WORDS for w in clause
+    )
 
 
 def _tokens(text: str) -> list[str]:
-    return [_CHAT.get(raw, raw) for raw in _WORD.findall(_FRAMES.sub(" ", text.lower().replace("’", "'")))]
+    """The words of a question in their full forms, request frames and discourse clauses left out."""
+    clauses = []
+    for part in _CLAUSE.split(text.lower().replace("’", "'")):
+        expanded = " ".join(w for raw in _WORD.findall(part) for w in _expand(raw))
+        words = _FRAMES.sub(" ", expanded).split()
+        if words:
+            clauses.append(words)
+    kept = [c for c in clauses if not _discourse(c)] or clauses
+    return [w for c in kept for w in c]
+
+
+def _past(word: str, lex: Lexicon | None) -> bool:
+    """A verb's past form or participle: "-ed" on a verb stem, or an irregular past WordNet lists ("ran")."""
+    if lex is None:
+        return word.endswith("ed") and len(word) > 4
+    return lex.is_past(word)
 
 
 def content(text: str, lex: Lexicon | None = None) -> Content:
-    """The content words of a question, each with the preposition that introduces it, and its negation count."""
+    """The content words of a question, each with the preposition that introduces it, and the grammar that changes
+    what it asks: negations, the auxiliaries' tense and the kinds of question words."""
     tokens = _tokens(text)
     out: list[Word] = []
     negations = 0
+    tenses: set[str] = set()
+    asks: set[str] = set()
+    prepositions = 0
+    persons: set[tuple[int, int]] = set()
     attach: str | None = None
     i = 0
     while i < len(tokens):
         word = tokens[i]
         i += 1
-        if word.endswith("n't") or word in NEGATIONS:
+        if word in NEGATIONS:
             negations += 1
             continue
-        if word.endswith("'s"):
-            word = word[:-2]
+        if word in _PERSONS:
+            persons.add((_PERSONS[word], len(out)))
+        if word in _TENSE:
+            tenses.add(_TENSE[word])
+        if word in _ASKS:
+            asks.add(_ASKS[word])
+        if word == "how" and i < len(tokens):
+            follower, then = tokens[i], tokens[i + 1] if i + 1 < len(tokens) else ""
+            degree = follower.isalpha() and follower not in _HOW_QUANTITY | _HOW_MANNER and then in _HOW_MANNER
+            asks.add("quantity" if follower in _HOW_QUANTITY else "degree" if degree else "manner")
+            if degree:  # "how deep" / "how big": the property asked about
+                out.append(Word(follower, _unify(stem(follower)), None, False, degree=True))
+                i += 1
+                continue
+        if word == "to" and i >= 2 and tokens[i - 2] in ("how", "way", "ways", "what", "where", "when", "who"):
+            continue  # "how to fix": an infinitive, not a preposition
         if word in _RELATIONS:
             attach = _RELATIONS[word]
+            prepositions += 1
             if word not in MEANING_WORDS:
                 continue
         if word in MEANING_WORDS or word[:1].isdigit() or not word.isalpha():
@@ -165,15 +288,34 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             if word not in _DETERMINERS:
                 attach = None
             continue
-        if lex is not None:  # the longest WordNet collocation starting here ("get rid of", "jet lag", "new york")
+        if lex is not None:
+            word = lex.correct(word)
+            # the longest WordNet collocation starting here ("get rid of", "jet lag", "new york")
             for n in (3, 2):
                 if i - 1 + n <= len(tokens) and lex.known("_".join(tokens[i - 1 : i - 1 + n])):
                     word = "_".join(tokens[i - 1 : i - 1 + n])
                     i += n - 1
                     break
-        out.append(Word(word, _unify(stem(word)), attach, False))
+        out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex)))
         attach = None  # only the word right after a preposition (determiners aside) is its object
-    return Content(tuple(out), negations)
+    keywords = prepositions == 0 and not asks and bool(out)
+    return Content(tuple(out), negations, frozenset(tenses), frozenset(asks), keywords, frozenset(persons))
+
+
+def _same_parts(a: Content, b: Content, order: list[int]) -> bool:
+    """Where both questions name two persons or more, each person stands before the same content word in both
+    ("i rear end someone" / "someone rear ends me" do not); "you" may stand for "i" (a generic "how do you...")
+    when neither question has both."""
+    kinds_a, kinds_b = {p for p, _ in a.persons}, {p for p, _ in b.persons}
+    if len(kinds_a) < 2 or len(kinds_b) < 2:
+        return True
+    position = {i: j for j, i in enumerate(order)} | {len(order): len(order)}
+    mine = {(p, position[k]) for p, k in a.persons}
+    if mine == b.persons:
+        return True
+    if {1, 2} <= kinds_a or {1, 2} <= kinds_b:
+        return False
+    return {({1: 2, 2: 1}.get(p, p), k) for p, k in mine} == b.persons
 
 
 SAME, REORDERED, SWAPPED, DIFFERENT = "same", "reordered", "swapped", "different"
@@ -181,7 +323,8 @@ SAME, REORDERED, SWAPPED, DIFFERENT = "same", "reordered", "swapped", "different
 
 def _align(a: Content, b: Content, lex: Lexicon | None) -> list[int] | None:
     """For each of b's words, the index of the word of a that stands for it (equal, or explained by the lexicon:
-    synonym, inflection, derivation, direct hypernym); None when some content word of either has no partner."""
+    synonym, inflection, derivation, similar adjective, a verb's hypernym); None when some content
+    word of either has no partner."""
     if len(a.words) != len(b.words):
         return None
     partner: list[int | None] = [None] * len(b.words)
@@ -197,7 +340,11 @@ def _align(a: Content, b: Content, lex: Lexicon | None) -> list[int] | None:
 
     def fits(i: int, j: int) -> bool:
         x, y = a.words[i], b.words[j]
-        return not (x.fixed or y.fixed) and lex is not None and lex.explains(x.text, y.text)
+        if x.fixed or y.fixed or lex is None:
+            return False
+        if x.degree or y.degree:
+            return lex.one_sense(x.text, y.text)
+        return lex.explains(x.text, y.text)
 
     def augment(j: int, seen: set[int]) -> bool:  # bipartite matching, Kuhn's augmenting paths (a few words)
         for i in range(len(a.words)):
@@ -217,40 +364,89 @@ def _align(a: Content, b: Content, lex: Lexicon | None) -> list[int] | None:
     return [p for p in partner if p is not None]
 
 
-def _one_block_moved(order: list[int]) -> bool:
-    """`order` is 0..n-1 with one contiguous block moved elsewhere (a phrase moved to the front or the end)."""
+def _moved_blocks(order: list[int]) -> list[tuple[int, int]]:
+    """The ways `order` is 0..n-1 with one contiguous block moved elsewhere: (first, end) of the moved block's
+    values ("a phrase moved to the front or the end"); empty when no single move gives it."""
     n = len(order)
     ident = list(range(n))
+    found = []
     for i in range(n):
         for j in range(i + 1, n):
             for k in range(j + 1, n + 1):
                 if ident[:i] + ident[j:k] + ident[i:j] + ident[k:] == order:
-                    return True
+                    found += [(j, k), (i, j)]  # either [j, k) moved before [i, j), or [i, j) moved after [j, k)
+    return found
+
+
+def _phrase_moved(a: Content, order: list[int]) -> bool:
+    """One phrase moved, and it keeps its role: it is headed by a preposition (its first word is a preposition's
+    object, or is one), or it went from one end of the question to the other ("javascript remove item from array"
+    / "remove item from array javascript"). A bare noun moved across its verb does not ("my friend owes me" / "i
+    owe my friend")."""
+    n = len(order)
+    for first, end in _moved_blocks(order):
+        if a.words[first].attach is not None or a.words[first].text in _RELATIONS:
+            return True
+        if (first, end) in ((0, 1), (n - 1, n)) and order[0] != 0 and order[-1] != n - 1:
+            return True  # a one-word block from the front to the back, or back to front
     return False
 
 
+def _compound_inverted(a: Content, b: Content, order: list[int]) -> bool:
+    """Two words side by side in one question stand side by side the other way round in the other, with no
+    preposition between them: a compound's head changed ("milk chocolate" / "chocolate milk")."""
+    position = {i: j for j, i in enumerate(order)}  # a's word i stands at b's position j
+    for i in range(len(a.words) - 1):
+        j = position[i]
+        if position[i + 1] == j - 1 and b.words[j].attach is None and a.words[i + 1].attach is None:
+            return True
+    return False
+
+
+def _compound_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
+    """One side is a keyword query and the other the same words with compound prepositions only ("vitamin d
+    deficiency symptoms" / "symptoms of a deficiency in vitamin d"), no compound inverted."""
+    if not (a.keywords or b.keywords):
+        return False
+    if any(w.attach not in _COMPOUND_RELATIONS for w in a.words + b.words if w.attach is not None):
+        return False
+    return not _compound_inverted(a, b, order)
+
+
 def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
-    """SAME: every content word has a partner (the same word, or with a lexicon a synonym, inflection, derivation or
-    direct hypernym), in the same order, with as many negations; REORDERED: the same, but one phrase moved with its
-    preposition ("in october, is it rainy in bali" / "is it rainy in bali in october"); SWAPPED: the words cross
-    or change preposition, as a role reversal does ("convert X to Y" / "Y to X"; a reordered paraphrase may too:
-    only a verifier can tell); DIFFERENT: a content word unexplained, added or dropped, or the negations differ."""
+    """SAME: every content word has a partner (the same word, or with a lexicon a synonym, inflection, derivation,
+    similar adjective or a verb's hypernym), in the same order, with as many negations, the same tense and the same
+    kind of question; REORDERED: the same, but one phrase moved with its preposition ("in october, is it rainy in
+    bali" / "is it rainy in bali in october"), or a keyword query spelled out ("vitamin d deficiency symptoms" /
+    "symptoms of vitamin d deficiency"); SWAPPED: the words cross or change preposition, as a role reversal does
+    ("convert X to Y" / "Y to X"; a reordered paraphrase may too: only a verifier can tell); DIFFERENT: a content
+    word unexplained, added or dropped, or the negations, the tense, a past form or the kind of question differ."""
     lex = default_lexicon() if lex is None else lex
     a, b = content(query, lex or None), content(cached, lex or None)
     if a.negations != b.negations:
         return DIFFERENT
+    if a.tenses and b.tenses and a.tenses != b.tenses:
+        return DIFFERENT
+    if a.asks and b.asks and a.asks != b.asks:
+        return DIFFERENT
     order = _align(a, b, lex or None)
     if order is None:
         return DIFFERENT
-    roles_kept = all(
-        a.words[i].attach == w.attach or (order == sorted(order) and None in (a.words[i].attach, w.attach))
-        for i, w in zip(order, b.words, strict=True)
-    )
-    if not roles_kept:
+    if any(a.words[i].past != w.past for i, w in zip(order, b.words, strict=True)):
+        return DIFFERENT
+    if not _same_parts(a, b, order):
         return SWAPPED
-    if order == sorted(order):
+    if order == sorted(order) and all(
+        a.words[i].attach == w.attach or None in (a.words[i].attach, w.attach)
+        for i, w in zip(order, b.words, strict=True)
+    ):
         return SAME
-    return REORDERED if _one_block_moved(order) else SWAPPED
+    if _compound_spelled_out(a, b, order):
+        return REORDERED
+    roles_kept = all(a.words[i].attach == w.attach for i, w in zip(order, b.words, strict=True))
+    if roles_kept and _phrase_moved(a, order) and not _compound_inverted(a, b, order):
+        return REORDERED
+    return SWAPPED
 
 
 def same_content(query: str, cached: str) -> bool:

@@ -15,6 +15,7 @@ import functools
 
 from gateway.cache.wordnet import ANTONYM, DERIVED, HYPERNYM, INSTANCE_HYPERNYM, PERTAINYM, SIMILAR, WordNet
 
+EXPLAINED = frozenset(("same", "derived", "synonym", "similar", "hypernym"))
 SENSES = 3  # a synonym or hypernym must be among a word's most frequent senses (index order)
 # Prefixes that negate or reverse a stem: "un"+"lock", "dis"+"assemble"; and pairs that oppose each other.
 NEGATING = ("un", "in", "im", "il", "ir", "non", "dis", "de", "anti", "mis", "counter", "non-", "un-", "anti-")
@@ -75,8 +76,28 @@ class Lexicon:
         return self.wn.senses(lemma, pos)[:SENSES]
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def _first_senses(self, word: str) -> frozenset[tuple[str, int]]:
+        return frozenset(key for pos, lemma in self.wn.lemmas(word) for key in self.wn.senses(lemma, pos)[:1])
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def _first_parents(self, word: str) -> frozenset[tuple[str, int]]:
+        """The direct hypernyms of the first (most frequent) sense of each of `word`'s noun lemmas."""
+        firsts = [key for key in self._first_senses(word) if key[0] == "noun"]
+        return frozenset(p for key in firsts for p in self.wn.synset(key).targets(HYPERNYM, INSTANCE_HYPERNYM))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def is_past(self, word: str) -> bool:
+        """A verb's past form or participle that is no verb itself: "cooked", "ran", "fed" (not "need", "read")."""
+        if word.endswith("ing") or self.wn.has(word, "verb"):
+            return False  # verb.exc lists doubled "-ing" forms too ("repotting")
+        if not (word.endswith("ed") or self.wn.is_verb_exception(word)):
+            return False
+        return any(lemma != word for lemma in self.wn.morphy(word, "verb"))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
     def relation(self, a: str, b: str) -> str:
-        """same | derived | synonym | hypernym (the word pair is explained) or prefix | antonym | unrelated."""
+        """same | derived | synonym | similar | hypernym (the word pair is explained) or prefix | antonym | sibling |
+        unrelated."""
         if a == b:
             return "same"
         if prefixed(a, b):
@@ -94,17 +115,57 @@ class Lexicon:
         for pos, lemma in lb:
             if self.wn.lexical_targets(lemma, pos, DERIVED, PERTAINYM) & la:
                 return "derived"
+        if self._first_senses(a) & self._first_senses(b):
+            return "synonym"  # one meaning in their most frequent senses ("repair" / "fix", "car" / "automobile")
+        if self._first_parents(a) & self._first_parents(b):
+            # nouns that are siblings in their most frequent senses ("ocean" / "sea", "cat" / "dog"): whatever
+            # rarer sense they share ("a sea of troubles" = "an ocean of troubles"), they name two different things
+            return "sibling"
         tops_a = {k for pos, lemma in la for k in self._top(pos, lemma)}
         tops_b = {k for pos, lemma in lb for k in self._top(pos, lemma)}
         if tops_a & tops_b:
             return "synonym"
         if "_" in a or "_" in b:  # "smoked_salmon" is a kind of "salmon": a modifier added, not a synonym
             return "unrelated"
-        for mine, other in ((tops_a, tops_b), (tops_b, tops_a)):
-            for key in mine:
-                if set(self.wn.synset(key).targets(HYPERNYM, INSTANCE_HYPERNYM)) & other:
+        if {k for pos, lemma in la for k in self.wn.senses(lemma, pos)} & {
+            k for pos, lemma in lb for k in self.wn.senses(lemma, pos)
+        }:
+            return "synonym"
+        if any(p == "adj" and self._heads(x) & self._heads(y) for p, x in la for q, y in lb if q == "adj"):
+            return "similar"  # satellites of one cluster head ("poisonous" / "toxic", "tight" / "stiff")
+        verbs_a = {k for pos, lemma in la if pos == "verb" for k in self._top(pos, lemma)}
+        verbs_b = {k for pos, lemma in lb if pos == "verb" for k in self._top(pos, lemma)}
+        for mine, other in ((verbs_a, verbs_b), (verbs_b, verbs_a)):  # "boost" is a way to "raise"; a noun's
+            for key in mine:  # hypernym names a wider class ("salmon" / "fish"): not the same question
+                if set(self.wn.synset(key).targets(HYPERNYM)) & other:
                     return "hypernym"
         return "unrelated"
 
+    def one_sense(self, a: str, b: str) -> bool:
+        """The same word, or words whose most frequent senses are one meaning ("often" / "frequently", "big" /
+        "large"): the strict relation for the property a question asks about ("how heavy" is not "how big")."""
+        return self.relation(a, b) in ("same", "derived") or bool(self._first_senses(a) & self._first_senses(b))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def correct(self, word: str) -> str:
+        """A word the dictionary does not know, spelt as the one known word a single edit away (a letter dropped,
+        added, changed, or two swapped: "replacment", "devided"); else the word itself. Short words and words with
+        several such neighbours are left alone: "teh" could be many words."""
+        if len(word) < 5 or not word.isalpha() or self.known(word):
+            return word
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        splits = [(word[:k], word[k:]) for k in range(len(word) + 1)]
+        edits = {head + tail[1:] for head, tail in splits if tail}
+        edits |= {head + tail[1] + tail[0] + tail[2:] for head, tail in splits if len(tail) > 1}
+        edits |= {head + c + tail[1:] for head, tail in splits if tail for c in letters}
+        edits |= {head + c + tail for head, tail in splits for c in letters}
+        edits.discard(word)
+        # dictionary entries first ("controller"), then inflections of them ("replacments" -> "replacements"); the
+        # regular rules also "know" misspelt inflections ("controled"), so those only count when no entry fits
+        for found in (sorted(e for e in edits if self.wn.has(e)), sorted(e for e in edits if self.known(e))):
+            if found:
+                return found[0] if len(found) == 1 else word
+        return word
+
     def explains(self, a: str, b: str) -> bool:
-        return self.relation(a, b) in ("same", "derived", "synonym", "hypernym")
+        return self.relation(a, b) in EXPLAINED

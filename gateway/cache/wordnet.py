@@ -109,6 +109,10 @@ class WordNet:
             pointers.append((sym, (_POS_CHAR[p], int(off)), int(st[:2], 16), int(st[2:], 16)))
         return Synset(key, lemmas, tuple(pointers))
 
+    def is_verb_exception(self, word: str) -> bool:
+        """`word` is an irregular verb form WordNet lists (verb.exc: "ran", "fed", "taught")."""
+        return word in self._exceptions["verb"]
+
     def is_satellite(self, key: tuple[str, int]) -> bool:
         """An adjective satellite (ss_type s): its sense hangs off a cluster head through a similar-to pointer."""
         pos, offset = key
