@@ -363,8 +363,10 @@ def score_lookups(
     lookups: list[Lookup], mode: str, threshold: float, criterion: object = None, relevance_margin: float | None = None
 ) -> MechanismScore:
     """What the matcher serves at `threshold`: embedding mode, the nearest cached question (cosine alone); lexical
-    mode, the first SAME or REORDERED candidate; verified mode, the first candidate the criterion accepts (strictly
-    for SWAPPED ones; each one tried costs a verification). With `relevance_margin`, lexical and verified modes first
+    mode, the first SAME or REORDERED candidate; verified mode (`cache.semantic_verify: auto`), the first SAME or
+    REORDERED candidate, or SWAPPED or SUBSTITUTED one the strict criterion accepts; verified_all mode
+    (`semantic_verify: all`), the first candidate the criterion accepts (strictly for SWAPPED and SUBSTITUTED ones).
+    Each candidate the engine scores costs a verification. With `relevance_margin`, lexical and verified modes first
     drop candidates whose answer fails the relevance check (gateway/cache/relevance.py), as the matcher does."""
     from gateway.cache import lexical
     from gateway.cache.verify import Scores
@@ -385,13 +387,14 @@ def score_lookups(
                 continue
             if relevance_margin is not None and not _relevant(ex, relevance_margin):
                 continue
-            if mode == "lexical":
-                if ex.verdict in (lexical.SAME, lexical.REORDERED):
+            decided = ex.verdict in (lexical.SAME, lexical.REORDERED)
+            if mode == "lexical" or (mode == "verified" and decided):
+                if decided:
                     served = ex
                     break
                 continue
             verifications += 1
-            strict = ex.verdict == lexical.SWAPPED
+            strict = ex.verdict in (lexical.SWAPPED, lexical.SUBSTITUTED)
             scores = None if ex.new is None else Scores(ex.new, ex.greedy or (True,) * len(ex.new))
             if scores is not None and criterion.accept(ex.original, scores, strict):  # type: ignore[attr-defined]
                 served = ex

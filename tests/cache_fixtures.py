@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -101,6 +102,17 @@ class CacheStack:
         if name not in self.urls:
             pytest.skip(REDIS_SKIP)
         return openai.OpenAI(base_url=f"{self.urls[name]}/v1", api_key=key, max_retries=0, timeout=120)
+
+    @contextmanager
+    def configured(self, name: str = "memory", **changes: Any) -> Iterator[None]:
+        """Run with some `cache:` settings changed on one server (read per request), restored after."""
+        cache = self.contexts[name].cache
+        saved = cache.cfg
+        cache.cfg = replace(saved, **changes)
+        try:
+            yield
+        finally:
+            cache.cfg = saved
 
     def metrics(self, name: str) -> str:
         return httpx.get(f"{self.urls[name]}/metrics", headers={"authorization": f"Bearer {API_KEY}"}).text

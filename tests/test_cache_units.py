@@ -11,8 +11,8 @@ import pytest
 
 from backend.engine.sampling_params import SamplingParams
 from bench.cache_pairs import PairScore, load_pairs, score_with
-from gateway.cache.config import CacheConfig
 from gateway.cache import lexical
+from gateway.cache.config import CacheConfig
 from gateway.cache.guards import same_key_terms
 from gateway.cache.keys import exact_key, namespace, semantic_scope
 from gateway.cache.policy import CacheControl, from_body, from_header, semantic_allowed

@@ -97,16 +97,25 @@ def test_lexical_check_passes_rephrasings(a: str, b: str) -> None:
     ("a", "b"),
     [
         ("is it safe to eat raw cookie dough", "is it unsafe to eat raw cookie dough"),  # negating prefix
-        ("why is my cat sneezing", "why is my dog sneezing"),  # sibling
-        ("best way to warm up soup", "best way to cool down soup"),  # antonym
+        ("best way to warm up soup", "best way to cool down soup"),  # antonyms inside collocations
         ("can dogs eat grapes", "can dogs not eat grapes"),  # negation
         ("do all birds fly", "do some birds fly"),  # quantifier
         ("recipe for vegetarian lasagna", "recipe for lasagna"),  # dropped modifier
-        ("summarize this article", "translate this article"),  # another task
     ],
 )
 def test_lexical_check_rejects_a_changed_content_word(a: str, b: str) -> None:
     assert lexical.compare(b, a) == lexical.DIFFERENT
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("why is my cat sneezing", "why is my dog sneezing"),  # siblings WordNet does not see
+        ("summarize this article", "translate this article"),  # another task
+    ],
+)
+def test_lexical_check_leaves_one_unrelated_word_to_the_verifier(a: str, b: str) -> None:
+    assert lexical.compare(b, a) == lexical.SUBSTITUTED
 
 
 def test_lexical_check_leaves_swapped_roles_to_the_verifier() -> None:
@@ -131,37 +140,55 @@ def _verifications(stack: CacheStack, outcome: str) -> float:
     return stack.metric("memory", f'smolgate_cache_verifications_total{{outcome="{outcome}"}}')
 
 
-def test_the_verifier_accepts_a_paraphrase_and_rejects_a_look_alike(cache_stack: CacheStack) -> None:
-    """Both questions pass the embedding threshold, the guards and the lexical check (the same content words);
-    only the engine, scoring the cached answer under the new question, tells them apart."""
+def test_the_verifier_decides_what_the_words_cannot(cache_stack: CacheStack) -> None:
+    """By default (`semantic_verify: auto`) a paraphrase whose words keep their roles is served on the lexical
+    check alone; a role reversal (SWAPPED) and a sibling WordNet does not know (SUBSTITUTED) pass the embedding
+    threshold, the guards and the word check, and only the engine, scoring the cached answer under the new
+    question, turns them away."""
     system = f"You are a helpful assistant. Session {uuid.uuid4().hex[:8]}."
     original, _ = _post(cache_stack, _ask(system, "Can anxiety cause chest pain?"))
     accepted, rejected = _verifications(cache_stack, "accepted"), _verifications(cache_stack, "rejected")
     body, headers = _post(cache_stack, _ask(system, "can anxiety cause chest pain"))
     assert headers["x-cache"] == "semantic-hit" and body["choices"] == original["choices"]
-    assert _verifications(cache_stack, "accepted") == accepted + 1
+    assert _verifications(cache_stack, "accepted") == accepted  # no engine pass
     _, headers = _post(cache_stack, _ask(system, "Can chest pain cause anxiety?"))  # the roles reversed
     assert headers["x-cache"] == "miss"
     assert _verifications(cache_stack, "rejected") == rejected + 1
-    assert cache_stack.metric("memory", 'smolgate_cache_near_misses_total{reason="verifier"}') >= 1
+    _post(cache_stack, _ask(system, "Why is my cat sneezing?"))
+    _, headers = _post(cache_stack, _ask(system, "why is my dog sneezing"))  # one word nothing relates
+    assert headers["x-cache"] == "miss"
+    assert _verifications(cache_stack, "rejected") == rejected + 2
+    assert cache_stack.metric("memory", 'smolgate_cache_near_misses_total{reason="verifier"}') >= 2
+
+
+def test_with_verify_all_the_engine_confirms_every_candidate(cache_stack: CacheStack) -> None:
+    system = f"You are a helpful assistant. Session {uuid.uuid4().hex[:8]}."
+    with cache_stack.configured(semantic_verify="all"):
+        original, _ = _post(cache_stack, _ask(system, "Can stress cause hair loss?"))
+        accepted = _verifications(cache_stack, "accepted")
+        body, headers = _post(cache_stack, _ask(system, "can stress cause hair loss"))
+        assert headers["x-cache"] == "semantic-hit" and body["choices"] == original["choices"]
+        assert _verifications(cache_stack, "accepted") == accepted + 1
 
 
 def test_an_entry_with_enough_verified_outcomes_skips_the_engine(cache_stack: CacheStack) -> None:
     """Per-entry thresholds (cache.error_bound): once an entry's own verified outcomes bound the chance of a wrong
-    answer at a candidate's similarity, the candidate is served without a prefill. With a loose bound of 50%, five
+    answer at a candidate's similarity, the candidate is served without a prefill (`semantic_verify: all`: with
+    `auto` a candidate whose words keep their roles never needs one). With a loose bound of 50%, five
     right outcomes at 95% confidence suffice (1 - 0.05^(1/5) = 0.45)."""
     cache = cache_stack.contexts["memory"].cache
     saved = cache.thresholds
     cache.thresholds = EntryThresholds(delta=0.5)
     try:
-        system = f"You are a helpful assistant. Session {uuid.uuid4().hex[:8]}."
-        original, _ = _post(cache_stack, _ask(system, "How do I descale a kettle?"))
-        accepted, skipped = _verifications(cache_stack, "accepted"), _verifications(cache_stack, "skipped")
-        for i in range(6):
-            body, headers = _post(cache_stack, _ask(system, "how do i descale a kettle"))
-            assert headers["x-cache"] == "semantic-hit" and body["choices"] == original["choices"]
-            assert _verifications(cache_stack, "accepted") == accepted + min(i + 1, 5)
-            assert _verifications(cache_stack, "skipped") == skipped + max(i - 4, 0)
+        with cache_stack.configured(semantic_verify="all"):
+            system = f"You are a helpful assistant. Session {uuid.uuid4().hex[:8]}."
+            original, _ = _post(cache_stack, _ask(system, "How do I descale a kettle?"))
+            accepted, skipped = _verifications(cache_stack, "accepted"), _verifications(cache_stack, "skipped")
+            for i in range(6):
+                body, headers = _post(cache_stack, _ask(system, "how do i descale a kettle"))
+                assert headers["x-cache"] == "semantic-hit" and body["choices"] == original["choices"]
+                assert _verifications(cache_stack, "accepted") == accepted + min(i + 1, 5)
+                assert _verifications(cache_stack, "skipped") == skipped + max(i - 4, 0)
     finally:
         cache.thresholds = saved
 

@@ -303,28 +303,33 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
 
 
 def _same_parts(a: Content, b: Content, order: list[int]) -> bool:
-    """Where both questions name two persons or more, each person stands before the same content word in both
-    ("i rear end someone" / "someone rear ends me" do not); "you" may stand for "i" (a generic "how do you...")
-    when neither question has both."""
-    kinds_a, kinds_b = {p for p, _ in a.persons}, {p for p, _ in b.persons}
-    if len(kinds_a) < 2 or len(kinds_b) < 2:
-        return True
+    """Every two persons both questions name come in the same order, each placed by the first content word it
+    stands before ("i rear end someone" / "someone rear ends me": no). "you" stands for "i" (a generic "how do
+    you...") when one question has only "i" and the other only "you"."""
     position = {i: j for j, i in enumerate(order)} | {len(order): len(order)}
-    mine = {(p, position[k]) for p, k in a.persons}
-    if mine == b.persons:
-        return True
-    if {1, 2} <= kinds_a or {1, 2} <= kinds_b:
-        return False
-    return {({1: 2, 2: 1}.get(p, p), k) for p, k in mine} == b.persons
+    kinds_a, kinds_b = {p for p, _ in a.persons}, {p for p, _ in b.persons}
+    generic = not ({1, 2} <= kinds_a or {1, 2} <= kinds_b) and {1, 2} <= kinds_a | kinds_b
+    first_a: dict[int, int] = {}
+    for p, k in a.persons:
+        p = {1: 2, 2: 1}.get(p, p) if generic else p
+        first_a[p] = min(first_a.get(p, k + 1), position[k])
+    first_b: dict[int, int] = {}
+    for p, k in b.persons:
+        first_b[p] = min(first_b.get(p, k + 1), k)
+    common = sorted(first_a.keys() & first_b.keys())
+    return all(
+        (first_a[p] - first_a[q]) * (first_b[p] - first_b[q]) >= 0 for n, p in enumerate(common) for q in common[n + 1 :]
+    )
 
 
-SAME, REORDERED, SWAPPED, DIFFERENT = "same", "reordered", "swapped", "different"
+SAME, REORDERED, SWAPPED, SUBSTITUTED, DIFFERENT = "same", "reordered", "swapped", "substituted", "different"
 
 
-def _align(a: Content, b: Content, lex: Lexicon | None) -> list[int] | None:
+def _align(a: Content, b: Content, lex: Lexicon | None, substitute: bool = False) -> list[int] | None:
     """For each of b's words, the index of the word of a that stands for it (equal, or explained by the lexicon:
-    synonym, inflection, derivation, similar adjective, a verb's hypernym); None when some content
-    word of either has no partner."""
+    synonym, inflection, derivation, similar adjective, a verb's hypernym); None when some content word of either
+    has no partner. With `substitute`, one pair of words the lexicon cannot relate may stand for each other too, if
+    it does not oppose them (no antonym, negating prefix or sibling): a SUBSTITUTED question."""
     if len(a.words) != len(b.words):
         return None
     partner: list[int | None] = [None] * len(b.words)
@@ -358,9 +363,15 @@ def _align(a: Content, b: Content, lex: Lexicon | None) -> list[int] | None:
                 return True
         return False
 
-    for j in rest:
-        if not augment(j, set()):
+    unmatched = [j for j in rest if not augment(j, set())]
+    if unmatched:
+        if not substitute or len(unmatched) != 1 or lex is None:
             return None
+        (j,), (i,) = unmatched, free
+        x, y = a.words[i], b.words[j]
+        if x.fixed or y.fixed or x.degree or y.degree or x.past != y.past or not lex.replaceable(x.text, y.text):
+            return None
+        partner[j] = i
     return [p for p in partner if p is not None]
 
 
@@ -430,8 +441,11 @@ def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     if a.asks and b.asks and a.asks != b.asks:
         return DIFFERENT
     order = _align(a, b, lex or None)
-    if order is None:
-        return DIFFERENT
+    substituted = order is None
+    if substituted:
+        order = _align(a, b, lex or None, substitute=True)
+        if order is None:
+            return DIFFERENT
     if any(a.words[i].past != w.past for i, w in zip(order, b.words, strict=True)):
         return DIFFERENT
     if not _same_parts(a, b, order):
@@ -440,7 +454,9 @@ def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         a.words[i].attach == w.attach or None in (a.words[i].attach, w.attach)
         for i, w in zip(order, b.words, strict=True)
     ):
-        return SAME
+        return SUBSTITUTED if substituted else SAME
+    if substituted:
+        return DIFFERENT  # one word the lexicon cannot relate, and moved words: too far for the verifier
     if _compound_spelled_out(a, b, order):
         return REORDERED
     roles_kept = all(a.words[i].attach == w.attach for i, w in zip(order, b.words, strict=True))

@@ -167,5 +167,17 @@ class Lexicon:
                 return found[0] if len(found) == 1 else word
         return word
 
+    def replaceable(self, a: str, b: str) -> bool:
+        """Nothing in WordNet opposes the two words (no antonym, negating prefix or sibling), and both are words
+        it knows: a synonym it does not list ("safe" / "ok", "pack" / "bring") is possible, and only the engine
+        verifier can tell it from a different question."""
+        if not (self.known(a) and self.known(b)):
+            return False
+        opposed = ("antonym", "prefix", "sibling")
+        # collocations compare word by word too: "warm_up" / "cool_down" oppose, as "warm" / "cool" do
+        return self.relation(a, b) not in opposed and not any(
+            self.relation(x, y) in opposed for x in a.split("_") for y in b.split("_") if x != y
+        )
+
     def explains(self, a: str, b: str) -> bool:
         return self.relation(a, b) in EXPLAINED

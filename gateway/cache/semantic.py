@@ -1,14 +1,17 @@
 """Semantic lookup: embed the user's last message, search its scope, and accept a candidate only when
 
 1. cosine >= threshold (the embedding finds candidates, it never decides alone),
-2. the key-term guards agree (numbers, operators, negations: gateway/cache/guards.py),
-3. the lexical check passes (gateway/cache/lexical.py): every content word has a partner in the other question
-   (the same word, or through WordNet a synonym, an inflection, a derivation or a direct hypernym),
-4. the cached answer relates to the new question about as well as to its own (gateway/cache/relevance.py; when
-   `relevance_margin` is given), and
-5. either the words keep their roles (the same order, or one phrase moved with its preposition) and nothing can
-   verify (lexical mode: models the engine cannot score), or the engine verifier accepts the cached answer under
-   the new question (gateway/cache/verify.py: one teacher-forced prefill), strictly when the words swapped roles.
+2. the key-term guards agree (numbers, operators, names, opposed polarity words: gateway/cache/guards.py),
+3. the lexical check (gateway/cache/lexical.py) finds the same content: every content word has a partner in the
+   other question (the same word, or through WordNet a synonym, an inflection, a derivation, a similar adjective or
+   a verb's hypernym), with the same negations, tense, kind of question and persons, and
+   - the words keep their roles (SAME, REORDERED): served; with `cache.semantic_verify: all` the engine verifier
+     confirms it first (gateway/cache/verify.py: one teacher-forced prefill);
+   - the words swapped roles, or one word pair WordNet cannot relate and nothing opposes (SWAPPED, SUBSTITUTED):
+     only the engine can tell, with its strict criterion; without a verifier (lexical mode: models the engine does
+     not serve) never served;
+4. optionally (`relevance_margin`), the cached answer relates to the new question about as well as to its own
+   (gateway/cache/relevance.py).
 
 The best rejected candidate comes back as `near_miss`: the extension point for speculative
 decoding (a near miss's answer is a good draft for the engine, never served as the answer).
@@ -58,8 +61,8 @@ async def embed_query(embedder: EmbeddingClient, text: str, logger: Any) -> list
     return vectors[0]
 
 
-# Given a candidate, its stored entry and whether its content words swapped roles (the strict criterion): does its
-# answer fit the new question? (None: no verifier, lexical mode)
+# Given a candidate, its stored entry and whether the lexical check left it undecided (SWAPPED or SUBSTITUTED: the
+# strict criterion): does its answer fit the new question? (None: no verifier, lexical mode)
 Verify = Callable[[Candidate, bytes, bool], Awaitable[bool]]
 
 
@@ -84,7 +87,8 @@ async def match(
             near = near or NearMiss(cand, "guard")
             continue
         verdict = lexical.compare(query, cand.text)
-        if verdict == lexical.DIFFERENT or (verdict == lexical.SWAPPED and verify is None):
+        needs_engine = verdict in (lexical.SWAPPED, lexical.SUBSTITUTED)  # only the verifier can tell
+        if verdict == lexical.DIFFERENT or (needs_engine and verify is None):
             near = near or NearMiss(cand, "lexical")
             continue
         entry = await store.get(cand.key)
@@ -93,7 +97,7 @@ async def match(
         if relevance_margin is not None and not _relevant(entry, vector, relevance_margin):
             near = near or NearMiss(cand, "relevance")
             continue
-        if verify is not None and not await verify(cand, entry, verdict == lexical.SWAPPED):
+        if verify is not None and not await verify(cand, entry, needs_engine):
             near = near or NearMiss(cand, "verifier")
             continue
         return SemanticMatch(cand, entry, near)

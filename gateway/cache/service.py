@@ -112,7 +112,7 @@ def build_cache(
 ) -> ResponseCache:
     """`store` overrides the configured backend (tests wrap a real store to inject faults); `resolved`: the engine's
     `output_identity` (its `auto` settings as resolved on this machine), part of the model fingerprint; `engine` (an
-    EngineClient serving `model_id`, or None) verifies semantic candidates when `cache.semantic_verify` is auto."""
+    EngineClient serving `model_id`, or None) verifies semantic candidates unless `cache.semantic_verify` is lexical."""
     cfg = config.cache
     fingerprint = model_fingerprint(model_id, config.engine, cfg.fingerprint, resolved)
     chosen = store if store is not None else make_store(cfg)
@@ -120,7 +120,7 @@ def build_cache(
         logger.warning("cache_wordnet_missing", detail="run `python -m gateway.cache.wordnet_fetch`: without WordNet the "
                        "lexical check knows no synonyms (fewer semantic hits, never more)")  # fmt: skip
     verifier = None
-    if engine is not None and model_id and cfg.semantic and cfg.semantic_verify == "auto":
+    if engine is not None and model_id and cfg.semantic and cfg.semantic_verify != "lexical":
         verifier = EngineVerifier(engine, criterion_of(cfg), ids.new)
     limits = StreamLimits.of(config)
     return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, limits, verifier)

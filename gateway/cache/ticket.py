@@ -126,15 +126,19 @@ class Ticket:
             return None
         prompt_ids = self.prompt_ids
 
-        async def verify(cand: Candidate, entry: bytes, swapped: bool) -> bool:
+        verify_all = self.cache.cfg.semantic_verify == "all"
+
+        async def verify(cand: Candidate, entry: bytes, uncertain: bool) -> bool:
+            if not uncertain and not verify_all:  # the lexical check decided: words in their roles
+                return True
             answer = Answer.from_json(orjson.loads(entry).get("answer"))
             if answer is None:  # stored without its log-probabilities: it cannot be verified, so it is not served
                 return False
             learned = self.cache.thresholds
-            if learned is not None and not swapped and learned.decide(cand.key, cand.similarity).skip:
+            if learned is not None and not uncertain and learned.decide(cand.key, cand.similarity).skip:
                 self.cache.metrics.verifications.labels("skipped").inc()  # this entry's record bounds the error
                 return True
-            accepted = await verifier.verify(prompt_ids, answer, swapped)
+            accepted = await verifier.verify(prompt_ids, answer, uncertain)
             self.cache.metrics.verifications.labels("accepted" if accepted else "rejected").inc()
             if learned is not None:
                 learned.observe(cand.key, cand.similarity, accepted)
