@@ -48,6 +48,7 @@ def _words(text: str) -> list[str]:
     return text.split()
 
 
+_VOWEL = re.compile(r"[aeiouy]")
 _WORD = re.compile(r"\d+(?:[.,]\d+)*|[a-z]+(?:'[a-z]+)?|[+\-*/^=%<>×÷&]")
 # Clause boundaries: punctuation, but not a decimal point or a thousands separator.
 _CLAUSE = re.compile(r"[!?;:]+|(?<!\d)[.,]+|[.,]+(?!\d)|\bbut\b")
@@ -84,13 +85,14 @@ _DISCOURSE_MARKERS = frozenset(
     _words(
         """hi hello hey hiya heya howdy greetings thanks thank thx ty tysm cheers sorry apologies apologise apologize
     pardon excuse please kindly appreciate appreciated grateful advance hope mind trouble bother bug question
-    asking ask"""
+    asking ask q morning evening afternoon"""
     )
 )
 _DISCOURSE_HEDGES = frozenset(
     _words(
         """quick dumb silly stupid random much lot lots bunch very so well good great fine doing all um uh hmm lol
-    btw anyway guys everyone really too bit dear not no ok okay"""
+    btw anyway guys everyone really too bit dear not no ok okay many friend friends folks basic newbie noob
+    obvious awkward earlier again"""
     )
 )
 _CHAT = {
@@ -101,7 +103,7 @@ _CHAT = {
     "dont": "do not", "doesnt": "does not", "didnt": "did not", "cant": "can not", "cannot": "can not",
     "wont": "will not", "isnt": "is not", "arent": "are not", "wasnt": "was not", "werent": "were not",
     "shouldnt": "should not", "wouldnt": "would not", "couldnt": "could not", "havent": "have not",
-    "hasnt": "has not", "hadnt": "had not", "yr": "year", "yrs": "years", "hr": "hour", "hrs": "hours",
+    "hasnt": "has not", "hadnt": "had not", "idk": "i do not know", "yr": "year", "yrs": "years", "hr": "hour", "hrs": "hours",
 }  # fmt: skip
 _IRREGULAR_NOT = {"won't": "will not", "can't": "can not", "shan't": "shall not", "ain't": "is not"}
 _CONTRACTED = {"'re": "are", "'ve": "have", "'ll": "will", "'m": "am", "'d": "would"}
@@ -116,7 +118,8 @@ _FRAMES = re.compile(
     r"(?:may|can|could) i ask|if you (?:could|can|do not mind)|can i ask|let me know|"
     r"(?:i would|i will) be (?:very |really |so )?grateful if you (?:could|would)|"
     r"(?:could|can|would|will) you (?:please )?(?:tell|show|teach|explain(?: to)?) me|"
-    r"(?:could|can|would|will) you (?:please )?explain|teach me|show me|remind me)\b"
+    r"(?:could|can|would|will) you (?:please )?(?:explain|share)|(?:would|will) you be able to|teach me|show me|"
+    r"remind me)\b"
 )
 
 # Prepositions mark a content word's role ("from X to Y"): a phrase that moves takes its preposition along, a role
@@ -126,7 +129,7 @@ _RELATIONS = {"to": "to", "into": "to", "onto": "on", "toward": "to", "towards":
               "about": "about", "as": "as", "with": "with", "from": "from", "than": "than", "vs": "vs",
               "versus": "vs", "via": "via", "per": "per", "through": "through", "before": "before", "after": "after",
               "during": "during", "since": "since", "until": "until", "above": "above", "below": "below",
-              "under": "under", "over": "over", "between": "between", "against": "against"}  # fmt: skip
+              "under": "under", "over": "over", "between": "between", "against": "against", "using": "with"}  # fmt: skip
 # The prepositions that spell out a compound's modifier ("deficiency symptoms" / "symptoms of a deficiency"), and
 # none that gives a direction or a comparison ("to", "from", "than").
 _COMPOUND_RELATIONS = frozenset(("of", "for", "in", "on", "at", "with", "about"))
@@ -139,6 +142,15 @@ _TENSE = {"did": "past", "was": "past", "were": "past", "do": "present", "does":
 # What a question word asks; "what" and "which" ask for anything ("what causes" = "why"), so they are not kinds.
 _ASKS = {"why": "why", "when": "when", "where": "where", "who": "who", "whom": "who", "whose": "who"}
 _HOW_QUANTITY = frozenset(("many", "much"))
+# Conjunctions that open a clause: "if my flight is cancelled, do i get a refund" = "do i get a refund if my flight
+# is cancelled"; "when" only where no auxiliary follows ("when my baby is teething", not "when is the best time")
+_AUXILIARIES = frozenset(_words("do does did can could should would will shall may might must is are was were am has have had"))
+# what a keyword query leaves out: pronouns, articles, auxiliaries and prepositions ("to" only after a question
+# word, "how to": an infinitive)
+_GRAMMAR = (FUNCTION_WORDS | frozenset(_RELATIONS)) - frozenset(_words("what which who whom whose when where why how to"))
+_SUBORDINATORS = frozenset(_words("if when whenever while because since unless although though once"))
+# A request verb that opens an imperative asks what "what are" asks ("list the seven continents", "name the planets")
+_REQUEST_VERBS = frozenset(_words("list name enumerate"))
 # Who takes part, by person: "i rear end someone" / "someone rear ends me" swap roles with the same words
 _PERSONS = {w: 1 for w in _words("i me my mine myself we us our ours ourselves")} | {
     w: 2 for w in _words("you your yours yourself yourselves")
@@ -156,6 +168,7 @@ class Word:
     fixed: bool  # a number or a closed-class word that changes the question: only the same word stands for it
     past: bool = False  # a verb's past form or participle ("cooked", "ran"): a present form does not stand for it
     degree: bool = False  # the property a "how" question asks about ("how deep"): only one sense stands for it
+    gap: bool = False  # a closed-class word stands between it and the content word before ("track *my* order")
 
 
 @dataclass(frozen=True)
@@ -222,7 +235,8 @@ def _discourse(clause: list[str]) -> bool:
 
 
 def _tokens(text: str) -> list[str]:
-    """The words of a question in their full forms, request frames and discourse clauses left out."""
+    """The words of a question in their full forms, request frames, discourse clauses and an opening request verb
+    ("list the planets" = "what are the planets") left out."""
     clauses = []
     for part in _CLAUSE.split(text.lower().replace("’", "'")):
         expanded = " ".join(w for raw in _WORD.findall(part) for w in _expand(raw))
@@ -230,7 +244,10 @@ def _tokens(text: str) -> list[str]:
         if words:
             clauses.append(words)
     kept = [c for c in clauses if not _discourse(c)] or clauses
-    return [w for c in kept for w in c]
+    words = [w for c in kept for w in c]
+    if len(words) > 2 and words[0] in _REQUEST_VERBS and words[1] not in _RELATIONS:
+        words = words[1:]
+    return words
 
 
 def _past(word: str, lex: Lexicon | None) -> bool:
@@ -251,6 +268,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
     prepositions = 0
     persons: set[tuple[int, int]] = set()
     attach: str | None = None
+    gap = False  # a closed-class word was skipped since the last content word
     i = 0
     while i < len(tokens):
         word = tokens[i]
@@ -262,6 +280,10 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             persons.add((_PERSONS[word], len(out)))
         if word in _TENSE:
             tenses.add(_TENSE[word])
+        follower = tokens[i] if i < len(tokens) else ""
+        if word in _SUBORDINATORS and (word != "when" or follower not in _AUXILIARIES):
+            attach = "clause"  # "if my flight is cancelled, ...": the clause moves with its conjunction
+            continue
         if word in _ASKS:
             asks.add(_ASKS[word])
         if word == "how" and i < len(tokens):
@@ -279,14 +301,16 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             prepositions += 1
             if word not in MEANING_WORDS:
                 continue
-        if word in MEANING_WORDS or word[:1].isdigit() or not word.isalpha():
+        if word in MEANING_WORDS or word[:1].isdigit() or not word.isalpha() or not _VOWEL.search(word):
+            # numbers, symbols and vowel-less abbreviations ("https", "sql"): no inflection, only themselves
             out.append(Word(word, word, attach if word not in _RELATIONS else None, True))
             if word not in _RELATIONS:
                 attach = None
             continue
         if word in FUNCTION_WORDS:
-            if word not in _DETERMINERS:
-                attach = None
+            gap = True
+            if word not in _DETERMINERS and attach != "clause":
+                attach = None  # (a clause's mark reaches its first content word: "if i do not have baking soda")
             continue
         if lex is not None:
             word = lex.correct(word)
@@ -296,9 +320,10 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
                     word = "_".join(tokens[i - 1 : i - 1 + n])
                     i += n - 1
                     break
-        out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex)))
-        attach = None  # only the word right after a preposition (determiners aside) is its object
-    keywords = prepositions == 0 and not asks and bool(out)
+        out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex), gap=gap))
+        attach, gap = None, False  # only the word right after a preposition (determiners aside) is its object
+    # a keyword query: content words, perhaps a question word ("order tracking how to"), no other grammar
+    keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.attach is None for w in out)
     return Content(tuple(out), negations, frozenset(tenses), frozenset(asks), keywords, frozenset(persons))
 
 
@@ -334,10 +359,12 @@ def _align(a: Content, b: Content, lex: Lexicon | None, substitute: bool = False
         return None
     partner: list[int | None] = [None] * len(b.words)
     free = set(range(len(a.words)))
+    last = -1
     for j, w in enumerate(b.words):
-        i = next((i for i in sorted(free) if a.words[i].key == w.key), None)
-        if i is not None:
-            partner[j] = i
+        same = [i for i in sorted(free) if a.words[i].key == w.key]
+        if same:  # a repeated word pairs with the next one in order ("get a refund if it gets cancelled")
+            i = next((i for i in same if i > last), same[0])
+            partner[j], last = i, i
             free.discard(i)
     rest = [j for j, p in enumerate(partner) if p is None]
     if rest and lex is None:
@@ -389,37 +416,47 @@ def _moved_blocks(order: list[int]) -> list[tuple[int, int]]:
     return found
 
 
-def _phrase_moved(a: Content, order: list[int]) -> bool:
+def _phrase_moved(a: Content, b: Content, order: list[int]) -> bool:
     """One phrase moved, and it keeps its role: it is headed by a preposition (its first word is a preposition's
     object, or is one), or it went from one end of the question to the other ("javascript remove item from array"
-    / "remove item from array javascript"). A bare noun moved across its verb does not ("my friend owes me" / "i
-    owe my friend")."""
+    / "remove item from array javascript"), in a question that names no person and asks with no question word.
+    A bare noun moved across its verb does not ("my friend owes me" / "i owe my friend")."""
     n = len(order)
+    bare = not (a.persons or b.persons or a.asks or b.asks)
     for first, end in _moved_blocks(order):
         if a.words[first].attach is not None or a.words[first].text in _RELATIONS:
             return True
-        if (first, end) in ((0, 1), (n - 1, n)) and order[0] != 0 and order[-1] != n - 1:
-            return True  # a one-word block from the front to the back, or back to front
+        if bare and (first, end) in ((0, 1), (n - 1, n)) and order[0] != 0 and order[-1] != n - 1:
+            return True  # in a question with no person and no question word, a word from the front to the back
     return False
 
 
 def _compound_inverted(a: Content, b: Content, order: list[int]) -> bool:
-    """Two words side by side in one question stand side by side the other way round in the other, with no
-    preposition between them: a compound's head changed ("milk chocolate" / "chocolate milk")."""
+    """Two words side by side in one question stand side by side the other way round in the other, with nothing
+    between them in either (no preposition, no article or pronoun): a compound's head changed ("milk chocolate" /
+    "chocolate milk"). "track my order" / "order tracking" is a verb and its object, not a compound."""
     position = {i: j for j, i in enumerate(order)}  # a's word i stands at b's position j
     for i in range(len(a.words) - 1):
         j = position[i]
-        if position[i + 1] == j - 1 and b.words[j].attach is None and a.words[i + 1].attach is None:
+        x, y = a.words[i + 1], b.words[j]
+        if position[i + 1] == j - 1 and x.attach is None and y.attach is None and not (x.gap or y.gap):
             return True
     return False
 
 
 def _compound_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
-    """One side is a keyword query and the other the same words with compound prepositions only ("vitamin d
-    deficiency symptoms" / "symptoms of a deficiency in vitamin d"), no compound inverted."""
-    if not (a.keywords or b.keywords):
+    """One side is a keyword query and the other spells it out: with compound prepositions ("vitamin d deficiency
+    symptoms" / "symptoms of a deficiency in vitamin d"), or in plain grammar with one phrase moved ("how do i track
+    my order" / "order tracking how to"); or both are keyword queries and one group of words moved. In every case
+    no compound inverted."""
+    if a.keywords and b.keywords:  # two keyword queries: one group of words moved ("drywall anchor weight limit" /
+        return bool(_moved_blocks(order)) and not _compound_inverted(a, b, order)  # "weight limit drywall anchor")
+    if a.keywords == b.keywords:
         return False
-    if any(w.attach not in _COMPOUND_RELATIONS for w in a.words + b.words if w.attach is not None):
+    attached = [w.attach for w in a.words + b.words if w.attach is not None]
+    if any(r not in _COMPOUND_RELATIONS for r in attached):
+        return False
+    if not attached and not _moved_blocks(order):
         return False
     return not _compound_inverted(a, b, order)
 
@@ -460,7 +497,7 @@ def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     if _compound_spelled_out(a, b, order):
         return REORDERED
     roles_kept = all(a.words[i].attach == w.attach for i, w in zip(order, b.words, strict=True))
-    if roles_kept and _phrase_moved(a, order) and not _compound_inverted(a, b, order):
+    if roles_kept and _phrase_moved(a, b, order) and not _compound_inverted(a, b, order):
         return REORDERED
     return SWAPPED
 

@@ -150,14 +150,16 @@ class Lexicon:
     def correct(self, word: str) -> str:
         """A word the dictionary does not know, spelt as the one known word a single edit away (a letter dropped,
         added, changed, or two swapped: "replacment", "devided"); else the word itself. Short words and words with
-        several such neighbours are left alone: "teh" could be many words."""
-        if len(word) < 5 or not word.isalpha() or self.known(word):
+        several such neighbours are left alone: "teh" could be many words, "https" is no misspelt "http"."""
+        if len(word) < 6 or not word.isalpha() or self.known(word):
             return word
         letters = "abcdefghijklmnopqrstuvwxyz"
-        splits = [(word[:k], word[k:]) for k in range(len(word) + 1)]
-        edits = {head + tail[1:] for head, tail in splits if tail}
-        edits |= {head + tail[1] + tail[0] + tail[2:] for head, tail in splits if len(tail) > 1}
-        edits |= {head + c + tail[1:] for head, tail in splits if tail for c in letters}
+        # inside the word only: a letter added or dropped at either end makes another word as often as a typo
+        # ("https" / "http", "kotlins"), while the first and last letters are the ones people get right
+        splits = [(word[:k], word[k:]) for k in range(1, len(word))]
+        edits = {head + tail[1:] for head, tail in splits if len(tail) > 1}
+        edits |= {head + tail[1] + tail[0] + tail[2:] for head, tail in splits if len(tail) > 2}
+        edits |= {head + c + tail[1:] for head, tail in splits if len(tail) > 1 for c in letters}
         edits |= {head + c + tail for head, tail in splits for c in letters}
         edits.discard(word)
         # dictionary entries first ("controller"), then inflections of them ("replacments" -> "replacements"); the
