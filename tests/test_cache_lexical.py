@@ -112,7 +112,6 @@ def test_a_moved_phrase_keeps_its_roles() -> None:
     [
         ("convert pounds to kilograms", "convert kilograms to pounds"),
         ("can stress cause insomnia", "can insomnia cause stress"),
-        ("send money from paypal to my bank", "send money from my bank to paypal"),
     ],
 )
 def test_swapped_roles_are_left_to_the_verifier(cached: str, query: str) -> None:
@@ -130,6 +129,8 @@ def test_swapped_roles_are_left_to_the_verifier(cached: str, query: str) -> None
         ("recipe for chocolate cake", "recipe for vegan chocolate cake"),  # added modifier
         ("how long to roast smoked ham", "how long to roast ham"),  # a collocation's modifier dropped
         ("why is my kettle so loud", "why is my kettle so quiet"),  # antonym
+        ("send money from paypal to my bank", "send money from my bank to paypal"),  # the prepositions stayed
+        ("can i ship a package from the us to canada", "can i ship a package from canada to the us"),
         ("how to clean a cast iron pan", "how to clean a cast iron pan and a wok"),  # a word added
     ],
 )

@@ -276,7 +276,9 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
         if word in NEGATIONS:
             negations += 1
             continue
-        if word in _PERSONS:
+        # after an article a pronoun's spelling names a thing ("the us"): a content word
+        thing = word in _PERSONS and i >= 2 and tokens[i - 2] in ("the", "a", "an")
+        if word in _PERSONS and not thing:
             persons.add((_PERSONS[word], len(out)))
         if word in _TENSE:
             tenses.add(_TENSE[word])
@@ -307,7 +309,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             if word not in _RELATIONS:
                 attach = None
             continue
-        if word in FUNCTION_WORDS:
+        if word in FUNCTION_WORDS and not thing:
             gap = True
             if word not in _DETERMINERS and attach != "clause":
                 attach = None  # (a clause's mark reaches its first content word: "if i do not have baking soda")
@@ -499,6 +501,12 @@ def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     roles_kept = all(a.words[i].attach == w.attach for i, w in zip(order, b.words, strict=True))
     if roles_kept and _phrase_moved(a, b, order) and not _compound_inverted(a, b, order):
         return REORDERED
+    pairs = list(zip(order, b.words, strict=True))
+    relations_a = sorted(a.words[i].attach or "" for i, _ in pairs)
+    if relations_a == sorted(w.attach or "" for _, w in pairs) and any(
+        a.words[i].attach != w.attach and a.words[i].attach and w.attach for i, w in pairs
+    ):
+        return DIFFERENT  # the same prepositions stayed, their objects swapped: "from X to Y" / "from Y to X"
     return SWAPPED
 
 
