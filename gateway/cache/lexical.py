@@ -3,34 +3,43 @@
 A general rule, not a list of the pairs it was tried on. English words fall in two classes:
 
 - closed-class words (pronouns, determiners, auxiliaries, the words that frame a request: "can you tell me",
-  "please", "explain") are a finite, enumerable set; rephrasing adds, drops and changes them freely, so they may
-  differ; so may whole clauses made of nothing else (greetings, thanks, apologies: "hi, sorry to bother you",
-  "thanks in advance");
+  "please", "explain", an opening "list") are a finite, enumerable set; rephrasing adds, drops and changes them
+  freely, so they may differ; so may whole clauses made of nothing else (greetings, thanks, apologies: "hi, sorry
+  to bother you", "thanks in advance", "if you don't mind");
 - every other word carries content (nouns, verbs, adjectives, adverbs, numbers, names), and so do the closed-class
   words that change what is asked: negations, quantifiers, comparison and direction words, prepositions of
   relation. These must match. So must the grammar that changes what is asked: the tense of the auxiliaries ("did
-  you need" / "do you need"), a verb's past form ("cooked" / "cook"), and the kind of question (why, when, where,
-  who, how many, how: "why does it rain" / "when does it rain"; "what" and "which" ask anything).
+  you need" / "do you need"), a verb's past form ("cooked" / "cook"), the kind of question (why, when, where,
+  who, how many, how: "why does it rain" / "when does it rain"; "what" and "which" ask anything), the property a
+  "how" asks about ("how big" / "how heavy"), and who does what to whom ("i rear end someone" / "someone rear ends
+  me").
 
-The check passes when every content word of one question has a partner in the other: the same word after
-normalising inflection (a light suffix stemmer: "spiders" = "spider"), contractions and chat spellings ("u" =
-"you", "dont" = "do not"), a misspelling of it (one edit apart, for a word no dictionary knows), or, with the
-WordNet lexicon (gateway/cache/lexicon.py), a synonym, an inflection WordNet knows ("ran" / "run"), a derivation,
-a similar adjective or a verb's direct hypernym; never an antonym, a word behind a negating prefix or a sibling.
-`compare` then reads the roles:
+Every content word of one question must have a partner in the other: the same word after normalising inflection
+(a light suffix stemmer: "spiders" = "spider"), contractions and chat spellings ("u" = "you", "dont" = "do not"),
+its misspelling (one edit inside a word no dictionary knows, from exactly one word it knows: "replacment"), or,
+with the WordNet lexicon (gateway/cache/lexicon.py), a synonym, an inflection WordNet knows ("ran" / "run"), a
+derivation, a similar adjective or a verb's direct hypernym; never an antonym, a word behind a negating prefix or
+a sibling. `compare` then reads the roles:
 
-- each content word carries the preposition right before it. The same order (SAME), or one phrase that moved
-  with the preposition that heads it ("in october, is it rainy in bali" / "is it rainy in bali in october",
-  REORDERED), keeps the roles. A bare noun that moves across its verb changes them ("my friend owes me" / "i owe
-  my friend"), and so do words that cross or change preposition ("convert X to Y" / "Y to X"): SWAPPED, left to
-  the engine verifier;
-- a keyword query (no preposition, no question word: "vitamin d deficiency symptoms") names a thing by a compound
-  whose head comes last; the question that spells it out puts the head first, with "of", "for", "in", "on",
-  "at", "with" or "about" before the modifiers ("symptoms of a deficiency in vitamin d"). Such a reordering is
-  REORDERED unless two words that stand side by side in one are side by side the other way round in the other
-  ("milk chocolate" / "chocolate milk": a compound's head changed).
+- each content word carries the preposition (or the clause conjunction: "if", "when") right before it. The same
+  order is SAME. One phrase that moved with the preposition or conjunction that heads it ("in october, is it rainy
+  in bali" / "is it rainy in bali in october"; "if my flight is cancelled, do i get a refund" / "do i get a refund
+  if my flight is cancelled") keeps the roles: REORDERED. A bare noun that moves across its verb changes them ("my
+  friend owes me" / "i owe my friend"), and so do words that cross or change preposition ("convert X to Y" / "Y to
+  X"): SWAPPED, left to the engine verifier; when the same prepositions stayed and their objects swapped ("from X
+  to Y" / "from Y to X") it is a role reversal: DIFFERENT;
+- a keyword query (no pronoun, article, auxiliary or preposition: "vitamin d deficiency symptoms", "order tracking
+  how to") names a thing by a compound whose head comes last; the question that spells it out puts the head first,
+  with "of", "for", "in", "on", "at", "with" or "about" before the modifiers ("symptoms of a deficiency in vitamin
+  d"), or moves the object after the verb ("how do i track my order"). Such a reordering, or one group of words
+  moved between two keyword queries ("drywall anchor weight limit" / "weight limit drywall anchor"), is REORDERED
+  unless two words that stand side by side in one are side by side the other way round in the other ("milk
+  chocolate" / "chocolate milk": a compound's head changed).
 
-A rewording WordNet cannot relate fails the check: that costs hit rate, not a wrong answer.
+When the only difference is one pair of content words that WordNet neither relates nor opposes ("safe" / "ok",
+"cat" / "dog", which it does not list as siblings), the verdict is SUBSTITUTED: only the engine verifier can tell a
+synonym WordNet lacks from another question. Any other rewording WordNet cannot relate fails the check: that
+costs hit rate, not a wrong answer.
 """
 
 from __future__ import annotations
@@ -92,7 +101,7 @@ _DISCOURSE_HEDGES = frozenset(
     _words(
         """quick dumb silly stupid random much lot lots bunch very so well good great fine doing all um uh hmm lol
     btw anyway guys everyone really too bit dear not no ok okay many friend friends folks basic newbie noob
-    obvious awkward earlier again"""
+    obvious awkward earlier again time ton"""
     )
 )
 _CHAT = {
@@ -117,9 +126,8 @@ _FRAMES = re.compile(
     r"i am (?:curious|wondering)|do you (?:happen to )?know|would you mind(?: telling| explaining| showing)?|"
     r"(?:may|can|could) i ask|if you (?:could|can|do not mind)|can i ask|let me know|"
     r"(?:i would|i will) be (?:very |really |so )?grateful if you (?:could|would)|"
-    r"(?:could|can|would|will) you (?:please )?(?:tell|show|teach|explain(?: to)?) me|"
-    r"(?:could|can|would|will) you (?:please )?(?:explain|share)|(?:would|will) you be able to|teach me|show me|"
-    r"remind me)\b"
+    r"(?:could|can|would|will) you (?:please |kindly )?(?:tell|show|teach|explain|advise|share)(?: to)?(?: me)?(?: on)?|"
+    r"(?:would|will) you be able to|teach me|show me|remind me)\b"
 )
 
 # Prepositions mark a content word's role ("from X to Y"): a phrase that moves takes its preposition along, a role
@@ -140,6 +148,7 @@ NEGATIONS = frozenset(("not", "never", "no", "without", "nor", "neither"))
 _TENSE = {"did": "past", "was": "past", "were": "past", "do": "present", "does": "present", "is": "present",
           "are": "present", "am": "present", "will": "future"}  # fmt: skip
 # What a question word asks; "what" and "which" ask for anything ("what causes" = "why"), so they are not kinds.
+_WH = frozenset(_words("what which who whom whose when where why how"))
 _ASKS = {"why": "why", "when": "when", "where": "where", "who": "who", "whom": "who", "whose": "who"}
 _HOW_QUANTITY = frozenset(("many", "much"))
 # Conjunctions that open a clause: "if my flight is cancelled, do i get a refund" = "do i get a refund if my flight
@@ -169,6 +178,11 @@ class Word:
     past: bool = False  # a verb's past form or participle ("cooked", "ran"): a present form does not stand for it
     degree: bool = False  # the property a "how" question asks about ("how deep"): only one sense stands for it
     gap: bool = False  # a closed-class word stands between it and the content word before ("track *my* order")
+
+    @property
+    def preposition(self) -> str | None:
+        """`attach` if a preposition introduces the word; None after a question word or a clause's conjunction."""
+        return None if self.attach in ("wh", "clause") else self.attach
 
 
 @dataclass(frozen=True)
@@ -283,14 +297,18 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
         if word in _TENSE:
             tenses.add(_TENSE[word])
         follower = tokens[i] if i < len(tokens) else ""
-        if word in _SUBORDINATORS and (word != "when" or follower not in _AUXILIARIES):
+        if word in _SUBORDINATORS and (word != "when" or (follower not in _AUXILIARIES and follower != "to")):
             attach = "clause"  # "if my flight is cancelled, ...": the clause moves with its conjunction
             continue
         if word in _ASKS:
             asks.add(_ASKS[word])
+        if word in _WH:
+            attach = "wh"  # the question phrase moves as one ("how to find the area" / "area ... how to find")
         if word == "how" and i < len(tokens):
             follower, then = tokens[i], tokens[i + 1] if i + 1 < len(tokens) else ""
-            degree = follower.isalpha() and follower not in _HOW_QUANTITY | _HOW_MANNER and then in _HOW_MANNER
+            degree = (
+                follower.isalpha() and follower not in _HOW_QUANTITY | _HOW_MANNER and (then in _HOW_MANNER or not then)
+            )
             asks.add("quantity" if follower in _HOW_QUANTITY else "degree" if degree else "manner")
             if degree:  # "how deep" / "how big": the property asked about
                 out.append(Word(follower, _unify(stem(follower)), None, False, degree=True))
@@ -311,8 +329,8 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             continue
         if word in FUNCTION_WORDS and not thing:
             gap = True
-            if word not in _DETERMINERS and attach != "clause":
-                attach = None  # (a clause's mark reaches its first content word: "if i do not have baking soda")
+            if word not in _DETERMINERS and attach not in ("clause", "wh"):
+                attach = None  # (a clause's or question's mark reaches its first content word: "if i do not have")
             continue
         if lex is not None:
             word = lex.correct(word)
@@ -325,7 +343,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
         out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex), gap=gap))
         attach, gap = None, False  # only the word right after a preposition (determiners aside) is its object
     # a keyword query: content words, perhaps a question word ("order tracking how to"), no other grammar
-    keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.attach is None for w in out)
+    keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition is None for w in out)
     return Content(tuple(out), negations, frozenset(tenses), frozenset(asks), keywords, frozenset(persons))
 
 
@@ -455,7 +473,7 @@ def _compound_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
         return bool(_moved_blocks(order)) and not _compound_inverted(a, b, order)  # "weight limit drywall anchor")
     if a.keywords == b.keywords:
         return False
-    attached = [w.attach for w in a.words + b.words if w.attach is not None]
+    attached = [w.preposition for w in a.words + b.words if w.preposition is not None]
     if any(r not in _COMPOUND_RELATIONS for r in attached):
         return False
     if not attached and not _moved_blocks(order):
@@ -490,7 +508,7 @@ def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     if not _same_parts(a, b, order):
         return SWAPPED
     if order == sorted(order) and all(
-        a.words[i].attach == w.attach or None in (a.words[i].attach, w.attach)
+        a.words[i].preposition == w.preposition or None in (a.words[i].preposition, w.preposition)
         for i, w in zip(order, b.words, strict=True)
     ):
         return SUBSTITUTED if substituted else SAME
