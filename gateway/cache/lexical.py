@@ -1,33 +1,21 @@
 """The lexical check: two questions may share an answer only if they say the same *content*.
 
-A general rule, not a list of the pairs it was tried on. English words fall in two classes:
-
-- closed-class words (pronouns, determiners, auxiliaries, the words that frame a request: "can you tell me",
-  "please", "explain", an opening "list") are a finite, enumerable set; rephrasing adds, drops and changes them
-  freely, so they may differ; so may whole clauses made of nothing else (greetings, thanks, apologies: "hi, sorry
-  to bother you", "thanks in advance", "if you don't mind");
-- every other word carries content (nouns, verbs, adjectives, adverbs, numbers, names), and so do the closed-class
-  words that change what is asked: negations, quantifiers, comparison and direction words, prepositions of
-  relation. These must match. So must the grammar that changes what is asked: the tense of the auxiliaries ("did
-  you need" / "do you need"), a verb's past form ("cooked" / "cook"), the kind of question (why, when, where,
-  who, how many, how: "why does it rain" / "when does it rain"; "what" and "which" ask anything), the property a
-  "how" asks about ("how big" / "how heavy"), and who does what to whom ("i rear end someone" / "someone rear ends
-  me").
-
-Every content word of one question must have a partner in the other: the same word after normalising inflection
-(a light suffix stemmer: "spiders" = "spider"), contractions and chat spellings ("u" = "you", "dont" = "do not"),
-its misspelling (one edit inside a word no dictionary knows, from exactly one word it knows: "replacment"), or,
-with the WordNet lexicon (gateway/cache/lexicon.py), a synonym, an inflection WordNet knows ("ran" / "run"), a
+A general rule, not a list of the pairs it was tried on. Both questions are read by gateway/cache/reading.py
+(content words; negations, tense, question kind and persons; what introduces each word). Every content word of one
+question must have a partner in the other: the same word after normalising inflection, contractions and chat
+spellings, its misspelling (one edit inside a word no dictionary knows: "replacment" / "replacement"), or, with
+the WordNet lexicon (gateway/cache/lexicon.py), a synonym, an inflection WordNet knows ("ran" / "run"), a
 derivation, a similar adjective or a verb's direct hypernym; never an antonym, a word behind a negating prefix or
-a sibling. `compare` then reads the roles:
+a sibling. The negations, the tense, the kind of question and the persons' places must agree.
+`compare` then reads the roles:
 
-- each content word carries the preposition (or the clause conjunction: "if", "when") right before it. The same
-  order is SAME. One phrase that moved with the preposition or conjunction that heads it ("in october, is it rainy
-  in bali" / "is it rainy in bali in october"; "if my flight is cancelled, do i get a refund" / "do i get a refund
-  if my flight is cancelled") keeps the roles: REORDERED. A bare noun that moves across its verb changes them ("my
-  friend owes me" / "i owe my friend"), and so do words that cross or change preposition ("convert X to Y" / "Y to
-  X"): SWAPPED, left to the engine verifier; when the same prepositions stayed and their objects swapped ("from X
-  to Y" / "from Y to X") it is a role reversal: DIFFERENT;
+- each content word carries the preposition (or the clause conjunction, or the question word) right before it.
+  The same order is SAME. One phrase that moved with the preposition, conjunction or question word that heads it
+  ("in october, is it rainy in bali" / "is it rainy in bali in october"; "if my flight is cancelled, do i get a
+  refund" / "do i get a refund if my flight is cancelled") keeps the roles: REORDERED. A bare noun that moves
+  across its verb changes them ("my friend owes me" / "i owe my friend"), and so do words that cross or change
+  preposition ("convert X to Y" / "Y to X"): SWAPPED, left to the engine verifier; when the same prepositions
+  stayed and their objects swapped ("from X to Y" / "from Y to X") it is a role reversal: DIFFERENT;
 - a keyword query (no pronoun, article, auxiliary or preposition: "vitamin d deficiency symptoms", "order tracking
   how to") names a thing by a compound whose head comes last; the question that spells it out puts the head first,
   with "of", "for", "in", "on", "at", "with" or "about" before the modifiers ("symptoms of a deficiency in vitamin
@@ -45,306 +33,11 @@ costs hit rate, not a wrong answer.
 from __future__ import annotations
 
 import gc
-import re
-from dataclasses import dataclass
 
 from gateway.cache.lexicon import Lexicon
+from gateway.cache.reading import COMPOUND_RELATIONS, RELATIONS, Content, content
 from gateway.cache.wordnet import load
 from gateway.cache.wordnet_fetch import default_wordnet_path
-
-
-def _words(text: str) -> list[str]:
-    return text.split()
-
-
-_VOWEL = re.compile(r"[aeiouy]")
-_WORD = re.compile(r"\d+(?:[.,]\d+)*|[a-z]+(?:'[a-z]+)?|[+\-*/^=%<>×÷&]")
-# Clause boundaries: punctuation, but not a decimal point or a thousands separator.
-_CLAUSE = re.compile(r"[!?;:]+|(?<!\d)[.,]+|[.,]+(?!\d)|\bbut\b")
-
-# Closed-class words that frame a question without changing what it asks.
-FUNCTION_WORDS = frozenset(
-    _words(
-        """a an the this that these those it its i me my mine myself you your yours yourself we us our they
-    them their he him his she her one ones someone something anyone anything
-    is are was were be been being am do does did done doing have has had having can could would should will
-    shall may might must let
-    what which who whom whose when where why how
-    and or but so if then than also just really actually basically briefly simply exactly
-    please kindly thanks thank hey hi hello um uh well yeah yes oh
-    tell explain describe give show say help know wondering wonder curious need want like mean means whether
-    tells says knows explains describes
-    recommend suggest
-    to of for in on at by about as with from into
-    there here some way ways kind sort type thing things bit little quick short brief"""
-    )
-)
-# Closed-class words that change the question: never free to differ (kept as content).
-MEANING_WORDS = frozenset(
-    _words(
-        """not no never none nothing nobody nowhere neither nor without
-    all every each any most more less least fewer many much few several both either only
-    before after during since until above below under over between against toward towards up down
-    first last next previous"""
-    )
-)
-# A clause made only of these (and closed-class words), with at least one MARKER, greets, thanks, apologises or
-# hedges ("hi there", "sorry to bother you", "if you don't mind", "thanks so much", "hope you're well"): dropped.
-_DISCOURSE_MARKERS = frozenset(
-    _words(
-        """hi hello hey hiya heya howdy greetings thanks thank thx ty tysm cheers sorry apologies apologise apologize
-    pardon excuse please kindly appreciate appreciated grateful advance hope mind trouble bother bug question
-    asking ask q morning evening afternoon"""
-    )
-)
-_DISCOURSE_HEDGES = frozenset(
-    _words(
-        """quick dumb silly stupid random much lot lots bunch very so well good great fine doing all um uh hmm lol
-    btw anyway guys everyone really too bit dear not no ok okay many friend friends folks basic newbie noob
-    obvious awkward earlier again time ton"""
-    )
-)
-_CHAT = {
-    "u": "you", "ur": "your", "r": "are", "y": "why", "pls": "please", "plz": "please", "thx": "thanks",
-    "wanna": "want", "gonna": "going", "gotta": "must", "kinda": "kind", "dunno": "know", "whats": "what is",
-    "hows": "how is", "wheres": "where is", "whos": "who is", "thats": "that is", "im": "i am", "ive": "i have",
-    "youre": "you are", "theyre": "they are", "cuz": "because", "bc": "because", "tho": "though", "abt": "about",
-    "dont": "do not", "doesnt": "does not", "didnt": "did not", "cant": "can not", "cannot": "can not",
-    "wont": "will not", "isnt": "is not", "arent": "are not", "wasnt": "was not", "werent": "were not",
-    "shouldnt": "should not", "wouldnt": "would not", "couldnt": "could not", "havent": "have not",
-    "hasnt": "has not", "hadnt": "had not", "idk": "i do not know", "yr": "year", "yrs": "years", "hr": "hour", "hrs": "hours",
-}  # fmt: skip
-_IRREGULAR_NOT = {"won't": "will not", "can't": "can not", "shan't": "shall not", "ain't": "is not"}
-_CONTRACTED = {"'re": "are", "'ve": "have", "'ll": "will", "'m": "am", "'d": "would"}
-_IS_CONTRACTED = frozenset(_words("what that it there here he she who where how when why"))
-
-# Phrases that only frame a request (politeness, hedging, "walk me through"), removed before the words are read.
-_FRAMES = re.compile(
-    r"\b(?:walk (?:me|us) (?:through|thru)|thanks? (?:you )?in advance|sorry to (?:ask|bother you|bug you)|excuse me|"
-    r"i (?:have|had|got) a (?:quick )?question|quick question|i would (?:really )?(?:love|like) to (?:know|learn|ask)|"
-    r"i would (?:really |very much )?appreciate (?:it|your help|any help)?|i was (?:hoping|wondering)|"
-    r"i am (?:curious|wondering)|do you (?:happen to )?know|would you mind(?: telling| explaining| showing)?|"
-    r"(?:may|can|could) i ask|if you (?:could|can|do not mind)|can i ask|let me know|"
-    r"(?:i would|i will) be (?:very |really |so )?grateful if you (?:could|would)|"
-    r"(?:could|can|would|will) you (?:please |kindly )?(?:tell|show|teach|explain|advise|share)(?: to)?(?: me)?(?: on)?|"
-    r"(?:would|will) you be able to|teach me|show me|remind me)\b"
-)
-
-# Prepositions mark a content word's role ("from X to Y"): a phrase that moves takes its preposition along, a role
-# reversal leaves the prepositions where they were and swaps the words. Variants of one relation share a name.
-_RELATIONS = {"to": "to", "into": "to", "onto": "on", "toward": "to", "towards": "to", "of": "of", "for": "for",
-              "in": "in", "inside": "in", "within": "in", "on": "on", "upon": "on", "at": "at", "by": "by",
-              "about": "about", "as": "as", "with": "with", "from": "from", "than": "than", "vs": "vs",
-              "versus": "vs", "via": "via", "per": "per", "through": "through", "before": "before", "after": "after",
-              "during": "during", "since": "since", "until": "until", "above": "above", "below": "below",
-              "under": "under", "over": "over", "between": "between", "against": "against", "using": "with"}  # fmt: skip
-# The prepositions that spell out a compound's modifier ("deficiency symptoms" / "symptoms of a deficiency"), and
-# none that gives a direction or a comparison ("to", "from", "than").
-_COMPOUND_RELATIONS = frozenset(("of", "for", "in", "on", "at", "with", "about"))
-# Words between a preposition and its noun that keep the attachment ("in my old car", "of the")
-_DETERMINERS = frozenset(_words("a an the my your our their his her its this that these those"))
-NEGATIONS = frozenset(("not", "never", "no", "without", "nor", "neither"))
-# The tense an auxiliary gives the question ("did you need" / "do you need")
-_TENSE = {"did": "past", "was": "past", "were": "past", "do": "present", "does": "present", "is": "present",
-          "are": "present", "am": "present", "will": "future"}  # fmt: skip
-# What a question word asks; "what" and "which" ask for anything ("what causes" = "why"), so they are not kinds.
-_WH = frozenset(_words("what which who whom whose when where why how"))
-_ASKS = {"why": "why", "when": "when", "where": "where", "who": "who", "whom": "who", "whose": "who"}
-_HOW_QUANTITY = frozenset(("many", "much"))
-# Conjunctions that open a clause: "if my flight is cancelled, do i get a refund" = "do i get a refund if my flight
-# is cancelled"; "when" only where no auxiliary follows ("when my baby is teething", not "when is the best time")
-_AUXILIARIES = frozenset(_words("do does did can could should would will shall may might must is are was were am has have had"))
-# what a keyword query leaves out: pronouns, articles, auxiliaries and prepositions ("to" only after a question
-# word, "how to": an infinitive)
-_GRAMMAR = (FUNCTION_WORDS | frozenset(_RELATIONS)) - frozenset(_words("what which who whom whose when where why how to"))
-_SUBORDINATORS = frozenset(_words("if when whenever while because since unless although though once"))
-# A request verb that opens an imperative asks what "what are" asks ("list the seven continents", "name the planets")
-_REQUEST_VERBS = frozenset(_words("list name enumerate"))
-# Who takes part, by person: "i rear end someone" / "someone rear ends me" swap roles with the same words
-_PERSONS = {w: 1 for w in _words("i me my mine myself we us our ours ourselves")} | {
-    w: 2 for w in _words("you your yours yourself yourselves")
-} | {w: 3 for w in _words("he him his himself she her hers herself they them their theirs someone somebody anyone "
-                          "anybody everyone everybody")}  # fmt: skip
-# Right after "how", these words ask for a manner or a means ("how do i", "how to", "how can"), not a degree
-_HOW_MANNER = frozenset(_words("do does did can could should would will to is are was were am i you we they it"))
-
-
-@dataclass(frozen=True)
-class Word:
-    text: str  # lower case, a WordNet collocation joined by "_" ("get_rid_of")
-    key: str  # what equal words share: the normalised stem (inflection aside)
-    attach: str | None  # the preposition that introduces it, None after a verb, a wh-word...
-    fixed: bool  # a number or a closed-class word that changes the question: only the same word stands for it
-    past: bool = False  # a verb's past form or participle ("cooked", "ran"): a present form does not stand for it
-    degree: bool = False  # the property a "how" question asks about ("how deep"): only one sense stands for it
-    gap: bool = False  # a closed-class word stands between it and the content word before ("track *my* order")
-
-    @property
-    def preposition(self) -> str | None:
-        """`attach` if a preposition introduces the word; None after a question word or a clause's conjunction."""
-        return None if self.attach in ("wh", "clause") else self.attach
-
-
-@dataclass(frozen=True)
-class Content:
-    words: tuple[Word, ...]  # content words in order
-    negations: int
-    tenses: frozenset[str] = frozenset()  # of the auxiliaries
-    asks: frozenset[str] = frozenset()  # the kinds of question words: why, when, where, who, quantity, manner
-    keywords: bool = False  # no preposition, no question word: a keyword query ("lawn brown patches")
-    # the persons taking part, each with the content word it stands before (len(words): at the end): "i rear end
-    # someone" = {(1, 0), (3, 1)}, "someone rear ends me" = {(3, 0), (1, 1)}
-    persons: frozenset[tuple[int, int]] = frozenset()
-
-    @property
-    def bag(self) -> tuple[str, ...]:
-        return tuple(sorted(w.key for w in self.words))
-
-
-def stem(word: str) -> str:
-    """A light English suffix stemmer: plural, third person, -ing, -ed (inflection only)."""
-    if len(word) <= 3 or not word.isalpha():
-        return word
-    for suffix, repl in (("ies", "y"), ("ied", "y"), ("sses", "ss"), ("xes", "x"), ("ches", "ch"), ("shes", "sh")):
-        if word.endswith(suffix) and len(word) > len(suffix) + 2:
-            return word[: -len(suffix)] + repl
-    if word.endswith("ing") and len(word) > 5:
-        base = word[:-3]
-        return base[:-1] if len(base) > 2 and base[-1] == base[-2] and base[-1] not in "lsz" else base
-    if word.endswith("ed") and len(word) > 4:
-        base = word[:-2]
-        return base[:-1] if len(base) > 2 and base[-1] == base[-2] and base[-1] not in "lsz" else base
-    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        return word[:-1]
-    return word
-
-
-def _unify(word: str) -> str:
-    """Strip a trailing 'e' after stemming so 'make'/'making', 'bake'/'baked' meet."""
-    return word[:-1] if len(word) > 3 and word.endswith("e") else word
-
-
-def _expand(raw: str) -> list[str]:
-    """One token in its full form: contractions and chat spellings spelled out ("don't" -> "do not")."""
-    if raw in _CHAT:
-        return _CHAT[raw].split()
-    if raw in _IRREGULAR_NOT:
-        return _IRREGULAR_NOT[raw].split()
-    if raw.endswith("n't"):
-        return [raw[:-3], "not"]
-    for suffix, full in _CONTRACTED.items():
-        if raw.endswith(suffix):
-            return [raw[: -len(suffix)], full]
-    if raw.endswith("'s"):
-        head = raw[:-2]
-        return [head, "us"] if head == "let" else [head, "is"] if head in _IS_CONTRACTED else [head]
-    return [raw]
-
-
-def _discourse(clause: list[str]) -> bool:
-    """A clause that only greets, thanks, apologises or hedges."""
-    return any(w in _DISCOURSE_MARKERS for w in clause) and all(
-        w in _DISCOURSE_MARKERS or w in _DISCOURSE_HEDGES or w in FUNCTION_WORDS for w in clause
-    )
-
-
-def _tokens(text: str) -> list[str]:
-    """The words of a question in their full forms, request frames, discourse clauses and an opening request verb
-    ("list the planets" = "what are the planets") left out."""
-    clauses = []
-    for part in _CLAUSE.split(text.lower().replace("’", "'")):
-        expanded = " ".join(w for raw in _WORD.findall(part) for w in _expand(raw))
-        words = _FRAMES.sub(" ", expanded).split()
-        if words:
-            clauses.append(words)
-    kept = [c for c in clauses if not _discourse(c)] or clauses
-    words = [w for c in kept for w in c]
-    if len(words) > 2 and words[0] in _REQUEST_VERBS and words[1] not in _RELATIONS:
-        words = words[1:]
-    return words
-
-
-def _past(word: str, lex: Lexicon | None) -> bool:
-    """A verb's past form or participle: "-ed" on a verb stem, or an irregular past WordNet lists ("ran")."""
-    if lex is None:
-        return word.endswith("ed") and len(word) > 4
-    return lex.is_past(word)
-
-
-def content(text: str, lex: Lexicon | None = None) -> Content:
-    """The content words of a question, each with the preposition that introduces it, and the grammar that changes
-    what it asks: negations, the auxiliaries' tense and the kinds of question words."""
-    tokens = _tokens(text)
-    out: list[Word] = []
-    negations = 0
-    tenses: set[str] = set()
-    asks: set[str] = set()
-    prepositions = 0
-    persons: set[tuple[int, int]] = set()
-    attach: str | None = None
-    gap = False  # a closed-class word was skipped since the last content word
-    i = 0
-    while i < len(tokens):
-        word = tokens[i]
-        i += 1
-        if word in NEGATIONS:
-            negations += 1
-            continue
-        # after an article a pronoun's spelling names a thing ("the us"): a content word
-        thing = word in _PERSONS and i >= 2 and tokens[i - 2] in ("the", "a", "an")
-        if word in _PERSONS and not thing:
-            persons.add((_PERSONS[word], len(out)))
-        if word in _TENSE:
-            tenses.add(_TENSE[word])
-        follower = tokens[i] if i < len(tokens) else ""
-        if word in _SUBORDINATORS and (word != "when" or (follower not in _AUXILIARIES and follower != "to")):
-            attach = "clause"  # "if my flight is cancelled, ...": the clause moves with its conjunction
-            continue
-        if word in _ASKS:
-            asks.add(_ASKS[word])
-        if word in _WH:
-            attach = "wh"  # the question phrase moves as one ("how to find the area" / "area ... how to find")
-        if word == "how" and i < len(tokens):
-            follower, then = tokens[i], tokens[i + 1] if i + 1 < len(tokens) else ""
-            degree = (
-                follower.isalpha() and follower not in _HOW_QUANTITY | _HOW_MANNER and (then in _HOW_MANNER or not then)
-            )
-            asks.add("quantity" if follower in _HOW_QUANTITY else "degree" if degree else "manner")
-            if degree:  # "how deep" / "how big": the property asked about
-                out.append(Word(follower, _unify(stem(follower)), None, False, degree=True))
-                i += 1
-                continue
-        if word == "to" and i >= 2 and tokens[i - 2] in ("how", "way", "ways", "what", "where", "when", "who"):
-            continue  # "how to fix": an infinitive, not a preposition
-        if word in _RELATIONS:
-            attach = _RELATIONS[word]
-            prepositions += 1
-            if word not in MEANING_WORDS:
-                continue
-        if word in MEANING_WORDS or word[:1].isdigit() or not word.isalpha() or not _VOWEL.search(word):
-            # numbers, symbols and vowel-less abbreviations ("https", "sql"): no inflection, only themselves
-            out.append(Word(word, word, attach if word not in _RELATIONS else None, True))
-            if word not in _RELATIONS:
-                attach = None
-            continue
-        if word in FUNCTION_WORDS and not thing:
-            gap = True
-            if word not in _DETERMINERS and attach not in ("clause", "wh"):
-                attach = None  # (a clause's or question's mark reaches its first content word: "if i do not have")
-            continue
-        if lex is not None:
-            word = lex.correct(word)
-            # the longest WordNet collocation starting here ("get rid of", "jet lag", "new york")
-            for n in (3, 2):
-                if i - 1 + n <= len(tokens) and lex.known("_".join(tokens[i - 1 : i - 1 + n])):
-                    word = "_".join(tokens[i - 1 : i - 1 + n])
-                    i += n - 1
-                    break
-        out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex), gap=gap))
-        attach, gap = None, False  # only the word right after a preposition (determiners aside) is its object
-    # a keyword query: content words, perhaps a question word ("order tracking how to"), no other grammar
-    keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition is None for w in out)
-    return Content(tuple(out), negations, frozenset(tenses), frozenset(asks), keywords, frozenset(persons))
 
 
 def _same_parts(a: Content, b: Content, order: list[int]) -> bool:
@@ -396,7 +89,7 @@ def _align(a: Content, b: Content, lex: Lexicon | None, substitute: bool = False
             return False
         if x.degree or y.degree:
             return lex.one_sense(x.text, y.text)
-        return lex.explains(x.text, y.text)
+        return lex.explains(x.text, y.text) or lex.misspelt(x.text, y.text)
 
     def augment(j: int, seen: set[int]) -> bool:  # bipartite matching, Kuhn's augmenting paths (a few words)
         for i in range(len(a.words)):
@@ -444,7 +137,7 @@ def _phrase_moved(a: Content, b: Content, order: list[int]) -> bool:
     n = len(order)
     bare = not (a.persons or b.persons or a.asks or b.asks)
     for first, end in _moved_blocks(order):
-        if a.words[first].attach is not None or a.words[first].text in _RELATIONS:
+        if a.words[first].attach is not None or a.words[first].text in RELATIONS:
             return True
         if bare and (first, end) in ((0, 1), (n - 1, n)) and order[0] != 0 and order[-1] != n - 1:
             return True  # in a question with no person and no question word, a word from the front to the back
@@ -474,7 +167,7 @@ def _compound_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
     if a.keywords == b.keywords:
         return False
     attached = [w.preposition for w in a.words + b.words if w.preposition is not None]
-    if any(r not in _COMPOUND_RELATIONS for r in attached):
+    if any(r not in COMPOUND_RELATIONS for r in attached):
         return False
     if not attached and not _moved_blocks(order):
         return False

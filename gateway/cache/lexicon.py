@@ -147,27 +147,29 @@ class Lexicon:
         return self.relation(a, b) in ("same", "derived") or bool(self._first_senses(a) & self._first_senses(b))
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
-    def correct(self, word: str) -> str:
-        """A word the dictionary does not know, spelt as the one known word a single edit away (a letter dropped,
-        added, changed, or two swapped: "replacment", "devided"); else the word itself. Short words and words with
-        several such neighbours are left alone: "teh" could be many words, "https" is no misspelt "http"."""
-        if len(word) < 6 or not word.isalpha() or self.known(word):
-            return word
+    def _inner_edits(self, word: str) -> frozenset[str]:
+        """Every string one edit away inside `word` (a letter dropped, added, changed, or two swapped), the first
+        and last letters kept: those are the ones people get right, and an added or dropped end letter makes
+        another word as often as a typo ("https" / "http")."""
         letters = "abcdefghijklmnopqrstuvwxyz"
-        # inside the word only: a letter added or dropped at either end makes another word as often as a typo
-        # ("https" / "http", "kotlins"), while the first and last letters are the ones people get right
         splits = [(word[:k], word[k:]) for k in range(1, len(word))]
         edits = {head + tail[1:] for head, tail in splits if len(tail) > 1}
         edits |= {head + tail[1] + tail[0] + tail[2:] for head, tail in splits if len(tail) > 2}
         edits |= {head + c + tail[1:] for head, tail in splits if len(tail) > 1 for c in letters}
         edits |= {head + c + tail for head, tail in splits for c in letters}
         edits.discard(word)
-        # dictionary entries first ("controller"), then inflections of them ("replacments" -> "replacements"); the
-        # regular rules also "know" misspelt inflections ("controled"), so those only count when no entry fits
-        for found in (sorted(e for e in edits if self.wn.has(e)), sorted(e for e in edits if self.known(e))):
-            if found:
-                return found[0] if len(found) == 1 else word
-        return word
+        return frozenset(edits)
+
+    def misspelt(self, a: str, b: str) -> bool:
+        """One of the two is a word of six letters or more that the dictionary does not know, one edit inside it
+        from the other, which it knows ("replacment" / "replacement", "controler" / "controller"). Only ever asked
+        of a word and its would-be partner in the other question: a brand the dictionary lacks ("paypal") is never
+        read as the word it resembles ("papal") unless the other question has that word."""
+        return any(
+            len(typo) >= 6 and typo.isalpha() and not self.known(typo) and self.known(word)
+            and word in self._inner_edits(typo)
+            for typo, word in ((a, b), (b, a))
+        )  # fmt: skip
 
     def replaceable(self, a: str, b: str) -> bool:
         """Nothing in WordNet opposes the two words (no antonym, negating prefix or sibling), and both are words
