@@ -137,7 +137,7 @@ def cache(r: Result) -> Figures:
                      f"{num(lexical['generate_same_answer']['p50_ms'])} ms"))
     if verified and verified.get("semantic_hit"):
         rows.append(("over HTTP, p50: engine-verified semantic hit / over generating the same answer",
-                     f"{num(verified['semantic_hit']['p50_ms'])} ms / x{verified['hit_over_generation_p50']}"))
+                     f"{num(verified['semantic_hit']['p50_ms'])} ms / x{verified['hit_over_generation_p50']:.2f}"))
     return rows
 
 
