@@ -196,3 +196,35 @@ def test_a_repeated_lookup_reads_no_synset_again(lex: Lexicon) -> None:
     misses = lex.wn.synset.cache_info().misses  # type: ignore[attr-defined]
     lexical.compare("how do i repair a leaking faucet", "how do i fix a dripping tap")
     assert lex.wn.synset.cache_info().misses == misses  # type: ignore[attr-defined]
+
+
+def test_a_moved_block_is_found_as_the_exhaustive_search_finds_it() -> None:
+    """`_moved_blocks` reads the one block that moved in linear time; on every order of up to 7 words it agrees
+    with trying every (start, middle, end) cut."""
+    from itertools import permutations
+
+    from gateway.cache.lexical import _moved_blocks
+
+    def exhaustive(order: list[int]) -> set[tuple[int, int]]:
+        n, ident, found = len(order), list(range(len(order))), set()
+        for i in range(n):
+            for j in range(i + 1, n):
+                for k in range(j + 1, n + 1):
+                    if ident[:i] + ident[j:k] + ident[i:j] + ident[k:] == order:
+                        found |= {(j, k), (i, j)}
+        return found
+
+    for n in range(1, 8):
+        for order in permutations(range(n)):
+            assert set(_moved_blocks(list(order))) == exhaustive(list(order)), order
+
+
+def test_a_long_text_is_not_compared() -> None:
+    """A semantic hit is for a question: a message with more content words than MAX_CONTENT_WORDS is never matched
+    (comparing two long texts word by word would cost more than generating the answer)."""
+    words = ["z" + chr(97 + i // 26) + chr(97 + i % 26) for i in range(lexical.MAX_CONTENT_WORDS + 1)]  # "zaa"...
+    text = "what about " + " ".join(words)
+    assert lexical.compare(text, text) == lexical.DIFFERENT
+    short = "what about " + " ".join(words[:-2])
+    assert lexical.compare(short, short) == lexical.SAME
+    assert lexical.compare("why " * 10_000, "why " * 10_000) == lexical.DIFFERENT

@@ -60,6 +60,10 @@ def _same_parts(a: Content, b: Content, order: list[int]) -> bool:
     )
 
 
+# A semantic hit is for a question, not a document: past this many content words the check does not compare (it
+# would cost more than generating; the embedder reads 256 word pieces at most anyway)
+MAX_CONTENT_WORDS = 48
+
 SAME, REORDERED, SWAPPED, SUBSTITUTED, DIFFERENT = "same", "reordered", "swapped", "substituted", "different"
 
 
@@ -117,16 +121,17 @@ def _align(a: Content, b: Content, lex: Lexicon | None, substitute: bool = False
 
 def _moved_blocks(order: list[int]) -> list[tuple[int, int]]:
     """The ways `order` is 0..n-1 with one contiguous block moved elsewhere: (first, end) of the moved block's
-    values ("a phrase moved to the front or the end"); empty when no single move gives it."""
-    n = len(order)
-    ident = list(range(n))
-    found = []
-    for i in range(n):
-        for j in range(i + 1, n):
-            for k in range(j + 1, n + 1):
-                if ident[:i] + ident[j:k] + ident[i:j] + ident[k:] == order:
-                    found += [(j, k), (i, j)]  # either [j, k) moved before [i, j), or [i, j) moved after [j, k)
-    return found
+    values ("a phrase moved to the front or the end"); empty when no single move gives it. The words that moved lie
+    between the first and the last position out of place, and there they must be two runs swapped: [k, q] then
+    [p, k) (either run may be the one that moved)."""
+    out_of_place = [i for i, v in enumerate(order) if v != i]
+    if not out_of_place:
+        return []
+    p, q = out_of_place[0], out_of_place[-1]
+    k = order[p]
+    if not p < k <= q or order[p : q + 1] != [*range(k, q + 1), *range(p, k)]:
+        return []
+    return [(k, q + 1), (p, k)]
 
 
 def _phrase_moved(a: Content, b: Content, order: list[int]) -> bool:
@@ -182,8 +187,12 @@ def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     "symptoms of vitamin d deficiency"); SWAPPED: the words cross or change preposition, as a role reversal does
     ("convert X to Y" / "Y to X"; a reordered paraphrase may too: only a verifier can tell); DIFFERENT: a content
     word unexplained, added or dropped, or the negations, the tense, a past form or the kind of question differ."""
+    if max(len(query.split()), len(cached.split())) > 4 * MAX_CONTENT_WORDS:
+        return DIFFERENT  # not even read
     lex = default_lexicon() if lex is None else lex
     a, b = content(query, lex or None), content(cached, lex or None)
+    if max(len(a.words), len(b.words)) > MAX_CONTENT_WORDS:
+        return DIFFERENT
     if a.negations != b.negations:
         return DIFFERENT
     if a.tenses and b.tenses and a.tenses != b.tenses:
