@@ -147,6 +147,27 @@ def test_invalid_sampling_values(kwargs: dict) -> None:
     assert info.value.param == next(iter(kwargs))
 
 
+def test_prompt_logprobs_from_lets_the_prefix_cache_serve_the_head(engine: LLMEngine) -> None:
+    """The cache verifier's request: a prompt whose head the prefix cache holds, plus an answer to score. With
+    `prompt_logprobs_from` at the answer, the head comes from the cache (not recomputed) and the answer's logprobs
+    are those of a full prefill."""
+    head = chat_ids("Name three colours.", system="You are a terse assistant who answers in one line.")
+    answer = token_ids(run_to_completion(engine, {0: [("a", head, SamplingParams(temperature=0, max_tokens=24))]})["a"])
+    full = [*head, *answer]
+    score = lambda rid, **kw: run_to_completion(  # noqa: E731
+        engine, {0: [(rid, full, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1, **kw))]}
+    )[rid][0].prompt_logprobs
+    reference = score("all")  # every position computed: no prefix-cache hit
+    hits = engine.kv.hits
+    tail = score("tail", prompt_logprobs_from=len(head))
+    assert engine.kv.hits - hits >= engine.kv.block_size  # at least one block of the head came from the cache
+    assert reference is not None and tail is not None and len(tail) == len(reference) == len(full)
+    assert all(lp is None for lp in tail[: len(head)])
+    for got, ref in zip(tail[len(head) :], reference[len(head) :], strict=True):
+        assert got is not None and ref is not None and got.token_id == ref.token_id
+        assert abs(got.logprob - ref.logprob) < 1e-4
+
+
 def test_prompt_logprobs_match_a_full_forward(engine: LLMEngine) -> None:
     """Echo + logprobs: each prompt token's logprob, computed even across chunked prefill."""
     import torch

@@ -41,9 +41,11 @@ class KVCacheManager:
     def find_cached_prefix(self, seq: Sequence) -> list[KVBlock]:
         """Longest run of cached full blocks at the start of seq (never its last token)."""
         hits: list[KVBlock] = []
+        blocks = (seq.num_tokens - 1) // self.block_size
         if seq.params.prompt_logprobs is not None:
-            return hits  # every prompt position must be computed to get its logprob
-        for i in range((seq.num_tokens - 1) // self.block_size):
+            # position p's logits give token p+1's logprob: from `prompt_logprobs_from - 1` on, positions are computed
+            blocks = min(blocks, max(seq.params.prompt_logprobs_from - 1, 0) // self.block_size)
+        for i in range(blocks):
             block = self.pool.lookup(self._hash_of(seq, i))
             if block is None:
                 break

@@ -236,15 +236,20 @@ class LLMEngine:
                 break
 
     def _record_prompt_logprobs(self, seq: Sequence, start: int, logits: torch.Tensor) -> None:
-        """Row j (position start+j) predicts the prompt token at start+j+1. Idempotent across preemptions."""
-        if not seq.prompt_logprobs:
-            seq.prompt_logprobs.append(None)  # the first prompt token has no logprob
-        logprobs = torch.log_softmax(logits, dim=-1)
+        """Row j (position start+j) predicts the prompt token at start+j+1. Idempotent across preemptions. The first
+        prompt token has no logprob, nor do those before `prompt_logprobs_from` (the prefix cache may have served
+        them: then this chunk starts past them)."""
+        first = seq.params.prompt_logprobs_from
+        while len(seq.prompt_logprobs) <= start and len(seq.prompt_logprobs) < seq.num_prompt_tokens:
+            seq.prompt_logprobs.append(None)
+        skip = min(max(first - start - 1, 0), logits.shape[0])  # rows whose target comes before `first`
+        logprobs = torch.log_softmax(logits[skip:], dim=-1)
         k = seq.params.prompt_logprobs or 0
-        for j in range(logprobs.shape[0]):
+        for j in range(logits.shape[0]):
             target = start + j + 1
             if target == len(seq.prompt_logprobs) and target < seq.num_prompt_tokens:
-                seq.prompt_logprobs.append(self._token_logprob(logprobs[j], seq.token_ids[target], k))
+                wanted = j >= skip
+                seq.prompt_logprobs.append(self._token_logprob(logprobs[j - skip], seq.token_ids[target], k) if wanted else None)
 
     def _append_token(self, seq: Sequence, token: int, logprobs: torch.Tensor | None) -> None:
         """logprobs: (vocab,) raw-model log-probabilities at this position, when the request wants them."""

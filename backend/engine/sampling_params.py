@@ -37,6 +37,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # for completions' echo + logprobs
+    # Prompt positions before this one get no logprob (None), so the prefix cache may serve them: the cache
+    # verifier scores only a cached answer appended to a prompt whose template prefix is already cached.
+    prompt_logprobs_from: int = 0
     include_stop_str_in_output: bool = False
     # Constrained decoding (backend/engine/guided.py): at most one of these; plain data, so the gateway can build it.
     guided_json: str | None = None  # a JSON schema (text) the output must validate against
@@ -72,6 +75,7 @@ class SamplingParams:
             "prompt_logprobs must be between 0 and 20",
             "prompt_logprobs",
         )
+        _check(self.prompt_logprobs_from >= 0, "prompt_logprobs_from must not be negative", "prompt_logprobs_from")
         _check(-(2**31) <= self.priority < 2**31, "priority must be a 32-bit integer", "priority")
         modes = (self.guided_json is not None) + self.guided_json_object + (self.guided_grammar is not None)
         _check(modes <= 1, "at most one of guided_json, guided_json_object and guided_grammar", "response_format")

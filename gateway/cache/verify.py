@@ -108,9 +108,11 @@ class EngineVerifier:
 
     async def score(self, prompt_ids: Sequence[int], answer_ids: Sequence[int]) -> Scores | None:
         """The first `criterion.max_tokens` answer tokens under the new prompt (one prefill: the new prompt, whose
-        template prefix the engine's prefix cache already holds, plus those tokens); None when the engine cannot
-        take the request (queue full, too long)."""
-        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, speculate=False)
+        template prefix the engine's prefix cache already holds, plus those tokens; only the answer's positions get
+        logprobs, so the cached prefix is not recomputed); None when the engine cannot take the request."""
+        params = SamplingParams(
+            temperature=0.0, max_tokens=1, prompt_logprobs=1, prompt_logprobs_from=len(prompt_ids), speculate=False
+        )
         answer = list(answer_ids[: self.criterion.max_tokens])
         ids = [*prompt_ids, *answer]
         try:
