@@ -22,7 +22,10 @@ hit/miss latency through the full HTTP path with the real engine and embedder.
    with `all` (the engine verifies every semantic hit), driven over one keep-alive connection: each question's
    miss (the engine generating its answer, 64 tokens at most) and then its paraphrase's semantic hits.
    `verified_over_generation_p50`: a verified hit's time over the time to generate the same answer (the median
-   of the per-question ratios).
+   of the per-question ratios);
+4. verify: one verification on the engine alone, with a short and a ~450-token system prompt, computing every
+   prompt position's log-probability against only the answer's (`prompt_logprobs_from`: the prefix cache serves
+   the rest, as the verifier asks), next to generating 64 tokens.
 The last line of output is one JSON object (also bench/results/cache.json; with --only PART, cache_PART.json).
 """
 
@@ -220,10 +223,61 @@ def http_modes(hits: int) -> dict[str, Any]:
     return out
 
 
+def verify_cost(repeats: int = 5) -> list[dict[str, Any]]:
+    """One verification (prompt + 32 answer tokens, prompt log-probabilities) on the engine as `python -m gateway`
+    builds it, with a short and a long system prompt: every position computed (`prompt_logprobs_from=0`) against
+    only the answer's (the prefix cache serving the rest, as the verifier asks), next to generating 64 tokens."""
+    from backend.engine.llm_engine import LLMEngine
+    from backend.engine.sampling_params import SamplingParams
+    from backend.model.tokenizer import apply_chat_template
+    from gateway.config import GatewayConfig, apply_env
+
+    engine = LLMEngine(apply_env(GatewayConfig(), os.environ).engine)
+
+    def run(rid: str, ids: list[int], params: SamplingParams) -> list[int]:
+        engine.add_request(rid, ids, params)
+        out: list[int] = []
+        while engine.has_work:
+            out += [t for o in engine.step() for d in o.deltas for t in d.token_ids]
+        return out
+
+    def median_ms(fn: Any) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return round(statistics.median(times) * 1000, 1)
+
+    def measure(head: list[int]) -> dict[str, Any]:
+        answer = run(uuid.uuid4().hex, head, SamplingParams(temperature=0, max_tokens=32))
+        full = [*head, *answer]
+
+        def score(start: int) -> None:
+            params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1, prompt_logprobs_from=start)
+            run(uuid.uuid4().hex, full, params)
+
+        generate = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+        return {
+            "prompt_tokens": len(head), "answer_tokens": len(answer),
+            "every_position_ms": median_ms(lambda: score(0)),
+            "answer_only_ms": median_ms(lambda: score(len(head))),
+            "generate_64_ms": median_ms(lambda: run(uuid.uuid4().hex, head, generate)),
+        }  # fmt: skip
+
+    rows = []
+    for repeat in (1, 40):  # a one-line system prompt, and one of about 450 tokens
+        system = " ".join(["You answer briefly and name the aisle in the hardware store."] * repeat)
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "How do I fix a leaking faucet?"}]
+        rows.append(measure(apply_chat_template(engine.tokenizer, messages)))
+        print("verify:", rows[-1], flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cache")
     parser.add_argument("--hits", type=int, default=60)
-    parser.add_argument("--only", choices=["quality", "lookup", "http"], help="run one part (default: all three)")
+    parser.add_argument("--only", choices=["quality", "lookup", "http", "verify"], help="run one part (default: all)")
     parser.add_argument("--out", type=Path, help="result JSON (default bench/results/cache.json, cache_PART.json)")
     parser.add_argument("--pairs", type=Path, help="labelled pairs to score (default tests/data/cache_pairs/test.tsv)")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
@@ -241,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
             print("lookup:", row, flush=True)
     if args.only in (None, "http"):
         result["http"] = http_modes(args.hits)
+    if args.only in (None, "verify"):
+        result["verify"] = verify_cost()
     result["summary"] = summary(result)
     print("summary:", result["summary"], flush=True)
     emit({"bench": "cache", **result}, args.out or default_out("cache" if args.only is None else f"cache_{args.only}"))

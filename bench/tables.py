@@ -135,6 +135,10 @@ def cache(r: Result) -> Figures:
         rows.append(("over HTTP, p50: exact hit / semantic hit (no engine) / generating the answer (64 tokens)",
                      f"{num(lexical['exact_hit']['p50_ms'])} / {num(lexical['semantic_hit']['p50_ms'])} / "
                      f"{num(lexical['generate_same_answer']['p50_ms'])} ms"))
+    for row in r.get("verify", []):
+        rows.append((f"one engine verification, {row['prompt_tokens']}-token prompt + {row['answer_tokens']}-token answer:"
+                     " every position scored / the answer only / generating 64 tokens",
+                     f"{num(row['every_position_ms'])} / {num(row['answer_only_ms'])} / {num(row['generate_64_ms'])} ms"))
     if verified and verified.get("semantic_hit"):
         rows.append(("over HTTP, p50: engine-verified semantic hit / over generating the same answer",
                      f"{num(verified['semantic_hit']['p50_ms'])} ms / x{verified['hit_over_generation_p50']:.2f}"))
