@@ -32,6 +32,7 @@ costs hit rate, not a wrong answer.
 
 from __future__ import annotations
 
+import functools
 import gc
 
 from gateway.cache.lexicon import Lexicon
@@ -59,6 +60,10 @@ def _same_parts(a: Content, b: Content, order: list[int]) -> bool:
         (first_a[p] - first_a[q]) * (first_b[p] - first_b[q]) >= 0 for n, p in enumerate(common) for q in common[n + 1 :]
     )
 
+
+# A lookup compares its question with up to eight candidates, and a cached question meets many lookups: each is read
+# once (a Content is immutable), not once per comparison
+_read = functools.lru_cache(maxsize=8192)(content)
 
 # A semantic hit is for a question, not a document: past this many content words the check does not compare (it
 # would cost more than generating; the embedder reads 256 word pieces at most anyway)
@@ -190,7 +195,7 @@ def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     if max(len(query.split()), len(cached.split())) > 4 * MAX_CONTENT_WORDS:
         return DIFFERENT  # not even read
     lex = default_lexicon() if lex is None else lex
-    a, b = content(query, lex or None), content(cached, lex or None)
+    a, b = _read(query, lex or None), _read(cached, lex or None)
     if max(len(a.words), len(b.words)) > MAX_CONTENT_WORDS:
         return DIFFERENT
     if a.negations != b.negations:
@@ -228,10 +233,6 @@ def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     ):
         return DIFFERENT  # the same prepositions stayed, their objects swapped: "from X to Y" / "from Y to X"
     return SWAPPED
-
-
-def same_content(query: str, cached: str) -> bool:
-    return compare(query, cached) == SAME
 
 
 _DEFAULT: list[Lexicon | bool] = []

@@ -251,7 +251,6 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
     negations = 0
     tenses: set[str] = set()
     asks: set[str] = set()
-    prepositions = 0
     persons: set[tuple[int, int]] = set()
     attach: str | None = None
     gap = False  # a closed-class word was skipped since the last content word
@@ -290,7 +289,6 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             continue  # "how to fix": an infinitive, not a preposition
         if word in RELATIONS:
             attach = RELATIONS[word]
-            prepositions += 1
             if word not in MEANING_WORDS:
                 continue
         if word in MEANING_WORDS or word[:1].isdigit() or not word.isalpha() or not _VOWEL.search(word):
