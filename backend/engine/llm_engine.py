@@ -242,14 +242,13 @@ class LLMEngine:
         first = seq.params.prompt_logprobs_from
         while len(seq.prompt_logprobs) <= start and len(seq.prompt_logprobs) < seq.num_prompt_tokens:
             seq.prompt_logprobs.append(None)
-        skip = min(max(first - start - 1, 0), logits.shape[0])  # rows whose target comes before `first`
-        logprobs = torch.log_softmax(logits[skip:], dim=-1)
-        k = seq.params.prompt_logprobs or 0
-        for j in range(logits.shape[0]):
-            target = start + j + 1
-            if target == len(seq.prompt_logprobs) and target < seq.num_prompt_tokens:
-                wanted = j >= skip
-                seq.prompt_logprobs.append(self._token_logprob(logprobs[j - skip], seq.token_ids[target], k) if wanted else None)
+        # Rows not recorded yet (a preempted sequence recomputes some) and whose target is a prompt token
+        begin, end = len(seq.prompt_logprobs) - start - 1, min(logits.shape[0], seq.num_prompt_tokens - start - 1)
+        skip = max(first - start - 1, begin)  # rows before it target tokens before `first`: None
+        seq.prompt_logprobs.extend([None] * max(min(skip, end) - begin, 0))
+        if skip < end:  # one log-softmax and one top-k over the rows (row by row cost ~0.1 ms each at 49k vocab)
+            targets = seq.token_ids[start + skip + 1 : start + end + 1]
+            seq.prompt_logprobs.extend(self._token_logprobs(logits[skip:end], targets, seq.params.prompt_logprobs or 0))
 
     def _append_token(self, seq: Sequence, token: int, logprobs: torch.Tensor | None) -> None:
         """logprobs: (vocab,) raw-model log-probabilities at this position, when the request wants them."""
@@ -283,6 +282,21 @@ class LLMEngine:
             (i, self.tokenizer.decode([i]), lp) for lp, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
         )
         return TokenLogprob(token, self.tokenizer.decode([token]), float(row[token]), alts)
+
+    def _token_logprobs(self, logits: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprob]:
+        """`_token_logprob` for many rows of raw logits at once: (rows, vocab) logits, one target token per row."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device).unsqueeze(1)).squeeze(1).tolist()
+        top_values, top_indices = (None, None) if not k else logprobs.topk(k, dim=-1) if k > 1 else logprobs.max(
+            dim=-1, keepdim=True)  # top-1 (the cache verifier's greedy check): max is ~3x faster than topk
+        out = []
+        for i, token in enumerate(tokens):
+            alts: tuple[tuple[int, str, float], ...] = ()
+            if top_values is not None and top_indices is not None:
+                ids, lps = top_indices[i].tolist(), top_values[i].tolist()
+                alts = tuple((t, self.tokenizer.decode([t]), lp) for t, lp in zip(ids, lps, strict=True))
+            out.append(TokenLogprob(token, self.tokenizer.decode([token]), chosen[i], alts))
+        return out
 
     # ---- outputs -----------------------------------------------------------------------------
     def _collect(self, request_id: str) -> RequestOutput | None:
