@@ -173,16 +173,19 @@ def _timed(client: httpx.Client, body: dict[str, Any], expect: str) -> float:
     return elapsed
 
 
-def http_path(port: int, hits: int) -> dict[str, Any]:
-    """Exact hits, each question's miss (generating its answer), then its paraphrase's semantic hits."""
+def http_path(port: int, hits: int, max_tokens: int = 64) -> dict[str, Any]:
+    """Exact hits, each question's miss (generating its answer, `max_tokens` at most), then its paraphrase's semantic
+    hits."""
     headers = {"authorization": f"Bearer {API_KEY}"}
     tag = uuid.uuid4().hex[:6]  # fresh entries per run: a system prompt of its own
-    body = lambda q, n=64: {**_body(q, n), "messages": [{"role": "system", "content": f"Run {tag}."},  # noqa: E731
+    body = lambda q, n=max_tokens: {**_body(q, n), "messages": [{"role": "system", "content": f"Run {tag}."},  # noqa: E731
                                                           {"role": "user", "content": q}]}  # fmt: skip
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=300) as client:
         for _ in range(3):  # warm-up: model, embedder, connection
             _timed(client, _body(f"Warm up {uuid.uuid4().int % 10**6}", 8), "miss")
         generate = {q: _timed(client, body(q), "miss") for q, _ in QUESTIONS}
+        lengths = [client.post("/v1/chat/completions", json=body(q)).json()["usage"]["completion_tokens"]
+                   for q, _ in QUESTIONS]  # fmt: skip - exact hits: the cached answers' lengths
         exact = [_timed(client, body(QUESTIONS[i % len(QUESTIONS)][0]), "hit") for i in range(hits)]
         semantic: dict[str, list[float]] = {q: [] for q, _ in QUESTIONS}
         rejected = 0
@@ -199,6 +202,7 @@ def http_path(port: int, hits: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "exact_hit": _pct(exact), "generate_same_answer": _pct(list(generate.values())),
         "semantic_hit": _pct(hit_times) if hit_times else None, "paraphrases_not_served": rejected,
+        "max_tokens": max_tokens, "answer_tokens_p50": statistics.median(lengths),
     }  # fmt: skip
     ratios = [statistics.median(ts) / generate[q] for q, ts in semantic.items() if ts]
     out["hit_over_generation_p50"] = round(statistics.median(ratios), 4) if ratios else None
@@ -207,7 +211,9 @@ def http_path(port: int, hits: int) -> dict[str, Any]:
 
 def http_modes(hits: int) -> dict[str, Any]:
     """The HTTP path with the lexical check alone, then with the engine verifying every candidate (`all`: each
-    semantic hit costs one verification; one server each)."""
+    semantic hit costs one verification; one server each), with answers of 64 tokens at most, and with whole
+    answers (up to the model's end of turn, 1024 tokens at most): a verification scores the same 32 answer tokens
+    whatever the answer's length, generating it costs every token."""
     out = {}
     for mode in ("lexical", "all"):
         port = free_port()
@@ -216,6 +222,9 @@ def http_modes(hits: int) -> dict[str, Any]:
         try:
             wait_ready(f"http://127.0.0.1:{port}", proc)
             out["verified" if mode == "all" else "lexical"] = http_path(port, hits)
+            if mode == "all":
+                out["verified_whole_answer"] = http_path(port, hits // 2, max_tokens=1024)
+                print("http (all, whole answers):", out["verified_whole_answer"], flush=True)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -315,6 +324,8 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         "semantic_hit_p50_ms_unverified": lex_hit["p50_ms"] if lex_hit else None,
         "semantic_hit_p50_ms_verified": ver_hit["p50_ms"] if ver_hit else None,
         "verified_over_generation_p50": (h.get("verified") or {}).get("hit_over_generation_p50"),
+        "verified_over_generation_p50_whole_answer": (h.get("verified_whole_answer") or {}).get(
+            "hit_over_generation_p50"),
         "bars": {"false_hits_over_hits": 0.01, "paraphrase_hit_rate": 0.60, "unverified_p50_ms": 10.0,
                  "verified_over_generation": 0.1},
     }  # fmt: skip

@@ -59,6 +59,13 @@ class Lexicon:
             heads.update(similar if self.wn.is_satellite(key) else [key])
         return frozenset(heads)
 
+    def _similar(self, a: str, b: str) -> bool:
+        """One adjective's sense is a satellite of the other's cluster head. Two satellites of one head are not
+        similar to each other: "daily" and "weekly" are both "periodic", and answer different questions."""
+        senses_a, senses_b = set(self.wn.senses(a, "adj")), set(self.wn.senses(b, "adj"))
+        return any(set(self.wn.synset(k).targets(SIMILAR)) & other for mine, other in ((senses_a, senses_b),
+                   (senses_b, senses_a)) for k in mine)  # fmt: skip
+
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def _opposite_heads(self, lemma: str) -> frozenset[tuple[str, int]]:
         """The cluster heads opposed to an adjective's heads (the antonym pointers between cluster heads)."""
@@ -131,8 +138,10 @@ class Lexicon:
             k for pos, lemma in lb for k in self.wn.senses(lemma, pos)
         }:
             return "synonym"
+        if any(p == "adj" and self._similar(x, y) for p, x in la for q, y in lb if q == "adj"):
+            return "similar"  # a satellite and its own cluster head ("poisonous" / "toxic")
         if any(p == "adj" and self._heads(x) & self._heads(y) for p, x in la for q, y in lb if q == "adj"):
-            return "similar"  # satellites of one cluster head ("poisonous" / "toxic", "tight" / "stiff")
+            return "sibling"  # two satellites of one head: two kinds of it ("daily" / "weekly" are "periodic")
         verbs_a = {k for pos, lemma in la if pos == "verb" for k in self._top(pos, lemma)}
         verbs_b = {k for pos, lemma in lb if pos == "verb" for k in self._top(pos, lemma)}
         for mine, other in ((verbs_a, verbs_b), (verbs_b, verbs_a)):  # "boost" is a way to "raise"; a noun's
