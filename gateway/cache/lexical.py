@@ -55,9 +55,21 @@ def _same_parts(a: Content, b: Content, order: list[int]) -> bool:
     first_b: dict[int, int] = {}
     for p, k in b.persons:
         first_b[p] = min(first_b.get(p, k + 1), k)
+    last_a: dict[int, int] = {}
+    for p, k in a.persons:
+        p = {1: 2, 2: 1}.get(p, p) if generic else p
+        last_a[p] = max(last_a.get(p, -1), position[k])
+    last_b: dict[int, int] = {}
+    for p, k in b.persons:
+        last_b[p] = max(last_b.get(p, -1), k)
     common = sorted(first_a.keys() & first_b.keys())
+    # first and last places both: a person named in a context clause first ("i'm type o negative, can i give blood
+    # to someone" / "..., can someone give blood to me") still shows the roles swapped in its last place
     return all(
-        (first_a[p] - first_a[q]) * (first_b[p] - first_b[q]) >= 0 for n, p in enumerate(common) for q in common[n + 1 :]
+        (x[p] - x[q]) * (y[p] - y[q]) >= 0
+        for x, y in ((first_a, first_b), (last_a, last_b))
+        for n, p in enumerate(common)
+        for q in common[n + 1 :]
     )
 
 
@@ -184,7 +196,17 @@ def _compound_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
     return not _compound_inverted(a, b, order)
 
 
+_RANK = {SAME: 0, REORDERED: 1, SUBSTITUTED: 2, SWAPPED: 3, DIFFERENT: 4}
+
+
 def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
+    """`_compare` both ways, the stricter verdict: which question is the cached one does not change whether they
+    ask the same (persons and moved words are placed by one side's words, and one side can hide what the other
+    shows)."""
+    return max(_compare(query, cached, lex), _compare(cached, query, lex), key=_RANK.__getitem__)
+
+
+def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     """SAME: every content word has a partner (the same word, or with a lexicon a synonym, inflection, derivation,
     similar adjective or a verb's hypernym), in the same order, with as many negations, the same tense and the same
     kind of question; REORDERED: the same, but one phrase moved with its preposition ("in october, is it rainy in
