@@ -65,7 +65,8 @@ def test_synsets_and_pointers_come_from_the_data_files(lex: Lexicon) -> None:
         ("overcooked", "undercooked", "prefix"),
         ("violin", "cello", "sibling"),  # siblings (they share a rarer sense: not a synonym)
         ("ocean", "sea", "sibling"),  # "an ocean of troubles" = "a sea of troubles", but the seas are not oceans
-        ("poisonous", "toxic", "similar"),  # one adjective cluster
+        ("poisonous", "toxic", "similar"),  # a satellite of its cluster's head
+        ("daily", "weekly", "sibling"),  # two satellites of one head ("periodic"): two kinds of it
         ("salmon", "fish", "unrelated"),  # a noun's hypernym names a wider class
         ("spanish", "italian", "unrelated"),
         ("tiger", "lion", "unrelated"),
@@ -111,11 +112,37 @@ def test_a_moved_phrase_keeps_its_roles() -> None:
     ("cached", "query"),
     [
         ("convert pounds to kilograms", "convert kilograms to pounds"),
-        ("can stress cause insomnia", "can insomnia cause stress"),
+        ("is a tomato a fruit or a vegetable", "is a tomato a vegetable or a fruit"),  # side by side: coordination?
     ],
 )
 def test_swapped_roles_are_left_to_the_verifier(cached: str, query: str) -> None:
     assert lexical.compare(query, cached) == lexical.SWAPPED
+
+
+@pytest.mark.parametrize(
+    ("cached", "query"),
+    [
+        # two words trade places across a third: each took the other's role
+        ("can stress cause insomnia", "can insomnia cause stress"),
+        ("do you encrypt with the public key and decrypt with the private key",
+         "do you encrypt with the private key and decrypt with the public key"),  # repeated "key" paired by rank
+        # the question word asks for the subject in one, the object in the other
+        ("what eats a red fox", "what does a red fox eat"),
+        # a person first named in a shared context clause: its last place shows the roles swapped
+        ("i'm type o negative, can i give blood to someone who is type a positive",
+         "i'm type o negative, can someone who is type a positive give blood to me"),
+    ],
+)
+def test_role_reversals_the_verifier_never_sees(cached: str, query: str) -> None:
+    assert lexical.compare(query, cached) in (lexical.DIFFERENT, lexical.SWAPPED)
+    assert lexical.compare(query, cached) == lexical.compare(cached, query)  # which one is cached does not matter
+    if "type o" not in cached:
+        assert lexical.compare(query, cached) == lexical.DIFFERENT
+
+
+def test_a_repeated_word_pairs_so_that_a_clause_moves_whole() -> None:
+    moved = lexical.compare("if my flight gets cancelled do i get a refund", "do i get a refund if my flight gets cancelled")
+    assert moved == lexical.REORDERED
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 
 from gateway.cache.lexicon import Lexicon
 from gateway.cache.reading import COMPOUND_RELATIONS, RELATIONS, Content, content
@@ -93,13 +94,14 @@ def _align(a: Content, b: Content, lex: Lexicon | None, substitute: bool = False
         return None
     partner: list[int | None] = [None] * len(b.words)
     free = set(range(len(a.words)))
-    last = -1
+    seen: dict[str, int] = {}
     for j, w in enumerate(b.words):
-        same = [i for i in sorted(free) if a.words[i].key == w.key]
-        if same:  # a repeated word pairs with the next one in order ("get a refund if it gets cancelled")
-            i = next((i for i in same if i > last), same[0])
-            partner[j], last = i, i
-            free.discard(i)
+        same = [i for i, x in enumerate(a.words) if x.key == w.key]
+        rank = seen.get(w.key, 0)
+        seen[w.key] = rank + 1
+        if rank < len(same):  # a repeated word pairs by its rank: the first "key" with the first "key"
+            partner[j] = same[rank]
+            free.discard(same[rank])
     rest = [j for j, p in enumerate(partner) if p is None]
     if rest and lex is None:
         return None
@@ -136,6 +138,27 @@ def _align(a: Content, b: Content, lex: Lexicon | None, substitute: bool = False
     return [p for p in partner if p is not None]
 
 
+def _untangled(b: Content, order: list[int]) -> list[int]:
+    """A repeated word pairs by rank (the first "key" with the first "key"), unless pairing its occurrences another
+    way leaves the words in order, or with one block moved: "if my flight gets cancelled, do i get a refund" / "do
+    i get a refund if my flight gets cancelled" moved a clause, whichever "get" is which."""
+    groups: dict[str, list[int]] = {}
+    for j, w in enumerate(b.words):
+        groups.setdefault(w.key, []).append(j)
+    repeated = [js for js in groups.values() if len(js) > 1]
+    if not repeated or order == sorted(order) or _moved_blocks(order):
+        return order
+    choices = [list(itertools.permutations([order[j] for j in js])) for js in repeated]
+    for combo in itertools.islice(itertools.product(*choices), 120):  # a few repeated words: a few orders
+        trial = list(order)
+        for js, indices in zip(repeated, combo, strict=True):
+            for j, i in zip(js, indices, strict=True):
+                trial[j] = i
+        if trial == sorted(trial) or _moved_blocks(trial):
+            return trial
+    return order
+
+
 def _moved_blocks(order: list[int]) -> list[tuple[int, int]]:
     """The ways `order` is 0..n-1 with one contiguous block moved elsewhere: (first, end) of the moved block's
     values ("a phrase moved to the front or the end"); empty when no single move gives it. The words that moved lie
@@ -164,6 +187,14 @@ def _phrase_moved(a: Content, b: Content, order: list[int]) -> bool:
         if bare and (first, end) in ((0, 1), (n - 1, n)) and order[0] != 0 and order[-1] != n - 1:
             return True  # in a question with no person and no question word, a word from the front to the back
     return False
+
+
+def _traded(order: list[int]) -> bool:
+    """Exactly two words traded places, with other content words between them, everything else in place: each took
+    the other's role ("dog chasing cat" / "cat chasing dog"). Two words side by side that trade places are a
+    coordination reordered ("a fruit or a vegetable" / "a vegetable or a fruit"), left to the verifier."""
+    moved = [i for i, v in enumerate(order) if v != i]
+    return len(moved) == 2 and order[moved[0]] == moved[1] and moved[1] - moved[0] > 1
 
 
 def _compound_inverted(a: Content, b: Content, order: list[int]) -> bool:
@@ -232,6 +263,7 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         order = _align(a, b, lex or None, substitute=True)
         if order is None:
             return DIFFERENT
+    order = _untangled(b, order)
     if any(a.words[i].past != w.past for i, w in zip(order, b.words, strict=True)):
         return DIFFERENT
     if not _same_parts(a, b, order):
@@ -248,6 +280,12 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     roles_kept = all(a.words[i].attach == w.attach for i, w in zip(order, b.words, strict=True))
     if roles_kept and _phrase_moved(a, b, order) and not _compound_inverted(a, b, order):
         return REORDERED
+    if any(a.words[i].lead != w.lead for i, w in zip(order, b.words, strict=True)):
+        return DIFFERENT  # the question word asks for the subject in one and the object in the other: "what eats a
+        # fox" / "what does a fox eat"
+    if _traded(order):
+        return DIFFERENT  # two words traded places across others: "encrypt with the public key and decrypt with
+        # the private key" / "... private ... public"
     pairs = list(zip(order, b.words, strict=True))
     relations_a = sorted(a.words[i].attach or "" for i, _ in pairs)
     if relations_a == sorted(w.attach or "" for _, w in pairs) and any(

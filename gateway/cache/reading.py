@@ -150,6 +150,7 @@ class Word:
     past: bool = False  # a verb's past form or participle ("cooked", "ran"): a present form does not stand for it
     degree: bool = False  # the property a "how" question asks about ("how deep"): only one sense stands for it
     gap: bool = False  # a closed-class word stands between it and the content word before ("track *my* order")
+    lead: bool = False  # right after the question word, its subject ("what *eats* a fox", not "what does a fox eat")
 
     @property
     def preposition(self) -> str | None:
@@ -302,13 +303,14 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             if word not in _DETERMINERS and attach not in ("clause", "wh"):
                 attach = None  # (a clause's or question's mark reaches its first content word: "if i do not have")
             continue
+        lead = i >= 2 and tokens[i - 2] in _WH
         if lex is not None:  # the longest WordNet collocation starting here ("get rid of", "jet lag", "new york")
             for n in (3, 2):
                 if i - 1 + n <= len(tokens) and lex.known("_".join(tokens[i - 1 : i - 1 + n])):
                     word = "_".join(tokens[i - 1 : i - 1 + n])
                     i += n - 1
                     break
-        out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex), gap=gap))
+        out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex), gap=gap, lead=lead))
         attach, gap = None, False  # only the word right after a preposition (determiners aside) is its object
     # a keyword query: content words, perhaps a question word ("order tracking how to"), no other grammar
     keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition is None for w in out)
