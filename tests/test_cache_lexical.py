@@ -204,6 +204,10 @@ def test_one_word_nothing_relates_or_opposes_is_left_to_the_verifier(cached: str
         # keyword queries spelled out, unless a compound's head changes
         ("vitamin b12 deficiency signs", "signs of a deficiency in vitamin b12", "reordered"),
         ("cat toy ideas", "toy cat ideas", "swapped"),
+        # a search-box query: its topic word moves into a compound preposition, its verb takes the question word
+        ("python sort dictionary by value", "how can i sort a dictionary by its values in python", "reordered"),
+        ("android phone stuck in boot loop fix", "how do i fix an android phone stuck in a boot loop", "reordered"),
+        ("convert celsius to fahrenheit", "how do i convert fahrenheit to celsius", "swapped"),  # "to" changed words
         # a misspelling of a word no dictionary knows, one edit from exactly one word that it knows
         ("how to reset a wireless keyboard", "how to reset a wireles keyboard", "same"),
     ],

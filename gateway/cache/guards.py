@@ -18,7 +18,13 @@ def _words(text: str) -> list[str]:
     return text.split()
 
 
-_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:['’][A-Za-z]+)?|[+\-*/^=%<>×÷]")
+# A number (an ordinal's suffix kept: "3rd"), a word, or an operator symbol; a hyphen or slash between letters
+# joins words ("wi-fi", "right-click", "w/o"), it is no operator
+_TOKEN = re.compile(
+    r"\d+(?:[.,]\d+)*(?:st|nd|rd|th)?\b|\d+(?:[.,]\d+)*|[A-Za-z]+(?:['’][A-Za-z]+)?|[+*^=%<>×÷]"
+    r"|(?<![A-Za-z])[-/]|[-/](?![A-Za-z])"
+)
+_ORDINAL = re.compile(r"(\d+)(?:st|nd|rd|th)")
 _NUMBER_WORDS = {
     w: str(i)
     for i, w in enumerate(
@@ -33,34 +39,46 @@ _NUMBER_WORDS |= {"thirty": "30", "forty": "40", "fifty": "50", "sixty": "60", "
                   "half": "0.5", "twice": "x2", "double": "x2", "triple": "x3", "first": "#1", "second": "#2",
                   "third": "#3", "fourth": "#4", "fifth": "#5", "last": "#-1", "dozen": "12"}  # fmt: skip
 del _NUMBER_WORDS["one"]  # mostly a pronoun ("a good one", "quick one"); "one cup" / "two cups" still differ (2)
+# Operator words only count next to a number ("10 divided by 2", "add 5 and 3"): "add speaker notes", "get over
+# jet lag" and "power on" name no operation
+_OPERATOR_REACH = 2
 _OPERATORS = {"+": "+", "plus": "+", "add": "+", "sum": "+", "-": "-", "minus": "-", "subtract": "-",
               "*": "*", "×": "*", "times": "*", "multiplied": "*", "multiply": "*", "product": "*",
               "/": "/", "÷": "/", "divided": "/", "divide": "/", "over": "/", "^": "^", "power": "^",
               "squared": "^2", "cubed": "^3", "%": "%", "percent": "%", "<": "<", ">": ">"}  # fmt: skip
-# Opposites and their common synonyms, folded onto one side each; both sides must agree.
-_POLARITY = {
-    "more": "more", "most": "more", "greater": "more", "larger": "big", "largest": "big", "biggest": "big",
-    "bigger": "big", "less": "less", "least": "less", "fewer": "less", "fewest": "less", "smaller": "small",
-    "smallest": "small", "tiniest": "small", "before": "before", "after": "after", "above": "above",
-    "below": "below", "under": "below", "hot": "hot", "cold": "cold", "warm": "hot", "cool": "cold",
-    "best": "best", "worst": "worst", "better": "best", "worse": "worst", "highest": "high", "higher": "high",
-    "tallest": "high", "lowest": "low", "lower": "low", "longest": "long", "longer": "long", "shortest": "short",
-    "shorter": "short", "oldest": "old", "older": "old", "youngest": "young", "younger": "young",
-    "fastest": "fast", "faster": "fast", "slowest": "slow", "slower": "slow", "cheapest": "cheap",
-    "cheaper": "cheap", "expensive": "dear", "increase": "up", "raise": "up", "decrease": "down", "reduce": "down",
-    "north": "north", "south": "south", "east": "east", "west": "west", "left": "left",
-    "right": "right", "min": "less", "minimum": "less", "max": "more", "maximum": "more", "true": "true",
-    "false": "false", "always": "always", "sometimes": "sometimes", "rarely": "rarely", "often": "often",
-    "start": "start", "begin": "start", "end": "end", "finish": "end", "buy": "buy", "sell": "sell",
-    "hottest": "hot", "hotter": "hot", "warmest": "hot", "coldest": "cold", "colder": "cold", "coolest": "cold",
-    "synonym": "synonym", "synonyms": "synonym", "antonym": "antonym", "antonyms": "antonym", "opposite": "antonym",
-    "day": "d", "week": "wk", "month": "mo", "year": "yr", "hour": "h", "minute": "min",
-    "celsius": "C", "fahrenheit": "F", "km": "km", "kilometers": "km", "kilometres": "km", "miles": "mi",
-    "mile": "mi", "kg": "kg", "kilograms": "kg", "pounds": "lb", "lbs": "lb", "meters": "m", "metres": "m",
-    "feet": "ft", "foot": "ft", "inches": "in", "cm": "cm", "centimeters": "cm", "hours": "h", "minutes": "min",
-    "days": "d", "weeks": "wk", "years": "yr", "months": "mo", "dollars": "$", "euros": "€",
-    "python": "Python", "javascript": "JavaScript", "java": "Java", "rust": "Rust",
+# Words with opposites, each folded onto (scale, pole): two questions with different poles of one scale ask
+# opposite things ("hottest" / "coldest", "miles" / "kilometers"); words on different scales ("best" / "longest
+# battery life") are left to the lexical check.
+_SCALES = {
+    "amount": {"more": "more most greater max maximum", "less": "less least fewer fewest min minimum"},
+    "size": {"big": "larger largest biggest bigger", "small": "smaller smallest tiniest"},
+    "order": {"before": "before", "after": "after"},
+    "place": {"above": "above", "below": "below under"},
+    "warmth": {"hot": "hot warm hottest hotter warmest", "cold": "cold cool coldest colder coolest"},
+    "quality": {"best": "best better", "worst": "worst worse"},
+    "height": {"high": "highest higher tallest", "low": "lowest lower"},
+    "length": {"long": "longest longer", "short": "shortest shorter"},
+    "age": {"old": "oldest older", "young": "youngest younger"},
+    "speed": {"fast": "fastest faster", "slow": "slowest slower"},
+    "price": {"cheap": "cheapest cheaper", "dear": "expensive"},
+    "direction": {"up": "increase raise", "down": "decrease reduce"},
+    "compass": {"north": "north", "south": "south", "east": "east", "west": "west"},
+    "side": {"left": "left", "right": "right"},
+    "truth": {"true": "true", "false": "false"},
+    "frequency": {"always": "always", "sometimes": "sometimes", "rarely": "rarely", "often": "often"},
+    "phase": {"start": "start begin", "end": "end finish"},
+    "trade": {"buy": "buy", "sell": "sell"},
+    "word": {"synonym": "synonym synonyms", "antonym": "antonym antonyms opposite"},
+    "time": {"d": "day days", "wk": "week weeks", "mo": "month months", "yr": "year years", "h": "hour hours",
+             "min": "minute minutes"},
+    "temperature": {"C": "celsius", "F": "fahrenheit"},
+    "length unit": {"km": "km kilometers kilometres", "mi": "miles mile", "m": "meters metres", "ft": "feet foot",
+                    "in": "inches", "cm": "cm centimeters"},
+    "mass": {"kg": "kg kilograms", "lb": "pounds lbs"},
+    "currency": {"$": "dollars", "€": "euros"},
+    "language": {"Python": "python", "JavaScript": "javascript", "Java": "java", "Rust": "rust"},
 }  # fmt: skip
+_POLARITY = {w: (scale, pole) for scale, poles in _SCALES.items() for pole, ws in poles.items() for w in _words(ws)}
 # Capitalised words that start sentences or questions and name nothing.
 _COMMON = set(
     _words("""a an the i i'm i'd i've me my you your we our they their it its he she his her this that these those
@@ -87,11 +105,14 @@ _PLACES = set(
 class KeyTerms:
     """The parts of a question a paraphrase keeps and a different question changes."""
 
-    sequence: tuple[str, ...]  # numbers, operators and names, in order
-    polarity: frozenset[str]  # polarity words, folded onto one side each ("warmest" -> hot)
+    sequence: tuple[str, ...]  # numbers and operators, in order ("10 / 2" is not "2 / 10")
+    named: tuple[str, ...]  # the names, sorted: their roles are the lexical check's ("England's first king")
+    polarity: frozenset[tuple[str, str]]  # (scale, pole) of each polarity word ("warmest" -> warmth, hot)
 
 
 _SENTENCE_END = frozenset(".!?")
+# After "last", these words show it is the verb ("does a cold last for a week"), not the ordinal ("last commit")
+_NOT_A_NOUN = frozenset(_words("for in on at after before if when once without with and or longer long than so"))
 
 
 def names(text: str) -> frozenset[str]:
@@ -111,19 +132,31 @@ def names(text: str) -> frozenset[str]:
 
 def key_terms(text: str, named: frozenset[str] = frozenset()) -> KeyTerms:
     """`named`: the words that name something in either question (`names`), however this one capitalises them."""
+    tokens = [m.group(0).lower() for m in _TOKEN.finditer(text)]
+    numeric = [t[:1].isdigit() or (t in _NUMBER_WORDS and t not in ("first", "second", "last")) for t in tokens]
     terms: list[str] = []
-    polarity: set[str] = set()
-    for match in _TOKEN.finditer(text):
-        low = match.group(0).lower()
+    names_found: list[str] = []
+    polarity: set[tuple[str, str]] = set()
+    for k, low in enumerate(tokens):
+        following = tokens[k + 1] if k + 1 < len(tokens) else ""
+        if low == "2" and k and tokens[k - 1] == "how":
+            continue  # chat spelling: "how 2 make pancakes"
         if low[:1].isdigit():
-            terms.append(low.replace(",", ""))
-        elif low in _NUMBER_WORDS or low in _OPERATORS:
-            terms.append(_NUMBER_WORDS.get(low) or _OPERATORS[low])
+            ordinal = _ORDINAL.fullmatch(low)
+            terms.append("#" + ordinal.group(1) if ordinal else low.replace(",", ""))
+        elif low == "last" and (not following or following in _NOT_A_NOUN):
+            continue  # the verb: "how long does a cold last", "last for"
+        elif low in _NUMBER_WORDS:
+            terms.append(_NUMBER_WORDS[low])
+        elif low in _OPERATORS:
+            near = numeric[max(k - _OPERATOR_REACH, 0) : k + _OPERATOR_REACH + 1]
+            if not low.isalpha() or any(near):
+                terms.append(_OPERATORS[low])
         elif low in _POLARITY:
             polarity.add(_POLARITY[low])
-        elif (stem := low.split("'")[0].split("’")[0]) in named:
-            terms.append("@" + stem)
-    return KeyTerms(tuple(terms), frozenset(polarity))
+        elif (stem := low.split("'")[0].split("’")[0]) in named or (stem[-1:] == "s" and stem[:-1] in named):
+            names_found.append(stem if stem in named else stem[:-1])  # "newtons" without its apostrophe
+    return KeyTerms(tuple(terms), tuple(sorted(names_found)), frozenset(polarity))
 
 
 def same_key_terms(query: str, candidate: str) -> bool:
@@ -132,4 +165,5 @@ def same_key_terms(query: str, candidate: str) -> bool:
     increase") is left to the lexical check, which relates the two words or rejects them; so are negations."""
     named = names(query) | names(candidate)
     a, b = key_terms(query, named), key_terms(candidate, named)
-    return a.sequence == b.sequence and not (a.polarity - b.polarity and b.polarity - a.polarity)
+    opposed = any(s == t and p != q for s, p in a.polarity for t, q in b.polarity if (s, p) not in b.polarity)
+    return a.sequence == b.sequence and a.named == b.named and not opposed

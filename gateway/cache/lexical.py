@@ -230,6 +230,23 @@ def _compound_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
 _RANK = {SAME: 0, REORDERED: 1, SUBSTITUTED: 2, SWAPPED: 3, DIFFERENT: 4}
 
 
+def _search_query_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
+    """A search-box query and the question that spells it out, one phrase moved: "python sort dictionary by value"
+    / "how can i sort a dictionary by its values in python", "android phone stuck in boot loop fix" / "how do i fix
+    an android phone stuck in a boot loop". The query's bare words take a compound preposition ("in python") or the
+    question word ("how do i fix") in the question; every word with a preposition in both keeps it ("convert
+    celsius to fahrenheit" / "how do i convert fahrenheit to celsius" does not), and no compound inverted."""
+    if a.telegraphic == b.telegraphic or not _moved_blocks(order):
+        return False
+    for i, w in zip(order, b.words, strict=True):
+        x, y = (a.words[i], w) if a.telegraphic else (w, a.words[i])  # the query's word, the question's
+        if x.attach == y.attach:
+            continue
+        if x.attach is not None or (y.attach != "wh" and y.attach not in COMPOUND_RELATIONS):
+            return False
+    return not _compound_inverted(a, b, order)
+
+
 def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     """`_compare` both ways, the stricter verdict: which question is the cached one does not change whether they
     ask the same (persons and moved words are placed by one side's words, and one side can hide what the other
@@ -276,6 +293,8 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     if substituted:
         return DIFFERENT  # one word the lexicon cannot relate, and moved words: too far for the verifier
     if _compound_spelled_out(a, b, order):
+        return REORDERED
+    if _search_query_spelled_out(a, b, order):
         return REORDERED
     roles_kept = all(a.words[i].attach == w.attach for i, w in zip(order, b.words, strict=True))
     if roles_kept and _phrase_moved(a, b, order) and not _compound_inverted(a, b, order):

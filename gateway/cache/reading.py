@@ -137,6 +137,8 @@ _PERSONS = {w: 1 for w in _words("i me my mine myself we us our ours ourselves")
     w: 2 for w in _words("you your yours yourself yourselves")
 } | {w: 3 for w in _words("he him his himself she her hers herself they them their theirs someone somebody anyone "
                           "anybody everyone everybody")}  # fmt: skip
+# what only a sentence has: articles and other determiners, pronouns, auxiliaries, question words
+_SENTENCE = _DETERMINERS | frozenset(_PERSONS) | _AUXILIARIES | _WH | frozenset(_words("it they them their"))
 # Right after "how", these words ask for a manner or a means ("how do i", "how to", "how can"), not a degree
 _HOW_MANNER = frozenset(_words("do does did can could should would will to is are was were am i you we they it"))
 
@@ -168,6 +170,9 @@ class Content:
     # the persons taking part, each with the content word it stands before (len(words): at the end): "i rear end
     # someone" = {(1, 0), (3, 1)}, "someone rear ends me" = {(3, 0), (1, 1)}
     persons: frozenset[tuple[int, int]] = frozenset()
+    # no article, pronoun, auxiliary or question word, prepositions allowed: a search-box query ("python sort
+    # dictionary by value", "android phone stuck in boot loop fix")
+    telegraphic: bool = False
 
     @property
     def bag(self) -> tuple[str, ...]:
@@ -314,4 +319,5 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
         attach, gap = None, False  # only the word right after a preposition (determiners aside) is its object
     # a keyword query: content words, perhaps a question word ("order tracking how to"), no other grammar
     keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition is None for w in out)
-    return Content(tuple(out), negations, frozenset(tenses), frozenset(asks), keywords, frozenset(persons))
+    telegraphic = bool(out) and not any(t in _SENTENCE for t in tokens)
+    return Content(tuple(out), negations, frozenset(tenses), frozenset(asks), keywords, frozenset(persons), telegraphic)
