@@ -37,6 +37,22 @@ def test_courtesy_clauses_and_request_frames_are_left_out() -> None:
     assert _texts(_read("list the seven continents")) == _texts(_read("what are the seven continents"))
 
 
+@pytest.mark.parametrize(
+    ("plain", "written"),
+    [
+        ("how do i right click on a trackpad", "how do i right-click on a trackpad"),  # a hyphen joins words
+        ("can i return it without the box", "can i return it w/o the box"),
+        ("how to make pancakes fluffy", "how 2 make pancakes fluffy lol"),  # chat spellings, fillers
+        ("what is the difference between a modem and a router", "wat is the diff between a modem and a router"),
+        ("what causes a sore throat every morning", "what causes a sore throat each morning"),
+        ("how do i potty train a toddler", "give me some tips for potty training a toddler"),  # a request frame
+        ("how do i fix a flat tire", "hi, hope you're having a good day! how do i fix a flat tire"),
+    ],
+)
+def test_spellings_fillers_and_frames_read_as_the_plain_question(plain: str, written: str) -> None:
+    assert [w.key for w in _read(written).words] == [w.key for w in _read(plain).words]
+
+
 def test_a_clause_with_content_is_kept_whole() -> None:
     """Only a clause made of courtesies goes: "sorry, my cat is sick" keeps the cat."""
     assert _texts(_read("sorry, my cat is sick, what should i do")) == ["cat", "sick"]

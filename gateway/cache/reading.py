@@ -30,7 +30,13 @@ def _words(text: str) -> list[str]:
 
 
 _VOWEL = re.compile(r"[aeiouy]")
-_WORD = re.compile(r"\d+(?:[.,]\d+)*|[a-z]+(?:'[a-z]+)?|[+\-*/^=%<>×÷&]")
+# A hyphen or slash between letters joins two words ("right-click", "and/or"), it is no operator
+_WORD = re.compile(r"\d+(?:[.,]\d+)*|[a-z]+(?:'[a-z]+)?|[+*^=%<>×÷&]|(?<![a-z])[-/]|[-/](?![a-z])")
+# Chat spellings spelled out before the words are read: "w/o" is one token for "without", "how 2" means "how to"
+_SPELLINGS = ((re.compile(r"\bw/o\b"), "without"), (re.compile(r"\bw/(?![a-z])"), "with"),
+              (re.compile(r"\bhow 2\b"), "how to"))  # fmt: skip
+# Closed-class words that say the same ("each morning" / "every morning")
+_ONE_MEANING = {"each": "every"}
 # Clause boundaries: punctuation, but not a decimal point or a thousands separator.
 _CLAUSE = re.compile(r"[!?;:]+|(?<!\d)[.,]+|[.,]+(?!\d)|\bbut\b")
 
@@ -43,7 +49,7 @@ FUNCTION_WORDS = frozenset(
     shall may might must let
     what which who whom whose when where why how
     and or but so if then than also just really actually basically briefly simply exactly
-    please kindly thanks thank hey hi hello um uh well yeah yes oh
+    please kindly thanks thank hey hi hello um uh well yeah yes oh lol lmao haha omg tbh ngl imo fr rn
     tell explain describe give show say help know wondering wonder curious need want like mean means whether
     tells says knows explains describes
     recommend suggest
@@ -73,7 +79,7 @@ _DISCOURSE_HEDGES = frozenset(
     _words(
         """quick dumb silly stupid random much lot lots bunch very so well good great fine doing all um uh hmm lol
     btw anyway guys everyone really too bit dear not no ok okay many friend friends folks basic newbie noob
-    obvious awkward earlier again time ton"""
+    obvious awkward earlier again time ton having day advice"""
     )
 )
 _CHAT = {
@@ -84,7 +90,9 @@ _CHAT = {
     "dont": "do not", "doesnt": "does not", "didnt": "did not", "cant": "can not", "cannot": "can not",
     "wont": "will not", "isnt": "is not", "arent": "are not", "wasnt": "was not", "werent": "were not",
     "shouldnt": "should not", "wouldnt": "would not", "couldnt": "could not", "havent": "have not",
-    "hasnt": "has not", "hadnt": "had not", "idk": "i do not know", "yr": "year", "yrs": "years", "hr": "hour", "hrs": "hours",
+    "hasnt": "has not", "hadnt": "had not", "idk": "i do not know", "wat": "what", "wats": "what is",
+    "shud": "should", "wud": "would", "cud": "could", "diff": "difference", "b4": "before", "thru": "through",
+    "ppl": "people", "pic": "picture", "pics": "pictures", "yr": "year", "yrs": "years", "hr": "hour", "hrs": "hours",
 }  # fmt: skip
 _IRREGULAR_NOT = {"won't": "will not", "can't": "can not", "shan't": "shall not", "ain't": "is not"}
 _CONTRACTED = {"'re": "are", "'ve": "have", "'ll": "will", "'m": "am", "'d": "would"}
@@ -99,7 +107,9 @@ _FRAMES = re.compile(
     r"(?:may|can|could) i ask|if you (?:could|can|do not mind)|can i ask|let me know|"
     r"(?:i would|i will) be (?:very |really |so )?grateful if you (?:could|would)|"
     r"(?:could|can|would|will) you (?:please |kindly )?(?:tell|show|teach|explain|advise|share)(?: to)?(?: me)?(?: on)?|"
-    r"(?:would|will) you be able to|teach me|show me|remind me)\b"
+    r"(?:would|will) you be able to|teach me|show me|remind me|"
+    r"give (?:me|us) (?:some |a few |any |a couple of )?(?:tips|advice|instructions|pointers|suggestions|(?:the )?steps)"
+    r"(?: for| on| to| about)?)\b"
 )
 
 # Prepositions mark a content word's role ("from X to Y"): a phrase that moves takes its preposition along, a role
@@ -230,7 +240,10 @@ def _tokens(text: str) -> list[str]:
     """The words of a question in their full forms, request frames, discourse clauses and an opening request verb
     ("list the planets" = "what are the planets") left out."""
     clauses = []
-    for part in _CLAUSE.split(text.lower().replace("’", "'")):
+    text = text.lower().replace("’", "'")
+    for pattern, full in _SPELLINGS:
+        text = pattern.sub(full, text)
+    for part in _CLAUSE.split(text):
         expanded = " ".join(w for raw in _WORD.findall(part) for w in _expand(raw))
         words = _FRAMES.sub(" ", expanded).split()
         if words:
@@ -299,7 +312,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
                 continue
         if word in MEANING_WORDS or word[:1].isdigit() or not word.isalpha() or not _VOWEL.search(word):
             # numbers, symbols and vowel-less abbreviations ("https", "sql"): no inflection, only themselves
-            out.append(Word(word, word, attach if word not in RELATIONS else None, True))
+            out.append(Word(word, _ONE_MEANING.get(word, word), attach if word not in RELATIONS else None, True))
             if word not in RELATIONS:
                 attach = None
             continue
