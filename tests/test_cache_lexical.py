@@ -67,6 +67,7 @@ def test_synsets_and_pointers_come_from_the_data_files(lex: Lexicon) -> None:
         ("ocean", "sea", "sibling"),  # "an ocean of troubles" = "a sea of troubles", but the seas are not oceans
         ("poisonous", "toxic", "similar"),  # a satellite of its cluster's head
         ("daily", "weekly", "sibling"),  # two satellites of one head ("periodic"): two kinds of it
+        ("check", "check_out", "part"),  # a collocation and one of its words: a particle added
         ("salmon", "fish", "unrelated"),  # a noun's hypernym names a wider class
         ("spanish", "italian", "unrelated"),
         ("tiger", "lion", "unrelated"),
@@ -208,6 +209,12 @@ def test_one_word_nothing_relates_or_opposes_is_left_to_the_verifier(cached: str
         ("python sort dictionary by value", "how can i sort a dictionary by its values in python", "reordered"),
         ("android phone stuck in boot loop fix", "how do i fix an android phone stuck in a boot loop", "reordered"),
         ("convert celsius to fahrenheit", "how do i convert fahrenheit to celsius", "swapped"),  # "to" changed words
+        # "between" after "difference" names what is compared; "go in" is no verb when "in" heads a phrase
+        ("what is the difference between sleet and hail", "sleet and hail difference", "reordered"),
+        ("in winter, where do ducks go", "where do ducks go in the winter", "reordered"),
+        # "did" + the base form is the past form; a particle dropped from a collocation changes it
+        ("what did people eat in medieval times", "tell me what people ate in medieval times", "same"),
+        ("what time is check in at most hotels", "what time is check out at most hotels", "different"),
         # a misspelling of a word no dictionary knows, one edit from exactly one word that it knows
         ("how to reset a wireless keyboard", "how to reset a wireles keyboard", "same"),
     ],

@@ -138,6 +138,12 @@ def _align(a: Content, b: Content, lex: Lexicon | None, substitute: bool = False
     return [p for p in partner if p is not None]
 
 
+def _did(a: Content, b: Content, a_past: bool) -> bool:
+    """The base form after "did" stands for the past form: "what did people eat" / "what people ate"."""
+    base, past = (b, a) if a_past else (a, b)
+    return "past" in base.tenses and not past.tenses
+
+
 def _untangled(b: Content, order: list[int]) -> list[int]:
     """A repeated word pairs by rank (the first "key" with the first "key"), unless pairing its occurrences another
     way leaves the words in order, or with one block moved: "if my flight gets cancelled, do i get a refund" / "do
@@ -281,7 +287,7 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         if order is None:
             return DIFFERENT
     order = _untangled(b, order)
-    if any(a.words[i].past != w.past for i, w in zip(order, b.words, strict=True)):
+    if any(a.words[i].past != w.past and not _did(a, b, a.words[i].past) for i, w in zip(order, b.words, strict=True)):
         return DIFFERENT
     if not _same_parts(a, b, order):
         return SWAPPED

@@ -103,12 +103,14 @@ class Lexicon:
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def relation(self, a: str, b: str) -> str:
-        """same | derived | synonym | similar | hypernym (the word pair is explained) or prefix | antonym | sibling |
-        unrelated."""
+        """same | derived | synonym | similar | hypernym (the word pair is explained) or prefix | part | antonym |
+        sibling | unrelated."""
         if a == b:
             return "same"
         if prefixed(a, b):
             return "prefix"
+        if ("_" in a) != ("_" in b) and (a in b.split("_") or b in a.split("_")):
+            return "part"  # a collocation and one of its words: a particle or a modifier added ("check" / "check_out")
         la, lb = set(self.wn.lemmas(a)), set(self.wn.lemmas(b))
         if la & lb:
             return "same"
@@ -186,7 +188,7 @@ class Lexicon:
         verifier can tell it from a different question."""
         if not (self.known(a) and self.known(b)):
             return False
-        opposed = ("antonym", "prefix", "sibling")
+        opposed = ("antonym", "prefix", "sibling", "part")
         # collocations compare word by word too: "warm_up" / "cool_down" oppose, as "warm" / "cool" do
         return self.relation(a, b) not in opposed and not any(
             self.relation(x, y) in opposed for x in a.split("_") for y in b.split("_") if x != y

@@ -35,6 +35,8 @@ _WORD = re.compile(r"\d+(?:[.,]\d+)*|[a-z]+(?:'[a-z]+)?|[+*^=%<>×÷&]|(?<![a-z]
 # Chat spellings spelled out before the words are read: "w/o" is one token for "without", "how 2" means "how to"
 _SPELLINGS = ((re.compile(r"\bw/o\b"), "without"), (re.compile(r"\bw/(?![a-z])"), "with"),
               (re.compile(r"\bhow 2\b"), "how to"))  # fmt: skip
+# Nouns after which "between" names what is compared, not a range ("the difference between sleet and hail")
+_COMPARED = frozenset(_words("difference differences distinction similarity similarities"))
 # Closed-class words that say the same ("each morning" / "every morning")
 _ONE_MEANING = {"each": "every"}
 # Clause boundaries: punctuation, but not a decimal point or a thousands separator.
@@ -306,6 +308,8 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
                 continue
         if word == "to" and i >= 2 and tokens[i - 2] in ("how", "way", "ways", "what", "where", "when", "who"):
             continue  # "how to fix": an infinitive, not a preposition
+        if word == "between" and i >= 2 and tokens[i - 2] in _COMPARED:
+            continue  # "the difference between x and y" = "x and y difference": no range, a comparison
         if word in RELATIONS:
             attach = RELATIONS[word]
             if word not in MEANING_WORDS:
@@ -321,9 +325,11 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             if word not in _DETERMINERS and attach not in ("clause", "wh"):
                 attach = None  # (a clause's or question's mark reaches its first content word: "if i do not have")
             continue
-        lead = i >= 2 and tokens[i - 2] in _WH
+        lead = attach == "wh" and i >= 2 and tokens[i - 2] in _WH
         if lex is not None:  # the longest WordNet collocation starting here ("get rid of", "jet lag", "new york")
             for n in (3, 2):
+                if n == 2 and i + 1 < len(tokens) and tokens[i] in RELATIONS and tokens[i + 1] not in RELATIONS:
+                    continue  # the preposition heads what follows ("go in the winter"), no particle ("check in at")
                 if i - 1 + n <= len(tokens) and lex.known("_".join(tokens[i - 1 : i - 1 + n])):
                     word = "_".join(tokens[i - 1 : i - 1 + n])
                     i += n - 1
