@@ -93,6 +93,12 @@ class Lexicon:
         return frozenset(p for key in firsts for p in self.wn.synset(key).targets(HYPERNYM, INSTANCE_HYPERNYM))
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def modifier_only(self, word: str) -> bool:
+        """An adjective or adverb and nothing else ("often", "far"; not "long", also a verb)."""
+        kinds = {pos for pos, _ in self.wn.lemmas(word)}
+        return bool(kinds) and kinds <= {"adj", "adv"}
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
     def is_past(self, word: str) -> bool:
         """A verb's past form or participle that is no verb itself: "cooked", "ran", "fed" (not "need", "read")."""
         if word.endswith("ing") or self.wn.has(word, "verb"):

@@ -81,7 +81,7 @@ _DISCOURSE_HEDGES = frozenset(
     _words(
         """quick dumb silly stupid random much lot lots bunch very so well good great fine doing all um uh hmm lol
     btw anyway guys everyone really too bit dear not no ok okay many friend friends folks basic newbie noob
-    obvious awkward earlier again time ton having day advice"""
+    obvious awkward earlier again time ton having day advice helpful always being"""
     )
 )
 _CHAT = {
@@ -105,7 +105,7 @@ _FRAMES = re.compile(
     r"\b(?:walk (?:me|us) (?:through|thru)|thanks? (?:you )?in advance|sorry to (?:ask|bother you|bug you)|excuse me|"
     r"i (?:have|had|got) a (?:quick )?question|quick question|i would (?:really )?(?:love|like) to (?:know|learn|ask)|"
     r"i would (?:really |very much )?appreciate (?:it|your help|any help)?|i was (?:hoping|wondering)|"
-    r"i am (?:curious|wondering)|do you (?:happen to )?know|would you mind(?: telling| explaining| showing)?|"
+    r"i am (?:curious|wondering)|(?:do|would|did) you (?:happen to )?know|would you mind(?: telling| explaining| showing)?|"
     r"(?:may|can|could) i ask|if you (?:could|can|do not mind)|can i ask|let me know|"
     r"(?:i would|i will) be (?:very |really |so )?grateful if you (?:could|would)|"
     r"(?:could|can|would|will) you (?:please |kindly )?(?:tell|show|teach|explain|advise|share)(?: to)?(?: me)?(?: on)?|"
@@ -248,9 +248,9 @@ def _tokens(text: str) -> list[str]:
     for part in _CLAUSE.split(text):
         expanded = " ".join(w for raw in _WORD.findall(part) for w in _expand(raw))
         words = _FRAMES.sub(" ", expanded).split()
-        if words:
-            clauses.append(words)
-    kept = [c for c in clauses if not _discourse(c)] or clauses
+        if words:  # a courtesy clause is one before or after its frames go ("i would appreciate your advice")
+            clauses.append((words, _discourse(words) or _discourse(expanded.split())))
+    kept = [c for c, courtesy in clauses if not courtesy] or [c for c, _ in clauses]
     words = [w for c in kept for w in c]
     if len(words) > 2 and words[0] in _REQUEST_VERBS and words[1] not in RELATIONS:
         words = words[1:]
@@ -298,9 +298,12 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             attach = "wh"  # the question phrase moves as one ("how to find the area" / "area ... how to find")
         if word == "how" and i < len(tokens):
             follower, then = tokens[i], tokens[i + 1] if i + 1 < len(tokens) else ""
-            degree = (
-                follower.isalpha() and follower not in _HOW_QUANTITY | _HOW_MANNER and (then in _HOW_MANNER or not then)
-            )
+            # "how long does", "how long an nba game lasts" (a determiner or a person next), "how often adults get"
+            # (an adverb or adjective with no other reading): a degree; "how people live": a manner
+            degree = follower.isalpha() and follower not in _HOW_QUANTITY | _HOW_MANNER and (
+                then in _HOW_MANNER or not then or then in _DETERMINERS or then in _PERSONS
+                or (lex is not None and lex.modifier_only(follower))
+            )  # fmt: skip
             asks.add("quantity" if follower in _HOW_QUANTITY else "degree" if degree else "manner")
             if degree:  # "how deep" / "how big": the property asked about
                 out.append(Word(follower, _unify(stem(follower)), None, False, degree=True))
