@@ -148,3 +148,24 @@ def test_served_blocks_leave_the_reference_only_at_near_ties(blocks_dir: Path, r
     # the reference's own tokens, fed as a prompt: how far the served model's log-probabilities drift from it
     drift = (teacher_forced(engine, reference.prompts, reference.tokens) - reference.forced).abs()
     assert drift.mean().item() < MEAN_DRIFT and drift.quantile(0.9).item() < P90_DRIFT, drift
+
+
+@requires_c_kernels
+def test_served_blocks_score_an_answer_the_same_over_a_cached_prefix(blocks_dir: Path) -> None:
+    """The cache verifier on the default 4-bit path: an answer's log-probabilities with `prompt_logprobs_from` (the
+    prefix cache serving the prompt) equal those of a prefill that computes every position."""
+    engine = LLMEngine(EngineConfig(model=str(blocks_dir)))
+    head = chat_ids("Name three colours.")
+    answer = token_ids(run_to_completion(engine, {0: [("a", head, SamplingParams(temperature=0, max_tokens=24))]})["a"])
+    full = [*head, *answer]
+    score = lambda rid, **kw: run_to_completion(  # noqa: E731
+        engine, {0: [(rid, full, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1, **kw))]}
+    )[rid][0].prompt_logprobs
+    reference = score("all")
+    hits = engine.kv.hits
+    tail = score("tail", prompt_logprobs_from=len(head))
+    assert engine.kv.hits - hits >= engine.kv.block_size
+    assert reference is not None and tail is not None
+    for got, ref in zip(tail[len(head) :], reference[len(head) :], strict=True):
+        assert got is not None and ref is not None and got.token_id == ref.token_id and got.top == ref.top
+        assert abs(got.logprob - ref.logprob) < 1e-3
