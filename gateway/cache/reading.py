@@ -131,6 +131,13 @@ NEGATIONS = frozenset(("not", "never", "no", "without", "nor", "neither"))
 # The tense an auxiliary gives the question ("did you need" / "do you need")
 _TENSE = {"did": "past", "was": "past", "were": "past", "do": "present", "does": "present", "is": "present",
           "are": "present", "am": "present", "will": "future"}  # fmt: skip
+# What a modal asks: whether one may or can, whether one should, whether one must ("how much can i borrow" / "how
+# much should i borrow")
+_MODALS = {"can": "may", "could": "may", "may": "may", "might": "may", "should": "should", "ought": "should",
+           "must": "must"}  # fmt: skip
+# What one asks the assistant to do ("could you suggest")
+_REQUESTS = frozenset(_words("tell explain describe give show say help recommend suggest let list name provide share "
+                             "advise teach remind write walk"))
 # What a question word asks; "what" and "which" ask for anything ("what causes" = "why"), so they are not kinds.
 _WH = frozenset(_words("what which who whom whose when where why how"))
 _ASKS = {"why": "why", "when": "when", "where": "where", "who": "who", "whom": "who", "whose": "who"}
@@ -177,6 +184,7 @@ class Content:
     words: tuple[Word, ...]  # content words in order
     negations: int
     tenses: frozenset[str] = frozenset()  # of the auxiliaries
+    modals: frozenset[str] = frozenset()  # what the modals ask: may, should, must
     asks: frozenset[str] = frozenset()  # the kinds of question words: why, when, where, who, quantity, manner
     keywords: bool = False  # no preposition, no question word: a keyword query ("lawn brown patches")
     # the persons taking part, each with the content word it stands before (len(words): at the end): "i rear end
@@ -257,6 +265,14 @@ def _tokens(text: str) -> list[str]:
     return words
 
 
+def _asks_you(tokens: list[str], i: int) -> bool:
+    """The modal before tokens[i] asks the assistant for something ("could you please suggest", "can you let me
+    know"): a request, not a question about whether one may or should."""
+    rest = [t for t in tokens[i : i + 4] if t not in ("please", "kindly", "just")]
+    # (a request frame already removed leaves "could you please" before the question: "... when i should switch")
+    return rest[:1] == ["you"] and (len(rest) == 1 or rest[1] in _REQUESTS or rest[1] in _WH)
+
+
 def _past(word: str, lex: Lexicon | None) -> bool:
     """A verb's past form or participle: "-ed" on a verb stem, or an irregular past WordNet lists ("ran")."""
     if lex is None:
@@ -271,6 +287,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
     out: list[Word] = []
     negations = 0
     tenses: set[str] = set()
+    modals: set[str] = set()
     asks: set[str] = set()
     persons: set[tuple[int, int]] = set()
     attach: str | None = None
@@ -288,6 +305,8 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             persons.add((_PERSONS[word], len(out)))
         if word in _TENSE:
             tenses.add(_TENSE[word])
+        if word in _MODALS and not _asks_you(tokens, i):
+            modals.add(_MODALS[word])
         follower = tokens[i] if i < len(tokens) else ""
         if word in _SUBORDINATORS and (word != "when" or (follower not in _AUXILIARIES and follower != "to")):
             attach = "clause"  # "if my flight is cancelled, ...": the clause moves with its conjunction
@@ -342,4 +361,5 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
     # a keyword query: content words, perhaps a question word ("order tracking how to"), no other grammar
     keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition is None for w in out)
     telegraphic = bool(out) and not any(t in _SENTENCE for t in tokens)
-    return Content(tuple(out), negations, frozenset(tenses), frozenset(asks), keywords, frozenset(persons), telegraphic)
+    return Content(tuple(out), negations, frozenset(tenses), frozenset(modals), frozenset(asks), keywords,
+                   frozenset(persons), telegraphic)
