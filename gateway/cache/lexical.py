@@ -5,7 +5,7 @@ A general rule, not a list of the pairs it was tried on. Both questions are read
 question must have a partner in the other: the same word after normalising inflection, contractions and chat
 spellings, its misspelling (one edit inside a word no dictionary knows: "replacment" / "replacement"), or, with
 the WordNet lexicon (gateway/cache/lexicon.py), a synonym, an inflection WordNet knows ("ran" / "run"), a
-derivation, a similar adjective or a verb's direct hypernym; never an antonym, a word behind a negating prefix or
+derivation or a similar adjective; never an antonym, a word behind a negating prefix or
 a sibling. The negations, the tense, the kind of question and the persons' places must agree.
 `compare` then reads the roles:
 
@@ -43,12 +43,15 @@ from gateway.cache.wordnet_fetch import default_wordnet_path
 
 
 def _same_parts(a: Content, b: Content, order: list[int]) -> bool:
-    """Every two persons both questions name come in the same order, each placed by the first content word it
+    """Where both questions name persons, they name the same kinds (i, you, someone else), and every two persons
+    both name come in the same order, each placed by the first content word it
     stands before ("i rear end someone" / "someone rear ends me": no). "you" stands for "i" (a generic "how do
     you...") when one question has only "i" and the other only "you"."""
     position = {i: j for j, i in enumerate(order)} | {len(order): len(order)}
     kinds_a, kinds_b = {p for p, _ in a.persons}, {p for p, _ in b.persons}
     generic = not ({1, 2} <= kinds_a or {1, 2} <= kinds_b) and {1, 2} <= kinds_a | kinds_b
+    if kinds_a and kinds_b and {{1: 2, 2: 1}.get(p, p) if generic else p for p in kinds_a} != kinds_b:
+        return False  # someone else named in one only: "how do i block my number" / "... someone's number"
     first_a: dict[int, int] = {}
     for p, k in a.persons:
         p = {1: 2, 2: 1}.get(p, p) if generic else p
@@ -87,7 +90,7 @@ SAME, REORDERED, SWAPPED, SUBSTITUTED, DIFFERENT = "same", "reordered", "swapped
 
 def _align(a: Content, b: Content, lex: Lexicon | None, substitute: bool = False) -> list[int] | None:
     """For each of b's words, the index of the word of a that stands for it (equal, or explained by the lexicon:
-    synonym, inflection, derivation, similar adjective, a verb's hypernym); None when some content word of either
+    synonym, inflection, derivation, similar adjective); None when some content word of either
     has no partner. With `substitute`, one pair of words the lexicon cannot relate may stand for each other too, if
     it does not oppose them (no antonym, negating prefix or sibling): a SUBSTITUTED question."""
     if len(a.words) != len(b.words):
@@ -262,7 +265,7 @@ def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
 
 def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     """SAME: every content word has a partner (the same word, or with a lexicon a synonym, inflection, derivation,
-    similar adjective or a verb's hypernym), in the same order, with as many negations, the same tense and the same
+    similar adjective), in the same order, with as many negations, the same tense and the same
     kind of question; REORDERED: the same, but one phrase moved with its preposition ("in october, is it rainy in
     bali" / "is it rainy in bali in october"), or a keyword query spelled out ("vitamin d deficiency symptoms" /
     "symptoms of vitamin d deficiency"); SWAPPED: the words cross or change preposition, as a role reversal does
@@ -272,8 +275,8 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         return DIFFERENT  # not even read
     lex = default_lexicon() if lex is None else lex
     a, b = _read(query, lex or None), _read(cached, lex or None)
-    if max(len(a.words), len(b.words)) > MAX_CONTENT_WORDS:
-        return DIFFERENT
+    if max(len(a.words), len(b.words)) > MAX_CONTENT_WORDS or not (a.words and b.words):
+        return DIFFERENT  # too long to compare, or nothing to compare ("what should i say when someone thanks me")
     if a.negations != b.negations:
         return DIFFERENT
     if a.tenses and b.tenses and a.tenses != b.tenses:

@@ -1,12 +1,14 @@
 """Word against word: may two different content words stand for each other in a question?
 
 `explains(a, b)` is True when WordNet says they are one word inflected or derived ("repotting" / "repot",
-"fluently" / "fluent"), synonyms (they share a sense among the first `SENSES` senses of each: a rare sense
-shared by two common words, "dog" / "frank", does not count), or one is the other's direct hypernym ("boost" /
-"increase"). It is False, whatever else holds, when they differ by a negating or opposing prefix ("lock" /
-"unlock", "overwatered" / "underwatered") or are antonyms, directly or through an adjective cluster ("soggy" is
-similar to "wet", whose antonym is "dry"). Siblings under one hypernym (cat / dog, french / german, python /
-java) and unrelated words are not explained: the lexical check rejects them.
+"fluently" / "fluent"), synonyms (they share a sense among the first `SENSES` senses of each, or any sense when
+neither is a noun sibling of the other), or similar adjectives. A verb and its direct hypernym ("sprint" / "run",
+"bake" / "cook", but also "delete" / "remove") are related, not explained: the manner a troponym adds often
+changes the answer, so only the engine verifier may accept them. It is False, whatever else holds, when they
+differ by a negating or opposing prefix ("lock" / "unlock", "overwatered" / "underwatered") or are antonyms,
+directly or through an adjective cluster ("soggy" is similar to "wet", whose antonym is "dry"). Siblings under one
+hypernym (cat / dog, french / german, python / java) and unrelated words are not explained: the lexical check
+rejects them.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import functools
 
 from gateway.cache.wordnet import ANTONYM, DERIVED, HYPERNYM, INSTANCE_HYPERNYM, PERTAINYM, SIMILAR, WordNet
 
-EXPLAINED = frozenset(("same", "derived", "synonym", "similar", "hypernym"))
-SENSES = 3  # a synonym or hypernym must be among a word's most frequent senses (index order)
+EXPLAINED = frozenset(("same", "derived", "synonym", "similar"))
+SENSES = 3  # a synonym must be among a word's most frequent senses (index order), or a verb's hypernym
 # Prefixes that negate or reverse a stem: "un"+"lock", "dis"+"assemble"; and pairs that oppose each other.
 NEGATING = ("un", "in", "im", "il", "ir", "non", "dis", "de", "anti", "mis", "counter", "non-", "un-", "anti-")
 OPPOSING = (("over", "under"), ("pre", "post"), ("in", "out"), ("up", "down"), ("in", "de"), ("inter", "intra"),
@@ -109,8 +111,8 @@ class Lexicon:
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def relation(self, a: str, b: str) -> str:
-        """same | derived | synonym | similar | hypernym (the word pair is explained) or prefix | part | antonym |
-        sibling | unrelated."""
+        """same | derived | synonym | similar (the word pair is explained) or hypernym (a verb's: related, for the
+        verifier) | prefix | part | antonym | sibling | unrelated."""
         if a == b:
             return "same"
         if prefixed(a, b):
@@ -152,8 +154,8 @@ class Lexicon:
             return "sibling"  # two satellites of one head: two kinds of it ("daily" / "weekly" are "periodic")
         verbs_a = {k for pos, lemma in la if pos == "verb" for k in self._top(pos, lemma)}
         verbs_b = {k for pos, lemma in lb if pos == "verb" for k in self._top(pos, lemma)}
-        for mine, other in ((verbs_a, verbs_b), (verbs_b, verbs_a)):  # "boost" is a way to "raise"; a noun's
-            for key in mine:  # hypernym names a wider class ("salmon" / "fish"): not the same question
+        for mine, other in ((verbs_a, verbs_b), (verbs_b, verbs_a)):  # "sprint" is a way to "run": related, not
+            for key in mine:  # the same question; a noun's hypernym names a wider class ("salmon" / "fish")
                 if set(self.wn.synset(key).targets(HYPERNYM)) & other:
                     return "hypernym"
         return "unrelated"

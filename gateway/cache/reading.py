@@ -108,7 +108,8 @@ _FRAMES = re.compile(
     r"i am (?:curious|wondering)|(?:do|would|did) you (?:happen to )?know|would you mind(?: telling| explaining| showing)?|"
     r"(?:may|can|could) i ask|if you (?:could|can|do not mind)|can i ask|let me know|"
     r"(?:i would|i will) be (?:very |really |so )?grateful if you (?:could|would)|"
-    r"(?:could|can|would|will) you (?:please |kindly )?(?:tell|show|teach|explain|advise|share)(?: to)?(?: me)?(?: on)?|"
+    r"(?<!how )(?:could|can|would|will) you (?:please |kindly )?(?:tell|show|teach|explain|advise|share)(?: to)?(?: me)?"
+    r"(?: on)?|"
     r"(?:would|will) you be able to|teach me|show me|remind me|"
     r"give (?:me|us) (?:some |a few |any |a couple of )?(?:tips|advice|instructions|pointers|suggestions|(?:the )?steps)"
     r"(?: for| on| to| about)?)\b"
@@ -273,6 +274,15 @@ def _asks_you(tokens: list[str], i: int) -> bool:
     return rest[:1] == ["you"] and (len(rest) == 1 or rest[1] in _REQUESTS or rest[1] in _WH)
 
 
+def _addressed(tokens: list[str], i: int) -> bool:
+    """tokens[i - 1] is the assistant or the asker inside a request to the assistant ("could *you* please help
+    *me*", "would *you* be so kind as to tell *me*"): no person the question is about."""
+    word, before = tokens[i - 1], tokens[i - 2] if i >= 2 else ""
+    if word == "you":
+        return before in _MODALS or before in ("would", "will") or _asks_you(tokens, i - 1)
+    return word in ("me", "us") and before in _REQUESTS
+
+
 def _past(word: str, lex: Lexicon | None) -> bool:
     """A verb's past form or participle: "-ed" on a verb stem, or an irregular past WordNet lists ("ran")."""
     if lex is None:
@@ -301,7 +311,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             continue
         # after an article a pronoun's spelling names a thing ("the us"): a content word
         thing = word in _PERSONS and i >= 2 and tokens[i - 2] in ("the", "a", "an")
-        if word in _PERSONS and not thing:
+        if word in _PERSONS and not thing and not _addressed(tokens, i):
             persons.add((_PERSONS[word], len(out)))
         if word in _TENSE:
             tenses.add(_TENSE[word])
@@ -319,7 +329,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             follower, then = tokens[i], tokens[i + 1] if i + 1 < len(tokens) else ""
             # "how long does", "how long an nba game lasts" (a determiner or a person next), "how often adults get"
             # (an adverb or adjective with no other reading): a degree; "how people live": a manner
-            degree = follower.isalpha() and follower not in _HOW_QUANTITY | _HOW_MANNER and (
+            degree = follower.isalpha() and follower not in _HOW_QUANTITY | _HOW_MANNER | _SUBORDINATORS and (
                 then in _HOW_MANNER or not then or then in _DETERMINERS or then in _PERSONS
                 or (lex is not None and lex.modifier_only(follower))
             )  # fmt: skip
