@@ -279,7 +279,7 @@ def _addressed(tokens: list[str], i: int) -> bool:
     *me*", "would *you* be so kind as to tell *me*"): no person the question is about."""
     word, before = tokens[i - 1], tokens[i - 2] if i >= 2 else ""
     if word == "you":
-        return before in _MODALS or before in ("would", "will") or _asks_you(tokens, i - 1)
+        return before in _MODALS or before in ("would", "will")
     return word in ("me", "us") and before in _REQUESTS
 
 
