@@ -56,7 +56,7 @@ FUNCTION_WORDS = frozenset(
     tells says knows explains describes
     recommend suggest
     to of for in on at by about as with from into
-    there here some way ways kind sort type thing things bit little quick short brief"""
+    there here some way ways kind sort type thing things bit"""
     )
 )
 # Closed-class words that change the question: never free to differ (kept as content).
