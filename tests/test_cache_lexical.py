@@ -141,6 +141,30 @@ def test_role_reversals_the_verifier_never_sees(cached: str, query: str) -> None
         assert lexical.compare(query, cached) == lexical.DIFFERENT
 
 
+@pytest.mark.parametrize(
+    ("cached", "query", "verdict"),
+    [
+        # what a modal asks: may, should, must; in a "how" question they all ask the way
+        ("how much can i borrow for a mortgage", "how much should i borrow for a mortgage", "different"),
+        ("how can i lower my rent", "how should i lower my rent", "same"),
+        ("when should i switch my baby to a forward facing car seat",
+         "hi! could you please let me know when i should switch my baby to a forward facing car seat?", "same"),
+        # a verb and its hypernym: a manner added, for the engine to judge
+        ("how long can i sprint without stopping", "how long can i run without stopping", "substituted"),
+        # a modifier is content, however small
+        ("how do i make quick bread", "how do i make bread", "different"),
+        # a choice is not a combination
+        ("can i take tylenol and advil", "can i take tylenol or advil", "different"),
+        # someone else named in one only
+        ("how do i block someone's number", "how do i block my number", "swapped"),
+        # nothing to compare
+        ("what should i say when someone thanks me", "what should i say when i thank someone", "different"),
+    ],
+)
+def test_what_a_question_asks_beyond_its_words(cached: str, query: str, verdict: str) -> None:
+    assert lexical.compare(query, cached) == verdict
+
+
 def test_a_repeated_word_pairs_so_that_a_clause_moves_whole() -> None:
     moved = lexical.compare("if my flight gets cancelled do i get a refund", "do i get a refund if my flight gets cancelled")
     assert moved == lexical.REORDERED

@@ -281,6 +281,8 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         return DIFFERENT
     if a.tenses and b.tenses and a.tenses != b.tenses:
         return DIFFERENT
+    if (a.choice and not b.choice and b.joined) or (b.choice and not a.choice and a.joined):
+        return DIFFERENT  # "should i pay off debt or invest" / "... pay off debt and invest"
     if a.modals and b.modals and a.modals != b.modals and "manner" not in a.asks | b.asks:
         return DIFFERENT  # "can i retire at 55" / "should i retire at 55"; "how can i" = "how should i"
     if a.asks and b.asks and a.asks != b.asks:

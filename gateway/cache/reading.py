@@ -194,6 +194,9 @@ class Content:
     # no article, pronoun, auxiliary or question word, prepositions allowed: a search-box query ("python sort
     # dictionary by value", "android phone stuck in boot loop fix")
     telegraphic: bool = False
+    # "or" (or "vs") offers a choice; "and" joins: "can i take tylenol and advil" / "tylenol or advil"
+    choice: bool = False
+    joined: bool = False
 
     @property
     def bag(self) -> tuple[str, ...]:
@@ -371,5 +374,6 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
     # a keyword query: content words, perhaps a question word ("order tracking how to"), no other grammar
     keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition is None for w in out)
     telegraphic = bool(out) and not any(t in _SENTENCE for t in tokens)
+    choice, joined = any(t in ("or", "vs", "versus") for t in tokens), "and" in tokens
     return Content(tuple(out), negations, frozenset(tenses), frozenset(modals), frozenset(asks), keywords,
-                   frozenset(persons), telegraphic)
+                   frozenset(persons), telegraphic, choice, joined)
