@@ -294,6 +294,8 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         if order is None:
             return DIFFERENT
     order = _untangled(b, order)
+    if any(a.words[i].grade != w.grade for i, w in zip(order, b.words, strict=True)):
+        return DIFFERENT  # "the best credit score" / "a good credit score"
     if any(a.words[i].past != w.past and not _did(a, b, a.words[i].past) for i, w in zip(order, b.words, strict=True)):
         return DIFFERENT
     if not _same_parts(a, b, order):

@@ -24,6 +24,8 @@ NEGATING = ("un", "in", "im", "il", "ir", "non", "dis", "de", "anti", "mis", "co
 OPPOSING = (("over", "under"), ("pre", "post"), ("in", "out"), ("up", "down"), ("in", "de"), ("inter", "intra"),
             ("im", "ex"), ("hyper", "hypo"), ("super", "sub"), ("max", "min"), ("en", "dis"))  # fmt: skip
 _MIN_STEM = 3
+_IRREGULAR_GRADES = {"best": "superlative", "worst": "superlative", "most": "superlative", "least": "superlative",
+                     "better": "comparative", "worse": "comparative", "more": "comparative", "less": "comparative"}  # fmt: skip
 
 
 def prefixed(a: str, b: str) -> bool:
@@ -93,6 +95,24 @@ class Lexicon:
         """The direct hypernyms of the first (most frequent) sense of each of `word`'s noun lemmas."""
         firsts = [key for key in self._first_senses(word) if key[0] == "noun"]
         return frozenset(p for key in firsts for p in self.wn.synset(key).targets(HYPERNYM, INSTANCE_HYPERNYM))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def grade(self, word: str) -> str:
+        """"superlative" ("biggest", "best"), "comparative" ("bigger", "better") or "" (the base form, or no
+        adjective): "the best credit score" asks for the top, "a good credit score" for a threshold."""
+        if word in _IRREGULAR_GRADES:
+            return _IRREGULAR_GRADES[word]
+        if any(lemma == word for _, lemma in self.wn.lemmas(word) if _ != "adj"):
+            return ""  # "forest", "number", "later" as a noun: not graded forms
+        for suffix, name in (("est", "superlative"), ("er", "comparative")):
+            if not word.endswith(suffix):
+                continue
+            for pos, lemma in self.wn.lemmas(word):
+                if pos == "adj" and lemma != word and word in (
+                    lemma + suffix, lemma + suffix[1:], lemma[:-1] + "i" + suffix, lemma + lemma[-1] + suffix
+                ):
+                    return name
+        return ""
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def modifier_only(self, word: str) -> bool:

@@ -138,7 +138,7 @@ _MODALS = {"can": "may", "could": "may", "may": "may", "might": "may", "should":
            "must": "must"}  # fmt: skip
 # What one asks the assistant to do ("could you suggest")
 _REQUESTS = frozenset(_words("tell explain describe give show say help recommend suggest let list name provide share "
-                             "advise teach remind write walk"))
+                             "advise teach remind write"))
 # What a question word asks; "what" and "which" ask for anything ("what causes" = "why"), so they are not kinds.
 _WH = frozenset(_words("what which who whom whose when where why how"))
 _ASKS = {"why": "why", "when": "when", "where": "where", "who": "who", "whom": "who", "whose": "who"}
@@ -173,6 +173,7 @@ class Word:
     degree: bool = False  # the property a "how" question asks about ("how deep"): only one sense stands for it
     gap: bool = False  # a closed-class word stands between it and the content word before ("track *my* order")
     lead: bool = False  # right after the question word, its subject ("what *eats* a fox", not "what does a fox eat")
+    grade: str = ""  # an adjective's or adverb's comparative ("comparative") or superlative ("superlative") form
 
     @property
     def preposition(self) -> str | None:
@@ -369,7 +370,8 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
                     word = "_".join(tokens[i - 1 : i - 1 + n])
                     i += n - 1
                     break
-        out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex), gap=gap, lead=lead))
+        grade = lex.grade(word) if lex is not None else ""
+        out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex), gap=gap, lead=lead, grade=grade))
         attach, gap = None, False  # only the word right after a preposition (determiners aside) is its object
     # a keyword query: content words, perhaps a question word ("order tracking how to"), no other grammar
     keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition is None for w in out)
