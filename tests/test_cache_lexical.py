@@ -65,6 +65,9 @@ def test_synsets_and_pointers_come_from_the_data_files(lex: Lexicon) -> None:
         ("overcooked", "undercooked", "prefix"),
         ("violin", "cello", "sibling"),  # siblings (they share a rarer sense: not a synonym)
         ("ocean", "sea", "sibling"),  # "an ocean of troubles" = "a sea of troubles", but the seas are not oceans
+        ("house", "family", "unrelated"),  # a rare sense that names another thing (a household)
+        ("stock", "broth", "unrelated"),
+        ("purpose", "function", "synonym"),  # abstract nouns share a sense: one meaning
         ("poisonous", "toxic", "similar"),  # a satellite of its cluster's head
         ("daily", "weekly", "sibling"),  # two satellites of one head ("periodic"): two kinds of it
         ("check", "check_out", "part"),  # a collocation and one of its words: a particle added

@@ -24,6 +24,8 @@ NEGATING = ("un", "in", "im", "il", "ir", "non", "dis", "de", "anti", "mis", "co
 OPPOSING = (("over", "under"), ("pre", "post"), ("in", "out"), ("up", "down"), ("in", "de"), ("inter", "intra"),
             ("im", "ex"), ("hyper", "hypo"), ("super", "sub"), ("max", "min"), ("en", "dis"))  # fmt: skip
 _MIN_STEM = 3
+_THINGS = frozenset((5, 6, 8, 13, 14, 15, 17, 18, 20, 27))  # noun.animal artifact body food group location object
+# person plant substance
 _IRREGULAR_GRADES = {"best": "superlative", "worst": "superlative", "most": "superlative", "least": "superlative",
                      "better": "comparative", "worse": "comparative", "more": "comparative", "less": "comparative"}  # fmt: skip
 
@@ -96,6 +98,19 @@ class Lexicon:
         firsts = [key for key in self._first_senses(word) if key[0] == "noun"]
         return frozenset(p for key in firsts for p in self.wn.synset(key).targets(HYPERNYM, INSTANCE_HYPERNYM))
 
+    def _thing(self, key: tuple[str, int]) -> bool:
+        """A noun sense that names a concrete thing: an animal, artifact, body part, food, group, place, object,
+        person, plant or substance (WordNet's lexicographer files)."""
+        return key[0] == "noun" and self.wn.lexfile(key) in _THINGS
+
+    def _nouns_share_a_first_sense(self, la: set[tuple[str, str]], lb: set[tuple[str, str]]) -> bool:
+        for x in (lemma for pos, lemma in la if pos == "noun"):
+            for y in (lemma for pos, lemma in lb if pos == "noun"):
+                sx, sy = self.wn.senses(x, "noun"), self.wn.senses(y, "noun")
+                if (sx[:1] and sx[0] in sy[:2]) or (sy[:1] and sy[0] in sx[:2]):
+                    return True
+        return False
+
     @functools.lru_cache(maxsize=65536)  # noqa: B019
     def grade(self, word: str) -> str:
         """"superlative" ("biggest", "best"), "comparative" ("bigger", "better") or "" (the base form, or no
@@ -158,14 +173,18 @@ class Lexicon:
             # nouns that are siblings in their most frequent senses ("ocean" / "sea", "cat" / "dog"): whatever
             # rarer sense they share ("a sea of troubles" = "an ocean of troubles"), they name two different things
             return "sibling"
-        tops_a = {k for pos, lemma in la for k in self._top(pos, lemma)}
-        tops_b = {k for pos, lemma in lb for k in self._top(pos, lemma)}
-        if tops_a & tops_b:
+        # Words that share a sense say the same in most questions ("merge" / "combine", "slow" / "sluggish",
+        # "purpose" / "function"), but a noun's rarer sense often names another *thing* ("house" is also a family,
+        # "stock" a broth, "coach" a bus): a sense that names a concrete thing must be the first sense of one noun
+        # and one of the first two of the other ("biscuits" / "cookies")
+        tops_a = {k for pos, lemma in la for k in self._top(pos, lemma) if not self._thing(k)}
+        tops_b = {k for pos, lemma in lb for k in self._top(pos, lemma) if not self._thing(k)}
+        if tops_a & tops_b or self._nouns_share_a_first_sense(la, lb):
             return "synonym"
         if "_" in a or "_" in b:  # "smoked_salmon" is a kind of "salmon": a modifier added, not a synonym
             return "unrelated"
-        if {k for pos, lemma in la for k in self.wn.senses(lemma, pos)} & {
-            k for pos, lemma in lb for k in self.wn.senses(lemma, pos)
+        if {k for pos, lemma in la for k in self.wn.senses(lemma, pos) if not self._thing(k)} & {
+            k for pos, lemma in lb for k in self.wn.senses(lemma, pos) if not self._thing(k)
         }:
             return "synonym"
         if any(p == "adj" and self._similar(x, y) for p, x in la for q, y in lb if q == "adj"):

@@ -113,6 +113,13 @@ class WordNet:
         """`word` is an irregular verb form WordNet lists (verb.exc: "ran", "fed", "taught")."""
         return word in self._exceptions["verb"]
 
+    def lexfile(self, key: tuple[str, int]) -> int:
+        """The lexicographer file the synset belongs to (its second field): for nouns 5 animal, 6 artifact, 13
+        food, 14 group, 18 person, 27 substance ...; 4 act, 7 attribute, 9 cognition ... (lexnames(5WN))."""
+        pos, offset = key
+        data = self._data[pos]
+        return int(data[offset : data.index(b" ", data.index(b" ", offset) + 1)].split()[1])
+
     def is_satellite(self, key: tuple[str, int]) -> bool:
         """An adjective satellite (ss_type s): its sense hangs off a cluster head through a similar-to pointer."""
         pos, offset = key
