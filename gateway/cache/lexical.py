@@ -141,6 +141,13 @@ def _align(a: Content, b: Content, lex: Lexicon | None, substitute: bool = False
     return [p for p in partner if p is not None]
 
 
+def _dropped(x: str | None, y: str | None) -> bool:
+    """A preposition one question drops where the other has it ("sql table" / "table in sql", "remove limescale
+    shower head" / "remove limescale from a shower head"), but not "for", which names a purpose or a goal: "leave
+    for school" / "leave school", "run for council" / "run council"."""
+    return None in (x, y) and (x or y) != "for"
+
+
 def _did(a: Content, b: Content, a_past: bool) -> bool:
     """The base form after "did" stands for the past form: "what did people eat" / "what people ate"."""
     base, past = (b, a) if a_past else (a, b)
@@ -301,7 +308,7 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     if not _same_parts(a, b, order):
         return SWAPPED
     if order == sorted(order) and all(
-        a.words[i].preposition == w.preposition or None in (a.words[i].preposition, w.preposition)
+        a.words[i].preposition == w.preposition or _dropped(a.words[i].preposition, w.preposition)
         for i, w in zip(order, b.words, strict=True)
     ):
         return SUBSTITUTED if substituted else SAME
