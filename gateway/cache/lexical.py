@@ -312,6 +312,8 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         for i, w in zip(order, b.words, strict=True)
     ):
         return SUBSTITUTED if substituted else SAME
+    if order == sorted(order) and not a.keywords and not b.keywords:
+        return DIFFERENT  # nothing moved, a relation changed: "flights to paris" / "flights from paris"
     if substituted:
         return DIFFERENT  # one word the lexicon cannot relate, and moved words: too far for the verifier
     if _compound_spelled_out(a, b, order):
