@@ -45,6 +45,7 @@ def test_courtesy_clauses_and_request_frames_are_left_out() -> None:
         ("how to make pancakes fluffy", "how 2 make pancakes fluffy lol"),  # chat spellings, fillers
         ("what is the difference between a modem and a router", "wat is the diff between a modem and a router"),
         ("what causes a sore throat every morning", "what causes a sore throat each morning"),
+        ("what is 15 percent of 80", "what is 15% of 80"),
         ("how do i potty train a toddler", "give me some tips for potty training a toddler"),  # a request frame
         ("how do i fix a flat tire", "hi, hope you're having a good day! how do i fix a flat tire"),
     ],

@@ -94,7 +94,8 @@ _CHAT = {
     "shouldnt": "should not", "wouldnt": "would not", "couldnt": "could not", "havent": "have not",
     "hasnt": "has not", "hadnt": "had not", "idk": "i do not know", "wat": "what", "wats": "what is",
     "shud": "should", "wud": "would", "cud": "could", "diff": "difference", "b4": "before", "thru": "through",
-    "ppl": "people", "pic": "picture", "pics": "pictures", "yr": "year", "yrs": "years", "hr": "hour", "hrs": "hours",
+    "ppl": "people", "pic": "picture", "pics": "pictures", "%": "percent", "&": "and",
+    "yr": "year", "yrs": "years", "hr": "hour", "hrs": "hours",
 }  # fmt: skip
 _IRREGULAR_NOT = {"won't": "will not", "can't": "can not", "shan't": "shall not", "ain't": "is not"}
 _CONTRACTED = {"'re": "are", "'ve": "have", "'ll": "will", "'m": "am", "'d": "would"}
