@@ -146,12 +146,12 @@ def test_the_verifier_decides_what_the_words_cannot(cache_stack: CacheStack) -> 
     threshold, the guards and the word check, and only the engine, scoring the cached answer under the new
     question, turns them away."""
     system = f"You are a helpful assistant. Session {uuid.uuid4().hex[:8]}."
-    original, _ = _post(cache_stack, _ask(system, "Can anxiety cause chest pain?"))
+    original, _ = _post(cache_stack, _ask(system, "How do I convert miles to kilometers?"))
     accepted, rejected = _verifications(cache_stack, "accepted"), _verifications(cache_stack, "rejected")
-    body, headers = _post(cache_stack, _ask(system, "can anxiety cause chest pain"))
+    body, headers = _post(cache_stack, _ask(system, "how do i convert miles to kilometers"))
     assert headers["x-cache"] == "semantic-hit" and body["choices"] == original["choices"]
     assert _verifications(cache_stack, "accepted") == accepted  # no engine pass
-    _, headers = _post(cache_stack, _ask(system, "Can chest pain cause anxiety?"))  # the roles reversed
+    _, headers = _post(cache_stack, _ask(system, "How do I convert kilometers to miles?"))  # the roles reversed
     assert headers["x-cache"] == "miss"
     assert _verifications(cache_stack, "rejected") == rejected + 1
     _post(cache_stack, _ask(system, "Why is my cat sneezing?"))
