@@ -174,6 +174,14 @@ def test_what_a_question_asks_beyond_its_words(cached: str, query: str, verdict:
     assert lexical.compare(query, cached) == verdict
 
 
+def test_a_clause_moves_with_its_noun_or_leaves_a_pronoun() -> None:
+    heat = ("when you heat a metal rod why does it get longer", "why does a metal rod get longer when you heat it")
+    assert lexical.compare(*heat) == lexical.REORDERED
+    # the conjunction on other words: the condition and the consequence traded places
+    traded = ("if my flight is cancelled do i get a refund", "if i get a refund is my flight cancelled")
+    assert lexical.compare(*traded) == lexical.SWAPPED
+
+
 def test_a_repeated_word_pairs_so_that_a_clause_moves_whole() -> None:
     moved = lexical.compare("if my flight gets cancelled do i get a refund", "do i get a refund if my flight gets cancelled")
     assert moved == lexical.REORDERED

@@ -246,6 +246,24 @@ def _compound_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
 _RANK = {SAME: 0, REORDERED: 1, SUBSTITUTED: 2, SWAPPED: 3, DIFFERENT: 4}
 
 
+def _clause_moved(a: Content, b: Content, order: list[int]) -> bool:
+    """A subordinate clause moved to the other end of the question, its conjunction on the same word in both, and a
+    noun phrase that went with it or stayed behind as a pronoun: "when you heat a metal rod, why does it get longer"
+    / "why does a metal rod get longer when you heat it". The question word then reaches another first word; every
+    preposition stays. "if my flight is cancelled, do i get a refund" / "if i get a refund, is my flight cancelled"
+    puts the conjunction on other words: not this."""
+    clauses = [(i, j) for j, i in enumerate(order) if a.words[i].attach == "clause" or b.words[j].attach == "clause"]
+    if len(clauses) != 1 or not _moved_blocks(order) or _compound_inverted(a, b, order):
+        return False
+    (i, j) = clauses[0]  # the conjunction's word, in a and in b: the same word, at one end of b
+    if a.words[i].attach != b.words[j].attach or j not in (0, len(order) - 1):
+        return False
+    return all(
+        x.attach == y.attach or {x.attach, y.attach} <= {"wh", None}
+        for x, y in ((a.words[k], w) for k, w in zip(order, b.words, strict=True))
+    )
+
+
 def _search_query_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
     """A search-box query and the question that spells it out, one phrase moved: "python sort dictionary by value"
     / "how can i sort a dictionary by its values in python", "android phone stuck in boot loop fix" / "how do i fix
@@ -318,7 +336,7 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         return DIFFERENT  # one word the lexicon cannot relate, and moved words: too far for the verifier
     if _compound_spelled_out(a, b, order):
         return REORDERED
-    if _search_query_spelled_out(a, b, order):
+    if _search_query_spelled_out(a, b, order) or _clause_moved(a, b, order):
         return REORDERED
     roles_kept = all(a.words[i].attach == w.attach for i, w in zip(order, b.words, strict=True))
     if roles_kept and _phrase_moved(a, b, order) and not _compound_inverted(a, b, order):
