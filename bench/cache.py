@@ -20,7 +20,8 @@ hit/miss latency through the full HTTP path with the real engine and embedder.
 3. HTTP: a real gateway (real engine, embedders as `python -m gateway` builds them, in-process cache, semantic
    matching on; SMOLGATE_* variables apply) in a subprocess, once with `cache.semantic_verify: lexical` and once
    with `all` (the engine verifies every semantic hit), driven over one keep-alive connection: each question's
-   miss (the engine generating its answer, 64 tokens at most) and then its paraphrase's semantic hits.
+   miss (the engine generating its answer, 64 tokens at most) and then its paraphrase's semantic hits; with
+   `all`, again with whole answers (up to the model's end of turn, 1024 tokens at most: `verified_whole_answer`).
    `verified_over_generation_p50`: a verified hit's time over the time to generate the same answer (the median
    of the per-question ratios);
 4. verify: one verification on the engine alone, with a short and a ~450-token system prompt, computing every
