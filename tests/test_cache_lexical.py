@@ -253,6 +253,7 @@ def test_one_word_nothing_relates_or_opposes_is_left_to_the_verifier(cached: str
         # "between" after "difference" names what is compared; "go in" is no verb when "in" heads a phrase
         ("what is the difference between sleet and hail", "sleet and hail difference", "reordered"),
         ("in winter, where do ducks go", "where do ducks go in the winter", "reordered"),
+        ("what is the difference between an ionic and a covalent bond", "ionic vs covalent bond difference", "reordered"),
         # "did" + the base form is the past form; a particle dropped from a collocation changes it
         ("what did people eat in medieval times", "tell me what people ate in medieval times", "same"),
         ("what time is check in at most hotels", "what time is check out at most hotels", "different"),

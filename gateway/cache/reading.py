@@ -268,6 +268,8 @@ def _tokens(text: str) -> list[str]:
     words = [w for c in kept for w in c]
     if len(words) > 2 and words[0] in _REQUEST_VERBS and words[1] not in RELATIONS:
         words = words[1:]
+    if _COMPARED & set(words):  # "ionic vs covalent bond difference" names what "the difference between ionic and
+        words = ["and" if w in ("vs", "versus") else w for w in words]  # covalent bonds" compares
     return words
 
 
