@@ -239,16 +239,14 @@ class LLMEngine:
         """Row j (position start+j) predicts the prompt token at start+j+1. Idempotent across preemptions. The first
         prompt token has no logprob, nor do those before `prompt_logprobs_from` (the prefix cache may have served
         them: then this chunk starts past them)."""
-        first = seq.params.prompt_logprobs_from
-        while len(seq.prompt_logprobs) <= start and len(seq.prompt_logprobs) < seq.num_prompt_tokens:
-            seq.prompt_logprobs.append(None)
-        # Rows not recorded yet (a preempted sequence recomputes some) and whose target is a prompt token
-        begin, end = len(seq.prompt_logprobs) - start - 1, min(logits.shape[0], seq.num_prompt_tokens - start - 1)
-        skip = max(first - start - 1, begin)  # rows before it target tokens before `first`: None
-        seq.prompt_logprobs.extend([None] * max(min(skip, end) - begin, 0))
-        if skip < end:
-            targets, logprobs = seq.token_ids[start + skip + 1 : start + end + 1], torch.log_softmax(logits[skip:end], dim=-1)
-            seq.prompt_logprobs.extend(self._token_logprobs(logprobs, targets, seq.params.prompt_logprobs or 0))
+        # targets (prompt tokens) this chunk's rows reach, end exclusive; none for the first token nor before `from`
+        end = min(start + logits.shape[0], seq.num_prompt_tokens - 1) + 1
+        wanted = max(seq.params.prompt_logprobs_from, 1, start + 1)
+        seq.prompt_logprobs.extend([None] * (min(wanted, end) - len(seq.prompt_logprobs)))
+        lo = len(seq.prompt_logprobs)  # a preempted sequence recomputes rows it already recorded: from here on
+        if lo < end:
+            logprobs = torch.log_softmax(logits[lo - start - 1 : end - start - 1], dim=-1)
+            seq.prompt_logprobs.extend(self._token_logprobs(logprobs, seq.token_ids[lo:end], seq.params.prompt_logprobs or 0))
 
     def _append_token(self, seq: Sequence, token: int, logprobs: torch.Tensor | None) -> None:
         """logprobs: (vocab,) raw-model log-probabilities at this position, when the request wants them."""
@@ -285,10 +283,10 @@ class LLMEngine:
         one target per row; one gather and one top-k for all rows (row by row cost ~0.1 ms each at 49k vocab)."""
         chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device).unsqueeze(1)).squeeze(1).tolist()
         # top-1 (the cache verifier's greedy check): max is ~3x faster than topk
-        top = None if not k else logprobs.topk(k, dim=-1) if k > 1 else logprobs.max(dim=-1, keepdim=True)
-        ids, lps = (top[1].tolist(), top[0].tolist()) if top is not None else ([[]] * len(tokens), [[]] * len(tokens))
+        top = logprobs.topk(k, dim=-1) if k > 1 else logprobs.max(dim=-1, keepdim=True) if k else None
+        ids, lps = (top.indices.tolist(), top.values.tolist()) if top is not None else ([()] * len(tokens),) * 2
         decode = self.tokenizer.decode
-        alts = [tuple((t, decode([t]), lp) for t, lp in zip(ids[i], lps[i], strict=True)) for i in range(len(tokens))]
+        alts = [tuple((t, decode([t]), lp) for t, lp in zip(r, v, strict=True)) for r, v in zip(ids, lps, strict=True)]
         return [TokenLogprob(token, decode([token]), chosen[i], alts[i]) for i, token in enumerate(tokens)]
 
     # ---- outputs -----------------------------------------------------------------------------

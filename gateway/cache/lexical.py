@@ -42,30 +42,28 @@ from gateway.cache.wordnet import load
 from gateway.cache.wordnet_fetch import default_wordnet_path
 
 
+def _places(persons: frozenset[tuple[int, int]], place: dict[int, int], swap: bool) -> tuple[dict, dict]:
+    """Each person's first and last place (`place`: a content word's index -> its position), "i" and "you" swapped
+    when `swap` (a generic "you")."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for p, k in persons:
+        p = {1: 2, 2: 1}.get(p, p) if swap else p
+        first[p], last[p] = min(first.get(p, place[k]), place[k]), max(last.get(p, place[k]), place[k])
+    return first, last
+
+
 def _same_parts(a: Content, b: Content, order: list[int]) -> bool:
     """Where both questions name persons, they name the same kinds (i, you, someone else), and every two persons
-    both name come in the same order, each placed by the first content word it
-    stands before ("i rear end someone" / "someone rear ends me": no). "you" stands for "i" (a generic "how do
+    both name come in the same order, each placed by the content word it stands before, where it is first named and
+    where it is last ("i rear end someone" / "someone rear ends me": no). "you" stands for "i" (a generic "how do
     you...") when one question has only "i" and the other only "you"."""
-    position = {i: j for j, i in enumerate(order)} | {len(order): len(order)}
     kinds_a, kinds_b = {p for p, _ in a.persons}, {p for p, _ in b.persons}
     generic = not ({1, 2} <= kinds_a or {1, 2} <= kinds_b) and {1, 2} <= kinds_a | kinds_b
-    if kinds_a and kinds_b and {{1: 2, 2: 1}.get(p, p) if generic else p for p in kinds_a} != kinds_b:
+    first_a, last_a = _places(a.persons, {i: j for j, i in enumerate(order)} | {len(order): len(order)}, generic)
+    first_b, last_b = _places(b.persons, {j: j for j in range(len(order) + 1)}, False)
+    if first_a and first_b and first_a.keys() != first_b.keys():
         return False  # someone else named in one only: "how do i block my number" / "... someone's number"
-    first_a: dict[int, int] = {}
-    for p, k in a.persons:
-        p = {1: 2, 2: 1}.get(p, p) if generic else p
-        first_a[p] = min(first_a.get(p, k + 1), position[k])
-    first_b: dict[int, int] = {}
-    for p, k in b.persons:
-        first_b[p] = min(first_b.get(p, k + 1), k)
-    last_a: dict[int, int] = {}
-    for p, k in a.persons:
-        p = {1: 2, 2: 1}.get(p, p) if generic else p
-        last_a[p] = max(last_a.get(p, -1), position[k])
-    last_b: dict[int, int] = {}
-    for p, k in b.persons:
-        last_b[p] = max(last_b.get(p, -1), k)
     common = sorted(first_a.keys() & first_b.keys())
     # first and last places both: a person named in a context clause first ("i'm type o negative, can i give blood
     # to someone" / "..., can someone give blood to me") still shows the roles swapped in its last place

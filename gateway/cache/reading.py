@@ -159,7 +159,7 @@ _PERSONS = {w: 1 for w in _words("i me my mine myself we us our ours ourselves")
 } | {w: 3 for w in _words("he him his himself she her hers herself they them their theirs someone somebody anyone "
                           "anybody everyone everybody")}  # fmt: skip
 # what only a sentence has: articles and other determiners, pronouns, auxiliaries, question words
-_SENTENCE = _DETERMINERS | frozenset(_PERSONS) | _AUXILIARIES | _WH | frozenset(_words("it they them their"))
+_SENTENCE = _DETERMINERS | frozenset(_PERSONS) | _AUXILIARIES | _WH | frozenset(("it",))
 # Right after "how", these words ask for a manner or a means ("how do i", "how to", "how can"), not a degree
 _HOW_MANNER = frozenset(_words("do does did can could should would will to is are was were am i you we they it"))
 
