@@ -96,7 +96,7 @@ def build_router(ctx: GatewayContext) -> Router | None:
     if not ctx.config.routing.enabled:
         return None
     local = {"chat": ChatCompletions(ctx).handle, "completions": Completions(ctx).handle}
-    return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder, ctx.guard)  # type: ignore[arg-type]
+    return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder, ctx.guard, ctx.cache)  # type: ignore[arg-type]
 
 
 def guarded(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Handler:

@@ -26,6 +26,7 @@ class CacheConfig:
     max_ttl_s: int = 86400  # the longest TTL a request may ask for
     max_entries: int = 10000  # in-process LRU size (and per-scope vector index size)
     only_deterministic: bool = True  # cache only temperature 0 or seeded requests
+    upstream: bool = True  # also cache routed models that third-party APIs serve (gateway/routing/cached.py)
     # Off by default: match paraphrases of the last user message (docs/caching.md gives the measured hit rate and
     # wrong-answer share on held-out and independent question pairs).
     semantic: bool = False

@@ -6,6 +6,9 @@
   the running engine resolved them (`auto` device, KV dtype, INT4 kernel...), plus the operator's salt. The engine
   settings left out are listed with the reason in NON_OUTPUT_ENGINE_FIELDS; tests/test_cache_keys.py fails when an
   EngineConfig field is in neither.
+- `upstream_fingerprint`: for a routed model whose deployments are third-party APIs: the model's name, each
+  deployment's kind, address and model name, and the operator's salt (the weights are the provider's: `cache.fingerprint`
+  is the lever when they change under one name).
 - `exact_key`: namespace + fingerprint + endpoint + every output-affecting request field
   + the prompt token ids (so the chat template is part of the key).
 - `semantic_scope`: the same, minus the last user message, plus the identity of the embedder
@@ -96,6 +99,11 @@ def model_fingerprint(
     fields = {name: getattr(engine, name, None) for name in OUTPUT_ENGINE_FIELDS}
     material = {"id": model_id, "engine": fields, "resolved": dict(resolved or {}), "salt": salt}
     return _digest({**material, "weights": _weights_stat(engine.resolved_model())})[:32]
+
+
+def upstream_fingerprint(model: str, deployments: Sequence[tuple[str, str, str]], salt: str = "") -> str:
+    """`deployments`: (kind, base_url, model) of each; never their API keys."""
+    return _digest({"upstream": model, "deployments": sorted(map(list, deployments)), "salt": salt})[:32]
 
 
 def _params(params: SamplingParams) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from gateway.cache.policy import CacheControl, take_control
 from gateway.cache.stores import CacheStore, MemoryStore, SafeStore, describe
 from gateway.cache.tenancy import request_namespace
 from gateway.cache.thresholds import EntryThresholds
-from gateway.cache.ticket import Ticket
+from gateway.cache.ticket import CacheParts, Ticket
 from gateway.cache.verify import Criterion, EngineVerifier
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
@@ -53,14 +53,19 @@ class ResponseCache:
         self._last_warning = -_WARN_EVERY_S
         self._last_tenant_warning = -_WARN_EVERY_S
 
-    def ticket(self, endpoint: str, headers: Mapping[str, str], body: dict[str, Any]) -> Ticket:
-        """Takes the `cache` extension out of `body` (always, so the parser never sees it)."""
+    def ticket(
+        self, endpoint: str, headers: Mapping[str, str], body: dict[str, Any], upstream: str | None = None
+    ) -> Ticket:
+        """Takes the `cache` extension out of `body` (always, so the parser never sees it). `upstream`: the
+        fingerprint of a routed model that third-party APIs serve (keys.upstream_fingerprint): its entries are keyed
+        by it, and the engine never verifies them (it does not serve that model): the lexical check alone decides."""
         control = take_control(body, headers, self.cfg.max_ttl_s)
+        parts: CacheParts = self if upstream is None else _Upstream(self, upstream)
         ns = request_namespace(headers, self.cfg.tenant_secret)
         if ns is None:  # a tenant header this process cannot verify: no lookup, no store
             self._unverified_tenant()
-            return Ticket(self, endpoint, CacheControl(lookup=False, store=False, semantic=False), "unverified")
-        return Ticket(self, endpoint, control, ns)
+            return Ticket(parts, endpoint, CacheControl(lookup=False, store=False, semantic=False), "unverified")
+        return Ticket(parts, endpoint, control, ns)
 
     def _unverified_tenant(self) -> None:
         now = time.monotonic()
@@ -82,6 +87,19 @@ class ResponseCache:
     async def close(self) -> None:
         if self.store is not None:
             await self.store.close()
+
+
+class _Upstream:
+    """The cache as a third-party model's requests see it: the same store, embedder and metrics, that model's
+    fingerprint, and no engine verifier."""
+
+    verifier = None
+    thresholds = None
+
+    def __init__(self, cache: ResponseCache, fingerprint: str) -> None:
+        self.cfg, self.store, self.embedder, self.metrics = cache.cfg, cache.store, cache.embedder, cache.metrics
+        self.logger, self.ids, self.stream_limits = cache.logger, cache.ids, cache.stream_limits
+        self.fingerprint = fingerprint
 
 
 def criterion_of(cfg: CacheConfig) -> Criterion:

@@ -21,6 +21,7 @@ from gateway.cache.policy import CacheControl, exact_allowed, semantic_allowed
 from gateway.cache.relevance import AnswerVector, excerpt
 from gateway.cache.semantic import NearMiss, Verify, embed_query, match
 from gateway.cache.stores import CacheStore
+from gateway.cache.thresholds import EntryThresholds
 from gateway.cache.verify import Answer, EngineVerifier
 from gateway.client import EmbeddingClient
 from gateway.ids import IdGenerator
@@ -47,6 +48,7 @@ class CacheParts(Protocol):
     fingerprint: str
     stream_limits: StreamLimits
     verifier: EngineVerifier | None
+    thresholds: EntryThresholds | None
 
 
 class Ticket:

@@ -3,11 +3,13 @@
 Streams are primed (the first event read) before the response starts, so an upstream that fails or
 stalls before its first token is retried elsewhere; after that, a break becomes one clear error event.
 Usage is always counted: asked of the upstream (stream_options.include_usage), else estimated.
+A finished answer may be handed to `keep` (the router's response cache): the JSON body, or a plain-text stream put
+back together as the body it stands for.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,9 @@ class UpstreamFailed(GatewayError):
     default_code = "upstream_error"
 
 
+Keep = Callable[[dict[str, Any]], Awaitable[None]]
+
+
 @dataclass
 class Outcome:
     """Filled in while the response is sent: whether the deployment misbehaved."""
@@ -54,14 +59,18 @@ async def call_json(
     count: Callable[[str], int],
     headers: dict[str, str] | None = None,
     relay: tuple[str, ...] = (),
+    keep: Keep | None = None,
 ) -> Response:
-    """`headers`: extra request headers; `relay`: response headers of the upstream's passed on to the client."""
+    """`headers`: extra request headers; `relay`: response headers of the upstream's passed on to the client; `keep`:
+    given the answer's body."""
     data, upstream_headers = await upstream.post(path, body, headers)
     if not isinstance(data.get("usage"), dict):
         data["usage"] = usage_of(count, body, completion_text(data))
     _set_usage(rec, data["usage"])
     if data.get("choices"):
         rec.first_token()
+        if keep is not None:
+            await keep(data)
     response = json_response(data)
     for name in relay:
         if name in upstream_headers:
@@ -78,7 +87,9 @@ async def call_stream(
     limits: StreamLimits,
     outcome: Outcome,
     headers: dict[str, str] | None = None,
+    keep: Keep | None = None,
 ) -> Response:
+    """`keep`: given the answer as a JSON body once the stream ended cleanly, if it was one choice of plain text."""
     want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     events = upstream.stream(path, {**body, "stream_options": {"include_usage": True}}, headers)
     try:
@@ -91,7 +102,8 @@ async def call_stream(
     if "error" in _parse(first):  # an error event in place of the first chunk: nothing sent yet, retry
         await events.aclose()
         raise UpstreamError("upstream streamed an error before any output")
-    relay = _relay(first, events, body, want_usage, rec, count, outcome)
+    answer = _Answer(path.endswith("/chat/completions"), keep) if keep is not None else None
+    relay = _relay(first, events, body, want_usage, rec, count, answer)
 
     def on_error(exc: BaseException, err: GatewayError) -> None:
         outcome.failed = True
@@ -107,7 +119,7 @@ async def _relay(
     want_usage: bool,
     rec: RequestRecord,
     count: Callable[[str], int],
-    outcome: Outcome,
+    answer: _Answer | None,
 ) -> AsyncIterator[bytes]:
     texts: list[str] = []
     usage: dict[str, Any] | None = None
@@ -121,6 +133,8 @@ async def _relay(
             if isinstance(chunk.get("usage"), dict):
                 usage = chunk["usage"]
                 _set_usage(rec, usage)
+            if answer is not None:
+                answer.absorb(chunk)
             text = delta_text(chunk)
             if text:
                 rec.first_token()
@@ -135,6 +149,42 @@ async def _relay(
         if want_usage:
             extra = {k: last.get(k) for k in ("id", "object", "created", "model")}
             yield b"data: " + orjson.dumps({**extra, "choices": [], "usage": usage}) + b"\n\n"
+    kept = answer.body("".join(texts), usage) if answer is not None else None
+    if kept is not None and answer is not None:
+        await answer.keep(kept)
+
+
+class _Answer:
+    """A streamed answer put back together as the JSON body it stands for; None unless it was one choice of plain
+    text that finished (a tool call, logprobs or a second choice could not be replayed from it)."""
+
+    def __init__(self, chat: bool, keep: Keep) -> None:
+        self.chat, self.keep = chat, keep
+        self.head: dict[str, Any] = {}
+        self.finish: str | None = None
+        self.plain = True
+
+    def absorb(self, chunk: dict[str, Any]) -> None:
+        if not self.head and chunk.get("id"):
+            self.head = {k: chunk[k] for k in ("id", "created", "model", "system_fingerprint") if k in chunk}
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") if self.chat else {}
+            if choice.get("index", 0) != 0 or choice.get("logprobs") or not isinstance(delta, dict) or any(
+                v not in (None, "", []) for k, v in delta.items() if k not in ("role", "content")
+            ):
+                self.plain = False
+            self.finish = choice.get("finish_reason") or self.finish
+
+    def body(self, text: str, usage: dict[str, Any]) -> dict[str, Any] | None:
+        if not self.plain or self.finish is None or "id" not in self.head:
+            return None
+        if self.chat:
+            message = {"role": "assistant", "content": text, "refusal": None}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish}
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {"created": 0, "model": "", **self.head, "object": kind, "choices": [choice], "usage": usage}
 
 
 async def _next(events: AsyncIterator[bytes]) -> bytes | None:

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.cache.service import ResponseCache
 from gateway.cache.tenancy import forwarded_headers
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
@@ -33,10 +34,11 @@ from gateway.protocol.jsonio import read_json
 from gateway.protocol.sse import StreamLimits
 from gateway.routing.auto import AutoChoice, AutoRouter
 from gateway.routing.balancer import Balancer, Choice, DeploymentState, affinity_key
+from gateway.routing.cached import UpstreamCache
 from gateway.routing.config import DeploymentConfig
 from gateway.routing.errors import Attempted, client_error, final_error, retryable
 from gateway.routing.metrics import RouterMetrics
-from gateway.routing.proxy import Outcome, call_json, call_stream
+from gateway.routing.proxy import Keep, Outcome, call_json, call_stream
 from gateway.routing.ratelimit import Limit, OverLimit, build_limiter
 from gateway.routing.token_count import load_counter
 from gateway.routing.upstream import HttpEmbedder, Upstream
@@ -71,7 +73,9 @@ class Router:
         logger: Any,
         embedder: EmbeddingClient | None,
         guard: KeyGuard | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
+        """`cache`: the gateway's response cache, for the models third-party APIs serve (gateway/routing/cached.py)."""
         rc = config.routing
         self.guard = guard if guard is not None else KeyGuard(config, logger)
         self.cfg, self.rcfg, self.local, self.logger = config, rc.router, local, logger
@@ -85,6 +89,7 @@ class Router:
         self.auto = AutoRouter(rc.auto.small, rc.auto.large, rc.auto.threshold, self._auto_embedder(embedder))
         self.auto_enabled = rc.auto.enabled
         self.count = load_counter(rc.router.tokenizer)
+        self.cache = UpstreamCache(cache, rc.models) if cache is not None else None
         self._last_warning = 0.0
 
     def _auto_embedder(self, local: EmbeddingClient | None) -> EmbeddingClient | None:
@@ -139,10 +144,15 @@ class Router:
             self.metrics.rate_limited.labels("key").inc()
             raise
         rec.model = model
+        hit, ticket = await self.cache.lookup(endpoint, request, raw, model, rec) if self.cache else (None, None)
+        if hit is not None:
+            hit.headers.update({"x-smolgate-model": model, **headers})
+            return hit
         chain = [model, *(m for m in self._fallbacks(model) if allowed(m))]  # fallbacks outside the list: skipped
-        response = await self._route(endpoint, request, raw, chain, rec)
+        keep = ticket.store if ticket is not None and ticket.storing else None  # the model's own answers, not a fallback's
+        response = await self._route(endpoint, request, raw, chain, rec, keep)
         response.headers.update(headers)
-        return response  # type: ignore[return-value]
+        return ticket.mark(response) if ticket is not None else response  # type: ignore[return-value]
 
     async def _auto_choice(self, raw: dict[str, Any], allowed: Callable[[str], bool]) -> AutoChoice | None:
         """`auto`'s pick; the other tier when the key may not use the picked model; None when it may use neither."""
@@ -158,14 +168,16 @@ class Router:
         return self.cfg.routing.fallbacks.get(model, ())
 
     async def _route(
-        self, endpoint: Endpoint, request: Request, raw: dict[str, Any], chain: list[str], rec: RequestRecord
+        self, endpoint: Endpoint, request: Request, raw: dict[str, Any], chain: list[str], rec: RequestRecord,
+        keep: Keep | None = None,
     ) -> Any:
+        """`keep`: given the first model's answer (the response cache's store)."""
         tried: list[Attempted] = []
         for i, model in enumerate(chain):
             if i:
                 self.metrics.fallbacks.labels(chain[0], model).inc()
             attempted = Attempted()
-            response = await self._try_model(endpoint, request, raw, model, rec, attempted)
+            response = await self._try_model(endpoint, request, raw, model, rec, attempted, None if i else keep)
             if response is not None:
                 response.headers["x-smolgate-model"] = model
                 return response
@@ -183,6 +195,7 @@ class Router:
         model: str,
         rec: RequestRecord,
         attempted: Attempted,
+        keep: Keep | None,
     ) -> Any:
         balancer = self.balancers[model]
         key = self._affinity(model, raw) if any(s.cfg.prefix_affinity for s in balancer.states) else ""
@@ -215,7 +228,7 @@ class Router:
             if attempts:
                 self.metrics.retries.labels(model).inc()
             try:
-                return await self._attempt(endpoint, request, raw, model, choice, rec, dep_limit)
+                return await self._attempt(endpoint, request, raw, model, choice, rec, dep_limit, keep)
             except Exception as exc:
                 if not retryable(exc):
                     balancer.release(state)
@@ -252,6 +265,7 @@ class Router:
         choice: Choice,
         rec: RequestRecord,
         dep_limit: Limit,
+        keep: Keep | None,
     ) -> Any:
         state = choice.state
         if choice.affinity:
@@ -267,10 +281,10 @@ class Router:
             headers = forwarded_headers(self.cfg.cache.tenant_secret, request.headers) if ours else None
             if raw.get("stream"):
                 limits = StreamLimits.of(self.cfg)
-                call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, limits, outcome, headers)
+                call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, limits, outcome, headers, keep)
             else:
                 relay = _CACHE_VERDICT if ours else ()  # its x-cache reaches the client; a third party's means nothing
-                call = call_json(upstream, _PATHS[endpoint], body, rec, self.count, headers, relay)
+                call = call_json(upstream, _PATHS[endpoint], body, rec, self.count, headers, relay, keep)
             response = await unless_disconnected(request.receive, call)  # a client gone cancels the upstream call
         rec.model = model
         balancer = self.balancers[model]
