@@ -1,7 +1,7 @@
 """The response cache, measured: the semantic mechanism on the held-out test split, lookup cost at scale, and
 hit/miss latency through the full HTTP path with the real engine and embedder.
 
-    python -m bench.cache [--hits 50] [--only quality|lookup|http] [--pairs PATH]
+    python -m bench.cache [--hits 50] [--only quality|lookup|http|verify|agreement] [--pairs PATH]
 
 1. quality: tests/data/cache_pairs/test.tsv, or any file of labelled pairs in its format with `--pairs PATH`
    (test.tsv was written before any tuning; tuning uses dev.tsv only: `python -m bench.cache_pairs --calibrate`).
@@ -26,7 +26,12 @@ hit/miss latency through the full HTTP path with the real engine and embedder.
    of the per-question ratios);
 4. verify: one verification on the engine alone, with a short and a ~450-token system prompt, computing every
    prompt position's log-probability against only the answer's (`prompt_logprobs_from`: the prefix cache serves
-   the rest, as the verifier asks), next to generating 64 tokens.
+   the rest, as the verifier asks), next to generating 64 tokens;
+5. agreement (only with `--only agreement`): the sampled check of third-party models (gateway/cache/sampled.py)
+   compares two answers; both questions of every pair of dev.tsv (or `--pairs`) at or above the similarity threshold
+   are answered by the embedded engine, or by `--provider URL --provider-model NAME` (an OpenAI-compatible API, its
+   key in SMOLGATE_BENCH_PROVIDER_KEY), and the answers' cosine is scored: the AUC between paraphrase and look-alike
+   pairs, and at each agreement threshold the share of paraphrases agreeing and of look-alikes disagreeing.
 The last line of output is one JSON object (also bench/results/cache.json; with --only PART, cache_PART.json).
 """
 
@@ -284,12 +289,72 @@ def verify_cost(repeats: int = 5) -> list[dict[str, Any]]:
     return rows
 
 
+def answer_agreement(pairs: Path | None, provider: str | None, provider_model: str) -> dict[str, Any]:
+    """How well comparing two answers tells a paraphrase from a look-alike (the sampled check of third-party models,
+    gateway/cache/sampled.py): both questions of every pair above the similarity threshold answered by the embedded
+    engine as `python -m gateway` builds it, or by `provider` (an OpenAI-compatible base URL; its key in
+    SMOLGATE_BENCH_PROVIDER_KEY), greedy, ANSWER_TOKENS tokens; dev.tsv unless `pairs` names another file."""
+    from backend.embed.embeddings import Embedder, for_cache
+    from backend.engine.async_engine import AsyncEngine
+    from backend.engine.sampling_params import SamplingParams
+    from bench.cache_pairs import ANSWER_TOKENS, SPLITS_DIR, agreement
+    from gateway.config import GatewayConfig, apply_env
+    from gateway.protocol.generation import collect
+
+    config = apply_env(GatewayConfig(), os.environ)
+
+    async def run() -> dict[str, Any]:
+        engine = AsyncEngine.from_config(config.engine) if provider is None else None
+        embedder = for_cache(Embedder(batch_size=256, executor=engine), config.cache.embedding_dtype)
+
+        async def embed(texts: list[str]) -> list[list[float]]:
+            return (await embedder.embed(texts))[0]
+
+        async def by_engine(questions: list[str]) -> list[str]:
+            assert engine is not None
+            params = SamplingParams(temperature=0.0, max_tokens=ANSWER_TOKENS)
+
+            async def one(i: int, q: str) -> str:
+                prompt = engine.apply_chat_template([{"role": "user", "content": q}])
+                return "".join((await collect(engine.generate(prompt, params, f"agree-{i}"), lambda: None)).ordered()[0].text)
+
+            return list(await asyncio.gather(*(one(i, q) for i, q in enumerate(questions))))
+
+        async def by_provider(questions: list[str]) -> list[str]:
+            key = os.environ.get("SMOLGATE_BENCH_PROVIDER_KEY", "")
+            gate = asyncio.Semaphore(8)
+            async with httpx.AsyncClient(base_url=str(provider), headers={"authorization": f"Bearer {key}"}, timeout=120) as c:
+
+                async def one(q: str) -> str:
+                    body = {"model": provider_model, "messages": [{"role": "user", "content": q}], "temperature": 0,
+                            "max_tokens": ANSWER_TOKENS}  # fmt: skip
+                    async with gate:
+                        resp = await c.post("/chat/completions", json=body)
+                    resp.raise_for_status()
+                    return resp.json()["choices"][0]["message"]["content"] or ""
+
+                return list(await asyncio.gather(*map(one, questions)))
+
+        try:
+            answer = by_engine if provider is None else by_provider
+            return await agreement(pairs or SPLITS_DIR / "dev.tsv", answer, embed, config.cache.similarity_threshold)
+        finally:
+            if engine is not None:
+                await engine.shutdown()
+
+    out = asyncio.run(run())
+    return {**out, "answered_by": provider_model if provider else config.engine.served_model_name or "embedded engine"}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cache")
     parser.add_argument("--hits", type=int, default=60)
-    parser.add_argument("--only", choices=["quality", "lookup", "http", "verify"], help="run one part (default: all)")
+    parser.add_argument("--only", choices=["quality", "lookup", "http", "verify", "agreement"],
+                        help="run one part (default: all but agreement)")
     parser.add_argument("--out", type=Path, help="result JSON (default bench/results/cache.json, cache_PART.json)")
     parser.add_argument("--pairs", type=Path, help="labelled pairs to score (default tests/data/cache_pairs/test.tsv)")
+    parser.add_argument("--provider", help="agreement: an OpenAI-compatible base URL answers (default: the engine)")
+    parser.add_argument("--provider-model", default="gpt-4o-mini", help="agreement: the provider's model")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -307,6 +372,9 @@ def main(argv: list[str] | None = None) -> None:
         result["http"] = http_modes(args.hits)
     if args.only in (None, "verify"):
         result["verify"] = verify_cost()
+    if args.only == "agreement":
+        result["agreement"] = answer_agreement(args.pairs, args.provider, args.provider_model)
+        print("agreement:", result["agreement"], flush=True)
     result["summary"] = summary(result)
     print("summary:", result["summary"], flush=True)
     emit({"bench": "cache", **result}, args.out or default_out("cache" if args.only is None else f"cache_{args.only}"))

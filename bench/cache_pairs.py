@@ -16,6 +16,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gateway.cache.semantic import match
 from gateway.cache.stores import MemoryStore
@@ -443,3 +444,35 @@ async def evaluate(path: Path, floor: float, max_tokens: int = 64) -> list[Looku
 
 if __name__ == "__main__":
     main()
+
+
+# ---- the sampled check for third-party models: do two answers agree? ------------------------------------------------
+#
+# gateway/cache/sampled.py compares a provider's fresh answer with the cached one (cosine of their embedded openings).
+# Here both questions of every pair at or above the similarity threshold are answered by one model, and the answers'
+# cosine is scored: how many paraphrase pairs agree, how many look-alike pairs disagree, at each agreement threshold.
+
+AGREEMENT_SWEEP = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+Answerer = Callable[[list[str]], Awaitable[list[str]]]
+
+
+async def agreement(path: Path, answer: Answerer, embed: Embed, threshold: float) -> dict[str, Any]:
+    """`answer`: the model under test, every question at once (greedy, ANSWER_TOKENS); aggregates only."""
+    from gateway.cache.relevance import cosine, excerpt
+
+    pairs = load_pairs(path)
+    questions = sorted({p.cached for p in pairs} | {p.query for p in pairs})
+    vectors = await embed(questions)
+    qv = dict(zip(questions, vectors, strict=True))
+    close = [p for p in pairs if cosine(qv[p.cached], qv[p.query]) >= threshold]
+    asked = sorted({q for p in close for q in (p.cached, p.query)})
+    texts = await answer(asked)
+    av = dict(zip(asked, await embed([excerpt(t) for t in texts]), strict=True))
+    right = [cosine(av[p.cached], av[p.query]) for p in close if p.label == "paraphrase"]
+    wrong = [cosine(av[p.cached], av[p.query]) for p in close if p.label != "paraphrase"]
+    auc = sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / max(len(right) * len(wrong), 1)
+    sweep = [{"agreement": t, "paraphrases_agreeing": round(sum(r >= t for r in right) / max(len(right), 1), 4),
+              "look_alikes_disagreeing": round(sum(w < t for w in wrong) / max(len(wrong), 1), 4)}
+             for t in AGREEMENT_SWEEP]  # fmt: skip
+    return {"pairs_file": path.name, "threshold": threshold, "paraphrase_pairs": len(right), "look_alike_pairs": len(wrong),
+            "auc": round(auc, 4), "sweep": sweep}  # fmt: skip

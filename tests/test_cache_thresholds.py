@@ -65,3 +65,16 @@ def test_the_error_bound_is_validated() -> None:
     with pytest.raises(ValueError, match="error_bound"):
         CacheConfig(error_bound=-0.1)
     assert CacheConfig().error_bound == 0.0
+
+
+def test_the_sampled_check_blocks_an_entry_at_and_below_a_disagreement() -> None:
+    from gateway.cache.sampled import SampledCheck
+
+    draws = iter([0.05, 0.5, 0.05])
+    check = SampledCheck(rate=0.1, agreement=0.8, entries=10, draw=lambda: next(draws))
+    assert check.admit("k", 0.9) == "sample" and check.admit("k", 0.9) == "serve"
+    assert check.observe("k", 0.85, cosine=0.5) is False  # the answers disagreed at 0.85
+    assert check.admit("k", 0.85) == "blocked" and check.admit("k", 0.80) == "blocked"
+    assert check.admit("other", 0.80) == "sample"  # another entry is untouched
+    assert check.observe("k", 0.95, cosine=0.9) is True
+    assert check.record.contradicted("k", 0.85) and not check.record.contradicted("k", 0.86)

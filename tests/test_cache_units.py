@@ -222,3 +222,35 @@ def test_only_plain_text_answers_are_stored() -> None:
     assert replayable(body) and replayable({**body, "choices": [{"index": 0, "message": {**message, "tool_calls": None}}]})
     calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     assert not replayable({**body, "choices": [{"index": 0, "message": {**message, "tool_calls": calls}}]})
+
+
+def test_answer_agreement_scoring(tmp_path: Path) -> None:
+    """bench.cache_pairs.agreement's arithmetic, with the real embedder and an answerer that gives both questions of a
+    paraphrase pair one answer and the two questions of a look-alike pair unrelated ones: a perfect separation."""
+    from backend.embed.embeddings import Embedder
+    from bench.cache_pairs import agreement
+
+    rows = [("paraphrase", "how do i boil an egg", "how do you boil eggs"),
+            ("paraphrase", "what is the capital of peru", "what's the capital of peru"),
+            ("negative", "how do i boil an egg", "how do i poach an egg"),
+            ("negative", "what is the capital of peru", "what is the capital of chile")]  # fmt: skip
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"{label}\tk\td\t{a}\t{b}\n" for label, a, b in rows))
+    answers = {"how do i boil an egg": "Put the egg in boiling water for nine minutes.",
+               "how do you boil eggs": "Put the egg in boiling water for nine minutes.",
+               "what is the capital of peru": "Lima is the capital of Peru.",
+               "what's the capital of peru": "Lima is the capital of Peru.",
+               "how do i poach an egg": "Stir a whirlpool into simmering vinegared water.",
+               "what is the capital of chile": "Santiago, on the Mapocho river."}  # fmt: skip
+    embedder = Embedder()
+
+    async def embed(texts: list[str]) -> list[list[float]]:
+        return embedder.embed_sync(texts)[0]
+
+    async def answer(questions: list[str]) -> list[str]:
+        return [answers[q] for q in questions]
+
+    out = asyncio.run(agreement(path, answer, embed, 0.5))
+    assert (out["paraphrase_pairs"], out["look_alike_pairs"], out["auc"]) == (2, 2, 1.0)
+    at = {row["agreement"]: row for row in out["sweep"]}
+    assert at[0.95]["paraphrases_agreeing"] == 1.0 and at[0.8]["look_alikes_disagreeing"] == 1.0

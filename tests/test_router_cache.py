@@ -141,3 +141,41 @@ def test_the_cache_extension_never_reaches_the_provider_and_is_obeyed() -> None:
     finally:
         gateway.stop()
         upstreams.stop()
+
+
+def _verifications(ctx: Any, outcome: str) -> float:
+    return ctx.metrics.registry.get_sample_value("smolgate_cache_verifications_total", {"outcome": outcome}) or 0.0
+
+
+def test_sampled_hits_go_to_the_provider_and_an_entry_that_disagreed_is_not_served_again(live: LiveStack) -> None:  # noqa: F811
+    """`cache.upstream_sample: 1`: every hit the words allow is sent to the provider and the answers are compared. The
+    agreement is forced to fail here (a fault injected into the check), to show what a disagreement does."""
+    config = from_mapping({
+        "cache": {"semantic": True, "upstream_sample": 1.0},
+        "models": {"theirs": {"deployments": [{"kind": "openai", "base_url": f"{live.url}/v1",
+                                               "model": live.engine.model_name, "api_key_env": "UPSTREAM_KEY"}]}},
+    }, env={"UPSTREAM_KEY": API_KEY})  # fmt: skip
+    ctx = build_context(config, None, Embedder())
+    assert ctx.cache.upstream_check is not None and ctx.cache.sampled is None  # the embedded model's stay the engine's
+    servers = Servers()
+    (url,) = servers.start([create_app(ctx)])
+    router = Router(url, live)
+    try:
+        user = f"u-{uuid.uuid4().hex[:8]}"
+        client = router.client("anyone")
+        assert _ask(client, "how many legs does a spider have", user)[1] == "miss"
+        # the paraphrase would be a semantic hit: sampled, it goes to the provider (not stored, to ask it again below)
+        ctx.cache.upstream_check.agreement = 2.0  # no two answers agree
+        _, verdict = _ask(client, "How many legs does a spider have?", user, extra_body={"cache": {"store": False}})
+        assert verdict == "miss" and router.upstream_calls(user) == 2
+        assert (_verifications(ctx, "sample"), _verifications(ctx, "disagreed")) == (1, 1)
+        ctx.cache.upstream_check.rate = 0.0  # no more sampling: only the recorded disagreement decides now
+        _, verdict = _ask(client, "How many legs does a spider have?", user)
+        assert verdict == "miss" and router.upstream_calls(user) == 3 and _verifications(ctx, "blocked") == 1
+        # agreement: the hit would have been right, and the entry stays servable
+        ctx.cache.upstream_check.agreement, ctx.cache.upstream_check.rate = -1.0, 1.0
+        assert _ask(client, "what is the boiling point of water", user)[1] == "miss"
+        assert _ask(client, "What's the boiling point of water?", user)[1] == "miss"
+        assert _verifications(ctx, "agreed") == 1 and router.upstream_calls(user) == 5
+    finally:
+        servers.stop()

@@ -27,6 +27,11 @@ class CacheConfig:
     max_entries: int = 10000  # in-process LRU size (and per-scope vector index size)
     only_deterministic: bool = True  # cache only temperature 0 or seeded requests
     upstream: bool = True  # also cache routed models that third-party APIs serve (gateway/routing/cached.py)
+    # Their semantic hits (gateway/cache/sampled.py): the share sent to the provider anyway, whose fresh answer is
+    # compared with the cached one (cosine of the answers' embedded openings; agreement at or above
+    # upstream_agreement). An entry whose answer disagreed is not served again at that similarity or below.
+    upstream_sample: float = 0.0
+    upstream_agreement: float = 0.8
     # Off by default: match paraphrases of the last user message (docs/caching.md gives the measured hit rate and
     # wrong-answer share on held-out and independent question pairs).
     semantic: bool = False
@@ -76,6 +81,8 @@ class CacheConfig:
             raise ValueError("cache.error_bound must be in [0, 1)")
         if not 0.0 <= self.verify_min_greedy <= 1.0 or self.verify_max_tokens < 1:
             raise ValueError("cache.verify_min_greedy must be in [0, 1] and cache.verify_max_tokens positive")
+        if not 0.0 <= self.upstream_sample <= 1.0 or not -1.0 <= self.upstream_agreement <= 1.0:
+            raise ValueError("cache.upstream_sample must be in [0, 1] and cache.upstream_agreement in [-1, 1]")
         if not 0.0 < self.similarity_threshold <= 1.0:
             raise ValueError("cache.similarity_threshold must be in (0, 1]")
         if self.ttl_s < 1 or self.max_ttl_s < 1 or self.max_entries < 1:

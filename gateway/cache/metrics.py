@@ -23,7 +23,9 @@ class CacheMetrics:
         self.verifications = Counter(
             "smolgate_cache_verifications",
             "Semantic candidates the engine scored under the new question (one prefill each): accepted or rejected; "
-            "skipped: served without the engine, the entry's verified record bounding the error (cache.error_bound)",
+            "skipped: served without the engine, the entry's verified record bounding the error (cache.error_bound); "
+            "third-party models: sample (a hit sent to the provider anyway), agreed / disagreed (its answer against the "
+            "cached one), blocked (the entry's answer disagreed before at this similarity or above)",
             ["outcome"],
             registry=registry,
         )

@@ -11,6 +11,7 @@ from gateway.cache.config import CacheConfig
 from gateway.cache.keys import model_fingerprint
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import CacheControl, take_control
+from gateway.cache.sampled import SampledCheck
 from gateway.cache.stores import CacheStore, MemoryStore, SafeStore, describe
 from gateway.cache.tenancy import request_namespace
 from gateway.cache.thresholds import EntryThresholds
@@ -50,6 +51,10 @@ class ResponseCache:
         # per-entry records of verified outcomes; with them a candidate may skip the engine (gateway/cache/thresholds.py)
         self.thresholds = EntryThresholds(cfg.error_bound, entries=cfg.max_entries) if (
             self.verifier is not None and cfg.error_bound > 0) else None  # fmt: skip
+        # third-party models' hits, a share compared with the provider's fresh answer (gateway/cache/sampled.py)
+        self.upstream_check = SampledCheck(cfg.upstream_sample, cfg.upstream_agreement, cfg.max_entries) if (
+            self.embedder is not None and cfg.upstream_sample > 0) else None  # fmt: skip
+        self.sampled: SampledCheck | None = None  # the embedded model's hits: the engine verifier's
         self._last_warning = -_WARN_EVERY_S
         self._last_tenant_warning = -_WARN_EVERY_S
 
@@ -91,7 +96,7 @@ class ResponseCache:
 
 class _Upstream:
     """The cache as a third-party model's requests see it: the same store, embedder and metrics, that model's
-    fingerprint, and no engine verifier."""
+    fingerprint, no engine verifier, and the sampled check (when `cache.upstream_sample` is set)."""
 
     verifier = None
     thresholds = None
@@ -100,6 +105,7 @@ class _Upstream:
         self.cfg, self.store, self.embedder, self.metrics = cache.cfg, cache.store, cache.embedder, cache.metrics
         self.logger, self.ids, self.stream_limits = cache.logger, cache.ids, cache.stream_limits
         self.fingerprint = fingerprint
+        self.sampled = cache.upstream_check
 
 
 def criterion_of(cfg: CacheConfig) -> Criterion:

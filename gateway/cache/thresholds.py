@@ -77,5 +77,9 @@ class EntryThresholds:
         bound = binomial_upper(errors, len(below), self.confidence)
         return Decision(self.delta > 0 and bound <= self.delta, bound, len(below))
 
+    def contradicted(self, key: str, similarity: float) -> bool:
+        """A wrong outcome was recorded for this entry at `similarity` or above (so this candidate is no safer)."""
+        return any(not right and sim >= similarity for sim, right in self._seen.get(key, ()))
+
     def __len__(self) -> int:
         return len(self._seen)

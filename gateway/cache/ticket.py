@@ -18,7 +18,8 @@ from gateway.cache.index import Candidate
 from gateway.cache.keys import exact_key, semantic_scope
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import CacheControl, exact_allowed, semantic_allowed
-from gateway.cache.relevance import AnswerVector, excerpt
+from gateway.cache.relevance import AnswerVector, cosine, excerpt
+from gateway.cache.sampled import SampledCheck
 from gateway.cache.semantic import NearMiss, Verify, embed_query, match
 from gateway.cache.stores import CacheStore
 from gateway.cache.thresholds import EntryThresholds
@@ -49,6 +50,7 @@ class CacheParts(Protocol):
     stream_limits: StreamLimits
     verifier: EngineVerifier | None
     thresholds: EntryThresholds | None
+    sampled: SampledCheck | None  # for a third-party model's entries (the engine cannot verify them)
 
 
 class Ticket:
@@ -68,6 +70,7 @@ class Ticket:
         self.similarity: float | None = None
         self.near_miss: NearMiss | None = None  # extension point: a draft for speculative decoding
         self.prompt_ids: tuple[int, ...] = ()
+        self.sample: tuple[Candidate, bytes] | None = None  # a hit sent to the provider anyway, to compare answers
 
     async def lookup(
         self,
@@ -124,7 +127,9 @@ class Ticket:
     def _verify(self) -> Verify | None:
         """The engine check of a candidate entry, when this cache has a verifier and the prompt's token ids."""
         verifier = self.cache.verifier
-        if verifier is None or not self.prompt_ids:
+        if verifier is None:
+            return self._sampled()
+        if not self.prompt_ids:
             return None
         prompt_ids = self.prompt_ids
 
@@ -147,6 +152,44 @@ class Ticket:
             return accepted
 
         return verify
+
+    def _sampled(self) -> Verify | None:
+        """For a third-party model with `cache.upstream_sample`: the lexical check's hits, a share of them sent to the
+        provider (this request's answer is then compared with the cached one in `keep`), none whose entry disagreed."""
+        check = self.cache.sampled
+        if check is None:
+            return None
+
+        async def admit(cand: Candidate, entry: bytes, uncertain: bool) -> bool:
+            if uncertain or self.sample is not None:  # the words cannot decide; or this request goes to the provider
+                return False
+            admission = check.admit(cand.key, cand.similarity)
+            if admission != "serve":
+                self.cache.metrics.verifications.labels(admission).inc()
+            if admission == "sample":
+                self.sample = (cand, entry)
+            return admission == "serve"
+
+        return admit
+
+    async def keep(self, body: dict[str, Any]) -> None:
+        """A third-party model's answer: compared with the cached one when this request was a sampled hit, then
+        stored."""
+        if self.sample is not None:
+            await self._compare(body, *self.sample)
+            self.sample = None
+        await self.store(body)
+
+    async def _compare(self, body: dict[str, Any], cand: Candidate, entry: bytes) -> None:
+        check, embedder = self.cache.sampled, self.cache.embedder
+        fresh, cached = _text_of(body), _text_of(orjson.loads(entry)["body"])
+        if check is None or embedder is None or fresh is None or cached is None:
+            return
+        vectors = [await embed_query(embedder, excerpt(text), self.cache.logger) for text in (fresh, cached)]
+        if vectors[0] is None or vectors[1] is None:
+            return
+        agreed = check.observe(cand.key, cand.similarity, cosine(vectors[0], vectors[1]))
+        self.cache.metrics.verifications.labels("agreed" if agreed else "disagreed").inc()
 
     @property
     def records_answer(self) -> bool:
@@ -255,12 +298,18 @@ def _answer_of(gen: Generation | None) -> Answer | None:
 async def _answer_vector(embedder: EmbeddingClient, body: dict[str, Any], question: list[float], logger: Any
                          ) -> AnswerVector | None:  # fmt: skip
     """The embedded opening of a single-choice answer with its cosine to the question (gateway/cache/relevance.py)."""
+    text = _text_of(body)
+    if text is None:
+        return None
+    vector = await embed_query(embedder, excerpt(text), logger)
+    return None if vector is None else AnswerVector.of(vector, question)
+
+
+def _text_of(body: dict[str, Any]) -> str | None:
+    """A single-choice answer's text (chat or completions); None for anything else or an empty one."""
     choices = body.get("choices") or []
     if len(choices) != 1:
         return None
     choice = choices[0]
     text = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
-    if not isinstance(text, str) or not text.strip():
-        return None
-    vector = await embed_query(embedder, excerpt(text), logger)
-    return None if vector is None else AnswerVector.of(vector, question)
+    return text if isinstance(text, str) and text.strip() else None

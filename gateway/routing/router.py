@@ -149,7 +149,8 @@ class Router:
             hit.headers.update({"x-smolgate-model": model, **headers})
             return hit
         chain = [model, *(m for m in self._fallbacks(model) if allowed(m))]  # fallbacks outside the list: skipped
-        keep = ticket.store if ticket is not None and ticket.storing else None  # the model's own answers, not a fallback's
+        # the model's own answers (not a fallback's): stored, and compared with the cached one for a sampled hit
+        keep = ticket.keep if ticket is not None and (ticket.storing or ticket.sample) else None
         response = await self._route(endpoint, request, raw, chain, rec, keep)
         response.headers.update(headers)
         return ticket.mark(response) if ticket is not None else response  # type: ignore[return-value]
