@@ -69,6 +69,9 @@ def test_synsets_and_pointers_come_from_the_data_files(lex: Lexicon) -> None:
         ("stock", "broth", "unrelated"),
         ("purpose", "function", "synonym"),  # abstract nouns share a sense: one meaning
         ("poisonous", "toxic", "similar"),  # a satellite of its cluster's head
+        ("quickly", "fast", "synonym"),  # an adverb means what its adjective does: quick and fast share a sense
+        ("slowly", "sluggish", "synonym"),  # slow and sluggish share a sense
+        ("quickly", "slow", "antonym"),
         ("daily", "weekly", "sibling"),  # two satellites of one head ("periodic"): two kinds of it
         ("check", "check_out", "part"),  # a collocation and one of its words: a particle added
         ("salmon", "fish", "unrelated"),  # a noun's hypernym names a wider class

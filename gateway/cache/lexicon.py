@@ -167,6 +167,10 @@ class Lexicon:
         for pos, lemma in lb:
             if self.wn.lexical_targets(lemma, pos, DERIVED, PERTAINYM) & la:
                 return "derived"
+        for adverb, other in ((a, b), (b, a)):  # an adverb means what its adjective does ("quickly" / "fast")
+            for adjective in self._adjectives_of(adverb) - {a, b}:
+                if (related := self.relation(adjective, other)) in ("same", "derived", "synonym", "similar", "antonym"):
+                    return "derived" if related == "same" else related
         if self._first_senses(a) & self._first_senses(b):
             return "synonym"  # one meaning in their most frequent senses ("repair" / "fix", "car" / "automobile")
         if self._first_parents(a) & self._first_parents(b):
@@ -198,6 +202,12 @@ class Lexicon:
                 if set(self.wn.synset(key).targets(HYPERNYM)) & other:
                     return "hypernym"
         return "unrelated"
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019
+    def _adjectives_of(self, word: str) -> frozenset[str]:
+        """The adjectives an adverb is derived from (WordNet's pertainym pointer: "quickly" -> "quick")."""
+        return frozenset(w for p, lemma in self.wn.lemmas(word) if p == "adv"
+                         for q, w in self.wn.lexical_targets(lemma, p, PERTAINYM) if q == "adj")  # fmt: skip
 
     def one_sense(self, a: str, b: str) -> bool:
         """The same word, or words whose most frequent senses are one meaning ("often" / "frequently", "big" /
