@@ -10,6 +10,9 @@ plays a script of behaviours, one per request, then `default`:
   400           an invalid_request_error
   hang          accept, then never answer (the gateway's timeouts must fire)
   drop          stream two chunks, then close the connection without [DONE]
+  odd           a JSON answer in a loose shape some providers send: no `object`, no choice `index`, usage
+                without prompt_tokens
+  tool          a JSON answer that calls a tool
 """
 
 from __future__ import annotations
@@ -115,6 +118,15 @@ class FakeUpstream:
         if body.get("stream"):
             return StreamingResponse(self._events(body, chat, usage, drop=behaviour == "drop"), media_type="text/event-stream")
         text = "".join(WORDS)
+        if behaviour == "odd":
+            odd = {"id": "x-odd", "created": 1, "model": body["model"], "usage": {"total_tokens": 5},
+                   "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}  # fmt: skip
+            return JSONResponse(odd)
+        if behaviour == "tool":
+            call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            return JSONResponse({"id": "x-t", "object": "chat.completion", "created": 1, "model": body["model"],
+                                 "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]})  # fmt: skip
         choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text}
         out: dict[str, Any] = {"id": "x-1", "object": "chat.completion" if chat else "text_completion", "created": 1}
         out.update(model=body["model"], choices=[{**choice, "finish_reason": "stop", "logprobs": None}])

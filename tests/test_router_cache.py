@@ -11,16 +11,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from gateway_fixtures import API_KEY, LiveStack, live  # noqa: F401 - the session fixture
-from routing_fixtures import FakeUpstream, Servers
+from routing_fixtures import WORDS, FakeUpstream, Servers
 
 from backend.embed.embeddings import Embedder
 from gateway.app import build_context, create_app
 from gateway.config import from_mapping
 
-KEYS = ("sk-tenant-a", "sk-tenant-b", "sk-only-other")
+KEYS = ("sk-tenant-a", "sk-tenant-b", "sk-only-other", "sk-two-a-minute")
 
 
 @dataclass
@@ -44,8 +45,9 @@ class Router:
 def router(live: LiveStack) -> Iterator[Router]:  # noqa: F811
     model = live.engine.model_name
     config = from_mapping({
-        "api_keys": [{"key": KEYS[0]}, {"key": KEYS[1]}, {"key": KEYS[2], "models": ["other"]}],
-        "cache": {"semantic": True},
+        "api_keys": [{"key": KEYS[0]}, {"key": KEYS[1]}, {"key": KEYS[2], "models": ["other"]},
+                     {"key": KEYS[3], "rpm": 2, "max_tokens": 8}],
+        "cache": {"semantic": True, "upstream": True},
         "models": {
             "theirs": {"deployments": [{"kind": "openai", "base_url": f"{live.url}/v1", "model": model,
                                         "api_key_env": "UPSTREAM_KEY"}]},
@@ -65,9 +67,9 @@ def router(live: LiveStack) -> Iterator[Router]:  # noqa: F811
 
 
 def _ask(client: openai.OpenAI, question: str, user: str, **kw: Any) -> tuple[str, str | None]:
+    kw.setdefault("max_tokens", 12)
     raw = client.chat.completions.with_raw_response.create(
-        model=kw.pop("model", "theirs"), messages=[{"role": "user", "content": question}], temperature=0, max_tokens=12,
-        user=user, **kw,
+        model=kw.pop("model", "theirs"), messages=[{"role": "user", "content": question}], temperature=0, user=user, **kw
     )
     if kw.get("stream"):
         text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
@@ -119,25 +121,101 @@ def test_a_fallback_models_answer_is_not_kept_for_the_model_that_failed(router: 
     assert router.upstream_calls(user) == 2
 
 
-def test_the_cache_extension_never_reaches_the_provider_and_is_obeyed() -> None:
-    """A stand-in upstream that records what it receives (it isolates what the router forwards)."""
+def test_a_hit_counts_against_the_keys_rate_and_its_caps_hold(router: Router) -> None:
+    user, question = f"u-{uuid.uuid4().hex[:8]}", f"Count to {uuid.uuid4().int % 1000}."
+    client = router.client(KEYS[3])  # 2 requests a minute, max_tokens 8 at most
+    with pytest.raises(openai.BadRequestError):
+        _ask(client, question, user, max_tokens=100)  # over the key's cap: refused before any lookup
+    assert _ask(client, question, user, max_tokens=8)[1] == "miss"
+    assert _ask(client, question, user, max_tokens=8)[1] == "hit"
+    with pytest.raises(openai.RateLimitError):
+        _ask(client, question, user, max_tokens=8)  # the third request this minute, though it would be a hit
+    assert router.upstream_calls(user) == 1
+
+
+def test_anthropic_messages_reach_the_same_cache(router: Router) -> None:
+    body = {"model": "theirs", "max_tokens": 12, "temperature": 0,
+            "messages": [{"role": "user", "content": f"Spell the word {uuid.uuid4().hex[:6]}."}]}  # fmt: skip
+    verdicts = []
+    for key in (KEYS[0], KEYS[0], KEYS[1]):
+        resp = httpx.post(f"{router.url}/v1/messages", json=body, headers={"x-api-key": key}, timeout=120)
+        assert resp.status_code == 200, resp.text
+        verdicts.append(resp.headers.get("x-cache"))
+    assert verdicts == ["miss", "hit", "miss"]
+
+
+@pytest.fixture()
+def fake_router() -> Iterator[tuple[FakeUpstream, openai.OpenAI]]:
+    """A stand-in upstream that records what it receives and misbehaves on cue (it isolates what the router forwards
+    and keeps), behind a router caching third-party models, with a mixed model (openai + backend) beside it."""
     fake = FakeUpstream("theirs")
     upstreams = Servers()
     (up,) = upstreams.start([fake.app()])
-    config = from_mapping({"embeddings": False,
-                           "models": {"theirs": {"deployments": [{"kind": "openai", "base_url": f"{up}/v1"}]}}})  # fmt: skip
+    config = from_mapping({"embeddings": False, "cache": {"upstream": True}, "models": {
+        "theirs": {"deployments": [{"kind": "openai", "base_url": f"{up}/v1"}]},
+        "mixed": {"deployments": [{"kind": "openai", "base_url": f"{up}/v1"},
+                                  {"kind": "backend", "base_url": "http://127.0.0.1:9/v1", "weight": 0.001}]},
+    }})  # fmt: skip
+    gateway = Servers()
+    (url,) = gateway.start([create_app(build_context(config, None))])
+    try:
+        yield fake, openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    finally:
+        gateway.stop()
+        upstreams.stop()
+
+
+def _chat(client: openai.OpenAI, model: str = "theirs", **kw: Any) -> Any:
+    return client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], temperature=0, **kw
+    )
+
+
+def test_the_cache_extension_never_reaches_the_provider_and_is_obeyed(fake_router: Any) -> None:
+    fake, client = fake_router
+    verdicts = []
+    for extension in ({"store": False}, None, None, {"lookup": False}):
+        verdicts.append(_chat(client, extra_body={"cache": extension} if extension else None).headers.get("x-cache"))
+    assert verdicts == ["miss", "miss", "hit", "miss"] and fake.received == 3
+    _chat(client, "mixed", extra_body={"cache": {"store": False}})  # not cached here: still never forwarded
+    assert fake.received == 4 and all("cache" not in body for body in fake.bodies)
+
+
+def test_what_the_parser_refuses_goes_to_the_provider_uncached(fake_router: Any) -> None:
+    fake, client = fake_router
+    for _ in range(2):
+        raw = _chat(client, top_p=0)  # OpenAI takes it; this gateway's own engine would not
+        assert raw.status_code == 200 and "x-cache" not in raw.headers
+    assert fake.received == 2 and fake.bodies[-1]["top_p"] == 0
+
+
+def test_a_loose_answer_is_kept_in_the_replayed_shape_and_a_tool_call_is_not_kept(fake_router: Any) -> None:
+    fake, client = fake_router
+    fake.play("odd", "tool", "tool")
+    assert _chat(client, seed=1).headers["x-cache"] == "miss"
+    replayed = _chat(client, seed=1)
+    assert replayed.headers["x-cache"] == "hit" and replayed.parse().choices[0].message.content == "".join(WORDS)
+    streamed = _chat(client, seed=1, stream=True, stream_options={"include_usage": True})
+    chunks = list(streamed.parse())
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "".join(WORDS)
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == 0  # the provider gave no count
+    for _ in range(2):  # a tool call is relayed, never kept
+        raw = _chat(client, seed=2)
+        assert raw.headers["x-cache"] == "miss" and raw.parse().choices[0].message.tool_calls
+    assert fake.received == 3
+
+
+def test_third_party_models_are_not_cached_by_default() -> None:
+    fake = FakeUpstream("theirs")
+    upstreams = Servers()
+    (up,) = upstreams.start([fake.app()])
+    config = from_mapping({"embeddings": False, "models": {"theirs": {"deployments": [
+        {"kind": "openai", "base_url": f"{up}/v1"}]}}})  # fmt: skip
     gateway = Servers()
     (url,) = gateway.start([create_app(build_context(config, None))])
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-        messages = [{"role": "user", "content": "Hi"}]
-        verdicts = []
-        for extension in ({"store": False}, None, None, {"lookup": False}):
-            extra = {"extra_body": {"cache": extension}} if extension else {}
-            raw = client.chat.completions.with_raw_response.create(model="theirs", messages=messages, temperature=0, **extra)
-            verdicts.append(raw.headers.get("x-cache"))
-        assert verdicts == ["miss", "miss", "hit", "miss"]
-        assert fake.received == 3 and all("cache" not in body for body in fake.bodies)
+        assert [_chat(client).headers.get("x-cache") for _ in range(2)] == [None, None] and fake.received == 2
     finally:
         gateway.stop()
         upstreams.stop()
@@ -151,7 +229,7 @@ def test_sampled_hits_go_to_the_provider_and_an_entry_that_disagreed_is_not_serv
     """`cache.upstream_sample: 1`: every hit the words allow is sent to the provider and the answers are compared. The
     agreement is forced to fail here (a fault injected into the check), to show what a disagreement does."""
     config = from_mapping({
-        "cache": {"semantic": True, "upstream_sample": 1.0},
+        "cache": {"semantic": True, "upstream": True, "upstream_sample": 1.0},
         "models": {"theirs": {"deployments": [{"kind": "openai", "base_url": f"{live.url}/v1",
                                                "model": live.engine.model_name, "api_key_env": "UPSTREAM_KEY"}]}},
     }, env={"UPSTREAM_KEY": API_KEY})  # fmt: skip
@@ -175,7 +253,10 @@ def test_sampled_hits_go_to_the_provider_and_an_entry_that_disagreed_is_not_serv
         # agreement: the hit would have been right, and the entry stays servable
         ctx.cache.upstream_check.agreement, ctx.cache.upstream_check.rate = -1.0, 1.0
         assert _ask(client, "what is the boiling point of water", user)[1] == "miss"
-        assert _ask(client, "What's the boiling point of water?", user)[1] == "miss"
+        no_store = {"extra_body": {"cache": {"store": False}}}
+        assert _ask(client, "What's the boiling point of water?", user, **no_store)[1] == "miss"
         assert _verifications(ctx, "agreed") == 1 and router.upstream_calls(user) == 5
+        ctx.cache.upstream_check.rate = 0.0
+        assert _ask(client, "What's the boiling point of water?", user)[1] == "semantic-hit"
     finally:
         servers.stop()

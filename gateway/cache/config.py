@@ -26,7 +26,9 @@ class CacheConfig:
     max_ttl_s: int = 86400  # the longest TTL a request may ask for
     max_entries: int = 10000  # in-process LRU size (and per-scope vector index size)
     only_deterministic: bool = True  # cache only temperature 0 or seeded requests
-    upstream: bool = True  # also cache routed models that third-party APIs serve (gateway/routing/cached.py)
+    # Also cache routed models that third-party APIs serve (gateway/routing/cached.py). Off by default: a provider's
+    # answers are replayed only when the operator asks for it (as LiteLLM's and Portkey's caches are opt-in).
+    upstream: bool = False
     # Their semantic hits (gateway/cache/sampled.py): the share sent to the provider anyway, whose fresh answer is
     # compared with the cached one (cosine of the answers' embedded openings; agreement at or above
     # upstream_agreement). An entry whose answer disagreed is not served again at that similarity or below.

@@ -78,8 +78,13 @@ class EntryThresholds:
         return Decision(self.delta > 0 and bound <= self.delta, bound, len(below))
 
     def contradicted(self, key: str, similarity: float) -> bool:
-        """A wrong outcome was recorded for this entry at `similarity` or above (so this candidate is no safer)."""
-        return any(not right and sim >= similarity for sim, right in self._seen.get(key, ()))
+        """A wrong outcome was recorded for this entry at `similarity` or above (so this candidate is no safer). Asking
+        keeps the entry's record recent: a blocked entry is never sampled again, and must not age out of the LRU."""
+        record = self._seen.get(key)
+        if record is None:
+            return False
+        self._seen.move_to_end(key)
+        return any(not right and sim >= similarity for sim, right in record)
 
     def __len__(self) -> int:
         return len(self._seen)

@@ -18,10 +18,10 @@ from starlette.responses import Response
 from gateway.cache.keys import upstream_fingerprint
 from gateway.cache.service import ResponseCache
 from gateway.cache.ticket import Ticket
-from gateway.errors import GatewayError
 from gateway.ops.record import RequestRecord
-from gateway.protocol.requests import parse_chat, parse_completion
+from gateway.protocol.requests import ChatRequest, parse_chat, parse_completion
 from gateway.routing.config import ModelRoute
+from gateway.routing.proxy import Keep
 
 
 class UpstreamCache:
@@ -38,20 +38,75 @@ class UpstreamCache:
         self, endpoint: str, request: Request, raw: dict[str, Any], model: str, rec: RequestRecord
     ) -> tuple[Response | None, Ticket | None]:
         """A cached response (a hit), or the ticket that stores the answer (a miss); (None, None) when `model` is not
-        cached here. Takes the `cache` extension out of `raw` for every third-party model: a provider would reject it."""
+        cached here."""
         fingerprint = self.fingerprints.get(model)
-        if fingerprint is None:
+        if fingerprint is None or not self.cache.cfg.upstream:
             return None, None
-        ticket = self.cache.ticket(endpoint, request.headers, raw, upstream=fingerprint)
-        if not self.cache.cfg.upstream:
-            return None, None
+        ticket = self.cache.ticket(endpoint, request.headers, raw, upstream=fingerprint)  # takes `cache` out of `raw`
         try:
-            if endpoint == "chat":
-                chat = parse_chat(raw)
-                hit = await ticket.lookup(rec, raw, chat.params, chat.messages, None, chat.stream, chat.messages)
-            else:
-                completion = parse_completion(raw)
-                hit = await ticket.lookup(rec, raw, completion.params, completion.prompts, None, completion.stream)
-        except GatewayError:  # a field this gateway's parser does not know (the provider may): passed on, not cached
+            parsed = parse_chat(raw) if endpoint == "chat" else parse_completion(raw)
+        except Exception:  # a field or value this gateway's parser refuses and the provider may take: not cached
             return None, None
-        return hit, ticket
+        # the key holds the messages (or prompt) as the provider gets them, not as this gateway would render them
+        prompt = raw.get("messages") if endpoint == "chat" else raw.get("prompt")
+        messages = parsed.messages if isinstance(parsed, ChatRequest) else None
+        return await ticket.lookup(rec, raw, parsed.params, prompt, None, parsed.stream, messages), ticket
+
+    def keeper(self, endpoint: str, ticket: Ticket) -> Keep:
+        """What the proxy hands a finished answer to: kept in the shape this gateway replays, if it has that shape;
+        a failure to keep it is logged and never fails the request (the answer is already the client's)."""
+
+        async def keep(body: dict[str, Any]) -> None:
+            answer = storable(body, endpoint)
+            if answer is None:
+                return
+            try:
+                await ticket.keep(answer)
+            except Exception as exc:  # the cache must never cost the client its answer
+                self.cache.logger.warning("cache_store_failed", error=type(exc).__name__)
+
+        return keep
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def storable(body: dict[str, Any], endpoint: str) -> dict[str, Any] | None:
+    """A provider's answer as this gateway stores and replays answers: the endpoint's object, every choice indexed,
+    finished and plain text (no tool calls, refusal, audio or annotations), usage as counts; None for anything
+    else (stored, an odd answer would fail every replay of it)."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return None
+    kept = []
+    for i, choice in enumerate(choices):
+        if not isinstance(choice, dict) or not isinstance(choice.get("finish_reason"), str):
+            return None
+        index = choice.get("index", i)
+        logprobs = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else None
+        out = {"index": index, "logprobs": logprobs, "finish_reason": choice["finish_reason"]}
+        if endpoint == "chat":
+            message = choice.get("message")
+            if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+                return None
+            if any(v not in (None, "", [], {}) for k, v in message.items() if k not in ("role", "content")):
+                return None
+            out["message"] = {"role": "assistant", "content": message["content"], "refusal": None}
+        elif isinstance(choice.get("text"), str):
+            out["text"] = choice["text"]
+        else:
+            return None
+        if not isinstance(index, int) or isinstance(index, bool):
+            return None
+        kept.append(out)
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+    answer: dict[str, Any] = {
+        "id": str(body.get("id") or ""), "object": "chat.completion" if endpoint == "chat" else "text_completion",
+        "created": _count(body.get("created")), "model": str(body.get("model") or ""), "choices": kept,
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    }  # fmt: skip
+    if isinstance(body.get("system_fingerprint"), str):
+        answer["system_fingerprint"] = body["system_fingerprint"]
+    return answer

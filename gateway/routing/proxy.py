@@ -62,14 +62,14 @@ async def call_json(
     keep: Keep | None = None,
 ) -> Response:
     """`headers`: extra request headers; `relay`: response headers of the upstream's passed on to the client; `keep`:
-    given the answer's body."""
+    given the answer's body (it never raises)."""
     data, upstream_headers = await upstream.post(path, body, headers)
     if not isinstance(data.get("usage"), dict):
         data["usage"] = usage_of(count, body, completion_text(data))
     _set_usage(rec, data["usage"])
     if data.get("choices"):
         rec.first_token()
-        if keep is not None:
+        if keep is not None:  # before the reply, as the engine's answers are: the next identical request hits
             await keep(data)
     response = json_response(data)
     for name in relay:

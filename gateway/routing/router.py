@@ -150,7 +150,7 @@ class Router:
             return hit
         chain = [model, *(m for m in self._fallbacks(model) if allowed(m))]  # fallbacks outside the list: skipped
         # the model's own answers (not a fallback's): stored, and compared with the cached one for a sampled hit
-        keep = ticket.keep if ticket is not None and (ticket.storing or ticket.sample) else None
+        keep = self.cache.keeper(endpoint, ticket) if self.cache and ticket and (ticket.storing or ticket.sample) else None
         response = await self._route(endpoint, request, raw, chain, rec, keep)
         response.headers.update(headers)
         return ticket.mark(response) if ticket is not None else response  # type: ignore[return-value]
@@ -272,6 +272,8 @@ class Router:
         if choice.affinity:
             self.metrics.prefix.labels(choice.affinity).inc()
         body = {**raw, "model": state.cfg.model or model}
+        if state.cfg.kind == "openai":
+            body.pop("cache", None)  # this gateway's extension: a third party would refuse it
         outcome = Outcome()
         if state.cfg.kind == "embedded":
             response = await self.local[endpoint](request, body)
