@@ -119,17 +119,29 @@ class Ticket:
         self.near_miss = found.near_miss
         if found.near_miss is not None:
             self.cache.metrics.near_misses.labels(found.near_miss.reason).inc()
-        if found.hit is None:
+        if found.hit is None or not self._admitted(found.hit, found.entry):
             return None
         self.similarity = found.hit.similarity
         return found.entry
 
+    def _admitted(self, hit: Candidate, entry: bytes | None) -> bool:
+        """For a third-party model with `cache.upstream_sample`: the lexical check's hit is served, or sent to the
+        provider (this request's answer is then compared with the cached one in `keep`), or refused because its
+        entry's answer disagreed before at this similarity or above."""
+        check = self.cache.sampled
+        if check is None or entry is None:
+            return True
+        admission = check.admit(hit.key, hit.similarity)
+        if admission != "serve":
+            self.cache.metrics.verifications.labels(admission).inc()
+        if admission == "sample":
+            self.sample = (hit, entry)
+        return admission == "serve"
+
     def _verify(self) -> Verify | None:
         """The engine check of a candidate entry, when this cache has a verifier and the prompt's token ids."""
         verifier = self.cache.verifier
-        if verifier is None:
-            return self._sampled()
-        if not self.prompt_ids:
+        if verifier is None or not self.prompt_ids:
             return None
         prompt_ids = self.prompt_ids
 
@@ -152,25 +164,6 @@ class Ticket:
             return accepted
 
         return verify
-
-    def _sampled(self) -> Verify | None:
-        """For a third-party model with `cache.upstream_sample`: the lexical check's hits, a share of them sent to the
-        provider (this request's answer is then compared with the cached one in `keep`), none whose entry disagreed."""
-        check = self.cache.sampled
-        if check is None:
-            return None
-
-        async def admit(cand: Candidate, entry: bytes, uncertain: bool) -> bool:
-            if uncertain or self.sample is not None:  # the words cannot decide; or this request goes to the provider
-                return False
-            admission = check.admit(cand.key, cand.similarity)
-            if admission != "serve":
-                self.cache.metrics.verifications.labels(admission).inc()
-            if admission == "sample":
-                self.sample = (cand, entry)
-            return admission == "serve"
-
-        return admit
 
     async def keep(self, body: dict[str, Any]) -> None:
         """A third-party model's answer: compared with the cached one when this request was a sampled hit, then
