@@ -85,7 +85,7 @@ _DISCOURSE_HEDGES = frozenset(
     )
 )
 _CHAT = {
-    "u": "you", "ur": "your", "r": "are", "y": "why", "pls": "please", "plz": "please", "thx": "thanks",
+    "ur": "your", "pls": "please", "plz": "please", "thx": "thanks",
     "wanna": "want", "gonna": "going", "gotta": "must", "kinda": "kind", "dunno": "know", "whats": "what is",
     "hows": "how is", "wheres": "where is", "whos": "who is", "thats": "that is", "im": "i am", "ive": "i have",
     "youre": "you are", "theyre": "they are", "cuz": "because", "bc": "because", "tho": "though", "abt": "about",
@@ -97,6 +97,10 @@ _CHAT = {
     "ppl": "people", "pic": "picture", "pics": "pictures", "%": "percent", "&": "and",
     "yr": "year", "yrs": "years", "hr": "hour", "hrs": "hours",
 }  # fmt: skip
+# Single letters that chat spells words with, read as those words only where grammar says so ("how r u", "can u",
+# "y is my wifi slow"); elsewhere a letter names something ("plot it in r", "the y intercept", "best y level"). "u" is
+# nearly always "you": only what names a letter ("the u", "what is u") keeps it.
+_LETTERS = {"u": "you", "r": "are", "y": "why"}
 _IRREGULAR_NOT = {"won't": "will not", "can't": "can not", "shan't": "shall not", "ain't": "is not"}
 _CONTRACTED = {"'re": "are", "'ve": "have", "'ll": "will", "'m": "am", "'d": "would"}
 _IS_CONTRACTED = frozenset(_words("what that it there here he she who where how when why"))
@@ -228,6 +232,21 @@ def _unify(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("e") else word
 
 
+def _letter(raws: list[str], k: int) -> str:
+    """raws[k] as the chat word a single letter spells, where its neighbours make it one; else as it is."""
+    word = raws[k]
+    if word not in _LETTERS:
+        return word
+    before, after = raws[k - 1] if k else "", raws[k + 1] if k + 1 < len(raws) else ""
+    if word == "y":  # "y is my wifi so slow", "y cant i sleep": a clause's first word, then a verb
+        spelled = not before and (after in _AUXILIARIES or after.endswith("nt") or after in _CHAT)
+    elif word == "r":  # "how r u", "what r the best", "r there any": after a question word, before a subject
+        spelled = before in _WH or after in _LETTERS or after in _PERSONS or after in ("there", "the", "these", "those")
+    else:  # "can u", "sorry to bother u", "how long u cook": you, unless something names the letter ("the u", "is u")
+        spelled = before not in _DETERMINERS and before not in ("is", "was", "letter", "variable", "vector", "matrix")
+    return _LETTERS[word] if spelled else word
+
+
 def _expand(raw: str) -> list[str]:
     """One token in its full form: contractions and chat spellings spelled out ("don't" -> "do not")."""
     if raw in _CHAT:
@@ -260,7 +279,8 @@ def _tokens(text: str) -> list[str]:
     for pattern, full in _SPELLINGS:
         text = pattern.sub(full, text)
     for part in _CLAUSE.split(text):
-        expanded = " ".join(w for raw in _WORD.findall(part) for w in _expand(raw))
+        raws = _WORD.findall(part)
+        expanded = " ".join(w for k in range(len(raws)) for w in _expand(_letter(raws, k)))
         words = _FRAMES.sub(" ", expanded).split()
         if words:  # a courtesy clause is one before or after its frames go ("i would appreciate your advice")
             clauses.append((words, _discourse(words) or _discourse(expanded.split())))
