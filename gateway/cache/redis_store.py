@@ -7,6 +7,9 @@
   queries into a local SemanticIndex and reads only the records added since its last read (one
   XRANGE per lookup), so a replica that joins sees everything others wrote, and searches at
   in-process speed. A vector whose entry expired is skipped at lookup (its GET misses).
+- Outcomes (`RedisOutcomes`): one stream per kind of per-entry record (`{prefix}:o:{name}`: the engine verifier's,
+  the sampled check's), of {key, sim, right} records, capped at about `max_records`; read the same way, from the
+  last id each replica saw (gateway/cache/thresholds.py).
 """
 
 from __future__ import annotations
@@ -67,5 +70,34 @@ class RedisStore:
             if len(records) < _BATCH:
                 return index
 
+    def outcomes(self, name: str, max_records: int, ttl_s: int) -> RedisOutcomes:
+        """A shared log of per-entry outcomes on this store's connection."""
+        return RedisOutcomes(self.redis, self.prefix, name, max_records, ttl_s)
+
     async def close(self) -> None:
         await self.redis.aclose()
+
+
+class RedisOutcomes:
+    """The OutcomeLog of gateway/cache/thresholds.py in a Redis stream every replica appends to and reads from."""
+
+    def __init__(self, redis: Redis, prefix: str, name: str, max_records: int, ttl_s: int) -> None:
+        self.redis, self.stream, self.max_records, self.ttl_s = redis, f"{prefix}:o:{name}", max_records, ttl_s
+        self._last = "0-0"
+
+    async def append(self, key: str, similarity: float, right: bool) -> None:
+        record = {"key": key, "sim": repr(float(similarity)), "right": b"1" if right else b"0"}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(self.stream, record, maxlen=self.max_records, approximate=True)  # type: ignore[arg-type]
+            pipe.expire(self.stream, self.ttl_s)
+            await pipe.execute()
+
+    async def since_last(self) -> list[tuple[str, float, bool]]:
+        out: list[tuple[str, float, bool]] = []
+        while True:
+            records = await self.redis.xrange(self.stream, min=f"({self._last}", count=_BATCH)
+            for record_id, fields in records:
+                out.append((fields[b"key"].decode(), float(fields[b"sim"]), fields[b"right"] == b"1"))
+                self._last = record_id.decode()
+            if len(records) < _BATCH:
+                return out

@@ -24,20 +24,22 @@ Admission = Literal["serve", "sample", "blocked"]
 
 
 class SampledCheck:
-    def __init__(self, rate: float, agreement: float, entries: int, draw: Callable[[], float] = random.random) -> None:
-        """`draw`: a uniform number in [0, 1) per candidate (tests pass a fixed sequence)."""
-        self.rate, self.agreement, self.draw = rate, agreement, draw
-        self.record = EntryThresholds(0.0, entries=entries)
+    def __init__(self, rate: float, agreement: float, record: EntryThresholds,
+                 draw: Callable[[], float] = random.random) -> None:  # fmt: skip
+        """`record`: the outcomes per entry (shared by replicas when it has a log); `draw`: a uniform number in
+        [0, 1) per candidate (tests pass a fixed sequence)."""
+        self.rate, self.agreement, self.draw, self.record = rate, agreement, draw, record
 
-    def admit(self, key: str, similarity: float) -> Admission:
+    async def admit(self, key: str, similarity: float) -> Admission:
         """Whether a candidate the lexical check accepted is served, sent to the provider to be compared, or
-        refused because its entry's answer already disagreed at this similarity or above."""
+        refused because its entry's answer already disagreed (on any replica) at this similarity or above."""
+        await self.record.refresh()
         if self.record.contradicted(key, similarity):
             return "blocked"
         return "sample" if self.rate > 0 and self.draw() < self.rate else "serve"
 
-    def observe(self, key: str, similarity: float, cosine: float) -> bool:
+    async def observe(self, key: str, similarity: float, cosine: float) -> bool:
         """Record one comparison (the two answers' cosine); True when they agreed."""
         agreed = cosine >= self.agreement
-        self.record.observe(key, similarity, agreed)
+        await self.record.record(key, similarity, agreed)
         return agreed

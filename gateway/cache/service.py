@@ -23,6 +23,7 @@ from gateway.ids import IdGenerator
 from gateway.protocol.sse import StreamLimits
 
 _WARN_EVERY_S = 10.0
+_RECORDS_PER_ENTRY = 8  # a shared outcome log keeps about this many outcomes per cache entry (then the oldest go)
 
 
 class ResponseCache:
@@ -49,14 +50,20 @@ class ResponseCache:
         self.stream_limits = stream_limits
         self.verifier = verifier if self.embedder is not None else None
         # per-entry records of verified outcomes; with them a candidate may skip the engine (gateway/cache/thresholds.py)
-        self.thresholds = EntryThresholds(cfg.error_bound, entries=cfg.max_entries) if (
+        self.thresholds = self._record("engine", cfg.error_bound) if (
             self.verifier is not None and cfg.error_bound > 0) else None  # fmt: skip
         # third-party models' hits, a share compared with the provider's fresh answer (gateway/cache/sampled.py)
-        self.upstream_check = SampledCheck(cfg.upstream_sample, cfg.upstream_agreement, cfg.max_entries) if (
+        self.upstream_check = SampledCheck(cfg.upstream_sample, cfg.upstream_agreement, self._record("upstream", 0.0)) if (
             self.embedder is not None and cfg.upstream_sample > 0) else None  # fmt: skip
         self.sampled: SampledCheck | None = None  # the embedded model's hits: the engine verifier's
         self._last_warning = -_WARN_EVERY_S
         self._last_tenant_warning = -_WARN_EVERY_S
+
+    def _record(self, name: str, delta: float) -> EntryThresholds:
+        """Per-entry outcomes, shared by the replicas through the store when it can share them (Redis)."""
+        shared = getattr(self.store.inner if self.store is not None else None, "outcomes", None)
+        log = shared(name, _RECORDS_PER_ENTRY * self.cfg.max_entries, self.cfg.max_ttl_s) if shared else None
+        return EntryThresholds(delta, entries=self.cfg.max_entries, log=log, on_error=lambda e: self.backend_error("outcomes", e))
 
     def ticket(
         self, endpoint: str, headers: Mapping[str, str], body: dict[str, Any], upstream: str | None = None

@@ -13,14 +13,27 @@ entry's own record bounds the chance of a wrong answer at that similarity by `de
   evidence: with no error observed, about 3/delta outcomes (300 for delta = 1% at 95%) below the similarity.
 
 Everything else is verified as before; nothing here ever serves a candidate the lexical check rejected. The record
-lives in the process (one per replica, bounded LRU) and is lost on restart: a replica relearns.
+lives in the process (bounded LRU). With an `OutcomeLog` (the Redis cache backend: gateway/cache/redis_store.py)
+every outcome is appended to a log all replicas share, and each replica reads what was appended since it last looked
+before it decides: replicas learn from each other, and one that starts reads what the others learned. Without it
+the record is the replica's own and is lost on restart.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class OutcomeLog(Protocol):
+    """Outcomes shared by replicas: each appended once, read by every replica (its own too) after it was appended."""
+
+    async def append(self, key: str, similarity: float, right: bool) -> None: ...
+
+    async def since_last(self) -> list[tuple[str, float, bool]]: ...
 
 
 def binomial_upper(errors: int, n: int, confidence: float) -> float:
@@ -54,12 +67,49 @@ class Decision:
 class EntryThresholds:
     """Outcomes per cache entry (similarity, right?) and the skip decision for a new candidate."""
 
-    def __init__(self, delta: float, confidence: float = 0.95, per_entry: int = 512, entries: int = 10000) -> None:
+    def __init__(
+        self,
+        delta: float,
+        confidence: float = 0.95,
+        per_entry: int = 512,
+        entries: int = 10000,
+        log: OutcomeLog | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """`log`: shared with other replicas; `on_error`: told when it fails (the outcome is then kept here only)."""
         self.delta = delta
         self.confidence = confidence
         self.per_entry = per_entry
         self.entries = entries
+        self.log, self.on_error = log, on_error
         self._seen: OrderedDict[str, deque[tuple[float, bool]]] = OrderedDict()
+
+    async def record(self, key: str, similarity: float, right: bool) -> None:
+        """One outcome: into the shared log (this replica reads it back with the others' at its next `refresh`), or
+        here when there is none or it fails."""
+        if self.log is not None:
+            try:
+                await self.log.append(key, similarity, right)
+                return
+            except Exception as exc:  # a shared log that is down must not fail the request: keep it here
+                self._failed(exc)
+        self.observe(key, similarity, right)
+
+    async def refresh(self) -> None:
+        """Read what every replica appended to the shared log since the last refresh."""
+        if self.log is None:
+            return
+        try:
+            outcomes = await self.log.since_last()
+        except Exception as exc:  # decide on what is known here
+            self._failed(exc)
+            return
+        for key, similarity, right in outcomes:
+            self.observe(key, similarity, right)
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.on_error is not None:
+            self.on_error(exc)
 
     def observe(self, key: str, similarity: float, right: bool) -> None:
         record = self._seen.get(key)

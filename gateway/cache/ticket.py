@@ -119,19 +119,19 @@ class Ticket:
         self.near_miss = found.near_miss
         if found.near_miss is not None:
             self.cache.metrics.near_misses.labels(found.near_miss.reason).inc()
-        if found.hit is None or not self._admitted(found.hit, found.entry):
+        if found.hit is None or not await self._admitted(found.hit, found.entry):
             return None
         self.similarity = found.hit.similarity
         return found.entry
 
-    def _admitted(self, hit: Candidate, entry: bytes | None) -> bool:
+    async def _admitted(self, hit: Candidate, entry: bytes | None) -> bool:
         """For a third-party model with `cache.upstream_sample`: the lexical check's hit is served, or sent to the
         provider (this request's answer is then compared with the cached one in `keep`), or refused because its
         entry's answer disagreed before at this similarity or above."""
         check = self.cache.sampled
         if check is None or entry is None:
             return True
-        admission = check.admit(hit.key, hit.similarity)
+        admission = await check.admit(hit.key, hit.similarity)
         if admission != "serve":
             self.cache.metrics.verifications.labels(admission).inc()
         if admission == "sample":
@@ -154,13 +154,15 @@ class Ticket:
             if answer is None:  # stored without its log-probabilities: it cannot be verified, so it is not served
                 return False
             learned = self.cache.thresholds
-            if learned is not None and not uncertain and learned.decide(cand.key, cand.similarity).skip:
-                self.cache.metrics.verifications.labels("skipped").inc()  # this entry's record bounds the error
-                return True
+            if learned is not None and not uncertain:
+                await learned.refresh()  # what the other replicas learned meanwhile
+                if learned.decide(cand.key, cand.similarity).skip:
+                    self.cache.metrics.verifications.labels("skipped").inc()  # this entry's record bounds the error
+                    return True
             accepted = await verifier.verify(prompt_ids, answer, uncertain)
             self.cache.metrics.verifications.labels("accepted" if accepted else "rejected").inc()
             if learned is not None:
-                learned.observe(cand.key, cand.similarity, accepted)
+                await learned.record(cand.key, cand.similarity, accepted)
             return accepted
 
         return verify
@@ -181,7 +183,7 @@ class Ticket:
         vectors = [await embed_query(embedder, excerpt(text), self.cache.logger) for text in (fresh, cached)]
         if vectors[0] is None or vectors[1] is None:
             return
-        agreed = check.observe(cand.key, cand.similarity, cosine(vectors[0], vectors[1]))
+        agreed = await check.observe(cand.key, cand.similarity, cosine(vectors[0], vectors[1]))
         self.cache.metrics.verifications.labels("agreed" if agreed else "disagreed").inc()
 
     @property
