@@ -101,7 +101,7 @@ def test_replicas_share_what_they_learn_through_redis(redis_server: RedisServer)
         try:
             for _ in range(5):
                 await a.record("entry", 0.9, True)
-            await b.refresh()
+            await asyncio.gather(b.refresh(), b.refresh(), b.refresh())  # requests refreshing at once: read once
             assert b.decide("entry", 0.9).skip and b.decide("entry", 0.9).evidence == 5
             await a.refresh()
             assert a.decide("entry", 0.9).evidence == 5  # its own outcomes, read back once

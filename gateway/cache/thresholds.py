@@ -21,6 +21,7 @@ the record is the replica's own and is lost on restart.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -83,6 +84,7 @@ class EntryThresholds:
         self.entries = entries
         self.log, self.on_error = log, on_error
         self._seen: OrderedDict[str, deque[tuple[float, bool]]] = OrderedDict()
+        self._reading = asyncio.Lock()  # two requests refreshing at once must not read (and count) the same outcomes
 
     async def record(self, key: str, similarity: float, right: bool) -> None:
         """One outcome: into the shared log (this replica reads it back with the others' at its next `refresh`), or
@@ -99,13 +101,14 @@ class EntryThresholds:
         """Read what every replica appended to the shared log since the last refresh."""
         if self.log is None:
             return
-        try:
-            outcomes = await self.log.since_last()
-        except Exception as exc:  # decide on what is known here
-            self._failed(exc)
-            return
-        for key, similarity, right in outcomes:
-            self.observe(key, similarity, right)
+        async with self._reading:
+            try:
+                outcomes = await self.log.since_last()
+            except Exception as exc:  # decide on what is known here
+                self._failed(exc)
+                return
+            for key, similarity, right in outcomes:
+                self.observe(key, similarity, right)
 
     def _failed(self, exc: BaseException) -> None:
         if self.on_error is not None:
