@@ -5,7 +5,7 @@ equal whole prefixes. Hits are capped so at least the prompt's last token is rec
 its logits are needed to sample the first output token.
 
 With sliding-window attention in every layer (`window` > 0), blocks that fell out of the window are freed as
-soon as a step has computed past them; their block-table entries become `null_block`, a placeholder whose
+soon as a step has computed past them; their block-table entries become `null_block`, a shared block whose
 slots the attention masks out (backend/model/sliding_window.py).
 """
 

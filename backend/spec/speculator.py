@@ -128,7 +128,7 @@ class Speculator:
                     if seq.num_tokens - seq.num_draft_computed > CATCH_UP_PER_TOKEN_LEFT * room:
                         continue  # its draft cache lags too far behind (it ran in a big batch): catching up costs more
                     self._reserved.add(seq)
-                    self._add_draft(seq, [seq.token_ids[-1]] * k, source)  # placeholders the draft model overwrites
+                    self._add_draft(seq, [seq.token_ids[-1]] * k, source)  # k slots; the draft model fills them
                 elif not self._add_draft(seq, self._lookup(seq, source, k), source):
                     continue  # no match: the next source
                 self._source[seq] = source

@@ -53,12 +53,18 @@ class SemanticMatch:
 
 async def embed_query(embedder: EmbeddingClient, text: str, logger: Any) -> list[float] | None:
     """The query's unit vector; None (no semantic lookup) when the embedder cannot take it."""
+    vectors = await embed_texts(embedder, [text], logger)
+    return None if vectors is None else vectors[0]
+
+
+async def embed_texts(embedder: EmbeddingClient, texts: list[str], logger: Any) -> list[list[float]] | None:
+    """Unit vectors of `texts` in one call; None when the embedder cannot take them."""
     try:
-        vectors, _ = await embedder.embed([text])
+        vectors, _ = await embedder.embed(texts)
     except Exception as exc:  # e.g. longer than the embedding model reads: this request is just not matched
         logger.warning("cache_embedding_failed", error=type(exc).__name__, detail=str(exc)[:200])
         return None
-    return vectors[0]
+    return vectors
 
 
 # Given a candidate, its stored entry and whether the lexical check left it undecided (SWAPPED or SUBSTITUTED: the

@@ -20,7 +20,7 @@ from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import CacheControl, exact_allowed, semantic_allowed
 from gateway.cache.relevance import AnswerVector, cosine, excerpt
 from gateway.cache.sampled import SampledCheck
-from gateway.cache.semantic import NearMiss, Verify, embed_query, match
+from gateway.cache.semantic import NearMiss, Verify, embed_query, embed_texts, match
 from gateway.cache.stores import CacheStore
 from gateway.cache.thresholds import EntryThresholds
 from gateway.cache.verify import Answer, EngineVerifier
@@ -180,8 +180,8 @@ class Ticket:
         fresh, cached = _text_of(body), _text_of(orjson.loads(entry)["body"])
         if check is None or embedder is None or fresh is None or cached is None:
             return
-        vectors = [await embed_query(embedder, excerpt(text), self.cache.logger) for text in (fresh, cached)]
-        if vectors[0] is None or vectors[1] is None:
+        vectors = await embed_texts(embedder, [excerpt(fresh), excerpt(cached)], self.cache.logger)
+        if vectors is None:
             return
         agreed = await check.observe(cand.key, cand.similarity, cosine(vectors[0], vectors[1]))
         self.cache.metrics.verifications.labels("agreed" if agreed else "disagreed").inc()

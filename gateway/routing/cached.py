@@ -28,10 +28,10 @@ class UpstreamCache:
     def __init__(self, cache: ResponseCache, models: Sequence[ModelRoute]) -> None:
         self.cache = cache
         salt = cache.cfg.fingerprint
-        self.fingerprints = {
+        self.fingerprints = {  # the models cached here (none unless cache.upstream)
             m.name: upstream_fingerprint(m.name, [(d.kind, d.base_url, d.model or m.name) for d in m.deployments], salt)
             for m in models
-            if m.deployments and all(d.kind == "openai" for d in m.deployments)
+            if cache.cfg.upstream and m.deployments and all(d.kind == "openai" for d in m.deployments)
         }
 
     async def lookup(
@@ -40,7 +40,7 @@ class UpstreamCache:
         """A cached response (a hit), or the ticket that stores the answer (a miss); (None, None) when `model` is not
         cached here."""
         fingerprint = self.fingerprints.get(model)
-        if fingerprint is None or not self.cache.cfg.upstream:
+        if fingerprint is None:
             return None, None
         ticket = self.cache.ticket(endpoint, request.headers, raw, upstream=fingerprint)  # takes `cache` out of `raw`
         try:
@@ -84,6 +84,8 @@ def storable(body: dict[str, Any], endpoint: str) -> dict[str, Any] | None:
         if not isinstance(choice, dict) or not isinstance(choice.get("finish_reason"), str):
             return None
         index = choice.get("index", i)
+        if not isinstance(index, int) or isinstance(index, bool):
+            return None
         logprobs = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else None
         out = {"index": index, "logprobs": logprobs, "finish_reason": choice["finish_reason"]}
         if endpoint == "chat":
@@ -96,8 +98,6 @@ def storable(body: dict[str, Any], endpoint: str) -> dict[str, Any] | None:
         elif isinstance(choice.get("text"), str):
             out["text"] = choice["text"]
         else:
-            return None
-        if not isinstance(index, int) or isinstance(index, bool):
             return None
         kept.append(out)
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}

@@ -149,8 +149,7 @@ async def _relay(
         if want_usage:
             extra = {k: last.get(k) for k in ("id", "object", "created", "model")}
             yield b"data: " + orjson.dumps({**extra, "choices": [], "usage": usage}) + b"\n\n"
-    kept = answer.body("".join(texts), usage) if answer is not None else None
-    if kept is not None and answer is not None:
+    if answer is not None and (kept := answer.body("".join(texts), usage)) is not None:
         await answer.keep(kept)
 
 
@@ -176,15 +175,11 @@ class _Answer:
             self.finish = choice.get("finish_reason") or self.finish
 
     def body(self, text: str, usage: dict[str, Any]) -> dict[str, Any] | None:
-        if not self.plain or self.finish is None or "id" not in self.head:
+        """The answer as a JSON body would carry it (the keeper gives it the shape it stores)."""
+        if not self.plain or self.finish is None:
             return None
-        if self.chat:
-            message = {"role": "assistant", "content": text, "refusal": None}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish}
-        kind = "chat.completion" if self.chat else "text_completion"
-        return {"created": 0, "model": "", **self.head, "object": kind, "choices": [choice], "usage": usage}
+        content = {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+        return {**self.head, "choices": [{"index": 0, **content, "finish_reason": self.finish}], "usage": usage}
 
 
 async def _next(events: AsyncIterator[bytes]) -> bytes | None:
