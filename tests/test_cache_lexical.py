@@ -179,6 +179,24 @@ def test_what_a_question_asks_beyond_its_words(cached: str, query: str, verdict:
     assert lexical.compare(query, cached) == verdict
 
 
+@pytest.mark.parametrize(
+    ("cached", "query", "verdict"),
+    [
+        # "X's N" says what "N of X" says, modifiers and the owner's determiner included
+        ("who was the first king of england", "who was england's first king", "same"),
+        ("what is the population of canada", "what's canada's population", "same"),
+        ("why is the nose of my dog so dry", "why is my dog's nose so dry", "same"),
+        ("what is the value of avogadro's number", "avogadro number value", "reordered"),  # a collocation's own 's
+        ("how do i get scratches off my car paint", "how do i get scratches off my car's paint", "same"),
+        # the owner changed: the mother of my sister is my mother
+        ("who is the mother of my sister", "who is my mother's sister", "different"),
+        ("who is the sister of my mother", "who is my mother's sister", "same"),
+    ],
+)
+def test_a_possessive_reads_as_its_of_phrase(cached: str, query: str, verdict: str) -> None:
+    assert lexical.compare(query, cached) == lexical.compare(cached, query) == verdict
+
+
 def test_a_clause_moves_with_its_noun_or_leaves_a_pronoun() -> None:
     heat = ("when you heat a metal rod why does it get longer", "why does a metal rod get longer when you heat it")
     assert lexical.compare(*heat) == lexical.REORDERED

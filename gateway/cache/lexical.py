@@ -37,7 +37,14 @@ import gc
 import itertools
 
 from gateway.cache.lexicon import Lexicon
-from gateway.cache.reading import COMPOUND_RELATIONS, RELATIONS, Content, content
+from gateway.cache.reading import (
+    COMPOUND_RELATIONS,
+    POSSESSIVE,
+    RELATIONS,
+    Content,
+    content,
+    genitive_spelled_out,
+)
 from gateway.cache.wordnet import load
 from gateway.cache.wordnet_fetch import default_wordnet_path
 
@@ -146,6 +153,17 @@ def _dropped(x: str | None, y: str | None) -> bool:
     return None in (x, y) and (x or y) != "for"
 
 
+def _owner_inverted(a: Content, b: Content, order: list[int]) -> bool:
+    """A possessor in `a` whose word, in the same order in `b`, is followed by an "of" phrase: "my mother's sister"
+    owns the sister, "the mother of my sister" the mother."""
+    position = {i: j for j, i in enumerate(order)}
+    return any(
+        w.attach == POSSESSIVE and i + 1 < len(a.words) and b.words[position[i + 1]].attach == "of"
+        and b.words[position[i]].attach != POSSESSIVE
+        for i, w in enumerate(a.words)
+    )
+
+
 def _did(a: Content, b: Content, a_past: bool) -> bool:
     """The base form after "did" stands for the past form: "what did people eat" / "what people ate"."""
     base, past = (b, a) if a_past else (a, b)
@@ -233,7 +251,7 @@ def _compound_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
         return bool(_moved_blocks(order)) and not _compound_inverted(a, b, order)  # "weight limit drywall anchor")
     if a.keywords == b.keywords:
         return False
-    attached = [w.preposition for w in a.words + b.words if w.preposition is not None]
+    attached = [w.preposition for w in a.words + b.words if w.preposition not in (None, POSSESSIVE)]
     if any(r not in COMPOUND_RELATIONS for r in attached):
         return False
     if not attached and not _moved_blocks(order):
@@ -283,7 +301,17 @@ def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     """`_compare` both ways, the stricter verdict: which question is the cached one does not change whether they
     ask the same (persons and moved words are placed by one side's words, and one side can hide what the other
     shows)."""
-    return max(_compare(query, cached, lex), _compare(cached, query, lex), key=_RANK.__getitem__)
+    verdict = max(_compare(query, cached, lex), _compare(cached, query, lex), key=_RANK.__getitem__)
+    if verdict in (SAME, REORDERED):
+        return verdict
+    # a possessive one question spells out with "of" ("england's first king" / "the first king of england"): the
+    # same words in the same roles once it is spelled out the same way
+    spelled = genitive_spelled_out(query, cached), genitive_spelled_out(cached, query)
+    for q, c in ((spelled[0], cached), (query, spelled[1])):
+        if q is not None and c is not None:
+            again = max(_compare(q, c, lex), _compare(c, q, lex), key=_RANK.__getitem__)
+            verdict = min(verdict, again, key=_RANK.__getitem__)
+    return verdict
 
 
 def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
@@ -327,6 +355,8 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         a.words[i].preposition == w.preposition or _dropped(a.words[i].preposition, w.preposition)
         for i, w in zip(order, b.words, strict=True)
     ):
+        if _owner_inverted(a, b, order) or _owner_inverted(b, a, sorted(range(len(order)), key=order.__getitem__)):
+            return DIFFERENT  # "my mother's sister" / "the mother of my sister"
         return SUBSTITUTED if substituted else SAME
     if order == sorted(order) and not a.keywords and not b.keywords:
         return DIFFERENT  # nothing moved, a relation changed: "flights to paris" / "flights from paris"

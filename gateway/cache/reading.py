@@ -19,6 +19,7 @@ flight is cancelled") or a question word ("*how to* find the area"); a phrase th
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -132,6 +133,7 @@ RELATIONS = {"to": "to", "into": "to", "onto": "on", "toward": "to", "towards": 
 # none that gives a direction or a comparison ("to", "from", "than").
 COMPOUND_RELATIONS = frozenset(("of", "for", "in", "on", "at", "with", "about"))
 # Words between a preposition and its noun that keep the attachment ("in my old car", "of the")
+POSSESSIVE = "'s"  # the mark a possessor carries, as a preposition's object carries its preposition
 _DETERMINERS = frozenset(_words("a an the my your our their his her its this that these those"))
 NEGATIONS = frozenset(("not", "never", "no", "without", "nor", "neither"))
 # The tense an auxiliary gives the question ("did you need" / "do you need")
@@ -260,7 +262,7 @@ def _expand(raw: str) -> list[str]:
             return [raw[: -len(suffix)], full]
     if raw.endswith("'s"):
         head = raw[:-2]
-        return [head, "us"] if head == "let" else [head, "is"] if head in _IS_CONTRACTED else [head]
+        return [head, "us"] if head == "let" else [head, "is"] if head in _IS_CONTRACTED else [head, POSSESSIVE]
     return [raw]
 
 
@@ -291,6 +293,29 @@ def _tokens(text: str) -> list[str]:
     if _COMPARED & set(words):  # "ionic vs covalent bond difference" names what "the difference between ionic and
         words = ["and" if w in ("vs", "versus") else w for w in words]  # covalent bonds" compares
     return words
+
+
+_OF = re.compile(r"\b([a-z]+) of (?:(?:a|an|the|my|your|our|their|his|her|its) )?([a-z]+)\b")
+
+
+def genitive_spelled_out(text: str, other: str) -> str | None:
+    """`text` with a possessive spelled out the way `other` says it: "who was england's first king" / "who was the
+    first king of england" -> "who was the first king of england". The possessor ("england's", "my parents'"), with
+    its determiner, goes after the noun `other` puts before "of" ("king"), found within three content words of it;
+    None when `other` has no such "N of X" for a possessive in `text`. "X's N" and "N of X" say the same, so the
+    spelled-out text reads as faithfully as the text: the lexical check may compare either."""
+    low = text.lower().replace("’", "'")
+    for head, owner in _OF.findall(other.lower().replace("’", "'")):
+        if owner in _DETERMINERS or head in FUNCTION_WORDS:
+            continue
+        # the possessor's own determiner goes with it; up to two modifiers between it and the head stay before
+        pattern = re.compile(rf"\b(?:({'|'.join(sorted(_DETERMINERS))}) )?{owner}(?:'s|')(?![a-z]) ((?:[a-z]+ ){{0,2}}?){head}\b")
+        found = pattern.search(low)
+        if found is None or any(w in FUNCTION_WORDS or w in RELATIONS for w in found.group(2).split()):
+            continue
+        determiner = f"{found.group(1)} " if found.group(1) else ""
+        return f"{low[: found.start()]}{found.group(2)}{head} of {determiner}{owner}{low[found.end() :]}"
+    return None
 
 
 def _asks_you(tokens: list[str], i: int) -> bool:
@@ -335,6 +360,10 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
         i += 1
         if word in NEGATIONS:
             negations += 1
+            continue
+        if word == POSSESSIVE:  # "my mother's sister" is not "the mother of my sister": the owner's role is marked
+            if out and out[-1].preposition is None:
+                out[-1] = dataclasses.replace(out[-1], attach=POSSESSIVE)
             continue
         # after an article a pronoun's spelling names a thing ("the us"): a content word
         thing = word in _PERSONS and i >= 2 and tokens[i - 2] in ("the", "a", "an")
@@ -385,7 +414,13 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
                 attach = None  # (a clause's or question's mark reaches its first content word: "if i do not have")
             continue
         lead = attach == "wh" and i >= 2 and tokens[i - 2] in _WH
-        if lex is not None:  # the longest WordNet collocation starting here ("get rid of", "jet lag", "new york")
+        if lex is not None and i + 1 < len(tokens) and tokens[i] == POSSESSIVE:  # "ohm's law", "avogadro's number"
+            for name in (f"{word}'s_{tokens[i + 1]}", f"{word}_{tokens[i + 1]}"):
+                if lex.known(name):
+                    word = name
+                    i += 2
+                    break
+        if lex is not None and "_" not in word:  # the longest WordNet collocation here ("get rid of", "jet lag")
             for n in (3, 2):
                 if n == 2 and i + 1 < len(tokens) and tokens[i] in RELATIONS and tokens[i + 1] not in RELATIONS:
                     continue  # the preposition heads what follows ("go in the winter"), no particle ("check in at")
@@ -397,7 +432,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
         out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex), gap=gap, lead=lead, grade=grade))
         attach, gap = None, False  # only the word right after a preposition (determiners aside) is its object
     # a keyword query: content words, perhaps a question word ("order tracking how to"), no other grammar
-    keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition is None for w in out)
+    keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition in (None, POSSESSIVE) for w in out)
     telegraphic = bool(out) and not any(t in _SENTENCE for t in tokens)
     choice, joined = any(t in ("or", "vs", "versus") for t in tokens), "and" in tokens
     return Content(tuple(out), negations, frozenset(tenses), frozenset(modals), frozenset(asks), keywords,
