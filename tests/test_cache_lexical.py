@@ -182,6 +182,25 @@ def test_what_a_question_asks_beyond_its_words(cached: str, query: str, verdict:
 @pytest.mark.parametrize(
     ("cached", "query", "verdict"),
     [
+        # an imperative that asks a question asks it
+        ("how do i gift a subscription to someone", "tell me how to gift a subscription to someone", "same"),
+        ("why is the sky blue", "explain why the sky is blue", "same"),
+        ("how do you say thank you in japanese", "tell me how to say thank u in japanese", "same"),
+        # "how to" implies the asker only where someone else is named: the roles still count
+        ("how can someone get a visa for japan", "how to get a visa for japan", "same"),
+        ("how do i ask someone to lend me money", "how to ask someone to lend them money", "swapped"),
+        # "have got" is "have"
+        ("i'd like to learn guitar but i've got small hands, is that a problem",
+         "i would like to learn guitar but i have small hands, is that a problem", "same"),
+    ],
+)
+def test_request_frames_and_periphrases(cached: str, query: str, verdict: str) -> None:
+    assert lexical.compare(query, cached) == verdict
+
+
+@pytest.mark.parametrize(
+    ("cached", "query", "verdict"),
+    [
         # "X's N" says what "N of X" says, modifiers and the owner's determiner included
         ("who was the first king of england", "who was england's first king", "same"),
         ("what is the population of canada", "what's canada's population", "same"),

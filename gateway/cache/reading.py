@@ -104,6 +104,8 @@ _CHAT = {
 _LETTERS = {"u": "you", "r": "are", "y": "why"}
 _IRREGULAR_NOT = {"won't": "will not", "can't": "can not", "shan't": "shall not", "ain't": "is not"}
 _CONTRACTED = {"'re": "are", "'ve": "have", "'ll": "will", "'m": "am", "'d": "would"}
+# "have got" is "have" ("i've got small hands", "you've got to try"): "got" adds no content
+_HAVE_GOT = re.compile(r"\b(have|has) got\b")
 _IS_CONTRACTED = frozenset(_words("what that it there here he she who where how when why"))
 
 # Phrases that only frame a request (politeness, hedging, "walk me through"), removed before the words are read.
@@ -117,6 +119,8 @@ _FRAMES = re.compile(
     r"(?<!how )(?:could|can|would|will) you (?:please |kindly )?(?:tell|show|teach|explain|advise|share)(?: to)?(?: me)?"
     r"(?: on)?|"
     r"(?:would|will) you be able to|teach me|show me|remind me|"
+    # an imperative that asks a question: "tell me how to gift a subscription" asks "how to gift a subscription"
+    r"(?:tell (?:me|us)|explain(?: to (?:me|us))?|describe)(?= (?:how|what|why|when|where|which|who)\b)|"
     r"give (?:me|us) (?:some |a few |any |a couple of )?(?:tips|advice|instructions|pointers|suggestions|(?:the )?steps)"
     r"(?: for| on| to| about)?)\b"
 )
@@ -283,7 +287,7 @@ def _tokens(text: str) -> list[str]:
     for part in _CLAUSE.split(text):
         raws = _WORD.findall(part)
         expanded = " ".join(w for k in range(len(raws)) for w in _expand(_letter(raws, k)))
-        words = _FRAMES.sub(" ", expanded).split()
+        words = _FRAMES.sub(" ", _HAVE_GOT.sub(r"\1", expanded)).split()
         if words:  # a courtesy clause is one before or after its frames go ("i would appreciate your advice")
             clauses.append((words, _discourse(words) or _discourse(expanded.split())))
     kept = [c for c, courtesy in clauses if not courtesy] or [c for c, _ in clauses]
@@ -354,6 +358,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
     persons: set[tuple[int, int]] = set()
     attach: str | None = None
     gap = False  # a closed-class word was skipped since the last content word
+    asker: int | None = None  # where an infinitive after a question word ("how to") implies the asker
     i = 0
     while i < len(tokens):
         word = tokens[i]
@@ -395,6 +400,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
                 i += 1
                 continue
         if word == "to" and i >= 2 and tokens[i - 2] in ("how", "way", "ways", "what", "where", "when", "who"):
+            asker = len(out)  # "how to gift it to someone" asks what "how do i gift it to someone" does
             continue  # "how to fix": an infinitive, not a preposition
         if word == "between" and i >= 2 and tokens[i - 2] in _COMPARED:
             continue  # "the difference between x and y" = "x and y difference": no range, a comparison
@@ -431,6 +437,8 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
         grade = lex.grade(word) if lex is not None else ""
         out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex), gap=gap, lead=lead, grade=grade))
         attach, gap = None, False  # only the word right after a preposition (determiners aside) is its object
+    if asker is not None and persons and not {p for p, _ in persons} & {1, 2}:
+        persons.add((1, asker))  # only someone else named: the asker is the infinitive's subject
     # a keyword query: content words, perhaps a question word ("order tracking how to"), no other grammar
     keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition in (None, POSSESSIVE) for w in out)
     telegraphic = bool(out) and not any(t in _SENTENCE for t in tokens)
