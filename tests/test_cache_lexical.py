@@ -189,6 +189,9 @@ def test_what_a_question_asks_beyond_its_words(cached: str, query: str, verdict:
         # "how to" implies the asker only where someone else is named: the roles still count
         ("how can someone get a visa for japan", "how to get a visa for japan", "same"),
         ("how do i ask someone to lend me money", "how to ask someone to lend them money", "swapped"),
+        # "to" before a word that is only a verb is an infinitive; before one that names a place, a direction
+        ("how often to replace a car battery", "car battery how often to replace", "reordered"),
+        ("what should i bring to work", "what should i bring from work", "different"),
         # "have got" is "have"
         ("i'd like to learn guitar but i've got small hands, is that a problem",
          "i would like to learn guitar but i have small hands, is that a problem", "same"),

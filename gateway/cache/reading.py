@@ -404,6 +404,9 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             continue  # "how to fix": an infinitive, not a preposition
         if word == "between" and i >= 2 and tokens[i - 2] in _COMPARED:
             continue  # "the difference between x and y" = "x and y difference": no range, a comparison
+        if word == "to" and lex is not None and i < len(tokens) and lex.verb_only(tokens[i]):
+            gap = True  # "cost to replace brake pads": an infinitive, no direction ("go to school" keeps one)
+            continue
         if word in RELATIONS:
             attach = RELATIONS[word]
             if word not in MEANING_WORDS:
