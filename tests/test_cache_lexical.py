@@ -186,6 +186,11 @@ def test_what_a_question_asks_beyond_its_words(cached: str, query: str, verdict:
         ("how do i gift a subscription to someone", "tell me how to gift a subscription to someone", "same"),
         ("why is the sky blue", "explain why the sky is blue", "same"),
         ("how do you say thank you in japanese", "tell me how to say thank u in japanese", "same"),
+        ("what are some tips for packing light", "give me some tips for packing light", "same"),
+        ("how do i fix a flaky test", "hi, sorry, could you help me figure out how to fix a flaky test? thanks", "same"),
+        # a focusing adverb keeps a phrase whole as it moves
+        ("with just my eyes, can i see the space station from earth",
+         "can i see the space station from earth with just my eyes", "reordered"),
         # "how to" implies the asker only where someone else is named: the roles still count
         ("how can someone get a visa for japan", "how to get a visa for japan", "same"),
         ("how do i ask someone to lend me money", "how to ask someone to lend them money", "swapped"),

@@ -121,6 +121,9 @@ _FRAMES = re.compile(
     r"(?:would|will) you be able to|teach me|show me|remind me|"
     # an imperative that asks a question: "tell me how to gift a subscription" asks "how to gift a subscription"
     r"(?:tell (?:me|us)|explain(?: to (?:me|us))?|describe)(?= (?:how|what|why|when|where|which|who)\b)|"
+    r"(?:(?:could|can|would|will) you (?:please |kindly )?)?help (?:me|us)(?: to)?"
+    r"(?: figure out| understand| work out| find out| learn| know)?(?= (?:how|what|why|when|where|which|who)\b)|"
+    r"(?:what are |any )?(?:some |a few |good |the best )?(?:tips|pointers|suggestions|advice) (?:for|on|about)|"
     r"give (?:me|us) (?:some |a few |any |a couple of )?(?:tips|advice|instructions|pointers|suggestions|(?:the )?steps)"
     r"(?: for| on| to| about)?)\b"
 )
@@ -139,6 +142,8 @@ COMPOUND_RELATIONS = frozenset(("of", "for", "in", "on", "at", "with", "about"))
 # Words between a preposition and its noun that keep the attachment ("in my old car", "of the")
 POSSESSIVE = "'s"  # the mark a possessor carries, as a preposition's object carries its preposition
 _DETERMINERS = frozenset(_words("a an the my your our their his her its this that these those"))
+# Adverbs that focus a preposition's object and keep the attachment ("with just my eyes", "for only a week")
+_FOCUS = frozenset(_words("just only even almost nearly roughly"))
 NEGATIONS = frozenset(("not", "never", "no", "without", "nor", "neither"))
 # The tense an auxiliary gives the question ("did you need" / "do you need")
 _TENSE = {"did": "past", "was": "past", "were": "past", "do": "present", "does": "present", "is": "present",
@@ -419,7 +424,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             continue
         if word in FUNCTION_WORDS and not thing:
             gap = True
-            if word not in _DETERMINERS and attach not in ("clause", "wh"):
+            if word not in _DETERMINERS and word not in _FOCUS and attach not in ("clause", "wh"):
                 attach = None  # (a clause's or question's mark reaches its first content word: "if i do not have")
             continue
         lead = attach == "wh" and i >= 2 and tokens[i - 2] in _WH
