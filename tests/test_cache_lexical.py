@@ -197,6 +197,9 @@ def test_what_a_question_asks_beyond_its_words(cached: str, query: str, verdict:
         # "to" before a word that is only a verb is an infinitive; before one that names a place, a direction
         ("how often to replace a car battery", "car battery how often to replace", "reordered"),
         ("what should i bring to work", "what should i bring from work", "different"),
+        # "you guys" is "you"; a closing "anyway" adds nothing
+        ("do you deliver to my area", "do u guys deliver to my area", "same"),
+        ("how do transformers change voltage", "so how do transformers change voltage anyway", "same"),
         # "have got" is "have"
         ("i'd like to learn guitar but i've got small hands, is that a problem",
          "i would like to learn guitar but i have small hands, is that a problem", "same"),

@@ -104,8 +104,10 @@ _CHAT = {
 _LETTERS = {"u": "you", "r": "are", "y": "why"}
 _IRREGULAR_NOT = {"won't": "will not", "can't": "can not", "shan't": "shall not", "ain't": "is not"}
 _CONTRACTED = {"'re": "are", "'ve": "have", "'ll": "will", "'m": "am", "'d": "would"}
-# "have got" is "have" ("i've got small hands", "you've got to try"): "got" adds no content
-_HAVE_GOT = re.compile(r"\b(have|has) got\b")
+# Periphrases read as the word they stand for: "have got" is "have" ("i've got small hands"), "you guys" is "you"
+# ("do you guys deliver"), and "anyway" closes a question without adding to it ("so how do tides work anyway")
+_PERIPHRASES = ((re.compile(r"\b(have|has) got\b"), r"\1"), (re.compile(r"\b(you) guys\b"), r"\1"),
+                (re.compile(r"\banyways?$"), ""))  # fmt: skip
 _IS_CONTRACTED = frozenset(_words("what that it there here he she who where how when why"))
 
 # Phrases that only frame a request (politeness, hedging, "walk me through"), removed before the words are read.
@@ -292,7 +294,9 @@ def _tokens(text: str) -> list[str]:
     for part in _CLAUSE.split(text):
         raws = _WORD.findall(part)
         expanded = " ".join(w for k in range(len(raws)) for w in _expand(_letter(raws, k)))
-        words = _FRAMES.sub(" ", _HAVE_GOT.sub(r"\1", expanded)).split()
+        for pattern, full in _PERIPHRASES:
+            expanded = pattern.sub(full, expanded)
+        words = _FRAMES.sub(" ", expanded).split()
         if words:  # a courtesy clause is one before or after its frames go ("i would appreciate your advice")
             clauses.append((words, _discourse(words) or _discourse(expanded.split())))
     kept = [c for c, courtesy in clauses if not courtesy] or [c for c, _ in clauses]
