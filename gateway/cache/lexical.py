@@ -280,36 +280,6 @@ def _clause_moved(a: Content, b: Content, order: list[int]) -> bool:
     )
 
 
-def _blocks(a: Content) -> list[tuple[int, int]]:
-    """The question cut where a preposition, a clause's conjunction or a question word introduces a word: (first,
-    end) of each block, every word with no mark of its own going with the block before it."""
-    starts = [0, *(i for i, w in enumerate(a.words) if i and w.attach is not None)]
-    return list(zip(starts, [*starts[1:], len(a.words)], strict=True))
-
-
-def _phrases_permuted(a: Content, b: Content, order: list[int]) -> bool:
-    """Whole phrases moved, each with what introduces it, and nothing else: "how do i highlight duplicates in excel
-    using conditional formatting" / "using conditional formatting in excel how do i highlight duplicates". Every
-    block of `a` stands whole and in its own order in `b`, its first word marked the same; a role reversal moves a
-    word out of its block ("from x to y" / "from y to x", "convert x to y" / "convert y to x"): not this, and not in
-    a question with a subordinate clause, where the clause a phrase belongs to changes what it says."""
-    position = {i: j for j, i in enumerate(order)}  # a's word i stands at b's position j
-    blocks = _blocks(a)
-    if len(blocks) < 2:
-        return False
-    if any(w.attach == "clause" for w in a.words):
-        return False  # which clause a phrase belongs to: "if it's noon in london, what time is it in new york"
-    for first, end in blocks:
-        j = position[first]
-        if [position[i] for i in range(first, end)] != list(range(j, j + end - first)):
-            return False
-        if a.words[first].attach != b.words[j].attach:
-            return False
-        if j + end - first < len(order) and b.words[j + end - first].attach is None:
-            return False  # the block runs on in b: a word of another block joined it
-    return True
-
-
 def _search_query_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
     """A search-box query and the question that spells it out, one phrase moved: "python sort dictionary by value"
     / "how can i sort a dictionary by its values in python", "android phone stuck in boot loop fix" / "how do i fix
@@ -394,7 +364,7 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         return DIFFERENT  # one word the lexicon cannot relate, and moved words: too far for the verifier
     if _compound_spelled_out(a, b, order):
         return REORDERED
-    if _search_query_spelled_out(a, b, order) or _clause_moved(a, b, order) or _phrases_permuted(a, b, order):
+    if _search_query_spelled_out(a, b, order) or _clause_moved(a, b, order):
         return REORDERED
     roles_kept = all(a.words[i].attach == w.attach for i, w in zip(order, b.words, strict=True))
     if roles_kept and _phrase_moved(a, b, order) and not _compound_inverted(a, b, order):
