@@ -182,6 +182,24 @@ def test_what_a_question_asks_beyond_its_words(cached: str, query: str, verdict:
 @pytest.mark.parametrize(
     ("cached", "query", "verdict"),
     [
+        # a generic "you" asks how one does something; "you" asked about is the assistant
+        ("how do i boil an egg", "how do you boil an egg", "same"),
+        ("how do i know if i am pregnant", "how do you know if you are pregnant", "same"),
+        ("what is my name", "what is your name", "swapped"),
+        ("where do i live", "where do you live", "swapped"),
+        ("what is my favorite color", "what is your favorite color", "swapped"),
+        # "help" said of someone else is the question's verb: who helps whom
+        ("how can i help my friend with depression", "how can my friend help me with depression", "swapped"),
+        ("how do i fix my bike", "can you help me fix my bike", "same"),
+    ],
+)
+def test_who_the_persons_are(cached: str, query: str, verdict: str) -> None:
+    assert lexical.compare(query, cached) == verdict
+
+
+@pytest.mark.parametrize(
+    ("cached", "query", "verdict"),
+    [
         # an imperative that asks a question asks it
         ("how do i gift a subscription to someone", "tell me how to gift a subscription to someone", "same"),
         ("why is the sky blue", "explain why the sky is blue", "same"),
@@ -194,9 +212,15 @@ def test_what_a_question_asks_beyond_its_words(cached: str, query: str, verdict:
         # "how to" implies the asker only where someone else is named: the roles still count
         ("how can someone get a visa for japan", "how to get a visa for japan", "same"),
         ("how do i ask someone to lend me money", "how to ask someone to lend them money", "swapped"),
-        # "to" before a word that is only a verb is an infinitive; before one that names a place, a direction
-        ("how often to replace a car battery", "car battery how often to replace", "reordered"),
-        ("what should i bring to work", "what should i bring from work", "different"),
+        # advice on a thing is not the thing; an imperative about the assistant is not a question about the asker
+        ("what is the bar exam", "what are some tips for the bar exam", "different"),
+        ("how old am i", "tell me how old you are", "swapped"),
+        # "how to" asks the present: not "how did i get home"
+        ("how did i get home", "tell me how to get home", "different"),
+        # "to do" is not "doing": "stop to eat" / "stop eating"
+        ("should i stop to eat during a marathon", "should i stop eating during a marathon", "different"),
+        # a closing "anyway" in a yes/no question asks "despite that"
+        ("should i send the email", "should i send the email anyway", "different"),
         # "you guys" is "you"; a closing "anyway" adds nothing
         ("do you deliver to my area", "do u guys deliver to my area", "same"),
         ("how do transformers change voltage", "so how do transformers change voltage anyway", "same"),
@@ -212,18 +236,17 @@ def test_request_frames_and_periphrases(cached: str, query: str, verdict: str) -
 @pytest.mark.parametrize(
     ("cached", "query", "verdict"),
     [
-        # "X's N" says what "N of X" says, modifiers and the owner's determiner included
-        ("who was the first king of england", "who was england's first king", "same"),
-        ("what is the population of canada", "what's canada's population", "same"),
-        ("why is the nose of my dog so dry", "why is my dog's nose so dry", "same"),
+        # "X's N" may say what "N of X" says ("england's first king"), or not ("russia's invasion" / "the invasion
+        # of russia"): the words cannot tell
+        ("who was the first king of england", "who was england's first king", "different"),
+        ("when did the invasion of russia begin", "when did russia's invasion begin", "swapped"),
         ("what is the value of avogadro's number", "avogadro number value", "reordered"),  # a collocation's own 's
         ("how do i get scratches off my car paint", "how do i get scratches off my car's paint", "same"),
         # the owner changed: the mother of my sister is my mother
         ("who is the mother of my sister", "who is my mother's sister", "different"),
-        ("who is the sister of my mother", "who is my mother's sister", "same"),
     ],
 )
-def test_a_possessive_reads_as_its_of_phrase(cached: str, query: str, verdict: str) -> None:
+def test_a_possessor_keeps_its_role(cached: str, query: str, verdict: str) -> None:
     assert lexical.compare(query, cached) == lexical.compare(cached, query) == verdict
 
 

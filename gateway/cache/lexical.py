@@ -42,8 +42,8 @@ from gateway.cache.reading import (
     POSSESSIVE,
     RELATIONS,
     Content,
+    Word,
     content,
-    genitive_spelled_out,
 )
 from gateway.cache.wordnet import load
 from gateway.cache.wordnet_fetch import default_wordnet_path
@@ -66,7 +66,14 @@ def _same_parts(a: Content, b: Content, order: list[int]) -> bool:
     where it is last ("i rear end someone" / "someone rear ends me": no). "you" stands for "i" (a generic "how do
     you...") when one question has only "i" and the other only "you"."""
     kinds_a, kinds_b = {p for p, _ in a.persons}, {p for p, _ in b.persons}
-    generic = not ({1, 2} <= kinds_a or {1, 2} <= kinds_b) and {1, 2} <= kinds_a | kinds_b
+    # a generic "you" asks how one does something ("how do you boil an egg"), never about the assistant: not with
+    # "are you" / "is your", nor in a question with one content word and no condition ("where do you live", "who
+    # made you"; "how do you know if you are pregnant" is generic)
+    generic = (
+        not ({1, 2} <= kinds_a or {1, 2} <= kinds_b) and {1, 2} <= kinds_a | kinds_b
+        and not (a.addressed or b.addressed)
+        and all(len(c.words) >= 2 or any(w.attach == "clause" for w in c.words) for c in (a, b))
+    )
     first_a, last_a = _places(a.persons, {i: j for j, i in enumerate(order)} | {len(order): len(order)}, generic)
     first_b, last_b = _places(b.persons, {j: j for j in range(len(order) + 1)}, False)
     if first_a and first_b and first_a.keys() != first_b.keys():
@@ -164,6 +171,15 @@ def _owner_inverted(a: Content, b: Content, order: list[int]) -> bool:
     )
 
 
+def _infinitive_for_gerund(x: Word, y: Word) -> bool:
+    """A verb after "to" in one question and its "-ing" form in the other: after "stop", "forget", "remember" or
+    "quit" the two say different things ("stop to eat" / "stop eating")."""
+    return any(
+        u.preposition == "to" and v.preposition is None and v.text.endswith("ing") and not u.text.endswith("ing")
+        for u, v in ((x, y), (y, x))
+    )
+
+
 def _did(a: Content, b: Content, a_past: bool) -> bool:
     """The base form after "did" stands for the past form: "what did people eat" / "what people ate"."""
     base, past = (b, a) if a_past else (a, b)
@@ -210,11 +226,16 @@ def _phrase_moved(a: Content, b: Content, order: list[int]) -> bool:
     """One phrase moved, and it keeps its role: it is headed by a preposition (its first word is a preposition's
     object, or is one), or it went from one end of the question to the other ("javascript remove item from array"
     / "remove item from array javascript"), in a question that names no person and asks with no question word.
-    A bare noun moved across its verb does not ("my friend owes me" / "i owe my friend")."""
+    A bare noun moved across its verb does not ("my friend owes me" / "i owe my friend"), nor a "to" phrase across
+    another ("from boston to new york to philadelphia": the order is the route)."""
     n = len(order)
     bare = not (a.persons or b.persons or a.asks or b.asks)
-    for first, end in _moved_blocks(order):
-        if a.words[first].attach is not None or a.words[first].text in RELATIONS:
+    blocks = _moved_blocks(order)
+    for (first, end), (other, stop) in zip(blocks, reversed(blocks), strict=True):
+        mark = a.words[first].attach
+        if mark == "to" and any(a.words[i].attach == "to" for i in range(other, stop)):
+            continue
+        if mark is not None or a.words[first].text in RELATIONS:
             return True
         if bare and (first, end) in ((0, 1), (n - 1, n)) and order[0] != 0 and order[-1] != n - 1:
             return True  # in a question with no person and no question word, a word from the front to the back
@@ -301,17 +322,7 @@ def compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     """`_compare` both ways, the stricter verdict: which question is the cached one does not change whether they
     ask the same (persons and moved words are placed by one side's words, and one side can hide what the other
     shows)."""
-    verdict = max(_compare(query, cached, lex), _compare(cached, query, lex), key=_RANK.__getitem__)
-    if verdict in (SAME, REORDERED):
-        return verdict
-    # a possessive one question spells out with "of" ("england's first king" / "the first king of england"): the
-    # same words in the same roles once it is spelled out the same way
-    spelled = genitive_spelled_out(query, cached), genitive_spelled_out(cached, query)
-    for q, c in ((spelled[0], cached), (query, spelled[1])):
-        if q is not None and c is not None:
-            again = max(_compare(q, c, lex), _compare(c, q, lex), key=_RANK.__getitem__)
-            verdict = min(verdict, again, key=_RANK.__getitem__)
-    return verdict
+    return max(_compare(query, cached, lex), _compare(cached, query, lex), key=_RANK.__getitem__)
 
 
 def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
@@ -357,6 +368,8 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     ):
         if _owner_inverted(a, b, order) or _owner_inverted(b, a, sorted(range(len(order)), key=order.__getitem__)):
             return DIFFERENT  # "my mother's sister" / "the mother of my sister"
+        if any(_infinitive_for_gerund(a.words[i], w) for i, w in zip(order, b.words, strict=True)):
+            return DIFFERENT  # "should i stop to eat" / "should i stop eating"
         return SUBSTITUTED if substituted else SAME
     if order == sorted(order) and not a.keywords and not b.keywords:
         return DIFFERENT  # nothing moved, a relation changed: "flights to paris" / "flights from paris"

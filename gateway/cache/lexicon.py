@@ -136,12 +136,6 @@ class Lexicon:
         return bool(kinds) and kinds <= {"adj", "adv"}
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
-    def verb_only(self, word: str) -> bool:
-        """A verb and nothing else ("replace", "renew"; not "repair", also a noun)."""
-        kinds = {pos for pos, _ in self.wn.lemmas(word)}
-        return kinds == {"verb"}
-
-    @functools.lru_cache(maxsize=65536)  # noqa: B019
     def is_past(self, word: str) -> bool:
         """A verb's past form or participle that is no verb itself: "cooked", "ran", "fed" (not "need", "read")."""
         if word.endswith("ing") or self.wn.has(word, "verb"):

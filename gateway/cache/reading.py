@@ -105,11 +105,14 @@ _LETTERS = {"u": "you", "r": "are", "y": "why"}
 _IRREGULAR_NOT = {"won't": "will not", "can't": "can not", "shan't": "shall not", "ain't": "is not"}
 _CONTRACTED = {"'re": "are", "'ve": "have", "'ll": "will", "'m": "am", "'d": "would"}
 # Periphrases read as the word they stand for: "have got" is "have" ("i've got small hands"), "you guys" is "you"
-# ("do you guys deliver"), and "anyway" closes a question without adding to it ("so how do tides work anyway")
+# ("do you guys deliver"), and "anyway" closes a wh-question without adding to it ("so how do tides work anyway";
+# "should i send it anyway" asks whether despite something)
 _PERIPHRASES = ((re.compile(r"\b(have|has) got\b"), r"\1"), (re.compile(r"\b(you) guys\b"), r"\1"),
-                (re.compile(r"\banyways?$"), ""))  # fmt: skip
+                (re.compile(r"^((?:so |well )?(?:how|what|why|when|where|which|who)\b.*) anyways?$"), r"\1"))  # fmt: skip
 _IS_CONTRACTED = frozenset(_words("what that it there here he she who where how when why"))
 
+# A gerund, perhaps after one word that is no determiner: "packing light", "potty training" (not "the bar exam")
+_DOING = r" (?!(?:a|an|the|my|your|our|their|his|her|this|that|these|those)\b)(?:[a-z]+ )?[a-z]+ing\b"
 # Phrases that only frame a request (politeness, hedging, "walk me through"), removed before the words are read.
 _FRAMES = re.compile(
     r"\b(?:walk (?:me|us) (?:through|thru)|thanks? (?:you )?in advance|sorry to (?:ask|bother you|bug you)|excuse me|"
@@ -122,12 +125,17 @@ _FRAMES = re.compile(
     r"(?: on)?|"
     r"(?:would|will) you be able to|teach me|show me|remind me|"
     # an imperative that asks a question: "tell me how to gift a subscription" asks "how to gift a subscription"
-    r"(?:tell (?:me|us)|explain(?: to (?:me|us))?|describe)(?= (?:how|what|why|when|where|which|who)\b)|"
+    # (not where "you" follows: "tell me how old you are" asks about the assistant, not "how old am i")
+    r"(?:tell (?:me|us)|explain(?: to (?:me|us))?|describe)(?= (?:how|what|why|when|where|which|who)\b)(?!.*\byou)|"
     r"(?:(?:could|can|would|will) you (?:please |kindly )?)?help (?:me|us)(?: to)?"
-    r"(?: figure out| understand| work out| find out| learn| know)?(?= (?:how|what|why|when|where|which|who)\b)|"
-    r"(?:what are |any )?(?:some |a few |good |the best )?(?:tips|pointers|suggestions|advice) (?:for|on|about)|"
+    r"(?: figure out| understand| work out| find out| learn| know)?(?= (?:how|what|why|when|where|which|who)\b)"
+    r"(?!.*\byou)|"
+    # advice on doing something asks how to do it ("give me some tips for packing light" / "how do i pack light"),
+    # advice on a thing does not ("tips for the bar exam" / "what is the bar exam")
     r"give (?:me|us) (?:some |a few |any |a couple of )?(?:tips|advice|instructions|pointers|suggestions|(?:the )?steps)"
-    r"(?: for| on| to| about)?)\b"
+    r"(?: to(?= [a-z]+)| (?:for|on|about)(?=" + _DOING + r"))|"
+    r"(?:what are |any )?(?:some |a few |good |the best )?(?:tips|pointers|suggestions|advice) (?:for|on|about)"
+    r"(?=" + _DOING + r"))\b"
 )
 
 # Prepositions mark a content word's role ("from X to Y"): a phrase that moves takes its preposition along, a role
@@ -146,6 +154,7 @@ POSSESSIVE = "'s"  # the mark a possessor carries, as a preposition's object car
 _DETERMINERS = frozenset(_words("a an the my your our their his her its this that these those"))
 # Adverbs that focus a preposition's object and keep the attachment ("with just my eyes", "for only a week")
 _FOCUS = frozenset(_words("just only even almost nearly roughly"))
+_BE = frozenset(_words("is are was were am"))
 NEGATIONS = frozenset(("not", "never", "no", "without", "nor", "neither"))
 # The tense an auxiliary gives the question ("did you need" / "do you need")
 _TENSE = {"did": "past", "was": "past", "were": "past", "do": "present", "does": "present", "is": "present",
@@ -216,6 +225,9 @@ class Content:
     # "or" (or "vs") offers a choice; "and" joins: "can i take tylenol and advil" / "tylenol or advil"
     choice: bool = False
     joined: bool = False
+    # "you" or "your" right after a form of "be" ("how old are you", "what is your name"): the assistant, never a
+    # generic "you"
+    addressed: bool = False
 
     @property
     def bag(self) -> tuple[str, ...]:
@@ -308,29 +320,6 @@ def _tokens(text: str) -> list[str]:
     return words
 
 
-_OF = re.compile(r"\b([a-z]+) of (?:(?:a|an|the|my|your|our|their|his|her|its) )?([a-z]+)\b")
-
-
-def genitive_spelled_out(text: str, other: str) -> str | None:
-    """`text` with a possessive spelled out the way `other` says it: "who was england's first king" / "who was the
-    first king of england" -> "who was the first king of england". The possessor ("england's", "my parents'"), with
-    its determiner, goes after the noun `other` puts before "of" ("king"), found within three content words of it;
-    None when `other` has no such "N of X" for a possessive in `text`. "X's N" and "N of X" say the same, so the
-    spelled-out text reads as faithfully as the text: the lexical check may compare either."""
-    low = text.lower().replace("’", "'")
-    for head, owner in _OF.findall(other.lower().replace("’", "'")):
-        if owner in _DETERMINERS or head in FUNCTION_WORDS:
-            continue
-        # the possessor's own determiner goes with it; up to two modifiers between it and the head stay before
-        pattern = re.compile(rf"\b(?:({'|'.join(sorted(_DETERMINERS))}) )?{owner}(?:'s|')(?![a-z]) ((?:[a-z]+ ){{0,2}}?){head}\b")
-        found = pattern.search(low)
-        if found is None or any(w in FUNCTION_WORDS or w in RELATIONS for w in found.group(2).split()):
-            continue
-        determiner = f"{found.group(1)} " if found.group(1) else ""
-        return f"{low[: found.start()]}{found.group(2)}{head} of {determiner}{owner}{low[found.end() :]}"
-    return None
-
-
 def _asks_you(tokens: list[str], i: int) -> bool:
     """The modal before tokens[i] asks the assistant for something ("could you please suggest", "can you let me
     know"): a request, not a question about whether one may or should."""
@@ -345,7 +334,14 @@ def _addressed(tokens: list[str], i: int) -> bool:
     word, before = tokens[i - 1], tokens[i - 2] if i >= 2 else ""
     if word == "you":
         return before in _MODALS or before in ("would", "will")
-    return word in ("me", "us") and before in _REQUESTS
+    return word in ("me", "us") and before in _REQUESTS and not _helps_someone(tokens, i - 1)
+
+
+def _helps_someone(tokens: list[str], i: int) -> bool:
+    """tokens[i - 1] is "help" said of someone other than the assistant: "how to help my mom", "how can my mom help
+    me" (a content word: who helps whom is the question), not "can you help me", "help me find" or "pls help" (a
+    request)."""
+    return tokens[i - 1] == "help" and i > 1 and "you" not in tokens[max(0, i - 4) : i - 1] and tokens[i - 2] != "please"
 
 
 def _past(word: str, lex: Lexicon | None) -> bool:
@@ -410,12 +406,10 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
                 continue
         if word == "to" and i >= 2 and tokens[i - 2] in ("how", "way", "ways", "what", "where", "when", "who"):
             asker = len(out)  # "how to gift it to someone" asks what "how do i gift it to someone" does
+            tenses.add("present")  # and not what "how did i get home" asks
             continue  # "how to fix": an infinitive, not a preposition
         if word == "between" and i >= 2 and tokens[i - 2] in _COMPARED:
             continue  # "the difference between x and y" = "x and y difference": no range, a comparison
-        if word == "to" and lex is not None and i < len(tokens) and lex.verb_only(tokens[i]):
-            gap = True  # "cost to replace brake pads": an infinitive, no direction ("go to school" keeps one)
-            continue
         if word in RELATIONS:
             attach = RELATIONS[word]
             if word not in MEANING_WORDS:
@@ -426,7 +420,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             if word not in RELATIONS:
                 attach = None
             continue
-        if word in FUNCTION_WORDS and not thing:
+        if word in FUNCTION_WORDS and not thing and not _helps_someone(tokens, i):
             gap = True
             if word not in _DETERMINERS and word not in _FOCUS and attach not in ("clause", "wh"):
                 attach = None  # (a clause's or question's mark reaches its first content word: "if i do not have")
@@ -455,5 +449,6 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
     keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition in (None, POSSESSIVE) for w in out)
     telegraphic = bool(out) and not any(t in _SENTENCE for t in tokens)
     choice, joined = any(t in ("or", "vs", "versus") for t in tokens), "and" in tokens
+    addressed = any(t in ("you", "your", "yours") and k and tokens[k - 1] in _BE for k, t in enumerate(tokens))
     return Content(tuple(out), negations, frozenset(tenses), frozenset(modals), frozenset(asks), keywords,
-                   frozenset(persons), telegraphic, choice, joined)
+                   frozenset(persons), telegraphic, choice, joined, addressed)
