@@ -115,6 +115,9 @@ def test_a_moved_phrase_keeps_its_roles() -> None:
     assert lexical.compare("how do i sort a list in python", "in python, how do i sort a list") == lexical.REORDERED
     moved = lexical.compare("in winter what should i feed my chickens", "what should i feed my chickens in winter")
     assert moved == lexical.REORDERED
+    # a "to" phrase that crossed another changed the route
+    route = ("how do i drive from boston to new york to philadelphia", "how do i drive from boston to philadelphia to new york")
+    assert lexical.compare(*route) == lexical.SWAPPED
 
 
 @pytest.mark.parametrize(
