@@ -116,8 +116,10 @@ def test_a_moved_phrase_keeps_its_roles() -> None:
     moved = lexical.compare("in winter what should i feed my chickens", "what should i feed my chickens in winter")
     assert moved == lexical.REORDERED
     # a "to" phrase that crossed another changed the route
-    route = ("how do i drive from boston to new york to philadelphia", "how do i drive from boston to philadelphia to new york")
-    assert lexical.compare(*route) == lexical.SWAPPED
+    route = "how do i drive from boston to new york to philadelphia"
+    for other in ("how do i drive from boston to philadelphia to new york",
+                  "how do i drive to philadelphia from boston to new york", "drive from boston to philadelphia to new york"):
+        assert lexical.compare(route, other) == lexical.SWAPPED
 
 
 @pytest.mark.parametrize(
@@ -207,7 +209,9 @@ def test_who_the_persons_are(cached: str, query: str, verdict: str) -> None:
         ("how do i gift a subscription to someone", "tell me how to gift a subscription to someone", "same"),
         ("why is the sky blue", "explain why the sky is blue", "same"),
         ("how do you say thank you in japanese", "tell me how to say thank u in japanese", "same"),
-        ("what are some tips for packing light", "give me some tips for packing light", "same"),
+        ("how do i pack light", "give me some tips for packing light", "same"),
+        ("how do i pack light", "can you give me some advice? how do i pack light", "same"),
+        ("how do i reset my router", "hope everyone's doing well! how do i reset my router", "same"),
         ("how do i fix a flaky test", "hi, sorry, could you help me figure out how to fix a flaky test? thanks", "same"),
         # a focusing adverb keeps a phrase whole as it moves
         ("with just my eyes, can i see the space station from earth",
@@ -220,8 +224,9 @@ def test_who_the_persons_are(cached: str, query: str, verdict: str) -> None:
         ("how old am i", "tell me how old you are", "swapped"),
         # "how to" asks the present: not "how did i get home"
         ("how did i get home", "tell me how to get home", "different"),
-        # "to do" is not "doing": "stop to eat" / "stop eating"
+        # "to do" is not "doing" after "stop", "forget", "remember"...; elsewhere it is
         ("should i stop to eat during a marathon", "should i stop eating during a marathon", "different"),
+        ("is it worth it to learn latin", "is it worth learning latin", "same"),
         # a closing "anyway" in a yes/no question asks "despite that"
         ("should i send the email", "should i send the email anyway", "different"),
         # "you guys" is "you"; a closing "anyway" adds nothing
@@ -239,10 +244,12 @@ def test_request_frames_and_periphrases(cached: str, query: str, verdict: str) -
 @pytest.mark.parametrize(
     ("cached", "query", "verdict"),
     [
-        # "X's N" may say what "N of X" says ("england's first king"), or not ("russia's invasion" / "the invasion
-        # of russia"): the words cannot tell
-        ("who was the first king of england", "who was england's first king", "different"),
+        # "X's N" may say what "N of X" says ("kenya's first president"), or not ("russia's invasion" / "the
+        # invasion of russia"): the words cannot tell, the verifier may
+        ("who was the first president of kenya", "who was kenya's first president", "swapped"),
         ("when did the invasion of russia begin", "when did russia's invasion begin", "swapped"),
+        # a possessor that moved took its role along
+        ("does my friend's dad like my mom", "does my mom like my friend's dad", "swapped"),
         ("what is the value of avogadro's number", "avogadro number value", "reordered"),  # a collocation's own 's
         ("how do i get scratches off my car paint", "how do i get scratches off my car's paint", "same"),
         # the owner changed: the mother of my sister is my mother

@@ -39,7 +39,6 @@ import itertools
 from gateway.cache.lexicon import Lexicon
 from gateway.cache.reading import (
     COMPOUND_RELATIONS,
-    POSSESSIVE,
     RELATIONS,
     Content,
     Word,
@@ -160,21 +159,24 @@ def _dropped(x: str | None, y: str | None) -> bool:
     return None in (x, y) and (x or y) != "for"
 
 
-def _owner_inverted(a: Content, b: Content, order: list[int]) -> bool:
-    """A possessor in `a` whose word, in the same order in `b`, is followed by an "of" phrase: "my mother's sister"
-    owns the sister, "the mother of my sister" the mother."""
-    position = {i: j for j, i in enumerate(order)}
+def _owner_inverted(a: Content, b: Content) -> bool:
+    """A possessor in `a` whose partner in `b` (the words in the same order) is followed by an "of" phrase: "my
+    mother's sister" owns the sister, "the mother of my sister" the mother."""
     return any(
-        w.attach == POSSESSIVE and i + 1 < len(a.words) and b.words[position[i + 1]].attach == "of"
-        and b.words[position[i]].attach != POSSESSIVE
+        w.owner and not b.words[i].owner and i + 1 < len(b.words) and b.words[i + 1].attach == "of"
         for i, w in enumerate(a.words)
     )
 
 
-def _infinitive_for_gerund(x: Word, y: Word) -> bool:
-    """A verb after "to" in one question and its "-ing" form in the other: after "stop", "forget", "remember" or
-    "quit" the two say different things ("stop to eat" / "stop eating")."""
-    return any(
+# Verbs after which "to do" and "doing" say different things ("stop to eat" / "stop eating"), by their keys
+_TURNING = frozenset(("stop", "forget", "forgot", "forgotten", "remember", "regret", "try", "quit"))
+
+
+def _infinitive_for_gerund(x: Word, y: Word, before: Word | None) -> bool:
+    """A verb after "to" in one question and its "-ing" form in the other, right after a verb for which the two
+    differ ("stop", "forget", "remember", "regret", "try", "quit"): "should i stop to eat" / "... stop eating".
+    Elsewhere they say the same ("is it worth it to learn latin" / "is it worth learning latin")."""
+    return before is not None and before.key in _TURNING and any(
         u.preposition == "to" and v.preposition is None and v.text.endswith("ing") and not u.text.endswith("ing")
         for u, v in ((x, y), (y, x))
     )
@@ -226,20 +228,23 @@ def _phrase_moved(a: Content, b: Content, order: list[int]) -> bool:
     """One phrase moved, and it keeps its role: it is headed by a preposition (its first word is a preposition's
     object, or is one), or it went from one end of the question to the other ("javascript remove item from array"
     / "remove item from array javascript"), in a question that names no person and asks with no question word.
-    A bare noun moved across its verb does not ("my friend owes me" / "i owe my friend"), nor a "to" phrase across
-    another ("from boston to new york to philadelphia": the order is the route)."""
+    A bare noun moved across its verb does not ("my friend owes me" / "i owe my friend")."""
     n = len(order)
     bare = not (a.persons or b.persons or a.asks or b.asks)
-    blocks = _moved_blocks(order)
-    for (first, end), (other, stop) in zip(blocks, reversed(blocks), strict=True):
-        mark = a.words[first].attach
-        if mark == "to" and any(a.words[i].attach == "to" for i in range(other, stop)):
-            continue
-        if mark is not None or a.words[first].text in RELATIONS:
+    for first, end in _moved_blocks(order):
+        if a.words[first].attach is not None or a.words[first].text in RELATIONS:
             return True
         if bare and (first, end) in ((0, 1), (n - 1, n)) and order[0] != 0 and order[-1] != n - 1:
             return True  # in a question with no person and no question word, a word from the front to the back
     return False
+
+
+def _route_changed(a: Content, b: Content, order: list[int]) -> bool:
+    """The phrases introduced by "to" stand in another order: "from boston to new york to philadelphia" / "from
+    boston to philadelphia to new york" are two routes, however the rest moved."""
+    position = {i: j for j, i in enumerate(order)}
+    stops = [position[i] for i, w in enumerate(a.words) if w.preposition == "to"]
+    return stops != sorted(stops)
 
 
 def _traded(order: list[int]) -> bool:
@@ -272,7 +277,7 @@ def _compound_spelled_out(a: Content, b: Content, order: list[int]) -> bool:
         return bool(_moved_blocks(order)) and not _compound_inverted(a, b, order)  # "weight limit drywall anchor")
     if a.keywords == b.keywords:
         return False
-    attached = [w.preposition for w in a.words + b.words if w.preposition not in (None, POSSESSIVE)]
+    attached = [w.preposition for w in a.words + b.words if w.preposition is not None]
     if any(r not in COMPOUND_RELATIONS for r in attached):
         return False
     if not attached and not _moved_blocks(order):
@@ -366,15 +371,18 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         a.words[i].preposition == w.preposition or _dropped(a.words[i].preposition, w.preposition)
         for i, w in zip(order, b.words, strict=True)
     ):
-        if _owner_inverted(a, b, order) or _owner_inverted(b, a, sorted(range(len(order)), key=order.__getitem__)):
+        if _owner_inverted(a, b) or _owner_inverted(b, a):  # (the partners stand in the same order here)
             return DIFFERENT  # "my mother's sister" / "the mother of my sister"
-        if any(_infinitive_for_gerund(a.words[i], w) for i, w in zip(order, b.words, strict=True)):
+        if any(_infinitive_for_gerund(a.words[i], w, b.words[j - 1] if j else None) for j, (i, w) in enumerate(
+                zip(order, b.words, strict=True))):
             return DIFFERENT  # "should i stop to eat" / "should i stop eating"
         return SUBSTITUTED if substituted else SAME
     if order == sorted(order) and not a.keywords and not b.keywords:
         return DIFFERENT  # nothing moved, a relation changed: "flights to paris" / "flights from paris"
     if substituted:
         return DIFFERENT  # one word the lexicon cannot relate, and moved words: too far for the verifier
+    if _route_changed(a, b, order):
+        return SWAPPED  # "from boston to new york to philadelphia" / "... to philadelphia to new york"
     if _compound_spelled_out(a, b, order):
         return REORDERED
     if _search_query_spelled_out(a, b, order) or _clause_moved(a, b, order):

@@ -107,12 +107,13 @@ _CONTRACTED = {"'re": "are", "'ve": "have", "'ll": "will", "'m": "am", "'d": "wo
 # Periphrases read as the word they stand for: "have got" is "have" ("i've got small hands"), "you guys" is "you"
 # ("do you guys deliver"), and "anyway" closes a wh-question without adding to it ("so how do tides work anyway";
 # "should i send it anyway" asks whether despite something)
-_PERIPHRASES = ((re.compile(r"\b(have|has) got\b"), r"\1"), (re.compile(r"\b(you) guys\b"), r"\1"),
+_PERIPHRASES = ((re.compile(r"\b(have|has)( not)? got\b"), r"\1\2"), (re.compile(r"\b(you) guys\b"), r"\1"),
                 (re.compile(r"^((?:so |well )?(?:how|what|why|when|where|which|who)\b.*) anyways?$"), r"\1"))  # fmt: skip
 _IS_CONTRACTED = frozenset(_words("what that it there here he she who where how when why"))
 
-# A gerund, perhaps after one word that is no determiner: "packing light", "potty training" (not "the bar exam")
-_DOING = r" (?!(?:a|an|the|my|your|our|their|his|her|this|that|these|those)\b)(?:[a-z]+ )?[a-z]+ing\b"
+# A gerund, perhaps after one word that is no determiner: "packing light", "potty training" (not "the bar exam"; a
+# noun that ends in "-ing", "spring", passes too: only a parser could tell)
+_DOING = r" (?!(?:a|an|the|my|your|our|their|his|her|its|this|that|these|those)\b)(?:[a-z]+ )?[a-z]+ing\b"
 # Phrases that only frame a request (politeness, hedging, "walk me through"), removed before the words are read.
 _FRAMES = re.compile(
     r"\b(?:walk (?:me|us) (?:through|thru)|thanks? (?:you )?in advance|sorry to (?:ask|bother you|bug you)|excuse me|"
@@ -126,16 +127,16 @@ _FRAMES = re.compile(
     r"(?:would|will) you be able to|teach me|show me|remind me|"
     # an imperative that asks a question: "tell me how to gift a subscription" asks "how to gift a subscription"
     # (not where "you" follows: "tell me how old you are" asks about the assistant, not "how old am i")
-    r"(?:tell (?:me|us)|explain(?: to (?:me|us))?|describe)(?= (?:how|what|why|when|where|which|who)\b)(?!.*\byou)|"
+    r"(?:tell (?:me|us)|explain(?: to (?:me|us))?|describe)(?= (?:how|what|why|when|where|which|who)\b)"
+    r"(?!.*\byou(?:r|rs|rself)?\b)|"
     r"(?:(?:could|can|would|will) you (?:please |kindly )?)?help (?:me|us)(?: to)?"
     r"(?: figure out| understand| work out| find out| learn| know)?(?= (?:how|what|why|when|where|which|who)\b)"
-    r"(?!.*\byou)|"
+    r"(?!.*\byou(?:r|rs|rself)?\b)|"
     # advice on doing something asks how to do it ("give me some tips for packing light" / "how do i pack light"),
-    # advice on a thing does not ("tips for the bar exam" / "what is the bar exam")
+    # advice on a thing does not ("give me some tips for the bar exam" / "what is the bar exam"); a request for
+    # advice that ends its clause only frames the question after it
     r"give (?:me|us) (?:some |a few |any |a couple of )?(?:tips|advice|instructions|pointers|suggestions|(?:the )?steps)"
-    r"(?: to(?= [a-z]+)| (?:for|on|about)(?=" + _DOING + r"))|"
-    r"(?:what are |any )?(?:some |a few |good |the best )?(?:tips|pointers|suggestions|advice) (?:for|on|about)"
-    r"(?=" + _DOING + r"))\b"
+    r"(?: to(?= [a-z]+)| (?:for|on|about)(?=" + _DOING + r")|$))\b"
 )
 
 # Prepositions mark a content word's role ("from X to Y"): a phrase that moves takes its preposition along, a role
@@ -149,11 +150,12 @@ RELATIONS = {"to": "to", "into": "to", "onto": "on", "toward": "to", "towards": 
 # The prepositions that spell out a compound's modifier ("deficiency symptoms" / "symptoms of a deficiency"), and
 # none that gives a direction or a comparison ("to", "from", "than").
 COMPOUND_RELATIONS = frozenset(("of", "for", "in", "on", "at", "with", "about"))
+POSSESSIVE = "'s"  # the token a possessive leaves after its owner ("my mother's" -> "my", "mother", "'s")
 # Words between a preposition and its noun that keep the attachment ("in my old car", "of the")
-POSSESSIVE = "'s"  # the mark a possessor carries, as a preposition's object carries its preposition
 _DETERMINERS = frozenset(_words("a an the my your our their his her its this that these those"))
 # Adverbs that focus a preposition's object and keep the attachment ("with just my eyes", "for only a week")
 _FOCUS = frozenset(_words("just only even almost nearly roughly"))
+# A "you" right after these is asked about ("how old are you", "what is your name"), not generic
 _BE = frozenset(_words("is are was were am"))
 NEGATIONS = frozenset(("not", "never", "no", "without", "nor", "neither"))
 # The tense an auxiliary gives the question ("did you need" / "do you need")
@@ -201,6 +203,7 @@ class Word:
     gap: bool = False  # a closed-class word stands between it and the content word before ("track *my* order")
     lead: bool = False  # right after the question word, its subject ("what *eats* a fox", not "what does a fox eat")
     grade: str = ""  # an adjective's or adverb's comparative ("comparative") or superlative ("superlative") form
+    owner: bool = False  # a possessor: "mother" in "my mother's sister" (the sister is hers)
 
     @property
     def preposition(self) -> str | None:
@@ -225,8 +228,8 @@ class Content:
     # "or" (or "vs") offers a choice; "and" joins: "can i take tylenol and advil" / "tylenol or advil"
     choice: bool = False
     joined: bool = False
-    # "you" or "your" right after a form of "be" ("how old are you", "what is your name"): the assistant, never a
-    # generic "you"
+    # "you", "your" or "yours" right after a form of "be" ("how old are you", "what is your name"): the assistant,
+    # never a generic "you"
     addressed: bool = False
 
     @property
@@ -290,9 +293,9 @@ def _expand(raw: str) -> list[str]:
 
 
 def _discourse(clause: list[str]) -> bool:
-    """A clause that only greets, thanks, apologises or hedges."""
+    """A clause that only greets, thanks, apologises or hedges ("hope everyone's doing well")."""
     return any(w in _DISCOURSE_MARKERS for w in clause) and all(
-        w in _DISCOURSE_MARKERS or w in _DISCOURSE_HEDGES or w in FUNCTION_WORDS for w in clause
+        w in _DISCOURSE_MARKERS or w in _DISCOURSE_HEDGES or w in FUNCTION_WORDS or w == POSSESSIVE for w in clause
     )
 
 
@@ -364,6 +367,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
     attach: str | None = None
     gap = False  # a closed-class word was skipped since the last content word
     asker: int | None = None  # where an infinitive after a question word ("how to") implies the asker
+    read_to = 0  # the token index just past the last content word read
     i = 0
     while i < len(tokens):
         word = tokens[i]
@@ -371,9 +375,9 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
         if word in NEGATIONS:
             negations += 1
             continue
-        if word == POSSESSIVE:  # "my mother's sister" is not "the mother of my sister": the owner's role is marked
-            if out and out[-1].preposition is None:
-                out[-1] = dataclasses.replace(out[-1], attach=POSSESSIVE)
+        if word == POSSESSIVE:  # "my mother's sister" is not "the mother of my sister": the owner is marked
+            if out and read_to == i - 1:  # the word right before it is the owner ("someone's number" marks nothing)
+                out[-1] = dataclasses.replace(out[-1], owner=True)
             continue
         # after an article a pronoun's spelling names a thing ("the us"): a content word
         thing = word in _PERSONS and i >= 2 and tokens[i - 2] in ("the", "a", "an")
@@ -417,6 +421,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
         if word in MEANING_WORDS or word[:1].isdigit() or not word.isalpha() or not _VOWEL.search(word):
             # numbers, symbols and vowel-less abbreviations ("https", "sql"): no inflection, only themselves
             out.append(Word(word, _ONE_MEANING.get(word, word), attach if word not in RELATIONS else None, True))
+            read_to = i
             if word not in RELATIONS:
                 attach = None
             continue
@@ -442,11 +447,12 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
                     break
         grade = lex.grade(word) if lex is not None else ""
         out.append(Word(word, _unify(stem(word)), attach, False, _past(word, lex), gap=gap, lead=lead, grade=grade))
+        read_to = i
         attach, gap = None, False  # only the word right after a preposition (determiners aside) is its object
     if asker is not None and persons and not {p for p, _ in persons} & {1, 2}:
         persons.add((1, asker))  # only someone else named: the asker is the infinitive's subject
     # a keyword query: content words, perhaps a question word ("order tracking how to"), no other grammar
-    keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition in (None, POSSESSIVE) for w in out)
+    keywords = bool(out) and all(t not in _GRAMMAR for t in tokens) and all(w.preposition is None for w in out)
     telegraphic = bool(out) and not any(t in _SENTENCE for t in tokens)
     choice, joined = any(t in ("or", "vs", "versus") for t in tokens), "and" in tokens
     addressed = any(t in ("you", "your", "yours") and k and tokens[k - 1] in _BE for k, t in enumerate(tokens))
