@@ -32,11 +32,13 @@ class Router:
     def client(self, key: str = KEYS[0]) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=120)
 
-    def upstream_calls(self, user: str) -> int:
+    def upstream_calls(self, user: str, expected: int) -> int:
+        """The requests the provider logged for `user`, once `expected` of them are there (or 5 s passed): the
+        upstream writes each line just after answering, so the last one may still be on its way."""
         deadline = time.monotonic() + 5
-        while True:  # the upstream writes its line just after answering
+        while True:
             n = sum(1 for line in self.upstream.log_lines() if line.get("event") == "request" and line.get("user") == user)
-            if n or time.monotonic() > deadline:
+            if n >= expected or time.monotonic() > deadline:
                 return n
             time.sleep(0.02)
 
@@ -81,15 +83,15 @@ def _ask(client: openai.OpenAI, question: str, user: str, **kw: Any) -> tuple[st
 def test_a_third_party_models_answer_is_served_again_to_its_tenant_only(router: Router) -> None:
     user, question = f"u-{uuid.uuid4().hex[:8]}", f"What is {uuid.uuid4().int % 1000} plus two?"
     first, verdict = _ask(router.client(), question, user)
-    assert verdict == "miss" and first and router.upstream_calls(user) == 1
+    assert verdict == "miss" and first and router.upstream_calls(user, 1) == 1
     again, verdict = _ask(router.client(), question, user)
     assert (again, verdict) == (first, "hit")
     streamed, verdict = _ask(router.client(), question, user, stream=True)  # a JSON answer replayed as a stream
     assert (streamed, verdict) == (first, "hit")
-    assert router.upstream_calls(user) == 1  # neither reached the provider
+    assert router.upstream_calls(user, 1) == 1  # neither reached the provider
     # another tenant asking the very same question goes to the provider: entries are per key
     _, verdict = _ask(router.client(KEYS[1]), question, user)
-    assert verdict == "miss" and router.upstream_calls(user) == 2
+    assert verdict == "miss" and router.upstream_calls(user, 2) == 2
     # a key that may not use the model gets no answer, cached or not
     with pytest.raises(openai.NotFoundError):
         _ask(router.client(KEYS[2]), question, user)
@@ -100,7 +102,7 @@ def test_a_streamed_answer_is_kept_and_served_as_json(router: Router) -> None:
     streamed, verdict = _ask(router.client(), question, user, stream=True, stream_options={"include_usage": True})
     assert verdict == "miss" and streamed
     text, verdict = _ask(router.client(), question, user)
-    assert (text, verdict) == (streamed, "hit") and router.upstream_calls(user) == 1
+    assert (text, verdict) == (streamed, "hit") and router.upstream_calls(user, 1) == 1
 
 
 def test_paraphrases_hit_by_the_lexical_check_and_look_alikes_do_not(router: Router) -> None:
@@ -110,7 +112,7 @@ def test_paraphrases_hit_by_the_lexical_check_and_look_alikes_do_not(router: Rou
     text, verdict = _ask(router.client(), "What's the capital city of Portugal?", user)
     assert (text, verdict) == (first, "semantic-hit")
     _, verdict = _ask(router.client(), "what is the capital city of spain", user)  # a sibling: never served
-    assert verdict == "miss" and router.upstream_calls(user) == 2
+    assert verdict == "miss" and router.upstream_calls(user, 2) == 2
 
 
 def test_a_fallback_models_answer_is_not_kept_for_the_model_that_failed(router: Router) -> None:
@@ -118,7 +120,7 @@ def test_a_fallback_models_answer_is_not_kept_for_the_model_that_failed(router: 
     for _ in range(2):
         _, verdict = _ask(router.client(), question, user, model="down")
         assert verdict == "miss"  # answered by `other` each time: never stored under `down`
-    assert router.upstream_calls(user) == 2
+    assert router.upstream_calls(user, 2) == 2
 
 
 def test_a_hit_counts_against_the_keys_rate_and_its_caps_hold(router: Router) -> None:
@@ -130,7 +132,7 @@ def test_a_hit_counts_against_the_keys_rate_and_its_caps_hold(router: Router) ->
     assert _ask(client, question, user, max_tokens=8)[1] == "hit"
     with pytest.raises(openai.RateLimitError):
         _ask(client, question, user, max_tokens=8)  # the third request this minute, though it would be a hit
-    assert router.upstream_calls(user) == 1
+    assert router.upstream_calls(user, 1) == 1
 
 
 def test_anthropic_messages_reach_the_same_cache(router: Router) -> None:
@@ -245,17 +247,17 @@ def test_sampled_hits_go_to_the_provider_and_an_entry_that_disagreed_is_not_serv
         # the paraphrase would be a semantic hit: sampled, it goes to the provider (not stored, to ask it again below)
         ctx.cache.upstream_check.agreement = 2.0  # no two answers agree
         _, verdict = _ask(client, "How many legs does a spider have?", user, extra_body={"cache": {"store": False}})
-        assert verdict == "miss" and router.upstream_calls(user) == 2
+        assert verdict == "miss" and router.upstream_calls(user, 2) == 2
         assert (_verifications(ctx, "sample"), _verifications(ctx, "disagreed")) == (1, 1)
         ctx.cache.upstream_check.rate = 0.0  # no more sampling: only the recorded disagreement decides now
         _, verdict = _ask(client, "How many legs does a spider have?", user)
-        assert verdict == "miss" and router.upstream_calls(user) == 3 and _verifications(ctx, "blocked") == 1
+        assert verdict == "miss" and router.upstream_calls(user, 3) == 3 and _verifications(ctx, "blocked") == 1
         # agreement: the hit would have been right, and the entry stays servable
         ctx.cache.upstream_check.agreement, ctx.cache.upstream_check.rate = -1.0, 1.0
         assert _ask(client, "what is the boiling point of water", user)[1] == "miss"
         no_store = {"extra_body": {"cache": {"store": False}}}
         assert _ask(client, "What's the boiling point of water?", user, **no_store)[1] == "miss"
-        assert _verifications(ctx, "agreed") == 1 and router.upstream_calls(user) == 5
+        assert _verifications(ctx, "agreed") == 1 and router.upstream_calls(user, 5) == 5
         ctx.cache.upstream_check.rate = 0.0
         assert _ask(client, "What's the boiling point of water?", user)[1] == "semantic-hit"
     finally:
