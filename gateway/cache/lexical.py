@@ -37,13 +37,7 @@ import gc
 import itertools
 
 from gateway.cache.lexicon import Lexicon
-from gateway.cache.reading import (
-    COMPOUND_RELATIONS,
-    RELATIONS,
-    Content,
-    Word,
-    content,
-)
+from gateway.cache.reading import COMPOUND_RELATIONS, RELATIONS, Content, Word, content
 from gateway.cache.wordnet import load
 from gateway.cache.wordnet_fetch import default_wordnet_path
 
@@ -371,10 +365,11 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         a.words[i].preposition == w.preposition or _dropped(a.words[i].preposition, w.preposition)
         for i, w in zip(order, b.words, strict=True)
     ):
-        if _owner_inverted(a, b) or _owner_inverted(b, a):  # (the partners stand in the same order here)
+        # here order is the identity: a's j-th word is b's j-th word's partner
+        if _owner_inverted(a, b) or _owner_inverted(b, a):
             return DIFFERENT  # "my mother's sister" / "the mother of my sister"
-        if any(_infinitive_for_gerund(a.words[i], w, b.words[j - 1] if j else None) for j, (i, w) in enumerate(
-                zip(order, b.words, strict=True))):
+        if any(_infinitive_for_gerund(x, y, b.words[j - 1] if j else None)
+               for j, (x, y) in enumerate(zip(a.words, b.words, strict=True))):  # fmt: skip
             return DIFFERENT  # "should i stop to eat" / "should i stop eating"
         return SUBSTITUTED if substituted else SAME
     if order == sorted(order) and not a.keywords and not b.keywords:

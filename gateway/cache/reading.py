@@ -19,9 +19,8 @@ flight is cancelled") or a question word ("*how to* find the area"); a phrase th
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.cache.lexicon import Lexicon
 
@@ -377,7 +376,7 @@ def content(text: str, lex: Lexicon | None = None) -> Content:
             continue
         if word == POSSESSIVE:  # "my mother's sister" is not "the mother of my sister": the owner is marked
             if out and read_to == i - 1:  # the word right before it is the owner ("someone's number" marks nothing)
-                out[-1] = dataclasses.replace(out[-1], owner=True)
+                out[-1] = replace(out[-1], owner=True)
             continue
         # after an article a pronoun's spelling names a thing ("the us"): a content word
         thing = word in _PERSONS and i >= 2 and tokens[i - 2] in ("the", "a", "an")
