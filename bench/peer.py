@@ -134,7 +134,10 @@ async def _time_once(client: httpx.AsyncClient, url: str, body: dict[str, Any], 
             if event.get("usage"):
                 usage = event["usage"]
                 usage_tokens = usage.get("completion_tokens")
-            if not any(c.get("text") for c in event.get("choices") or ()):
+            choices = event.get("choices") or ()
+            # tokens that decode to no text yet (part of a character) send no event of their own: when no text came,
+            # the event that ends the answer is the first one that carries it
+            if not any(c.get("text") for c in choices) and not (ttft is None and any(c.get("finish_reason") for c in choices)):
                 continue
             now = time.perf_counter()
             if ttft is None:

@@ -13,7 +13,7 @@ from bench.peer import time_completion
 EVENTS = b'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[{"text":"b"}]}\n\ndata: [DONE]\n\n'
 
 
-async def run(drop_first: bytes | None) -> tuple[object, int]:
+async def run(drop_first: bytes | None, events: bytes = EVENTS) -> tuple[object, int]:
     """One time_completion of 2 tokens; the server's first connection gets `drop_first` and is closed (None: no drop)."""
     calls = 0
 
@@ -27,7 +27,7 @@ async def run(drop_first: bytes | None) -> tuple[object, int]:
             writer.write(drop_first)
         else:
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n"
-                         b"connection: close\r\n\r\n%s" % (len(EVENTS), EVENTS))
+                         b"connection: close\r\n\r\n%s" % (len(events), events))
         await writer.drain()
         writer.close()
 
@@ -57,4 +57,12 @@ def test_an_answer_cut_off_midway_is_not_retried() -> None:
 
 def test_a_clean_answer_is_timed_once() -> None:
     timing, calls = asyncio.run(run(drop_first=None))
+    assert calls == 1 and timing.new_tokens == 2 and timing.ttft_s > 0  # type: ignore[union-attr]
+
+
+def test_an_answer_with_no_text_is_timed_by_its_last_event() -> None:
+    # two tokens that decode to part of a character: no text event, only the finish and the usage
+    events = (b'data: {"choices":[{"text":"","finish_reason":"length"}]}\n\n'
+              b'data: {"choices":[],"usage":{"completion_tokens":2,"prompt_tokens":2}}\n\ndata: [DONE]\n\n')
+    timing, calls = asyncio.run(run(drop_first=None, events=events))
     assert calls == 1 and timing.new_tokens == 2 and timing.ttft_s > 0  # type: ignore[union-attr]
