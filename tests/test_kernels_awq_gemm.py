@@ -134,3 +134,39 @@ def test_awq_dequantize_reference_per_element():
         q = aw.awq_unpack(qweight)[k, n]
         z = aw.awq_unpack(qzeros)[k // 32, n]
         assert deq[k, n] == (q - z).float() * scales[k // 32, n].float()
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("float_zero", [False, True])
+def test_awq_gemm_every_tuning_candidate(m, float_zero):
+    """Every tile configuration the GPU tuner may pick (GEMV rows, MMA tiles, word or per-column unpacking, split-K)
+    computes the same product: the tuner chooses by speed only."""
+    k, n, group_size = 256, 272, 128  # N not a multiple of the widest column tile
+    g = generator("awq-candidates", m, float_zero)
+    qweight, qzeros, scales = random_awq(g, k, n, group_size)
+    x = torch.randn(m, k, generator=g).half()
+    zt = (torch.rand(k // group_size, n, generator=g) * 0.05).half() if float_zero else None
+    w = aw.awq_unpack(qweight).float() * scales.float().repeat_interleave(group_size, 0)
+    if float_zero:
+        ref = x.float() @ (w - zt.float().repeat_interleave(group_size, 0))
+    else:
+        ref = aw.awq_gemm_ref(x.float(), qweight, qzeros, scales, group_size)
+    configs = aw.candidates(m, group_size)
+    assert aw.default_config(m, group_size) in configs and any(not c.words for c in configs)
+    assert any(c.block_m < 16 for c in configs) == (m <= 4)  # GEMV tiles only where few rows
+    for cfg in [*configs, aw.GemmConfig(aw.default_config(m, group_size).block_m, 64, 64, split_k=3)]:
+        out = poison(m, n, dtype=torch.float16, device=DEV)
+        aw.awq_gemm(x.to(DEV), qweight.to(DEV), None if float_zero else qzeros.to(DEV), scales.to(DEV), group_size,
+                    out=out, zero_terms=None if zt is None else zt.to(DEV), config=cfg)
+        check(out, ref, torch.float16)
+
+
+def test_awq_gemm_rows_do_not_depend_on_the_batch_within_a_bucket():
+    """A row's result is bit-identical whether it runs alone or padded into its bucket (what CUDA graphs do)."""
+    g = generator("awq-bucket")
+    qweight, qzeros, scales = random_awq(g, 256, 64, 64)
+    x = torch.randn(8, 256, generator=g).half()
+    args = [t.to(DEV) for t in (qweight, qzeros, scales)]
+    five = aw.awq_gemm(x[:5].to(DEV), *args, 64)
+    eight = aw.awq_gemm(x.to(DEV), *args, 64)
+    assert torch.equal(five, eight[:5])

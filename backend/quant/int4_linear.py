@@ -124,9 +124,10 @@ class Int4Linear(nn.Module):
 
     def prepare_triton_blocks(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         """The Triton W4A16 GEMM with float zero terms (kernels/triton/awq_gemm.py): q in AWQ's packing, d as the
-        scales, -m as the zero terms (fp32, exact)."""
+        scales, -m as the zero terms, both fp16 as in the file (a negated fp16 is exact): 2 bytes a group each read per
+        call, not 4."""
         self.qweight = awq_pack(q.T.contiguous())
-        self.scales, self.zero_terms, self.mode = d.T.half().contiguous(), (-m).T.contiguous(), "triton"
+        self.scales, self.zero_terms, self.mode = d.T.half().contiguous(), (-m).T.half().contiguous(), "triton"
 
     def _prepare_torch(self, q: torch.Tensor, scale: torch.Tensor, zero_f: torch.Tensor, dense_copy: bool) -> None:
         """torch's int4 layout: w = (q - 8) * scale + zero_f, scale and zero_f (out, groups) rounded to bf16."""
@@ -200,7 +201,8 @@ class Int4Linear(nn.Module):
         act = rows if rows.dtype in (torch.float16, torch.bfloat16) else rows.to(torch.float16)
         zero_terms = getattr(self, "zero_terms", None)  # GGUF blocks: float zero terms instead of AWQ's integers
         qzeros = None if zero_terms is not None else self.qzeros
-        return awq_gemm(act.contiguous(), self.qweight, qzeros, self.scales.to(act.dtype), self.group_size,
+        # scales stay fp16 whatever the activations: the kernel widens them itself (no per-call cast, its launch and bytes)
+        return awq_gemm(act.contiguous(), self.qweight, qzeros, self.scales, self.group_size,
                         zero_terms=zero_terms)
 
     def weight_bytes(self) -> int:

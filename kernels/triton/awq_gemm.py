@@ -5,26 +5,38 @@ Layout (AutoAWQ ``WQLinear_GEMM``, w_bit 4, K = in_features, N = out_features)
               column 8c + AWQ_ORDER[i], AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]; so column 8c + j is in nibble
               AWQ_REVERSE_ORDER[j] = [0, 4, 1, 5, 2, 6, 3, 7][j] = j // 2 + 4 * (j % 2).
     qzeros:   (K / group_size, N / 8) int32, the same packing, zero points 0..15 (stored as is, not minus 1).
-    scales:   (K / group_size, N) float16.
+    scales:   (K / group_size, N) float16 or bfloat16 (widened to float32 in the kernel).
     w[k, n] = (q[k, n] - z[k // group_size, n]) * s[k // group_size, n].
     Or, with ``zero_terms`` (K / group_size, N) float instead of qzeros (a GGUF file's Q4_0/Q4_1 blocks:
     backend/quant/gguf_blocks.py, whose Q4_1 minimum m is no integer multiple of the scale):
     w[k, n] = q[k, n] * s[k // group_size, n] - zero_terms[k // group_size, n].
 
 Algorithm
-    Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), SPLIT_K). A program owns an output tile and a slice of K.
+    Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split_k). A program owns an output tile and a slice of K.
     Per K tile (BLOCK_K rows, inside one quantisation group since group_size % BLOCK_K == 0):
-        x tile [BLOCK_M, BLOCK_K]; qweight tile as [BLOCK_K, BLOCK_N] int32 (column n reads word n // 8: the
-        8 lanes of one word hit the same address, one memory transaction), nibble = (word >> shift(n)) & 15;
+        x tile [BLOCK_M, BLOCK_K]; the packed weights, unpacked in one of two ways (a compile-time choice):
+          WORDS: the tile's words [BLOCK_K, BLOCK_N / 8] are loaded once and each is shifted by the 8 nibble
+                 offsets, [BLOCK_K, BLOCK_N / 8, 8], reshaped in order to [BLOCK_K, BLOCK_N] (8x fewer loads);
+          else:  column n loads word n // 8 itself ([BLOCK_K, BLOCK_N] loads, 8 lanes on one address);
         one row of zeros and scales for the group; w = (nibble - zero) * scale in fp32, cast to x's dtype;
-        acc += x @ w with tl.dot (fp32 accumulation).
-    SPLIT_K > 1 (small M: too few output tiles to fill the GPU) writes fp32 partials that are summed after.
+        acc += x @ w: tl.dot (fp32 accumulation) for BLOCK_M >= 16, else a broadcast multiply and a sum over K
+        (a GEMV for decode: no MMA tile padded from 1 row to 16).
+    split_k > 1 (small M: too few output tiles to fill the GPU) writes fp32 partials, summed after in a fixed order.
+
+Tiles per shape
+    A call takes its tile configuration (`GemmConfig`) from, in order: the arguments; `tuned` (measured on this
+    GPU the first time a shape is seen outside a CUDA-graph capture: every candidate of `candidates()` timed with
+    the L2 flushed between runs, the fastest kept for the process, keyed by M's power-of-two bucket, N, K, group,
+    dtypes); `default_config` (the heuristic, also what a capture or the interpreter uses). Within one bucket the
+    configuration does not depend on M, so a row's result does not depend on how many rows share the call.
 
 Limits
     4-bit only; group_size in {32, 64, 128} (any multiple of BLOCK_K works); N a multiple of 8; x
     (M, K) with a contiguous last dim in float16/bfloat16 (float32 accepted for testing); no bias (add it
     outside); no act-order / g_idx (that is GPTQ, not AWQ).
 """
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -37,10 +49,17 @@ AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]
 
 
 @triton.jit
+def _unpack(words, shifts8, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_R, BLOCK_N / 8] packed words -> [BLOCK_R, BLOCK_N] nibbles in column order (shifts8: the 8 offsets)."""
+    q = (words[:, :, None] >> shifts8[None, None, :]) & 0xF
+    return tl.reshape(q, (BLOCK_R, BLOCK_N))
+
+
+@triton.jit
 def _awq_gemm_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr,
     M, N, K, stride_xm, stride_om, stride_qw, stride_qz, stride_s, group_size, k_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr,
     UPCAST: tl.constexpr, FLOAT_ZERO: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -51,41 +70,168 @@ def _awq_gemm_kernel(
     m_mask = offs_m < M
     n_mask = offs_n < N
     # 1. Where each output column's nibble sits in its packed word (AWQ's interleaved order).
-    j = offs_n % 8
-    shifts = (j // 2 + (j % 2) * 4) * 4
-    word = offs_n // 8
+    if WORDS:
+        j8 = tl.arange(0, 8)
+        shifts8 = (j8 // 2 + (j8 % 2) * 4) * 4
+        words = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+        w_mask = words < N // 8
+    else:
+        j = offs_n % 8
+        shifts = (j // 2 + (j % 2) * 4) * 4
+        word = offs_n // 8
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        # 2. Activations and packed weights of this K tile.
+        # 2. Activations and packed weights of this K tile, unpacked to [BLOCK_K, BLOCK_N] nibbles.
         x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :], mask=m_mask[:, None],
                     other=0.0)
-        qw = tl.load(qw_ptr + offs_k[:, None].to(tl.int64) * stride_qw + word[None, :], mask=n_mask[None, :],
-                     other=0)
+        if WORDS:
+            qw = tl.load(qw_ptr + offs_k[:, None].to(tl.int64) * stride_qw + words[None, :], mask=w_mask[None, :],
+                         other=0)
+            q = _unpack(qw, shifts8, BLOCK_K, BLOCK_N)
+        else:
+            qw = tl.load(qw_ptr + offs_k[:, None].to(tl.int64) * stride_qw + word[None, :], mask=n_mask[None, :],
+                         other=0)
+            q = (qw >> shifts[None, :]) & 0xF
         # 3. The group's zero points and scales (one row: the tile lies inside one group).
         grp = k0 // group_size
         sc = tl.load(s_ptr + grp * stride_s + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        # 4. Unpack, subtract the zero point, scale: the dequantised tile in x's dtype, then the MMA.
-        q = (qw >> shifts[None, :]) & 0xF
         if FLOAT_ZERO:  # qz_ptr holds float zero terms, one per column: w = q * s - zt
             zt = tl.load(qz_ptr + grp * stride_qz + offs_n, mask=n_mask, other=0.0).to(tl.float32)
             w = (q.to(tl.float32) * sc[None, :] - zt[None, :]).to(x.dtype)
         else:
-            qz = tl.load(qz_ptr + grp * stride_qz + word, mask=n_mask, other=0)
-            z = (qz >> shifts) & 0xF
+            if WORDS:
+                qz = tl.load(qz_ptr + grp * stride_qz + words, mask=w_mask, other=0)
+                z = tl.reshape(_unpack(qz[None, :], shifts8, 1, BLOCK_N), (BLOCK_N,))
+            else:
+                qz = tl.load(qz_ptr + grp * stride_qz + word, mask=n_mask, other=0)
+                z = (qz >> shifts) & 0xF
             w = ((q - z[None, :]).to(tl.float32) * sc[None, :]).to(x.dtype)
-        acc = mma(x, w, acc, UPCAST)
+        # 4. The product: MMA tiles from 16 rows, else (decode: a row or a few) multiply and sum over K.
+        if BLOCK_M >= 16:
+            acc = mma(x, w, acc, UPCAST)
+        else:
+            acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
     out_ptrs = out_ptr + pid_k.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * stride_om
     out_ptrs += offs_n[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
+@dataclass(frozen=True)
+class GemmConfig:
+    """One tile configuration. split_k None: enough K slices for ~2 programs per SM (from M's bucket, not M)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int | None = None
+    words: bool = True
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def label(self) -> str:
+        split = "auto" if self.split_k is None else self.split_k
+        return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{split}{'w' if self.words else 'c'}"
+                f"_{self.num_warps}x{self.num_stages}")
+
+
+def m_bucket(m: int) -> int:
+    """The power of two at or above M: calls in one bucket share a tile configuration."""
+    return triton.next_power_of_2(max(1, m))
+
+
+def default_config(m: int, group_size: int) -> GemmConfig:
+    """The heuristic: MMA tiles of up to 64 rows, 64 columns, K tiles of up to 64 inside a group, words unpacked."""
+    return GemmConfig(min(64, max(16, m_bucket(m))), 64, min(group_size, 64))
+
+
+def candidates(m: int, group_size: int) -> list[GemmConfig]:
+    """What the tuner times for M's bucket: GEMV tiles for one row, MMA tiles of growing height, and the heuristic's
+    tile with the per-column loads (the previous unpacking), so a regression of the word unpacking shows."""
+    bucket, bk = m_bucket(m), min(group_size, 64)
+    big_k = next(k for k in (128, 64, 32) if group_size % k == 0)
+    out: list[GemmConfig] = []
+    if bucket <= 4:  # decode of one or a few sequences: no MMA padding, wide column tiles, long K tiles
+        out += [GemmConfig(bucket, bn, k, None, w) for bn, w in ((64, 4), (128, 4), (256, 8)) for k in {bk, big_k}]
+    heights = [16] if bucket <= 16 else [16, 32, 64] if bucket <= 64 else [64, 128]
+    out += [GemmConfig(h, bn, bk, None, True, 8 if h * bn >= 8192 else 4) for h in heights for bn in (64, 128)]
+    if bucket >= 1024:  # prefill: enough output tiles without splitting K
+        out += [GemmConfig(128, 128, bk, 1, True, 8, 3)]
+    default = default_config(m, group_size)
+    out += [default, GemmConfig(default.block_m, default.block_n, default.block_k, None, False)]
+    return list(dict.fromkeys(out))
+
+
+tuned: dict[tuple, GemmConfig] = {}  # (bucket, N, K, group, x dtype, scales dtype, float zeros) -> the fastest
+_flush: dict[torch.device, torch.Tensor] = {}
+
+
+def _launch(x, qweight, qzeros, scales, out, group_size: int, cfg: GemmConfig, float_zero: bool):
+    M, K = x.shape
+    N = qweight.shape[1] * 8
+    block_k = min(cfg.block_k, group_size)
+    assert group_size % block_k == 0 and block_k >= 16, (group_size, block_k)
+    assert cfg.block_n % 8 == 0 and cfg.block_n >= 16, cfg
+    tiles = triton.cdiv(m_bucket(M), cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    split_k = cfg.split_k
+    if split_k is None:
+        split_k = 1
+        if x.device.type == "cuda":
+            split_k = max(1, min(triton.cdiv(2 * multi_processor_count(x.device), tiles), K // block_k, 16))
+    k_per_split = triton.cdiv(K // block_k, split_k) * block_k
+    split_k = triton.cdiv(K, k_per_split)
+    target = out if split_k == 1 else torch.empty(split_k, M, N, dtype=torch.float32, device=x.device)
+    _awq_gemm_kernel[(triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), split_k)](
+        x, qweight, qzeros, scales, target,
+        M, N, K, x.stride(0), N if split_k > 1 else out.stride(0), qweight.stride(0), qzeros.stride(0),
+        scales.stride(0), group_size, k_per_split,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, WORDS=cfg.words,
+        UPCAST=dot_upcast(_awq_gemm_kernel, x.dtype), FLOAT_ZERO=float_zero,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split_k > 1:
+        out.copy_(target.sum(dim=0))
+    return out
+
+
+def _time_config(run, flush: torch.Tensor, reps: int = 5) -> float:
+    """Median GPU time of `run` in ms, the L2 flushed before each (a weight that fits in L2 would time the cache)."""
+    run()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def tune(x, qweight, qzeros, scales, out, group_size: int, float_zero: bool) -> GemmConfig:
+    """Time every candidate for this call's shape on its GPU and keep the fastest (a candidate that fails to
+    compile or launch is skipped)."""
+    flush = _flush.setdefault(x.device, torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=x.device))
+    best, best_ms = default_config(x.shape[0], group_size), float("inf")
+    for cfg in candidates(x.shape[0], group_size):
+        try:
+            ms = _time_config(lambda c=cfg: _launch(x, qweight, qzeros, scales, out, group_size, c, float_zero), flush)
+        except Exception:  # e.g. out of shared memory for this tile on this GPU: not a candidate here
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    return best
+
+
 def awq_gemm(x, qweight, qzeros, scales, group_size: int, out=None, split_k: int | None = None,
-             block_m: int | None = None, block_n: int = 64, block_k: int | None = None, zero_terms=None):
+             block_m: int | None = None, block_n: int | None = None, block_k: int | None = None, zero_terms=None,
+             config: GemmConfig | None = None):
     """y = x @ W for an AWQ-packed W (K, N); x (M, K) -> (M, N) in x's dtype. `zero_terms` (K / group_size, N) float
-    replaces qzeros (then None): w = q * scale - zero_term."""
+    replaces qzeros (then None): w = q * scale - zero_term. Tiles: `config`, or the given block sizes over the
+    heuristic, or the tuned configuration for this shape (on a GPU), or the heuristic."""
     assert x.dim() == 2 and x.stride(1) == 1, (x.shape, x.stride())
     M, K = x.shape
     assert qweight.dtype == torch.int32 and qweight.dim() == 2 and qweight.shape[0] == K, (qweight.dtype, qweight.shape, K)
@@ -103,34 +249,21 @@ def awq_gemm(x, qweight, qzeros, scales, group_size: int, out=None, split_k: int
     assert scales.shape == (K // group_size, N) and scales.is_contiguous(), scales.shape
     assert scales.dtype in (torch.float16, torch.bfloat16, torch.float32), scales.dtype
     assert x.dtype in (torch.float16, torch.bfloat16, torch.float32), x.dtype
-    block_k = min(group_size, 64) if block_k is None else block_k
-    block_m = min(64, max(16, triton.next_power_of_2(M))) if block_m is None else block_m
-    assert group_size % block_k == 0 and block_k >= 16, (group_size, block_k)
-    assert block_n % 8 == 0 and block_n >= 16 and block_m >= 16, (block_m, block_n)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
     assert out.shape == (M, N) and out.dtype == x.dtype and out.stride(1) == 1, (out.shape, out.dtype)
     check_device(_awq_gemm_kernel, x, qweight, qzeros, scales, out)
     if M == 0:
         return out
-    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    if split_k is None:
-        split_k = 1
-        if x.device.type == "cuda":
-            sms = multi_processor_count(x.device)
-            split_k = max(1, min(triton.cdiv(sms, tiles), K // block_k, 8))
-    k_per_split = triton.cdiv(K // block_k, split_k) * block_k
-    split_k = triton.cdiv(K, k_per_split)
-    target = out if split_k == 1 else torch.empty(split_k, M, N, dtype=torch.float32, device=x.device)
-    _awq_gemm_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n), split_k)](
-        x, qweight, qzeros, scales, target,
-        M, N, K, x.stride(0), N if split_k > 1 else out.stride(0), qweight.stride(0), qzeros.stride(0),
-        scales.stride(0), group_size, k_per_split,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
-        UPCAST=dot_upcast(_awq_gemm_kernel, x.dtype), FLOAT_ZERO=zero_terms is not None,
-    )
-    if split_k > 1:
-        out.copy_(target.sum(dim=0))
-    return out
+    float_zero = zero_terms is not None
+    if config is None and (split_k, block_m, block_n, block_k) != (None,) * 4:
+        d = default_config(M, group_size)
+        config = GemmConfig(block_m or d.block_m, block_n or d.block_n, block_k or d.block_k, split_k)
+    if config is None and x.device.type == "cuda":
+        key = (m_bucket(M), N, K, group_size, x.dtype, scales.dtype, float_zero)
+        config = tuned.get(key)
+        if config is None and not torch.cuda.is_current_stream_capturing():
+            config = tuned[key] = tune(x, qweight, qzeros, scales, out, group_size, float_zero)
+    return _launch(x, qweight, qzeros, scales, out, group_size, config or default_config(M, group_size), float_zero)
 
 
 # ---- torch reference: pack / unpack / dequantise / quantise / matmul ----
