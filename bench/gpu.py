@@ -174,6 +174,14 @@ def bench_engine(sh: gpu_models.Shape, fmt: str, model_dir: Path, device: str, d
         levels[str(s)] = level
     res["decode"] = levels
     res["graph_replays"] = dict(engine.runner.graph_stats.replays)
+    graphs = engine.runner.graphs
+    if graphs is not None and 1 in graphs.graphs:  # the GPU's share of a 1-stream step: its graph replayed alone
+        replay = graphs.graphs[1].replay
+        gpu_ms = gpu_kernels.event_ms(lambda: [replay() for _ in range(20)], reps=5) / 20
+        one = levels["1"]
+        one["gpu_step_ms"] = round(gpu_ms, 4)
+        one["hbm_roofline_share_gpu_only"] = gpu_kernels._share(
+            res["weight_bytes_per_step"] + one["kv_bytes_per_step"], gpu_ms * 1e3, ceil.copy_bytes_per_s)
     ttft = {}
     run_requests(engine, prompts(1, 256 if dry else TTFT_TOKENS[0], seed=7), 1, "ttft-warm")
     for n in (256,) if dry else TTFT_TOKENS:

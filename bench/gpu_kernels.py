@@ -142,7 +142,9 @@ def _gemm_case(m: int, k: int, n: int, fmt: str, group: int, device: str, g: tor
         row["rel_err"] = rel_err(call(sets[0]), x.float() @ w)
         return row
     us, how = graph_us([lambda s=s: call(s) for s in sets])
-    cfg = aw.tuned.get((aw.m_bucket(m), n, k, group, x.dtype, sets[0][2].dtype, gguf))
+    key = (aw.m_bucket(m), n, k, group, x.dtype, sets[0][2].dtype, gguf)
+    cfg = aw.tuned.get(key)
+    row["candidates_us"] = {label: round(ms * 1e3, 2) for label, ms in aw.tuning_ms.get(key, {}).items()}
     default = aw.default_config(m, group)
     us_default, _ = graph_us([lambda s=s: call(s, default) for s in sets])
     row.update({"us": round(us, 2), "timing": how, "config": cfg.label() if cfg else None,

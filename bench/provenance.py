@@ -105,9 +105,12 @@ def _git(*args: str) -> str | None:
 
 def commit() -> dict[str, Any]:
     """HEAD and whether the tracked code differs from it (generated results, plots and prose do not count)."""
+    stated = os.environ.get("SMOLGATE_BENCH_COMMIT")
+    if stated:  # a copy of the tree on another machine (a GPU's), whose .git may be absent or older: as launched
+        return {"sha": stated, "dirty": None, "dirty_files": [], "source": "SMOLGATE_BENCH_COMMIT"}
     head = _git("rev-parse", "HEAD")
-    if head is None:  # a copy of the tree without its .git (a GPU machine): the commit as the launcher stated it
-        return {"sha": os.environ.get("SMOLGATE_BENCH_COMMIT", "unknown"), "dirty": None, "dirty_files": []}
+    if head is None:
+        return {"sha": "unknown", "dirty": None, "dirty_files": []}
     status = _git("status", "--porcelain", "--untracked-files=no") or ""
     changed = [line[3:] for line in status.splitlines() if len(line) > 3]
     dirty = [p for p in changed if not p.startswith(GENERATED) and not p.endswith(".md")]

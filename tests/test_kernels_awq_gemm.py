@@ -136,12 +136,12 @@ def test_awq_dequantize_reference_per_element():
         assert deq[k, n] == (q - z).float() * scales[k // 32, n].float()
 
 
-@pytest.mark.parametrize("m", [1, 3, 16])
-@pytest.mark.parametrize("float_zero", [False, True])
-def test_awq_gemm_every_tuning_candidate(m, float_zero):
-    """Every tile configuration the GPU tuner may pick (GEMV rows, MMA tiles, word or per-column unpacking, split-K)
-    computes the same product: the tuner chooses by speed only."""
-    k, n, group_size = 256, 272, 128  # N not a multiple of the widest column tile
+@pytest.mark.parametrize("m", [1, 3, 16, 64])
+@pytest.mark.parametrize(("float_zero", "group_size"), [(False, 128), (True, 32)])  # AWQ; GGUF blocks
+def test_awq_gemm_every_tuning_candidate(m, float_zero, group_size):
+    """Every configuration the GPU tuner may pick (GEMV programs, MMA tiles with word or per-column unpacking,
+    split-K, dequantize-then-matmul) computes the same product: the tuner chooses by speed only."""
+    k, n = 256, 272  # N not a multiple of the widest column tile
     g = generator("awq-candidates", m, float_zero)
     qweight, qzeros, scales = random_awq(g, k, n, group_size)
     x = torch.randn(m, k, generator=g).half()
@@ -153,7 +153,8 @@ def test_awq_gemm_every_tuning_candidate(m, float_zero):
         ref = aw.awq_gemm_ref(x.float(), qweight, qzeros, scales, group_size)
     configs = aw.candidates(m, group_size)
     assert aw.default_config(m, group_size) in configs and any(not c.words for c in configs)
-    assert any(c.block_m < 16 for c in configs) == (m <= 4)  # GEMV tiles only where few rows
+    assert any(c.kind == "gemv" for c in configs) == (m <= 16)  # one row per program only for decode-sized calls
+    assert any(c.kind == "dequant" for c in configs) == (m >= 64)  # cuBLAS on a dense copy only for many rows
     for cfg in [*configs, aw.GemmConfig(aw.default_config(m, group_size).block_m, 64, 64, split_k=3)]:
         out = poison(m, n, dtype=torch.float16, device=DEV)
         aw.awq_gemm(x.to(DEV), qweight.to(DEV), None if float_zero else qzeros.to(DEV), scales.to(DEV), group_size,

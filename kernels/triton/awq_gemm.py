@@ -109,19 +109,87 @@ def _awq_gemm_kernel(
                 qz = tl.load(qz_ptr + grp * stride_qz + word, mask=n_mask, other=0)
                 z = (qz >> shifts) & 0xF
             w = ((q - z[None, :]).to(tl.float32) * sc[None, :]).to(x.dtype)
-        # 4. The product: MMA tiles from 16 rows, else (decode: a row or a few) multiply and sum over K.
-        if BLOCK_M >= 16:
-            acc = mma(x, w, acc, UPCAST)
-        else:
-            acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+        # 4. The MMA, fp32 accumulation.
+        acc = mma(x, w, acc, UPCAST)
     out_ptrs = out_ptr + pid_k.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * stride_om
     out_ptrs += offs_n[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _weight_lanes(qw_ptr, qz_ptr, s_ptr, offs_k, words, w_mask, grp, stride_qw, stride_qz, stride_s,
+                  FLOAT_ZERO: tl.constexpr):
+    """The float32 weights of rows offs_k and columns 8 * words + j as a [rows, words, 8] tile: nibble lane j stays on
+    the last axis, so a word is loaded once and nothing is reshaped (no layout change between loads and math)."""
+    j8 = tl.arange(0, 8)
+    shifts = (j8 // 2 + (j8 % 2) * 4) * 4
+    cols = words[:, None] * 8 + j8[None, :]
+    qw = tl.load(qw_ptr + offs_k[:, None].to(tl.int64) * stride_qw + words[None, :], mask=w_mask[None, :], other=0)
+    q = ((qw[:, :, None] >> shifts[None, None, :]) & 0xF).to(tl.float32)
+    sc = tl.load(s_ptr + grp * stride_s + cols, mask=w_mask[:, None], other=0.0).to(tl.float32)
+    if FLOAT_ZERO:
+        zt = tl.load(qz_ptr + grp * stride_qz + cols, mask=w_mask[:, None], other=0.0).to(tl.float32)
+        w = q * sc[None, :, :] - zt[None, :, :]
+    else:
+        qz = tl.load(qz_ptr + grp * stride_qz + words, mask=w_mask, other=0)
+        z = ((qz[:, None] >> shifts[None, :]) & 0xF).to(tl.float32)
+        w = (q - z[None, :, :]) * sc[None, :, :]
+    return w
+
+
+@triton.jit
+def _awq_gemv_kernel(
+    x_ptr, qw_ptr, qz_ptr, s_ptr, out_ptr,
+    M, N, K, stride_xm, stride_om, stride_qw, stride_qz, stride_s, group_size, k_per_split,
+    BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, FLOAT_ZERO: tl.constexpr,
+):
+    """One row of x per program (decode): products accumulated per (k, column) in fp32 and summed over K once at the
+    end, so the K loop has no cross-thread reduction and no MMA tile padded from 1 row to 16."""
+    row = tl.program_id(0).to(tl.int64)
+    pid_w = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    words = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    w_mask = words < N // 8
+    acc = tl.zeros([BLOCK_K, BLOCK_W, 8], dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in range(k_start, k_end, BLOCK_K):  # whole tiles: K and the split are multiples of BLOCK_K
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xk = tl.load(x_ptr + row * stride_xm + offs_k).to(tl.float32)
+        w = _weight_lanes(qw_ptr, qz_ptr, s_ptr, offs_k, words, w_mask, k0 // group_size, stride_qw, stride_qz,
+                          stride_s, FLOAT_ZERO)
+        acc += xk[:, None, None] * w
+    cols = words[:, None] * 8 + tl.arange(0, 8)[None, :]
+    tl.store(out_ptr + pid_k.to(tl.int64) * M * N + row * stride_om + cols,
+             tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=w_mask[:, None])
+
+
+@triton.jit
+def _awq_dequant_kernel(
+    qw_ptr, qz_ptr, s_ptr, w_ptr, N, stride_qw, stride_qz, stride_s, group_size,
+    BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, FLOAT_ZERO: tl.constexpr,
+):
+    """The dense (K, N) weight in w_ptr's dtype, for many rows: then cuBLAS runs the product at its own speed."""
+    pid_k = tl.program_id(0)
+    pid_w = tl.program_id(1)
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    words = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    w_mask = words < N // 8
+    w = _weight_lanes(qw_ptr, qz_ptr, s_ptr, offs_k, words, w_mask, (pid_k * BLOCK_K) // group_size, stride_qw,
+                      stride_qz, stride_s, FLOAT_ZERO)
+    cols = words[:, None] * 8 + tl.arange(0, 8)[None, :]
+    tl.store(w_ptr + offs_k[:, None, None].to(tl.int64) * N + cols[None, :, :], w.to(w_ptr.dtype.element_ty),
+             mask=w_mask[None, :, None])
+
+
+KINDS = ("mma", "gemv", "dequant")
+
+
 @dataclass(frozen=True)
 class GemmConfig:
-    """One tile configuration. split_k None: enough K slices for ~2 programs per SM (from M's bucket, not M)."""
+    """One way to run a shape. kind: mma (tl.dot tiles of block_m rows), gemv (one row per program; block_m 1),
+    dequant (the dense weight written once per call, then cuBLAS: for many rows). split_k None: enough K slices for
+    ~2 programs per SM, counted from M's bucket, not M."""
 
     block_m: int
     block_n: int
@@ -130,10 +198,11 @@ class GemmConfig:
     words: bool = True
     num_warps: int = 4
     num_stages: int = 3
+    kind: str = "mma"
 
     def label(self) -> str:
         split = "auto" if self.split_k is None else self.split_k
-        return (f"m{self.block_m}n{self.block_n}k{self.block_k}s{split}{'w' if self.words else 'c'}"
+        return (f"{self.kind}_m{self.block_m}n{self.block_n}k{self.block_k}s{split}{'w' if self.words else 'c'}"
                 f"_{self.num_warps}x{self.num_stages}")
 
 
@@ -148,23 +217,25 @@ def default_config(m: int, group_size: int) -> GemmConfig:
 
 
 def candidates(m: int, group_size: int) -> list[GemmConfig]:
-    """What the tuner times for M's bucket: GEMV tiles for one row, MMA tiles of growing height, and the heuristic's
-    tile with the per-column loads (the previous unpacking), so a regression of the word unpacking shows."""
+    """What the tuner times for M's bucket: GEMV programs for decode-sized calls, MMA tiles of growing height, the
+    dequantize-then-cuBLAS route for many rows, and the heuristic's tile with the per-column loads (the previous
+    unpacking), so a regression of either unpacking shows."""
     bucket, bk = m_bucket(m), min(group_size, 64)
-    big_k = next(k for k in (128, 64, 32) if group_size % k == 0)
     out: list[GemmConfig] = []
-    if bucket <= 4:  # decode of one or a few sequences: no MMA padding, wide column tiles, long K tiles
-        out += [GemmConfig(bucket, bn, k, None, w) for bn, w in ((64, 4), (128, 4), (256, 8)) for k in {bk, big_k}]
+    if bucket <= 16:  # decode: one row per program, wide column tiles
+        for bn, k, warps in ((128, 64, 4), (256, 32, 4), (256, 64, 8), (512, 32, 8)):
+            out.append(GemmConfig(1, bn, min(k, group_size), None, True, warps, 3, "gemv"))
     heights = [16] if bucket <= 16 else [16, 32, 64] if bucket <= 64 else [64, 128]
     out += [GemmConfig(h, bn, bk, None, True, 8 if h * bn >= 8192 else 4) for h in heights for bn in (64, 128)]
-    if bucket >= 1024:  # prefill: enough output tiles without splitting K
-        out += [GemmConfig(128, 128, bk, 1, True, 8, 3)]
+    if bucket >= 64:
+        out.append(GemmConfig(1, 128, bk, 1, True, 4, 3, "dequant"))
     default = default_config(m, group_size)
     out += [default, GemmConfig(default.block_m, default.block_n, default.block_k, None, False)]
     return list(dict.fromkeys(out))
 
 
 tuned: dict[tuple, GemmConfig] = {}  # (bucket, N, K, group, x dtype, scales dtype, float zeros) -> the fastest
+tuning_ms: dict[tuple, dict[str, float]] = {}  # the same keys -> every candidate's time (for bench.gpu's report)
 _flush: dict[torch.device, torch.Tensor] = {}
 
 
@@ -172,8 +243,18 @@ def _launch(x, qweight, qzeros, scales, out, group_size: int, cfg: GemmConfig, f
     M, K = x.shape
     N = qweight.shape[1] * 8
     block_k = min(cfg.block_k, group_size)
+    assert cfg.kind in KINDS, cfg
     assert group_size % block_k == 0 and block_k >= 16, (group_size, block_k)
     assert cfg.block_n % 8 == 0 and cfg.block_n >= 16, cfg
+    strides = (qweight.stride(0), qzeros.stride(0), scales.stride(0))
+    if cfg.kind == "dequant":
+        w = torch.empty(K, N, dtype=x.dtype, device=x.device)
+        _awq_dequant_kernel[(K // block_k, triton.cdiv(N, cfg.block_n))](
+            qweight, qzeros, scales, w, N, *strides, group_size,
+            BLOCK_W=cfg.block_n // 8, BLOCK_K=block_k, FLOAT_ZERO=float_zero, num_warps=cfg.num_warps,
+        )
+        return torch.matmul(x, w, out=out)
+    # programs counted from M's bucket, not M: the split, and so each row's sums, are the same for every M in it
     tiles = triton.cdiv(m_bucket(M), cfg.block_m) * triton.cdiv(N, cfg.block_n)
     split_k = cfg.split_k
     if split_k is None:
@@ -183,14 +264,19 @@ def _launch(x, qweight, qzeros, scales, out, group_size: int, cfg: GemmConfig, f
     k_per_split = triton.cdiv(K // block_k, split_k) * block_k
     split_k = triton.cdiv(K, k_per_split)
     target = out if split_k == 1 else torch.empty(split_k, M, N, dtype=torch.float32, device=x.device)
-    _awq_gemm_kernel[(triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), split_k)](
-        x, qweight, qzeros, scales, target,
-        M, N, K, x.stride(0), N if split_k > 1 else out.stride(0), qweight.stride(0), qzeros.stride(0),
-        scales.stride(0), group_size, k_per_split,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, WORDS=cfg.words,
-        UPCAST=dot_upcast(_awq_gemm_kernel, x.dtype), FLOAT_ZERO=float_zero,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    common = (x, qweight, qzeros, scales, target, M, N, K, x.stride(0), N if split_k > 1 else out.stride(0), *strides,
+              group_size, k_per_split)
+    if cfg.kind == "gemv":
+        _awq_gemv_kernel[(M, triton.cdiv(N, cfg.block_n), split_k)](
+            *common, BLOCK_W=cfg.block_n // 8, BLOCK_K=block_k, FLOAT_ZERO=float_zero,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    else:
+        _awq_gemm_kernel[(triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), split_k)](
+            *common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, WORDS=cfg.words,
+            UPCAST=dot_upcast(_awq_gemm_kernel, x.dtype), FLOAT_ZERO=float_zero,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     if split_k > 1:
         out.copy_(target.sum(dim=0))
     return out
@@ -211,19 +297,21 @@ def _time_config(run, flush: torch.Tensor, reps: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def tune(x, qweight, qzeros, scales, out, group_size: int, float_zero: bool) -> GemmConfig:
-    """Time every candidate for this call's shape on its GPU and keep the fastest (a candidate that fails to
-    compile or launch is skipped)."""
-    flush = _flush.setdefault(x.device, torch.empty(256 * 2**20 // 4, dtype=torch.int32, device=x.device))
+def tune(x, qweight, qzeros, scales, out, group_size: int, float_zero: bool) -> tuple[GemmConfig, dict[str, float]]:
+    """Time every candidate for this call's shape on its GPU: (the fastest, each candidate's ms). A candidate that
+    fails to compile or launch (e.g. out of shared memory for its tile on this GPU) is not one here."""
+    flush = _flush.setdefault(x.device, torch.empty(128 * 2**20 // 4, dtype=torch.int32, device=x.device))
+    timed: dict[str, float] = {}
     best, best_ms = default_config(x.shape[0], group_size), float("inf")
     for cfg in candidates(x.shape[0], group_size):
         try:
             ms = _time_config(lambda c=cfg: _launch(x, qweight, qzeros, scales, out, group_size, c, float_zero), flush)
-        except Exception:  # e.g. out of shared memory for this tile on this GPU: not a candidate here
+        except Exception:  # not a candidate on this GPU
             continue
+        timed[cfg.label()] = round(ms, 5)
         if ms < best_ms:
             best, best_ms = cfg, ms
-    return best
+    return best, timed
 
 
 def awq_gemm(x, qweight, qzeros, scales, group_size: int, out=None, split_k: int | None = None,
@@ -262,7 +350,8 @@ def awq_gemm(x, qweight, qzeros, scales, group_size: int, out=None, split_k: int
         key = (m_bucket(M), N, K, group_size, x.dtype, scales.dtype, float_zero)
         config = tuned.get(key)
         if config is None and not torch.cuda.is_current_stream_capturing():
-            config = tuned[key] = tune(x, qweight, qzeros, scales, out, group_size, float_zero)
+            config, tuning_ms[key] = tune(x, qweight, qzeros, scales, out, group_size, float_zero)
+            tuned[key] = config
     return _launch(x, qweight, qzeros, scales, out, group_size, config or default_config(M, group_size), float_zero)
 
 
