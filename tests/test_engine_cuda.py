@@ -135,3 +135,52 @@ def test_speculation_keeps_outputs_exact(model_dir: Path, prompts: list[list[int
     for i in range(len(prompts)):
         assert token_ids(outs[f"r{i}"]) == reference[i], f"prompt {i} diverged"
     assert_no_leaks(eng)
+
+
+# Llama-3.2-1B's shapes (16 layers, 32 query and 8 KV heads of 64, vocabulary 128,256, llama3 rope scaling), random
+# weights: the size where decode is bandwidth-bound, not launch-bound (bench.gpu measures it)
+LLAMA_1B_SHAPES = LlamaConfig(
+    vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=64, max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=True,
+    rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192, "rope_theta": 500000.0},
+    initializer_range=0.05,
+)
+
+
+@pytest.fixture(scope="module")
+def model_1b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("llama-1b-shapes")
+    save_random_model(LLAMA_1B_SHAPES, path)
+    return path
+
+
+def test_llama_1b_shapes_match_hf_and_graphs_change_no_token(model_1b: Path, prompts: list[list[int]]) -> None:
+    """fp32: the engine equals HF's greedy reference at 1B shapes through staggered batches, with CUDA graphs and
+    without; bf16: the greedy tokens with graphs equal those without."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_1b, dtype=torch.float32).to("cuda").eval()
+    with torch.inference_mode():
+        ref = [hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=[],
+                           pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    del hf
+    torch.cuda.empty_cache()
+    arrivals: dict[int, list[tuple]] = {}
+    for i, p in enumerate(prompts):
+        arrivals.setdefault((i * 3) % 7, []).append((f"r{i}", p, GREEDY))
+    for graphs in (True, False):
+        eng = engine(model_1b, cuda_graphs=graphs)
+        outs = run_to_completion(eng, arrivals)
+        assert [token_ids(outs[f"r{i}"]) for i in range(len(prompts))] == ref, f"cuda_graphs={graphs}"
+        if graphs:
+            assert_graphs_replayed(eng)
+        assert_no_leaks(eng)
+        del eng
+    bf16 = []
+    for graphs in (True, False):
+        eng = engine(model_1b, dtype="bfloat16", cuda_graphs=graphs)
+        outs = run_to_completion(eng, {0: [(f"r{i}", p, GREEDY) for i, p in enumerate(prompts)]})
+        bf16.append([token_ids(outs[f"r{i}"]) for i in range(len(prompts))])
+        del eng
+    assert bf16[0] == bf16[1]
