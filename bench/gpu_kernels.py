@@ -144,7 +144,10 @@ def _gemm_case(m: int, k: int, n: int, fmt: str, group: int, device: str, g: tor
     us, how = graph_us([lambda s=s: call(s) for s in sets])
     key = (aw.m_bucket(m), n, k, group, x.dtype, sets[0][2].dtype, gguf)
     cfg = aw.tuned.get(key)
-    row["candidates_us"] = {label: round(ms * 1e3, 2) for label, ms in aw.tuning_ms.get(key, {}).items()}
+    row["tuner_us"] = {label: round(ms * 1e3, 2) for label, ms in aw.tuning_ms.get(key, {}).items()}
+    # every candidate as this bench times it (rotating copies, graph replay): whether the tuner picked the fastest
+    row["candidates_us"] = {c.label(): round(graph_us([lambda s=s, c=c: call(s, c) for s in sets])[0], 2)
+                            for c in aw.candidates(m, group)}
     default = aw.default_config(m, group)
     us_default, _ = graph_us([lambda s=s: call(s, default) for s in sets])
     row.update({"us": round(us, 2), "timing": how, "config": cfg.label() if cfg else None,

@@ -11,24 +11,27 @@ Layout (AutoAWQ ``WQLinear_GEMM``, w_bit 4, K = in_features, N = out_features)
     backend/quant/gguf_blocks.py, whose Q4_1 minimum m is no integer multiple of the scale):
     w[k, n] = q[k, n] * s[k // group_size, n] - zero_terms[k // group_size, n].
 
-Algorithm
-    Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split_k). A program owns an output tile and a slice of K.
-    Per K tile (BLOCK_K rows, inside one quantisation group since group_size % BLOCK_K == 0):
-        x tile [BLOCK_M, BLOCK_K]; the packed weights, unpacked in one of two ways (a compile-time choice):
-          WORDS: the tile's words [BLOCK_K, BLOCK_N / 8] are loaded once and each is shifted by the 8 nibble
-                 offsets, [BLOCK_K, BLOCK_N / 8, 8], reshaped in order to [BLOCK_K, BLOCK_N] (8x fewer loads);
-          else:  column n loads word n // 8 itself ([BLOCK_K, BLOCK_N] loads, 8 lanes on one address);
-        one row of zeros and scales for the group; w = (nibble - zero) * scale in fp32, cast to x's dtype;
-        acc += x @ w: tl.dot (fp32 accumulation) for BLOCK_M >= 16, else a broadcast multiply and a sum over K
-        (a GEMV for decode: no MMA tile padded from 1 row to 16).
+Algorithm: three kinds (`GemmConfig.kind`), one chosen per shape
+    mma      Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split_k). A program owns an output tile and a slice of K.
+             Per K tile (BLOCK_K rows, inside one quantisation group since group_size % BLOCK_K == 0): x tile
+             [BLOCK_M, BLOCK_K]; the packed weights unpacked either word-wise (WORDS: each word loaded once, shifted
+             by the 8 nibble offsets, [BLOCK_K, BLOCK_N / 8, 8] reshaped in order to [BLOCK_K, BLOCK_N]) or per
+             column (column n loads word n // 8 itself); one row of zeros and scales for the group;
+             w = (nibble - zero) * scale in fp32, cast to x's dtype; acc += x @ w with tl.dot (fp32 accumulation).
+    gemv     Grid (M, cdiv(N, BLOCK_N), split_k): one row of x per program (decode). The weights as a
+             [BLOCK_K, BLOCK_N / 8, 8] float32 tile, the nibble lane on its own axis (no reshape); products
+             accumulated per (k, column) and summed over K once at the end.
+    dequant  The dense (K, N) weight written in x's dtype (the same lane tiles), then torch.matmul (cuBLAS): for
+             many rows, where the 4-bit bytes no longer decide the time.
     split_k > 1 (small M: too few output tiles to fill the GPU) writes fp32 partials, summed after in a fixed order.
 
 Tiles per shape
-    A call takes its tile configuration (`GemmConfig`) from, in order: the arguments; `tuned` (measured on this
-    GPU the first time a shape is seen outside a CUDA-graph capture: every candidate of `candidates()` timed with
-    the L2 flushed between runs, the fastest kept for the process, keyed by M's power-of-two bucket, N, K, group,
-    dtypes); `default_config` (the heuristic, also what a capture or the interpreter uses). Within one bucket the
-    configuration does not depend on M, so a row's result does not depend on how many rows share the call.
+    A call takes its configuration (`GemmConfig`) from, in order: the arguments; `tuned` (measured on this GPU the
+    first time a shape is seen outside a CUDA-graph capture: every candidate of `candidates()` captured in a CUDA
+    graph and replayed, the L2 flushed before each call, the fastest kept for the process, keyed by M's
+    power-of-two bucket, N, K, group, dtypes); `default_config` (the heuristic, also what a capture or the
+    interpreter uses). Within one bucket the configuration does not depend on M, so a row's result does not depend
+    on how many rows share the call.
 
 Limits
     4-bit only; group_size in {32, 64, 128} (any multiple of BLOCK_K works); N a multiple of 8; x
@@ -282,24 +285,46 @@ def _launch(x, qweight, qzeros, scales, out, group_size: int, cfg: GemmConfig, f
     return out
 
 
-def _time_config(run, flush: torch.Tensor, reps: int = 5) -> float:
-    """Median GPU time of `run` in ms, the L2 flushed before each (a weight that fits in L2 would time the cache)."""
-    run()
+def _graph_ms(fn, reps: int) -> float:
+    """Median ms of one replay of a CUDA graph holding `fn` (launch overhead on the host is not in it)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
     times = []
     for _ in range(reps):
-        flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        run()
+        graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
 
 
+def _time_config(run, flush: torch.Tensor, reps: int = 5, calls: int = 8) -> float:
+    """GPU ms of one `run`, each after an L2 flush (a weight that fits in L2 would time the cache): `calls` of
+    (flush, run) and `calls` flushes alone, each captured in a CUDA graph and replayed, the difference per call.
+    Timed eagerly, a call of a few microseconds on the GPU measures the host's launch instead (seen on an H200:
+    88 us eager for a 16 us kernel), and the fastest launcher, not the fastest kernel, would win."""
+    run()
+    torch.cuda.synchronize()
+
+    def flushed_runs() -> None:
+        for _ in range(calls):
+            flush.zero_()
+            run()
+
+    def flushes() -> None:
+        for _ in range(calls):
+            flush.zero_()
+
+    both, alone = _graph_ms(flushed_runs, reps), _graph_ms(flushes, reps)
+    return max(both - alone, 1e-6) / calls
+
+
 def tune(x, qweight, qzeros, scales, out, group_size: int, float_zero: bool) -> tuple[GemmConfig, dict[str, float]]:
     """Time every candidate for this call's shape on its GPU: (the fastest, each candidate's ms). A candidate that
-    fails to compile or launch (e.g. out of shared memory for its tile on this GPU) is not one here."""
+    fails to compile, launch or be captured (e.g. out of shared memory for its tile on this GPU) is not one here."""
     flush = _flush.setdefault(x.device, torch.empty(128 * 2**20 // 4, dtype=torch.int32, device=x.device))
     timed: dict[str, float] = {}
     best, best_ms = default_config(x.shape[0], group_size), float("inf")

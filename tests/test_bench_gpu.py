@@ -1,0 +1,58 @@
+"""bench.gpu's code paths on the CPU (--dry-run): toy shapes, every section, kernels checked against their references.
+
+On a GPU the same script measures (python -m bench.gpu); here it must run end to end, so a lent GPU's few minutes are
+not spent finding a typo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from bench import gpu_models
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_dry_run_covers_every_section(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.gpu", "--dry-run", "--only", "ceilings,kernels,engine,hf",
+         "--formats", "bf16,awq,gguf", "--work", str(tmp_path / "work"), "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])  # the last line is the result
+    assert last == json.loads(out.read_text())
+    assert last["errors"] == {} and last["skipped"] == []
+    kernels = [row for rows in last["kernels"].values() for row in rows]
+    assert {r["kernel"] for r in kernels} == {"w4a16_gemm", "paged_decode", "flash_prefill"}
+    assert all(r["rel_err"] < 2e-2 for r in kernels), kernels
+    assert {(e["format"], tuple(e["decode"])) for e in last["engine"]} == {
+        (f, ("1", "32", "128")) for f in ("bf16", "awq", "gguf")}
+    bf16 = next(e for e in last["engine"] if e["format"] == "bf16")
+    assert bf16["greedy_graphs_check"]["identical"] == 32  # no graphs on a CPU: the same engine path twice
+    assert set(last["hf"]["toy"]) == {"compiled", "1", "128"}
+    assert set(last["targets"]) >= {"1b_bf16_hbm_roofline_share_1_stream", "8b_int4_vs_bf16_1_stream"}
+
+
+def test_weight_bytes_per_step_counts_what_a_decode_step_reads(tmp_path: Path) -> None:
+    """Every projection and norm once, the tied embedding once (as the LM head): the arithmetic of the shapes."""
+    from bench.gpu import make_engine, weight_bytes_per_step
+
+    sh = gpu_models.shape("toy")
+    tokenizer = REPO / ".gpu_assets" / "tokenizer"
+    if not (tokenizer / "tokenizer.json").exists():
+        from backend.config import default_model_path
+
+        tokenizer = default_model_path()
+    model_dir = gpu_models.write_checkpoint(sh, "bf16", tmp_path / "toy", tokenizer, "cpu")
+    engine = make_engine(model_dir, "cpu", dry=True, packed_copy=False)
+    c = sh.config
+    per_layer = sum(o * i for o, i in sh.projections().values()) + 2 * c["hidden_size"]
+    expected = (sh.layers * per_layer + c["vocab_size"] * c["hidden_size"] + c["hidden_size"]) * 4  # fp32 on a CPU
+    assert weight_bytes_per_step(engine.runner.model) == expected
+    assert engine.runner.model.embed_tokens.weight.dtype == torch.float32
