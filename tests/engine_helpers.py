@@ -153,11 +153,18 @@ def check_mixed_speculation(
     assert_no_leaks(engine)
 
 
-def save_random_model(config: object, path: Path) -> torch.nn.Module:
+def save_random_model(config: object, path: Path, norm_std: float = 0.0) -> torch.nn.Module:
+    """A random HF model of `config` saved to `path` (+ a synthetic tokenizer). norm_std > 0: the norms' weights are
+    drawn too (an initialiser leaves them constant, which would hide how a model applies them: Gemma's 1 + w)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
+    if norm_std:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.normal_(0.0, norm_std)
     model.save_pretrained(path)
     write_tokenizer(path, config.vocab_size)
     return model

@@ -1,4 +1,4 @@
-"""Our Llama-family model equals HF transformers on small random checkpoints of each supported family.
+"""Our model equals HF transformers on small random checkpoints of each supported family (Llama's, Qwen3, Gemma 3).
 
 No weights are downloaded: each test builds a tiny randomly initialised HF model, saves it as an HF
 safetensors directory, loads it with our loader, and compares logits and greedy decoding.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, MistralConfig, Qwen2Config
+from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
@@ -32,12 +32,19 @@ CONFIGS = {
     ),
     "qwen2": Qwen2Config(**SMALL, tie_word_embeddings=False),  # q/k/v carry biases
     "mistral": MistralConfig(**SMALL, sliding_window=None, head_dim=16),
+    "qwen3": Qwen3Config(**SMALL, head_dim=16, tie_word_embeddings=False),  # QK-norm
+    # sliding (window 8, rope base 10k) and full (rope base 1M) layers, QK-norm, sandwich norms, GeGLU, scaled embeddings
+    "gemma3": Gemma3TextConfig(
+        **{**SMALL, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    ),
 }
+NORM_STD = {"qwen3": 0.3, "gemma3": 0.3}  # random norm weights: how a family applies them must match
 
 
 @pytest.mark.parametrize("family", list(CONFIGS))
 def test_family_matches_hf(family: str, tmp_path: Path) -> None:
-    hf = save_random_model(CONFIGS[family], tmp_path)
+    hf = save_random_model(CONFIGS[family], tmp_path, NORM_STD.get(family, 0.0))
     engine = LLMEngine(EngineConfig(model=str(tmp_path), max_num_batched_tokens=7, kv_cache_memory_mb=4))
     prompts = [[(i * 37 + j * 11) % 500 + 2 for j in range(n)] for i, n in enumerate((5, 19, 40))]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -46,4 +53,23 @@ def test_family_matches_hf(family: str, tmp_path: Path) -> None:
         for i, prompt in enumerate(prompts):
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=[], pad_token_id=0)
             assert token_ids(outs[f"r{i}"]) == ref[0, len(prompt) :].tolist(), f"{family}: prompt {i} diverged"
+    assert_no_leaks(engine)
+
+
+def test_gemma3_prefix_cache_and_preemption_keep_hf_greedy(tmp_path: Path) -> None:
+    """Gemma 3 through a shared prefix (prefix-cache hits), chunked prefill past the sliding window, and a KV budget
+    too small for every sequence at once (preemption and recompute): still HF's greedy tokens."""
+    hf = save_random_model(CONFIGS["gemma3"], tmp_path, NORM_STD["gemma3"])
+    # 3 layers x K,V x 2 heads x 16 x 4 bytes = 768 bytes a token: 1 MiB holds 85 blocks of 16, the batch ~100
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), max_num_batched_tokens=64, kv_cache_memory_mb=1))
+    shared = [(j * 13) % 500 + 2 for j in range(48)]
+    prompts = [shared + [(i * 29 + j * 7) % 500 + 2 for j in range(120 + 6 * i)] for i in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    outs = run_to_completion(engine, {0: [(f"r{i}", p, params) for i, p in enumerate(prompts)]})
+    assert engine.kv.hits > 0, "the shared prefix should hit the prefix cache"
+    assert engine.scheduler.num_preemptions > 0, "the KV budget should force preemption"
+    with torch.inference_mode():
+        for i, prompt in enumerate(prompts):
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False, eos_token_id=[], pad_token_id=0)
+            assert token_ids(outs[f"r{i}"]) == ref[0, len(prompt) :].tolist(), f"prompt {i} diverged"
     assert_no_leaks(engine)

@@ -1,10 +1,12 @@
-"""The Llama family (Llama 2/3, SmolLM, Qwen2, Mistral) over a paged KV cache.
+"""The Llama family (Llama 2/3, SmolLM, Qwen2/3, Mistral) and Gemma 3 over a paged KV cache.
 
 One forward runs every scheduled token of every sequence as one packed batch: linear layers
 see (num_tokens, hidden); only attention knows about sequences, through ForwardBatch.
 q/k/v and gate/up projections are fused into one matmul each (fewer, larger GEMMs on CPU).
 Norms, rotary and attention go through `ops` (torch or Triton, see backend/model/ops.py); the
 residual stream is carried beside the hidden state so a norm can fuse the residual add.
+What an architecture changes in the block (QK-norm, sandwich norms, GeGLU, embedding scale, rope per layer type) is
+one record, `Arch` (backend/model/arch.py), read from the config once.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
+from backend.model.arch import Arch, arch_of
 from backend.model.forward_batch import ForwardBatch
 from backend.model.ops import Ops, TorchOps
 from backend.model.rope import RotaryEmbedding
@@ -44,49 +48,67 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int, window: int = 0) -> None:
+    def __init__(self, config: PretrainedConfig, head_dim: int, window: int = 0, arch: Arch | None = None) -> None:
         super().__init__()
+        arch = arch or arch_of(config)
         self.window = window  # sliding window in tokens, 0 = full attention (backend/model/sliding_window.py)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim
         self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
-        bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        self.scale = head_dim**-0.5
+        self.scale = arch.attn_scale or head_dim**-0.5
+        # QK-norm (Qwen3, Gemma 3): each head's q and k normalised over head_dim before the rotary
+        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if arch.qk_norm else None
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor, batch: ForwardBatch, ops: Ops
     ) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)  # (num_tokens, num_heads, head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)  # (num_tokens, num_kv_heads, head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q.reshape(-1, self.head_dim), None, ops)[0]
+            k = self.k_norm(k.reshape(-1, self.head_dim), None, ops)[0]
+        q = q.reshape(n, self.num_heads, self.head_dim)  # (num_tokens, num_heads, head_dim)
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)  # (num_tokens, num_kv_heads, head_dim)
         q, k = ops.rotary(q, k, rope)
         batch = batch.with_window(self.window)
-        out = ops.attention(q, k, v.view(n, self.num_kv_heads, self.head_dim), cache, batch, self.scale)
+        out = ops.attention(q, k, v.reshape(n, self.num_kv_heads, self.head_dim), cache, batch, self.scale)
         return self.o_proj(out.reshape(n, self.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, activation: str = "silu") -> None:
         super().__init__()
         self.intermediate = config.intermediate_size
+        self.activation = activation
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))  # (tokens, 2I) -> (tokens, I) -> (tokens, hidden)
+        gate_up = self.gate_up_proj(x)  # (tokens, 2I)
+        if self.activation == "gelu_tanh":  # GeGLU (Gemma): gelu(gate) * up, as HF's gelu_pytorch_tanh
+            gate, up = gate_up.chunk(2, dim=-1)
+            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(ops.silu_and_mul(gate_up))  # (tokens, 2I) -> (tokens, I) -> (tokens, hidden)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int, window: int = 0) -> None:
+    def __init__(self, config: PretrainedConfig, head_dim: int, window: int = 0, arch: Arch | None = None,
+                 rope_index: int = 0) -> None:
         super().__init__()
+        arch = arch or arch_of(config)
+        self.rope_index = rope_index  # which of the model's rope tables this layer rotates with
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, head_dim, window)
+        self.self_attn = Attention(config, head_dim, window, arch)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, arch.activation)
+        # sandwich norms (Gemma 3): post_attention_layernorm normalises the attention output itself, then these two
+        # come before and after the MLP
+        self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if arch.sandwich_norms else None
+        self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if arch.sandwich_norms else None
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor,
@@ -94,8 +116,12 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: this layer's input delta, residual: the stream so far. Returns (mlp output, stream)."""
         h, residual = self.input_layernorm(x, residual, ops)
-        h, residual = self.post_attention_layernorm(self.self_attn(h, rope, cache, batch, ops), residual, ops)
-        return self.mlp(h, ops), residual
+        if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
+            h, residual = self.post_attention_layernorm(self.self_attn(h, rope, cache, batch, ops), residual, ops)
+            return self.mlp(h, ops), residual
+        a = self.post_attention_layernorm(self.self_attn(h, rope, cache, batch, ops), None, ops)[0]
+        h, residual = self.pre_feedforward_layernorm(a, residual, ops)  # stream += normed attention output
+        return self.post_feedforward_layernorm(self.mlp(h, ops), None, ops)[0], residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -108,31 +134,45 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
+        self.arch = arch_of(config)
         self.ops: Ops = ops or TorchOps()
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.layer_ids = layer_ids if layer_ids is not None else range(config.num_hidden_layers)
         self.layer_windows = layer_windows(config)  # every layer's, 0 = full attention: the batch masks cover all
-        self.layers = nn.ModuleList(DecoderLayer(config, self.head_dim, self.layer_windows[i]) for i in self.layer_ids)
+        # rope tables: one, or (Gemma 3) one per layer type, each layer naming its own
+        self.rope_types: list[str | None] = sorted(set(config.layer_types)) if self.arch.rope_by_layer_type else [None]
+        kinds = [self.rope_types.index(config.layer_types[i]) if self.arch.rope_by_layer_type else 0
+                 for i in range(config.num_hidden_layers)]
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, self.head_dim, self.layer_windows[i], self.arch, kinds[i]) for i in self.layer_ids)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if ends else None
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if ends else None
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if ends else None
         if ends and config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rope = RotaryEmbedding(config, self.head_dim, max_positions)
+        self.set_rope(max_positions)
         self.decode_stack: FusedLayers | None = None  # all layers of a decode step in one C call (set by the loader)
 
+    def set_rope(self, max_positions: int, device: torch.device | str = "cpu") -> None:
+        """The rope tables (fp32 whatever the model's dtype: the loader calls this after casting)."""
+        ropes = [RotaryEmbedding(self.config, self.head_dim, max_positions, t).to(device=device) for t in self.rope_types]
+        self.rope, self.ropes = ropes[0], nn.ModuleList(ropes)
+
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.embed_tokens(batch.input_ids)  # (num_tokens, hidden)
+        x = self.embed_tokens(batch.input_ids)  # (num_tokens, hidden)
+        if self.arch.embed_scale is not None:  # in the model's dtype, as the reference rounds it
+            x = x * torch.tensor(self.arch.embed_scale, dtype=x.dtype)
+        return x
 
     def run_layers(
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv_cache: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This model's decoder layers; kv_cache[i] belongs to self.layers[i]. Returns (last delta, stream)."""
-        rope = self.ops.rope_table(batch.positions, self.rope.cos_sin, x.dtype)  # shared by every layer
+        ropes = [self.ops.rope_table(batch.positions, r.cos_sin, x.dtype) for r in self.ropes]  # shared by the layers
         if self.decode_stack is not None and self.decode_stack.takes(batch, residual, kv_cache):
-            return self.decode_stack(x, rope, batch, kv_cache)  # the same kernels, from C (backend/model/decode_stack.py)
+            return self.decode_stack(x, ropes[0], batch, kv_cache)  # the same kernels, from C (backend/model/decode_stack.py)
         for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, rope, kv_cache[i], batch, self.ops)
+            x, residual = layer(x, residual, ropes[layer.rope_index], kv_cache[i], batch, self.ops)
         return x, residual
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

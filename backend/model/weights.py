@@ -16,14 +16,13 @@ from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
 from backend.config import cache_dir
+from backend.model.arch import arch_of
 from backend.model.cpu_gemm import add_packed_copies
 from backend.model.llama import LlamaForCausalLM
 from backend.model.ops import CpuOps, Ops
-from backend.model.rope import RotaryEmbedding
 from backend.quant.config import AWQ_TENSORS, AwqConfig, GptqConfig, awq_config_of, gptq_config_of
 from backend.quant.gguf_blocks import BLOCK_TENSORS, NoBlocksError, as_module_tensors, dequantize_mixed_groups, is_gguf_blocks
 
-SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "smollm3"}
 FUSED = {  # our parameter -> the HF parameters concatenated along the output dimension
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
@@ -56,8 +55,7 @@ def resolve_model_dir(path: Path, gguf_blocks: bool = False) -> Path:
 
 def load_config(model_dir: Path) -> PretrainedConfig:
     config = AutoConfig.from_pretrained(model_dir)
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"unsupported model type {config.model_type!r}; supported: {sorted(SUPPORTED_MODEL_TYPES)}")
+    arch_of(config)  # an unsupported architecture stops here, by name, before any weight is read
     return config
 
 
@@ -170,6 +168,8 @@ def load_model(
     blocks = is_gguf_blocks(model_dir)  # a GGUF's Q4_0/Q4_1 blocks: INT4 layers where the state holds them
     if blocks and tp is not None:
         raise ValueError("tensor parallelism needs full-precision weights (quantization: none)")
+    if (tp is not None or pp is not None) and not arch_of(config).is_llama:
+        raise ValueError(f"tensor and pipeline parallelism take Llama-family blocks, not {config.model_type}")
     model = _empty_model(config, max_positions, ops, awq, quantization, tp, pp)
     state = _read_state(model_dir, model, gptq, tp, pp)
     if blocks:
@@ -187,12 +187,14 @@ def load_model(
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if model.arch.norm_offset:
+        fold_norm_offset(model)
     model = model.to(device=device, dtype=dtype).eval()
     if awq is not None or blocks:
         from backend.quant.convert import prepare_int4
 
         prepare_int4(model, dense_copy=int4_dense_copy, cpu_kernel=int4_cpu_kernel, deterministic=deterministic)
-        if tp is None:  # (DecodeStack.build says None without CpuOps)
+        if tp is None and model.arch.is_llama:  # (DecodeStack.build says None without CpuOps)
             from backend.model.decode_stack import DecodeStack
 
             model.decode_stack = DecodeStack.build(model, ops)
@@ -206,5 +208,15 @@ def load_model(
         from backend.parallel.tensor_parallel import make_row_parallel
 
         make_row_parallel(model)
-    model.rope = RotaryEmbedding(config, model.head_dim, max_positions).to(device=device)  # angles stay fp32
+    model.set_rope(max_positions, device)  # angles stay fp32
     return model
+
+
+def fold_norm_offset(model: torch.nn.Module) -> None:
+    """Gemma's norms apply (1 + w) to the normalised input: add the 1 to every norm's weight once, in the checkpoint's
+    precision (fp32 here gives the reference's own (1.0 + w.float())), so the model runs plain RMSNorms."""
+    from backend.model.llama import RMSNorm
+
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.weight = torch.nn.Parameter(module.weight.data.float() + 1.0, requires_grad=False)

@@ -1,0 +1,64 @@
+"""What sets each supported architecture apart from Llama, read from its config once: one frozen record the model reads.
+
+    llama, mistral, smollm3   the reference: pre-norm blocks, SwiGLU, one rope table (any rope_type transformers knows)
+    qwen2                     q/k/v biases
+    qwen3                     RMSNorm of each head's q and k before the rotary (QK-norm)
+    gemma3_text               QK-norm; sandwich norms (after attention and after the MLP, and before the MLP); GeGLU
+                              (tanh GELU); embeddings scaled by sqrt(hidden); norms store w and apply (1 + w); attention
+                              scaled by query_pre_attn_scalar^-1/2; sliding and full layers (5:1) each with its own
+                              rope base (rope_parameters per layer type)
+
+Anything else is refused by name before any weight is read (`arch_of`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PretrainedConfig
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3_text")
+
+
+class UnsupportedArchitecture(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Arch:
+    model_type: str
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sandwich_norms: bool = False
+    activation: str = "silu"  # silu (SwiGLU) | gelu_tanh (GeGLU)
+    embed_scale: float | None = None  # multiply the embeddings by this (in the model's dtype), None: not at all
+    norm_offset: bool = False  # norm weights stored as w, applied as 1 + w (the loader folds the 1 in)
+    attn_scale: float | None = None  # None: head_dim^-1/2
+    rope_by_layer_type: bool = False  # config.rope_parameters holds one entry per layer type
+
+    @property
+    def is_llama(self) -> bool:
+        """The plain Llama block: what the fused CPU decode stack and the parallel layouts implement."""
+        return not (self.qk_norm or self.sandwich_norms or self.embed_scale or self.rope_by_layer_type
+                    or self.activation != "silu")
+
+
+def arch_of(config: PretrainedConfig) -> Arch:
+    kind = config.model_type
+    if kind not in SUPPORTED:
+        raise UnsupportedArchitecture(f"unsupported model type {kind!r}; supported: {', '.join(SUPPORTED)}")
+    bias = bool(getattr(config, "attention_bias", False))
+    if kind == "qwen2":
+        return Arch(kind, qkv_bias=True)
+    if kind == "qwen3":
+        return Arch(kind, qkv_bias=bias, qk_norm=True)
+    if kind == "gemma3_text":
+        for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if getattr(config, cap, None) is not None:
+                raise UnsupportedArchitecture(f"gemma3_text with {cap} is not supported")
+        if getattr(config, "hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+            raise UnsupportedArchitecture(f"gemma3_text with activation {config.hidden_activation!r} is not supported")
+        return Arch(kind, qkv_bias=bias, qk_norm=True, sandwich_norms=True, activation="gelu_tanh",
+                    embed_scale=float(config.hidden_size) ** 0.5, norm_offset=True,
+                    attn_scale=float(config.query_pre_attn_scalar) ** -0.5, rope_by_layer_type=True)
+    return Arch(kind, qkv_bias=bias)
