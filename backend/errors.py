@@ -23,3 +23,12 @@ class QueueFullError(EngineError):
 
 class EngineDeadError(EngineError):
     """The engine loop died; nothing more can be served. HTTP 503."""
+
+
+class ModelLoadError(EngineError, ValueError):
+    """The model cannot be served: a missing or corrupt file, an architecture or format the engine does not run. The
+    message is one line naming what was found and what is supported; startup stops with it (python -m gateway)."""
+
+
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """No model at the configured path."""

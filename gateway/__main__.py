@@ -28,9 +28,16 @@ from gateway.routing.config import RoutingConfig
 def build_engine(cfg: GatewayConfig) -> EngineClient | None:
     if cfg.routing.enabled and not cfg.routing.needs_engine:
         return None  # a pure router: no torch in this process
-    from backend.engine.async_engine import AsyncEngine
+    from backend.errors import ModelLoadError
+    from backend.model.arch import preflight
 
-    engine: EngineClient = AsyncEngine.from_config(cfg.engine)
+    try:  # one line, what was found and what is supported, no traceback; the preflight before torch is imported
+        preflight(cfg.engine.resolved_model())
+        from backend.engine.async_engine import AsyncEngine
+
+        engine: EngineClient = AsyncEngine.from_config(cfg.engine)
+    except ModelLoadError as exc:
+        sys.exit(f"model error: {exc}")
     return engine
 
 

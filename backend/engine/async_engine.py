@@ -111,7 +111,9 @@ class AsyncEngine:
 
     # ---- tokenizer -------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
-        return list(self.engine.tokenizer.encode(text, add_special_tokens=False))
+        """A completion prompt's ids, with the special tokens the tokenizer adds to a text (Gemma's <bos>, without
+        which it degenerates; SmolLM2's adds none), as vLLM and llama.cpp do."""
+        return list(self.engine.tokenizer.encode(text, add_special_tokens=True))
 
     def detokenize(self, token_ids: list[int]) -> str:
         return self.engine.tokenizer.decode(token_ids, skip_special_tokens=False)

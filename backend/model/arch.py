@@ -13,15 +13,21 @@ Anything else is refused by name before any weight is read (`arch_of`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import PretrainedConfig
+from backend.errors import ModelLoadError, ModelNotFoundError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3_text")
 
 
-class UnsupportedArchitecture(ValueError):
-    pass
+class UnsupportedArchitecture(ModelLoadError):
+    """An architecture (or a variant of one) the engine does not run."""
 
 
 @dataclass(frozen=True)
@@ -62,3 +68,27 @@ def arch_of(config: PretrainedConfig) -> Arch:
                     embed_scale=float(config.hidden_size) ** 0.5, norm_offset=True,
                     attn_scale=float(config.query_pre_attn_scalar) ** -0.5, rope_by_layer_type=True)
     return Arch(kind, qkv_bias=bias)
+
+
+def preflight(path: Path) -> None:
+    """Refuse a model the engine cannot serve in milliseconds, before torch is imported: the path must exist, a
+    directory's config.json name a supported model type, a GGUF header a supported architecture. One-line errors."""
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise ModelNotFoundError(f"{path}: no config.json (need an HF model directory or a .gguf file)")
+        try:
+            kind = json.loads(config.read_text()).get("model_type")
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"{config}: unreadable ({exc})") from exc
+        if kind not in SUPPORTED:
+            raise UnsupportedArchitecture(f"{path.name}: unsupported model type {kind!r}; supported: {', '.join(SUPPORTED)}")
+        return
+    if path.suffix != ".gguf" or not path.exists():
+        raise ModelNotFoundError(f"model not found (need an HF directory or a .gguf file): {path}")
+    from backend.model.gguf_header import ARCHITECTURES, read_header
+
+    header = read_header(path)
+    if header.model_type is None:
+        raise UnsupportedArchitecture(
+            f"{path.name}: GGUF architecture {header.architecture!r} is not supported; supported: {', '.join(ARCHITECTURES)}")

@@ -26,7 +26,7 @@ def convert_gguf_to_hf(gguf_path: Path, out: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"converting {gguf_path.name} to safetensors (one time, ~20 s) ...")
+    print(f"converting {gguf_path.name} to safetensors (one time, under a minute) ...", flush=True)
     folder, name = str(gguf_path.parent), gguf_path.name
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)

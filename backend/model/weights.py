@@ -16,11 +16,13 @@ from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
 from backend.config import cache_dir
-from backend.model.arch import arch_of
+from backend.model.arch import arch_of, preflight
 from backend.model.cpu_gemm import add_packed_copies
+from backend.model.gguf_header import read_header
 from backend.model.llama import LlamaForCausalLM
 from backend.model.ops import CpuOps, Ops
 from backend.quant.config import AWQ_TENSORS, AwqConfig, GptqConfig, awq_config_of, gptq_config_of
+from backend.quant.gguf_blocks import ARCHITECTURES as BLOCK_ARCHITECTURES
 from backend.quant.gguf_blocks import BLOCK_TENSORS, NoBlocksError, as_module_tensors, dequantize_mixed_groups, is_gguf_blocks
 
 FUSED = {  # our parameter -> the HF parameters concatenated along the output dimension
@@ -34,10 +36,10 @@ def resolve_model_dir(path: Path, gguf_blocks: bool = False) -> Path:
     are where it has them; else dequantized); a directory is used as is."""
     if path.is_dir():
         return path
-    if path.suffix != ".gguf" or not path.exists():
-        raise FileNotFoundError(f"model not found (need an HF directory or a .gguf file): {path}")
+    preflight(path)  # milliseconds: a file we cannot serve stops here, before any conversion
+    header = read_header(path)
     digest = hashlib.sha256(f"{path.resolve()}:{path.stat().st_size}".encode()).hexdigest()[:12]
-    if gguf_blocks:
+    if gguf_blocks and header.architecture in BLOCK_ARCHITECTURES and {"Q4_0", "Q4_1"} & set(header.tensor_types):
         from backend.quant.gguf_blocks import convert_gguf_blocks
 
         blocks = cache_dir() / "converted" / f"{path.stem}-{digest}-blocks"

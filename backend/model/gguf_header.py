@@ -1,0 +1,135 @@
+"""A GGUF file's header, read in milliseconds: its architecture, tensor types and tokenizer, before any conversion.
+
+gguf-py's GGUFReader parses every metadata array into Python objects (26 s for Gemma 3's 262,144-token vocabulary on
+two cores); startup only needs a few scalars and the tensor table, so this walks the header with `struct` and skips
+what it does not need. Layout (GGUF v2/v3, little-endian): magic "GGUF", version u32, tensor count u64, metadata count
+u64; each metadata entry a string key, a u32 value type and the value (arrays: element type u32, count u64, elements);
+then per tensor: name, n_dims u32, dims u64 x n_dims, type u32, offset u64.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backend.errors import ModelLoadError
+
+# GGUF metadata value types -> struct format of a fixed-size value (8: string, 9: array)
+_FIXED = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+STRING, ARRAY = 8, 9
+# GGUF architecture names the engine serves -> the transformers model type it becomes
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+
+
+class GgufError(ModelLoadError):
+    """The file is missing, not a GGUF file, or cut short: the message names the path."""
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    path: Path
+    version: int
+    architecture: str
+    metadata: dict[str, object]  # scalar and string entries (arrays are counted, not kept: `array_lengths`)
+    array_lengths: dict[str, int]
+    tensor_types: Counter[str] = field(default_factory=Counter)  # ggml type name -> how many tensors
+
+    @property
+    def model_type(self) -> str | None:
+        """The transformers model type this architecture loads as, None when the engine does not serve it."""
+        return ARCHITECTURES.get(self.architecture)
+
+    @property
+    def chat_template(self) -> str | None:
+        value = self.metadata.get("tokenizer.chat_template")
+        return value if isinstance(value, str) and value.strip() else None
+
+
+class _Cursor:
+    def __init__(self, buf: mmap.mmap, path: Path) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, fmt: str) -> object:
+        size = struct.calcsize("<" + fmt)
+        if self.pos + size > len(self.buf):
+            raise GgufError(f"{self.path}: the GGUF header is cut short (corrupt or incomplete file)")
+        (value,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        n = int(self.take("Q"))  # type: ignore[call-overload]
+        if self.pos + n > len(self.buf):
+            raise GgufError(f"{self.path}: the GGUF header is cut short (corrupt or incomplete file)")
+        raw = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def skip_value(self, kind: int) -> None:
+        if kind == STRING:
+            n = int(self.take("Q"))  # type: ignore[call-overload]  (read first: `pos += take()` would lose take's step)
+            self.pos += n
+        elif kind in _FIXED:
+            self.pos += struct.calcsize("<" + _FIXED[kind])
+        else:
+            raise GgufError(f"{self.path}: unknown GGUF metadata type {kind} (corrupt file?)")
+
+    def value(self, kind: int) -> tuple[object, int | None]:
+        """(scalar or string, None) or (None, array length), the array skipped."""
+        if kind == ARRAY:
+            elem, count = int(self.take("I")), int(self.take("Q"))  # type: ignore[call-overload]
+            if elem in _FIXED:
+                self.pos += count * struct.calcsize("<" + _FIXED[elem])
+            else:
+                for _ in range(count):
+                    self.skip_value(elem)
+            return None, count
+        if kind == STRING:
+            return self.string(), None
+        if kind in _FIXED:
+            return self.take(_FIXED[kind]), None
+        raise GgufError(f"{self.path}: unknown GGUF metadata type {kind} (corrupt file?)")
+
+
+def read_header(path: Path) -> GgufHeader:
+    """The header of `path`; GgufError (naming the path) when it is missing, not GGUF, or truncated."""
+    from gguf import GGMLQuantizationType
+
+    if not path.is_file():
+        raise GgufError(f"{path}: no such file")
+    with path.open("rb") as f:
+        if path.stat().st_size < 24:
+            raise GgufError(f"{path}: not a GGUF file (too short)")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            if buf[:4] != b"GGUF":
+                raise GgufError(f"{path}: not a GGUF file (no GGUF magic)")
+            cur = _Cursor(buf, path)
+            cur.pos = 4
+            version, n_tensors, n_kv = int(cur.take("I")), int(cur.take("Q")), int(cur.take("Q"))  # type: ignore[call-overload]
+            metadata: dict[str, object] = {}
+            arrays: dict[str, int] = {}
+            for _ in range(n_kv):
+                key = cur.string()
+                value, length = cur.value(int(cur.take("I")))  # type: ignore[call-overload]
+                if length is None:
+                    metadata[key] = value
+                else:
+                    arrays[key] = length
+            types: Counter[str] = Counter()
+            for _ in range(n_tensors):
+                cur.string()
+                n_dims = int(cur.take("I"))  # type: ignore[call-overload]
+                cur.pos += 8 * n_dims
+                kind = int(cur.take("I"))  # type: ignore[call-overload]
+                cur.pos += 8
+                try:
+                    types[GGMLQuantizationType(kind).name] += 1
+                except ValueError:
+                    types[f"type {kind}"] += 1
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise GgufError(f"{path}: the GGUF header names no general.architecture")
+    return GgufHeader(path, version, arch, metadata, arrays, types)
