@@ -78,6 +78,9 @@ class EngineConfig:
     # speculative verify): 1.15x at 32 streams, ~2x for a 5-row lm_head call (backend/model/cpu_gemm.py); 2x the memory.
     packed_copy: bool = True
     served_model_name: str = ""  # "" -> the directory name
+    # The chat template: "" the model's own; a family's standard one by name (gemma, chatml) or a Jinja file's path, for
+    # a model whose tokenizer has none (a GGUF base model); its end-of-turn token then ends a chat answer too
+    chat_template: str = ""
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "auto"  # auto -> cuda when available, else cpu
     block_size: int = 16

@@ -13,6 +13,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.fetch import fetch_gemma_gguf
 from backend.model.gguf_header import read_header
+from backend.model.tokenizer import apply_chat_template
 from backend.model.weights import resolve_model_dir
 from tests.engine_helpers import assert_no_leaks, run_to_completion, token_ids
 
@@ -51,3 +52,19 @@ def test_engine_equals_hf_greedy_on_the_real_weights(gguf: Path) -> None:
             assert token_ids(outs[f"r{i}"]) == ref[0, len(p):].tolist(), f"{TEXTS[i]!r} diverged"
     text = engine.tokenizer.decode(token_ids(outs["r0"]))
     assert "France" in text or "Paris" in text, text  # the real model, not noise
+
+
+def test_a_configured_template_serves_chat_and_its_turn_end_stops(gguf: Path) -> None:
+    """The base model has no template; `chat_template: gemma` gives it Gemma's turns, and <end_of_turn> ends an answer."""
+    engine = LLMEngine(EngineConfig(model=str(gguf), quantization="none", chat_template="gemma"))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": [{"type": "text", "text": "Bye"}]}]
+    ids = apply_chat_template(engine.tokenizer, messages)
+    assert engine.tokenizer.decode(ids) == ("<bos><start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\n"
+                                            "Hello.<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    end = engine.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert end in engine.end_token_ids and engine.eos_token_id in engine.end_token_ids
+    forced = SamplingParams(temperature=0, max_tokens=8, logit_bias={end: 100.0})  # the next token is <end_of_turn>
+    out = run_to_completion(engine, {0: [("r", ids, forced)]})["r"]
+    assert token_ids(out) == [end] and out[-1].deltas[-1].finish_reason == "stop"
+

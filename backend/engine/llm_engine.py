@@ -27,7 +27,7 @@ from backend.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from backend.errors import ContextLengthError, InvalidRequestError
 from backend.model.ops import select_ops
 from backend.model.sliding_window import freeable_window
-from backend.model.tokenizer import load_tokenizer
+from backend.model.tokenizer import load_tokenizer, set_chat_template
 from backend.model.weights import load_model, model_max_len, resolve_model_dir
 from backend.parallel.driver import Driver, parallel_ranks
 from backend.spec.draft_model import DraftModel, kv_blocks_for_both, load_draft_model
@@ -100,6 +100,9 @@ class LLMEngine:
             self.max_model_len,
         )
         self.eos_token_id = self.tokenizer.eos_token_id
+        # what ends an answer: EOS, and a configured chat template's end-of-turn tokens (Gemma's <end_of_turn>)
+        turn_ends = set_chat_template(self.tokenizer, config.chat_template) if config.chat_template else []
+        self.end_token_ids = frozenset({self.eos_token_id, *turn_ends})
         self.vocab_size = model.config.vocab_size
         self.sampler = Sampler(self.eos_token_id, config.seed, self.device)
         self.grammars = GrammarCache(self.tokenizer, self.vocab_size)
@@ -265,7 +268,7 @@ class LLMEngine:
             return
         if stop_str is not None:
             self.scheduler.finish(seq, "stop", stop_str)
-        elif token == self.eos_token_id and not p.ignore_eos:
+        elif token in self.end_token_ids and not p.ignore_eos:
             self.scheduler.finish(seq, "stop", None)
         elif token in p.stop_token_ids:
             self.scheduler.finish(seq, "stop", token)

@@ -7,11 +7,48 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from backend.errors import InvalidRequestError
+from backend.errors import InvalidRequestError, ModelLoadError
+
+# Standard templates by family name: (Jinja source, the end-of-turn tokens that end an answer). Content may be a string
+# or a list of text parts (OpenAI's and Anthropic's shapes, flattened the same way).
+_CONTENT = "{%- if m['content'] is string -%}{{ m['content'] | trim }}{%- else -%}{%- for p in m['content'] -%}" \
+           "{%- if p['type'] == 'text' -%}{{ p['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}"
+CHAT_TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
+    # Gemma's turn format; a system message is prefixed to the first user turn (Gemma has no system role)
+    "gemma": (
+        "{{ bos_token }}{%- set ns = namespace(prefix='') -%}{%- for m in messages -%}"
+        "{%- if m['role'] == 'system' -%}{%- set ns.prefix = m['content'] if m['content'] is string else "
+        "m['content'] | map(attribute='text') | join('') -%}{%- set ns.prefix = ns.prefix + '\n\n' -%}{%- else -%}"
+        "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + ns.prefix }}"
+        "{%- set ns.prefix = '' -%}" + _CONTENT + "{{ '<end_of_turn>\n' }}{%- endif -%}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}",
+        ("<end_of_turn>",),
+    ),
+    "chatml": (
+        "{%- for m in messages -%}{{ '<|im_start|>' + m['role'] + '\n' }}" + _CONTENT + "{{ '<|im_end|>\n' }}"
+        "{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}",
+        ("<|im_end|>",),
+    ),
+}
 
 
 def load_tokenizer(model_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
+
+
+def set_chat_template(tokenizer: Any, spec: str) -> list[int]:
+    """Give `tokenizer` the template `spec` names (a family in CHAT_TEMPLATES, or a .jinja file's path); returns the
+    ids of its end-of-turn tokens (that the tokenizer knows as single tokens), which end an answer like EOS."""
+    if spec in CHAT_TEMPLATES:
+        source, ends = CHAT_TEMPLATES[spec]
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"chat_template {spec!r}: neither a template name ({', '.join(CHAT_TEMPLATES)}) nor a file")
+        source, ends = path.read_text(), ()
+    tokenizer.chat_template = source
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in ends]
+    return [i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id]
 
 
 def apply_chat_template(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
