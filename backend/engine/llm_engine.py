@@ -28,7 +28,7 @@ from backend.errors import ContextLengthError, InvalidRequestError
 from backend.model.ops import select_ops
 from backend.model.sliding_window import freeable_window
 from backend.model.tokenizer import load_tokenizer, set_chat_template
-from backend.model.weights import load_model, model_max_len, resolve_model_dir
+from backend.model.weights import load_model, model_max_len, resolve_model_dir, serving_quantization
 from backend.parallel.driver import Driver, parallel_ranks
 from backend.spec.draft_model import DraftModel, kv_blocks_for_both, load_draft_model
 from backend.spec.medusa import MedusaDrafter, load_medusa_heads
@@ -65,8 +65,10 @@ class LLMEngine:
         ops = select_ops(config.kernel_backend, self.device, config.block_size)
         # > 1 rank: rank 0 drives (this engine); backend/parallel/driver.py's workers follow its batches
         tp, pp = parallel_ranks(config.tensor_parallel_size, config.pipeline_parallel_size)
+        quantization = serving_quantization(config.resolved_model(), model_dir, config.quantization, self.device,
+                                            tp is not None or pp is not None)
         model = load_model(
-            model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, config.quantization, tp, pp,
+            model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, quantization, tp, pp,
             packed_copy=config.packed_copy, int4_cpu_kernel=config.int4_cpu_kernel,
             deterministic=config.deterministic,
         )

@@ -8,6 +8,7 @@ A GGUF file is converted once to safetensors under the cache folder, then loaded
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from backend.quant.config import AWQ_TENSORS, AwqConfig, GptqConfig, awq_config_
 from backend.quant.gguf_blocks import ARCHITECTURES as BLOCK_ARCHITECTURES
 from backend.quant.gguf_blocks import BLOCK_TENSORS, NoBlocksError, as_module_tensors, dequantize_mixed_groups, is_gguf_blocks
 
+log = logging.getLogger(__name__)
 FUSED = {  # our parameter -> the HF parameters concatenated along the output dimension
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
@@ -53,6 +55,21 @@ def resolve_model_dir(path: Path, gguf_blocks: bool = False) -> Path:
 
         convert_gguf_to_hf(path, out)
     return out
+
+
+def serving_quantization(path: Path, model_dir: Path, quantization: str, device: str, parallel: bool) -> str:
+    """`auto` for a GGUF file whose projections are not Q4_0/Q4_1 blocks (a K-quant mix such as Q4_K_M, Q8_0, ...):
+    those types are not served in their own bits yet, so on a CPU the dequantized projections are re-quantized to INT8
+    (the W8A8 kernel and an int8 LM head: a quarter of float32's bytes a step) with a log line naming the types; on a
+    GPU, or sharded, full precision. Anything else is served as configured."""
+    if quantization != "auto" or path.suffix != ".gguf" or is_gguf_blocks(model_dir):
+        return quantization
+    types = read_header(path).tensor_types
+    kept = ", ".join(f"{name} x{n}" for name, n in types.most_common() if name not in ("F32", "F16", "BF16"))
+    choice = "int8" if device == "cpu" and not parallel else "none"
+    log.info("%s: %s not served in their own bits yet: dequantized, projections served as %s (quantization: none keeps "
+             "full precision)", path.name, kept or "no quantized tensors", "INT8" if choice == "int8" else "full precision")
+    return choice
 
 
 def load_config(model_dir: Path) -> PretrainedConfig:
