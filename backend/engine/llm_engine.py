@@ -93,10 +93,7 @@ class LLMEngine:
             model.share_num_blocks(blocks)
         pool = BlockPool(blocks, config.enable_prefix_caching)
         self.kv = KVCacheManager(pool, config.block_size, freeable_window(model.config))
-        self.scheduler = Scheduler(
-            self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting, config.priority_aging_s,
-            config.background_max_batched_tokens,
-        )
+        self.scheduler = Scheduler(self.kv, config)
         self.runner = ModelRunner(
             model, self.kv, kv_dtype, self.device, per_token, config.cuda_graphs and single, config.max_num_seqs,
             self.max_model_len,
@@ -109,9 +106,9 @@ class LLMEngine:
         self.sampler = Sampler(self.eos_token_id, config.seed, self.device)
         self.grammars = GrammarCache(self.tokenizer, self.vocab_size)
         self.speculator = Speculator(
-            self.kv, config.num_speculative_tokens, config.speculative_max_batch, self.max_model_len, self.eos_token_id,
+            self.kv, config, self.max_model_len, self.eos_token_id,
             None if draft is None else DraftModel(draft, self.kv, kv_dtype, self.device, self.eos_token_id),
-            None if heads is None else MedusaDrafter(heads, config.medusa_min_confidence), config.speculative_row_cost,
+            None if heads is None else MedusaDrafter(heads, config.medusa_min_confidence),
         )
         self.requests: dict[str, list[Sequence]] = {}
         self.prompt_tokens_total = 0

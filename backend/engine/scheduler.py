@@ -19,6 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from backend.config import EngineConfig
 from backend.engine.kv_cache import KVCacheManager
 from backend.engine.priority import priority_key
 from backend.engine.request import Sequence, SequenceStatus
@@ -72,16 +73,14 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(
-        self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_waiting: int,
-        priority_aging_s: float = 10.0, background_max_tokens: int = 0,
-    ) -> None:
+    def __init__(self, kv: KVCacheManager, config: EngineConfig) -> None:
+        """The batch limits come from the engine's config, read here once."""
         self.kv = kv
-        self.priority_aging_s = priority_aging_s
-        self.background_max_tokens = background_max_tokens  # 0: background steps get the full budget
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_waiting = max_waiting
+        self.priority_aging_s = config.priority_aging_s
+        self.background_max_tokens = config.background_max_batched_tokens  # 0: background steps get the full budget
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_waiting = config.max_waiting
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0

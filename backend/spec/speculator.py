@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from backend.config import EngineConfig
 from backend.engine.kv_cache import KVCacheManager
 from backend.engine.request import Sequence
 from backend.engine.sampler import seeded_noise
@@ -76,11 +77,13 @@ def _state(seq: Sequence) -> SeqSpecState:
 
 class Speculator:
     def __init__(
-        self, kv: KVCacheManager, num_tokens: int, max_batch: int, max_model_len: int, eos_token_id: int | None,
-        draft_model: DraftModel | None = None, medusa: MedusaDrafter | None = None, row_cost: float = 0.5,
+        self, kv: KVCacheManager, config: EngineConfig, max_model_len: int, eos_token_id: int | None,
+        draft_model: DraftModel | None = None, medusa: MedusaDrafter | None = None,
     ) -> None:
+        """The draft length, batch limit and row cost come from the engine's config (num_speculative_tokens,
+        speculative_max_batch, speculative_row_cost); the drafters are built by the engine."""
         self.kv = kv
-        self.policy = AdaptivePolicy(num_tokens, row_cost, max_batch)
+        self.policy = AdaptivePolicy(config.num_speculative_tokens, config.speculative_row_cost, config.speculative_max_batch)
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
         self.draft_model = draft_model
