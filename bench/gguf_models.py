@@ -1,0 +1,169 @@
+"""A GGUF of another architecture as a user brings it (Gemma 3 270M Q4_K_M by default): start-up, memory, speed, quality.
+
+    python -m bench.gguf_models [--model FILE.gguf] [--streams 1,32] [--new-tokens 64] [--rounds 2] [--window 256]
+                                [--max-windows 16] [--no-cold] [--quick]
+
+What it measures, in one run on this machine:
+
+- the header read (architecture, tensor types) and, with a cache folder of its own (`--no-cold` skips it), the one-time
+  conversion and the first engine load: what a cold `python -m gateway` spends before it is ready (the gateway's own
+  start, the embedding model and the HTTP server add a few seconds, not measured here);
+- per serving copy: `none` (the file dequantized to float32, the reference) and `auto` (what `make serve` would serve:
+  INT8 projections and LM head where the file's types are not served in their own bits): load time, the process's
+  resident memory added by the engine against the file's size, perplexity on backend/quant/data/heldout.txt
+  (non-overlapping windows, prompt log-probabilities through the engine), and decode tok/s at each --streams level
+  (completion prompts, greedy, ignore_eos, the clock from the moment every stream has its first token), the two copies
+  measured back to back each round, their ratio the median of the rounds.
+
+No peer runs here (llama.cpp's server is not built by this bench): the figures compare the engine with itself. The last
+line printed is one JSON object, also written to bench/results/gguf_models.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from backend.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from bench.report import default_out, emit
+
+PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "The three primary colors are",
+           "def fibonacci(n):", "Water boils at a temperature of", "The most important rule of cooking is",
+           "In 1969, the first people to walk on the Moon", "A good way to learn a new language is"]
+
+
+def rss_mb() -> float:
+    """This process's resident memory (VmRSS), MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def load(model: Path, quantization: str) -> tuple[LLMEngine, dict[str, Any]]:
+    gc.collect()
+    before, t0 = rss_mb(), time.perf_counter()
+    engine = LLMEngine(EngineConfig(model=str(model), quantization=quantization, enable_prefix_caching=False))
+    gc.collect()
+    info = {"load_s": round(time.perf_counter() - t0, 2), "rss_added_mb": round(rss_mb() - before, 1),
+            "layers": sorted(set(engine.output_identity["layers"]))}
+    return engine, info
+
+
+def perplexity(engine: LLMEngine, ids: list[int], window: int, max_windows: int) -> tuple[float, int]:
+    """exp(mean NLL) over non-overlapping windows of the held-out text (each window's first token unscored)."""
+    bos = [engine.tokenizer.bos_token_id] if engine.tokenizer.bos_token_id is not None else []
+    windows = [bos + ids[i : i + window] for i in range(0, len(ids) - 1, window)][:max_windows]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    for n, w in enumerate(windows):
+        engine.add_request(f"ppl-{n}", w, params)
+    nll, count = 0.0, 0
+    while engine.has_work:
+        for out in engine.step():
+            if out.prompt_logprobs is not None:
+                lps = [t.logprob for t in out.prompt_logprobs[len(bos) + 1 :] if t is not None]
+                nll -= sum(lps)
+                count += len(lps)
+    return math.exp(nll / count), count
+
+
+def decode_tok_s(engine: LLMEngine, streams: int, new_tokens: int) -> float:
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    for i in range(streams):
+        ids = engine.tokenizer.encode(PROMPTS[i % len(PROMPTS)])
+        engine.add_request(f"d{streams}-{i}-{time.monotonic_ns()}", ids, params)
+    started: set[str] = set()
+    while len(started) < streams:
+        started.update(o.request_id for o in engine.step() if any(d.token_ids for d in o.deltas))
+    tokens, start = 0, time.perf_counter()
+    while engine.has_work:
+        tokens += sum(len(d.token_ids) for o in engine.step() for d in o.deltas)
+    return tokens / (time.perf_counter() - start)
+
+
+def cold_start(model: Path) -> dict[str, Any]:
+    """Header, conversion and first load with an empty cache folder (the file converted as on a first start)."""
+    from backend.model.gguf_header import read_header
+
+    t0 = time.perf_counter()
+    header = read_header(model)
+    header_ms = (time.perf_counter() - t0) * 1e3
+    old = os.environ.get("SMOLGATE_CACHE")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["SMOLGATE_CACHE"] = tmp
+        try:
+            t0 = time.perf_counter()
+            engine = LLMEngine(EngineConfig(model=str(model)))
+            total = time.perf_counter() - t0
+            del engine
+        finally:
+            if old is None:
+                os.environ.pop("SMOLGATE_CACHE", None)
+            else:
+                os.environ["SMOLGATE_CACHE"] = old
+    return {"header_ms": round(header_ms, 1), "architecture": header.architecture,
+            "tensor_types": dict(header.tensor_types), "convert_and_load_s": round(total, 1)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.gguf_models", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=None, help="a .gguf file (default: Gemma 3 270M Q4_K_M, fetched)")
+    ap.add_argument("--streams", default="1,32")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--window", type=int, default=256)
+    ap.add_argument("--max-windows", type=int, default=16)
+    ap.add_argument("--no-cold", action="store_true", help="skip the cold start (conversion into a fresh cache)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 1 stream, 8 tokens, 2 windows, no cold start")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.streams, args.new_tokens, args.rounds, args.max_windows, args.no_cold = "1", 8, 1, 2, True
+    if args.model is None:
+        from backend.fetch import fetch_gemma_gguf
+
+        args.model = fetch_gemma_gguf()
+    levels = [int(s) for s in args.streams.split(",")]
+    result: dict[str, Any] = {"bench": "gguf_models", "model": args.model.name,
+                              "file_mb": round(args.model.stat().st_size / 2**20, 1), "mode": "quick" if args.quick else "full"}
+    if not args.no_cold:
+        result["cold_start"] = cold_start(args.model)
+        print("cold start:", result["cold_start"], flush=True)
+    from backend.quant.calibration import HELDOUT
+
+    engines, copies = {}, {}
+    for q in ("none", "auto"):
+        engines[q], copies[q] = load(args.model, q)
+        text_ids = engines[q].tokenizer.encode(HELDOUT.read_text(), add_special_tokens=False)
+        ppl, scored = perplexity(engines[q], text_ids, args.window, args.max_windows)
+        copies[q].update({"perplexity": round(ppl, 4), "scored_tokens": scored,
+                          "memory_over_file": round(copies[q]["rss_added_mb"] / result["file_mb"], 2)})
+        print(q, copies[q], flush=True)
+    speed: dict[str, dict[str, list[float]]] = {q: {str(s): [] for s in levels} for q in engines}
+    for _ in range(args.rounds):
+        for s in levels:
+            for q, engine in engines.items():  # back to back, so load changes hit both alike
+                speed[q][str(s)].append(decode_tok_s(engine, s, args.new_tokens))
+                print(f"decode {q:5s} streams={s:<3d} {speed[q][str(s)][-1]:8.1f} tok/s", flush=True)
+    for q in engines:
+        copies[q]["decode_tok_s"] = {s: round(max(v), 1) for s, v in speed[q].items()}
+    result["copies"] = copies
+    result["auto_over_none"] = {
+        "decode": {s: round(statistics.median(a / b for a, b in zip(speed["auto"][s], speed["none"][s], strict=True)), 2)
+                   for s in speed["none"]},
+        "perplexity_change": round(copies["auto"]["perplexity"] / copies["none"]["perplexity"] - 1, 4),
+    }
+    emit(result, args.out or default_out("gguf_models"))
+
+
+if __name__ == "__main__":
+    main()
