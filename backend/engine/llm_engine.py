@@ -114,6 +114,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self._rate_window: deque[tuple[float, int]] = deque()
+        release_freed_memory()  # the loader's transient copies (a GGUF's float32 state dict, fused projections)
 
     # ---- requests in ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -332,3 +333,15 @@ class LLMEngine:
             },
             spec_sources={name: SpecSourceStats(c.proposed, c.accepted) for name, c in self.speculator.stats.by_source.items()},
         )
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by the load back to the OS: glibc keeps freed heap pages mapped, and the loader's transient
+    copies left 0.5 GB resident for Gemma 3 270M. A no-op where the C library has no malloc_trim."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
