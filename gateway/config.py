@@ -46,6 +46,10 @@ DEFAULT_ALIASES: Mapping[str, str] = MappingProxyType(
         "gpt-3.5-turbo-instruct": "SmolLM2-135M-Instruct",
         "text-embedding-3-small": "all-MiniLM-L6-v2",
         "text-embedding-ada-002": "all-MiniLM-L6-v2",
+        # the model ids Claude Code and Codex CLI ask for (an alias ending in `*` matches every name it starts)
+        "claude-*": "SmolLM2-135M-Instruct",
+        "gpt-5*": "SmolLM2-135M-Instruct",
+        "codex-*": "SmolLM2-135M-Instruct",
     }
 )
 
@@ -77,6 +81,9 @@ class GatewayConfig:
     # Idle keep-alive connections are closed after this long. Longer than clients' own idle expiry (httpx and
     # so the OpenAI SDK: 5 s), so a client never sends a request on a connection the server is closing.
     keep_alive_s: float = 65.0
+    # Refuse every request field this server does not act on, hints included (gateway/protocol/params.py); off:
+    # hints that change nothing in the answer (metadata, effort, context management...) are accepted and ignored
+    strict_params: bool = False
     cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (gateway/cache/)
     batches: BatchesConfig = field(default_factory=BatchesConfig)  # Files and Batch APIs (gateway/batches/)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -123,6 +130,7 @@ _SCALAR_ENV = {
     "body_timeout_s": "BODY_TIMEOUT_S",
     "stream_send_timeout_s": "STREAM_SEND_TIMEOUT_S",
     "keep_alive_s": "KEEP_ALIVE_S",
+    "strict_params": "STRICT_PARAMS",
 }
 
 

@@ -107,7 +107,7 @@ class ChatCompletions:
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user
-        prompt = self.ctx.engine.apply_chat_template(req.messages, add_generation_prompt=True)
+        prompt = self.ctx.engine.apply_chat_template(req.messages, continue_final_message=req.continue_final)
         cached = await ticket.lookup(rec, raw, req.params, req.messages, prompt, req.stream, req.messages)
         if cached is not None:
             return cached

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.aliases import Aliases
 from gateway.cache.service import ResponseCache
 from gateway.cache.tenancy import forwarded_headers
 from gateway.client import EmbeddingClient
@@ -83,7 +84,7 @@ class Router:
         self.upstreams = {
             (m.name, i): Upstream.open(d) for m in rc.models for i, d in enumerate(m.deployments) if d.kind != "embedded"
         }
-        self.aliases = {a: t for a, t in config.model_aliases.items() if t in self.balancers}
+        self.aliases = Aliases(config.model_aliases, self.balancers)
         self.metrics = RouterMetrics(metrics_registry, lambda: self.balancers)
         self.limiter = build_limiter(rc.router.redis_url, rc.router.redis_prefix, self._limiter_error)
         self.auto = AutoRouter(rc.auto.small, rc.auto.large, rc.auto.threshold, self._auto_embedder(embedder))
