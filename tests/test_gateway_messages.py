@@ -246,7 +246,7 @@ def test_count_tokens_equals_the_prompt_usage(client: anthropic.Anthropic) -> No
         assert counted.input_tokens > 0
         assert counted.input_tokens == _create(client, max_tokens=1, **kw).usage.input_tokens
     with pytest.raises(anthropic.NotFoundError):
-        client.messages.count_tokens(model="claude-nonexistent", messages=ASK)
+        client.messages.count_tokens(model="mistral-nonexistent", messages=ASK)
     with pytest.raises(anthropic.BadRequestError):
         client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": [{"type": "image"}]}])
 
@@ -289,8 +289,8 @@ def test_auth_errors(live: LiveStack) -> None:
 
 def test_unknown_model_is_not_found(client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.NotFoundError) as info:
-        _create(client, model="claude-sonnet-4-5")
-    assert "claude-sonnet-4-5" in _error(info.value, "not_found_error")
+        _create(client, model="mistral-large-latest")
+    assert "mistral-large-latest" in _error(info.value, "not_found_error")
 
 
 @pytest.mark.parametrize(
@@ -312,10 +312,16 @@ def test_unknown_model_is_not_found(client: anthropic.Anthropic) -> None:
             },
             "messages[0].content[0].content[0]",
         ),
-        ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
-        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
-        ({"messages": [*ASK, {"role": "assistant", "content": "The fruit is"}]}, "messages[1]"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"thinking": {"type": "sometimes"}}, "thinking.type"),
+        (
+            {
+                "tools": [{"type": "web_search_20250305", "name": "web_search"}, *TOOLS],
+                "tool_choice": {"type": "tool", "name": "web_search"},
+            },
+            "tool_choice.name",
+        ),
+        ({"messages": [*ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "add"}]}]}, "messages[1]"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"temperature": 1.5}, "temperature"),
         ({"top_k": -1}, "top_k"),
         ({"max_tokens": 0}, "max_tokens"),
@@ -323,11 +329,12 @@ def test_unknown_model_is_not_found(client: anthropic.Anthropic) -> None:
         ({"frequency_penalty": 1}, "frequency_penalty"),
         ({"tool_choice": {"type": "any"}}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": {"type": "required"}}, "tool_choice.type"),
-        ({"output_config": {"effort": "high"}}, "output_config.effort"),
+        ({"output_config": {"effort": "high", "verbosity": "low"}}, "output_config.verbosity"),
+        ({"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
         ({"metadata": {"user_id": "u", "plan": "pro"}}, "metadata.plan"),
         ({"container": "c-1"}, "container"),
         ({"output_config": {"format": {"type": "json_schema", "schema": {"not": {"type": "string"}}}}}, "not"),
-        ({"messages": [{"role": "user", "content": "word " * 3000}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "word " * 3000}]}, "prompt is too long: "),
     ],
 )
 def test_bad_or_unsupported_input_is_a_400_naming_the_field(live: LiveStack, change: dict[str, Any], named: str) -> None:
@@ -383,3 +390,60 @@ def test_engine_faults_are_anthropic_errors(live: LiveStack) -> None:
         _streamed(fault)
     assert broken.value.body["type"] == "error" and broken.value.body["error"]["type"] == "api_error"
     assert "secret" not in str(broken.value.body)
+
+
+# What Claude Code 2.1.328 sends on its first request (tests/test_clients_cli.py runs the CLI itself): hints the
+# server accepts with no effect, a per-turn system message, server and deferred tools it leaves out.
+CLAUDE_CODE_LIKE = {
+    "model": "claude-opus-5-5",
+    "max_tokens": 128000,
+    "stream": True,
+    "thinking": {"type": "adaptive", "display": "omitted"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "medium"},
+    "metadata": {"user_id": '{"device_id":"d","session_id":"s"}'},
+    "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328;"},
+        {"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+    ],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Name a fruit.", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": [{"type": "text", "text": "# Environment\nPlatform: linux"}]},
+    ],
+    "tools": [
+        *TOOLS,
+        {"name": "DeferredToolPlaceholder", "input_schema": {"type": "object", "properties": {}}, "defer_loading": True},
+        {"type": "web_search_20250305", "name": "web_search"},
+    ],
+}
+
+
+def test_claude_code_first_request_is_served(live: LiveStack) -> None:
+    headers = {"x-api-key": API_KEY, "anthropic-beta": "claude-code-20250219,context-management-2025-06-27"}
+    body = {**CLAUDE_CODE_LIKE, "max_tokens": 8}
+    resp = httpx.post(f"{live.url}/v1/messages?beta=true", json=body, headers=headers, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["smolgate-tools-left-out"] == "DeferredToolPlaceholder,web_search"
+    events = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: ")]
+    assert events[0]["type"] == "message_start" and events[0]["message"]["model"] == MODEL  # the served model answers
+    assert events[-1]["type"] == "message_stop"
+    counted = httpx.post(
+        f"{live.url}/v1/messages/count_tokens",
+        json={k: v for k, v in body.items() if k not in ("max_tokens", "stream", "metadata")},
+        headers=headers,
+    )
+    assert counted.status_code == 200 and counted.json()["input_tokens"] == events[0]["message"]["usage"]["input_tokens"]
+
+
+def test_prefill_is_continued(client: anthropic.Anthropic) -> None:
+    """A final assistant message is the start of the answer: the prompt ends inside it (no end of turn)."""
+    prefill = [*ASK, {"role": "assistant", "content": "My favourite fruit is the"}]
+    closed = [*prefill, {"role": "user", "content": "Go on."}]
+    open_count = client.messages.count_tokens(model=MODEL, messages=prefill).input_tokens
+    closed_count = client.messages.count_tokens(model=MODEL, messages=closed).input_tokens
+    go_on = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Go on."}]).input_tokens
+    ask = client.messages.count_tokens(model=MODEL, messages=ASK).input_tokens
+    # the closed conversation adds the end of the assistant turn and a user turn; the open one neither
+    assert closed_count > open_count + go_on - ask
+    message = _create(client, messages=prefill, max_tokens=6)
+    assert message.content[0].text and message.usage.input_tokens == open_count

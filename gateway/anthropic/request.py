@@ -416,7 +416,8 @@ def _common(body: Body, chat: dict[str, Any], params: Params, strict: bool) -> t
     last = chat["messages"][-1]
     prefill = last["content"] if last["role"] == "assistant" and not last.get("tool_calls") else ""
     if last["role"] == "assistant" and not prefill:
-        raise _bad("A final assistant message must hold text to continue (a prefill).", f"messages[{len(body['messages']) - 1}]")
+        where = f"messages[{len(body['messages']) - 1}]"
+        raise _bad(f"'{where}': a final assistant message must hold text to continue (a prefill).", where)
     if prefill:
         chat["continue_final_message"] = True  # the vLLM extension: the template leaves the turn open
     dropped = _tools(body, chat, strict)

@@ -302,6 +302,9 @@ class Router:
         return Tracked(response, done, outcome, rec)
 
     def _affinity(self, model: str, raw: dict[str, Any]) -> str:
+        key = raw.get("prompt_cache_key")
+        if isinstance(key, str) and key:  # the client's own name for the prefix it will send again (Codex: its session)
+            return affinity_key(model, f"prompt_cache_key\0{key}", len(key) + 17)
         messages = raw.get("messages")
         if isinstance(messages, list):  # the conversation's start: system prompt and first user turn
             head = [m for m in messages if isinstance(m, dict)][:2]
