@@ -72,6 +72,13 @@ def _streamed(client: anthropic.Anthropic, **kw: Any) -> tuple[anthropic.types.M
         return stream.get_final_message(), kinds
 
 
+def _prompt(usage: Any) -> int:
+    """The prompt's tokens: those computed and those read from the prefix cache."""
+    if isinstance(usage, dict):
+        return int(usage["input_tokens"]) + int(usage.get("cache_read_input_tokens") or 0)
+    return int(usage.input_tokens) + int(usage.cache_read_input_tokens or 0)
+
+
 def _same(a: anthropic.types.Message, b: anthropic.types.Message) -> None:
     """Equal but for the message id and the tool-use ids."""
 
@@ -109,7 +116,7 @@ def test_access_log_and_metrics_name_the_messages_route(live: LiveStack, client:
     msg = _create(client, messages=ask, metadata={"user_id": "end-user-9"}, extra_headers={"x-request-id": rid})
     (line,) = live.log_lines_of(rid)
     assert line["route"] == "/v1/messages" and line["status"] == 200 and line["model"] == MODEL
-    assert line["user"] == "end-user-9" and line["prompt_tokens"] == msg.usage.input_tokens
+    assert line["user"] == "end-user-9" and line["prompt_tokens"] == _prompt(msg.usage)
     assert line["completion_tokens"] == msg.usage.output_tokens and API_KEY not in json.dumps(line)
     metrics = httpx.get(f"{live.url}/metrics", headers={"authorization": f"Bearer {API_KEY}"}).text
     assert f'smolgate_requests_total{{model="{MODEL}",route="/v1/messages",status="200"}}' in metrics
@@ -122,7 +129,7 @@ def test_string_and_block_content_and_system_blocks_are_one_prompt(client: anthr
         system=[{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
         messages=[{"role": "user", "content": [{"type": "text", "text": "Name a fruit."}]}],
     )
-    assert plain.content == blocks.content and plain.usage.input_tokens == blocks.usage.input_tokens
+    assert plain.content == blocks.content and _prompt(plain.usage) == _prompt(blocks.usage)
 
 
 def test_max_tokens_stop_reason(client: anthropic.Anthropic) -> None:
@@ -137,7 +144,7 @@ def test_a_max_tokens_beyond_the_context_window_is_a_cap(client: anthropic.Anthr
     assert 0 < room < 40, counted
     filler = [{"role": "user", "content": "word " * 2000}]
     msg = _create(client, max_tokens=64_000, messages=filler, extra_body=GREEDY)
-    assert msg.usage.input_tokens == counted.input_tokens and msg.usage.output_tokens <= room
+    assert _prompt(msg.usage) == counted.input_tokens and msg.usage.output_tokens <= room
     assert msg.stop_reason in ("end_turn", "model_context_window_exceeded")
     assert (msg.stop_reason == "model_context_window_exceeded") == (msg.usage.output_tokens == room)
 
@@ -168,7 +175,7 @@ def test_raw_stream_events_in_order_with_ping(live: LiveStack) -> None:
     assert deltas and all(d["delta"]["type"] == "text_delta" and d["index"] == 0 for d in deltas)
     end = datas[-2]
     assert end["delta"]["stop_reason"] in ("end_turn", "max_tokens") and 0 < end["usage"]["output_tokens"] <= 8
-    assert end["usage"]["input_tokens"] == start["usage"]["input_tokens"]
+    assert _prompt(end["usage"]) == start["usage"]["input_tokens"]
 
 
 def test_stop_sequences(client: anthropic.Anthropic) -> None:
@@ -244,7 +251,7 @@ def test_count_tokens_equals_the_prompt_usage(client: anthropic.Anthropic) -> No
     for kw in ({"system": "You are terse.", "messages": ASK}, {"messages": WEATHER_Q, "tools": TOOLS}):
         counted = client.messages.count_tokens(model=MODEL, **kw)
         assert counted.input_tokens > 0
-        assert counted.input_tokens == _create(client, max_tokens=1, **kw).usage.input_tokens
+        assert counted.input_tokens == _prompt(_create(client, max_tokens=1, **kw).usage)
     with pytest.raises(anthropic.NotFoundError):
         client.messages.count_tokens(model="mistral-nonexistent", messages=ASK)
     with pytest.raises(anthropic.BadRequestError):
@@ -446,4 +453,4 @@ def test_prefill_is_continued(client: anthropic.Anthropic) -> None:
     # the closed conversation adds the end of the assistant turn and a user turn; the open one neither
     assert closed_count > open_count + go_on - ask
     message = _create(client, messages=prefill, max_tokens=6)
-    assert message.content[0].text and message.usage.input_tokens == open_count
+    assert message.content[0].text and _prompt(message.usage) == open_count

@@ -47,12 +47,16 @@ _FIELDS: dict[str, Param] = {
     "container": refused("code execution containers are not available on this server."),
     "mcp_servers": refused("MCP connectors are not available on this server."),
 }  # fmt: skip
-_OUTPUT_CONFIG = Params(
-    {"format": USED, "effort": hint("this model has no effort levels: every answer is generated alike")},
-    ANTHROPIC, "output_config",
+_EFFORT = hint("this model has no effort levels: every answer is generated alike")
+_OUTPUT_CONFIG = Params({"format": USED, "effort": _EFFORT}, ANTHROPIC, "output_config")
+# a turn's own settings (Claude Code's per-turn control): its effort, a hint like the request's
+_MESSAGE = Params(
+    {"role": USED, "content": USED, "output_config": USED}, ANTHROPIC, "messages[]",
+    nested={"output_config": Params({"effort": _EFFORT}, ANTHROPIC, "messages[].output_config")},
 )
 _METADATA = Params({"user_id": USED}, ANTHROPIC, "metadata")
 _CREATE = Params(_FIELDS, ANTHROPIC, nested={"output_config": _OUTPUT_CONFIG, "metadata": _METADATA})
+MESSAGE_PARAMS = _MESSAGE  # docs/clients/fields.md lists its hints too
 _COUNT = Params(
     {k: v for k, v in _FIELDS.items() if k not in {"max_tokens", "stop_sequences", "stream", "temperature", "top_p",
                                                     "top_k", "metadata", "cache"}},
@@ -229,14 +233,14 @@ def _assistant(content: object, where: str) -> dict[str, Any]:
     return message
 
 
-def _messages(raw: object, system: str | None) -> list[dict[str, Any]]:
+def _messages(raw: object, system: str | None, strict: bool) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise _bad("'messages' must be a non-empty array of message objects.", "messages")
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for i, msg in enumerate(raw):
         where = f"messages[{i}]"
         msg = _object(msg, where)
-        _reject_extra(msg, {"role", "content"}, where)
+        _MESSAGE.check(msg, strict, where)
         if "content" not in msg:
             raise _bad(f"Missing required parameter: '{where}.content'.", f"{where}.content")
         role = msg.get("role")
@@ -412,7 +416,7 @@ def _common(body: Body, chat: dict[str, Any], params: Params, strict: bool) -> t
     _thinking(body.get("thinking"))
     if body.get("speed") not in (None, "standard"):
         raise _bad("'speed' other than 'standard' is not supported by this server.", "speed")
-    chat["messages"] = _messages(body.get("messages"), _system(body.get("system")))
+    chat["messages"] = _messages(body.get("messages"), _system(body.get("system")), strict)
     last = chat["messages"][-1]
     prefill = last["content"] if last["role"] == "assistant" and not last.get("tool_calls") else ""
     if last["role"] == "assistant" and not prefill:

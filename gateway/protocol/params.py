@@ -63,10 +63,12 @@ class Params:
     unknown_ok: bool = False  # an object whose keys are free (never refused as unknown)
     nested: Mapping[str, Params] = field(default_factory=dict)
 
-    def check(self, obj: Mapping[str, Any], strict: bool) -> None:
-        """Refuses an unknown field, a refused one, and under `strict` a hint; checks declared nested objects."""
+    def check(self, obj: Mapping[str, Any], strict: bool, where: str | None = None) -> None:
+        """Refuses an unknown field, a refused one, and under `strict` a hint; checks declared nested objects.
+        `where`: this object's path when it varies (`messages[3]`)."""
+        at = self.where if where is None else where
         for key, value in obj.items():
-            name = f"{self.where}.{key}" if self.where else key
+            name = f"{at}.{key}" if at else key
             spec = self.fields.get(key)
             if spec is None:
                 if self.unknown_ok:
@@ -74,7 +76,7 @@ class Params:
                 raise InvalidRequest(self.wording.unknown(name), param=name)
             if value is None or spec.kind == "used":
                 if isinstance(value, dict) and key in self.nested:
-                    self.nested[key].check(value, strict)
+                    self.nested[key].check(value, strict, name)
                 continue
             if spec.kind == "refused":
                 raise InvalidRequest(self.wording.unsupported(name, spec.note), param=name)
