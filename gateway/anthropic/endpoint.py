@@ -144,6 +144,9 @@ class Messages:
                 # Anthropic's max_tokens is a cap that clients set high (thousands): like Anthropic's newer
                 # models, generate up to the context window and say so (model_context_window_exceeded)
                 chat, window = {**chat, "max_tokens": room}, True
+            cap = (rec.policy if rec.policy is not None else self.ctx.guard.anonymous).max_tokens
+            if cap and chat["max_tokens"] > cap:  # a cap too, then the key's (Claude Code asks for 32,000 or more)
+                chat, window = {**chat, "max_tokens": cap}, False
             stream = None
             if req.stream:  # message_start carries the prompt's size; message_delta the engine's own count
                 stream = EventStream(message_id, req.model, prompt, stops, rec.request_id, window)
