@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from client_requests import CLAUDE_CODE, CLAUDE_CODE_LEFT_OUT, CODEX, CODEX_LEFT_OUT, CODEX_OFFERED
 
 from backend.config import EngineConfig
 from gateway.aliases import Aliases
@@ -20,44 +21,8 @@ from gateway.openai_responses.request import RESPONSES_PARAMS, chat_body, parse_
 from gateway.protocol.requests import parse_chat
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
-READ = {"name": "Read", "description": "Read a file", "input_schema": SCHEMA}
-CLAUDE: dict[str, Any] = {
-    "model": "claude-opus-5-5",
-    "max_tokens": 128000,
-    "stream": True,
-    "thinking": {"type": "adaptive", "display": "omitted"},
-    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
-    "output_config": {"effort": "medium"},
-    "metadata": {"user_id": "u"},
-    "system": [{"type": "text", "text": "Be terse.", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
-    "messages": [
-        {"role": "user", "content": "Hi."},
-        {"role": "system", "content": [{"type": "text", "text": "# Environment"}], "output_config": {"effort": "medium"}},
-    ],
-    "tools": [
-        READ,
-        {"name": "Later", "input_schema": {"type": "object"}, "defer_loading": True},
-        {"type": "web_search_20250305", "name": "web_search"},
-    ],
-}
-FUNCTION = {"type": "function", "name": "exec_command", "parameters": SCHEMA}
-CODEX: dict[str, Any] = {
-    "model": "gpt-5.5-codex",
-    "input": [{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "Hi."}],
-    "tools": [
-        FUNCTION,
-        {"type": "custom", "name": "apply_patch", "format": {"type": "grammar", "syntax": "lark", "definition": "x"}},
-        {"type": "namespace", "name": "mcp__x", "tools": [{**FUNCTION, "name": "mcp__x__ls"}, {"type": "web_search"}]},
-        {"type": "web_search", "external_web_access": False},
-    ],
-    "reasoning": {"effort": "medium", "summary": "auto"},
-    "include": ["reasoning.encrypted_content"],
-    "client_metadata": {"session_id": "s"},
-    "prompt_cache_key": "session-1",
-    "text": {"verbosity": "low"},
-    "store": False,
-}
+READ = CLAUDE_CODE["tools"][0]
+CLAUDE: dict[str, Any] = CLAUDE_CODE
 
 
 def _id(prefix: str) -> str:
@@ -68,8 +33,8 @@ def test_claude_codes_request_translates_with_its_hints_ignored() -> None:
     req = translate(CLAUDE)
     chat = req.chat
     assert [m["role"] for m in chat["messages"]] == ["system", "user", "system"]
-    assert [t["function"]["name"] for t in chat["tools"]] == ["Read"] and req.left_out == ("Later", "web_search")
-    assert chat["user"] == "u" and chat["max_tokens"] == 128000 and not req.prefill
+    assert [t["function"]["name"] for t in chat["tools"]] == ["Read"] and req.left_out == CLAUDE_CODE_LEFT_OUT
+    assert chat["user"] == CLAUDE["metadata"]["user_id"] and chat["max_tokens"] == 128000 and not req.prefill
     assert not {"thinking", "context_management", "output_config"} & set(chat)
     parse_chat({k: v for k, v in chat.items() if k not in ("stream", "stream_options")})  # the chat pipeline takes it
 
@@ -113,21 +78,20 @@ def test_prefill_thinking_blocks_and_count_tokens() -> None:
 
 def test_codex_request_opens_the_namespace_and_leaves_hosted_tools_out() -> None:
     req = parse_request(CODEX, _id)
-    assert [t["name"] for t in req.tools] == ["exec_command", "mcp__x__ls"]
-    assert req.left_out == ("apply_patch", "web_search", "web_search")
-    assert req.text["verbosity"] == "low" and req.echo["prompt_cache_key"] == "session-1"
+    assert tuple(t["name"] for t in req.tools) == CODEX_OFFERED and req.left_out == CODEX_LEFT_OUT
+    assert req.text["verbosity"] == "low" and req.echo["prompt_cache_key"] == CODEX["prompt_cache_key"]
     body = chat_body(req, [{"role": "user", "content": "Hi."}], "m")
-    assert body["prompt_cache_key"] == "session-1" and len(body["tools"]) == 2
+    assert body["prompt_cache_key"] == CODEX["prompt_cache_key"] and len(body["tools"]) == 2
 
 
 @pytest.mark.parametrize(
     ("change", "param"),
     [
         ({}, "reasoning"),
-        ({"reasoning": None}, "client_metadata"),
-        ({"reasoning": None, "client_metadata": None}, "text.verbosity"),
-        ({"reasoning": None, "client_metadata": None, "text": None}, "include"),
-        ({"reasoning": None, "client_metadata": None, "text": None, "include": None}, "tools[1].type"),
+        ({"reasoning": None}, "text.verbosity"),
+        ({"reasoning": None, "text": None}, "client_metadata"),
+        ({"reasoning": None, "text": None, "client_metadata": None}, "include"),
+        ({"reasoning": None, "text": None, "client_metadata": None, "include": None}, "tools[1].type"),
     ],
 )
 def test_responses_strict_params_refuses_by_name(change: dict[str, Any], param: str) -> None:

@@ -11,6 +11,7 @@ import anthropic
 import gateway_fixtures
 import httpx
 import pytest
+from client_requests import CLAUDE_CODE, CLAUDE_CODE_LEFT_OUT
 from gateway_fixtures import API_KEY, LiveStack
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, Field
@@ -400,38 +401,12 @@ def test_engine_faults_are_anthropic_errors(live: LiveStack) -> None:
     assert "secret" not in str(broken.value.body)
 
 
-# What Claude Code 2.1.328 sends on its first request (tests/test_clients_cli.py runs the CLI itself): hints the
-# server accepts with no effect, a per-turn system message, server and deferred tools it leaves out.
-CLAUDE_CODE_LIKE = {
-    "model": "claude-opus-5-5",
-    "max_tokens": 128000,
-    "stream": True,
-    "thinking": {"type": "adaptive", "display": "omitted"},
-    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
-    "output_config": {"effort": "medium"},
-    "metadata": {"user_id": '{"device_id":"d","session_id":"s"}'},
-    "system": [
-        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328;"},
-        {"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
-    ],
-    "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "Name a fruit.", "cache_control": {"type": "ephemeral"}}]},
-        {"role": "system", "content": [{"type": "text", "text": "# Environment\nPlatform: linux"}]},
-    ],
-    "tools": [
-        *TOOLS,
-        {"name": "DeferredToolPlaceholder", "input_schema": {"type": "object", "properties": {}}, "defer_loading": True},
-        {"type": "web_search_20250305", "name": "web_search"},
-    ],
-}
-
-
 def test_claude_code_first_request_is_served(live: LiveStack) -> None:
     headers = {"x-api-key": API_KEY, "anthropic-beta": "claude-code-20250219,context-management-2025-06-27"}
-    body = {**CLAUDE_CODE_LIKE, "max_tokens": 8}
+    body = {**CLAUDE_CODE, "max_tokens": 8}
     resp = httpx.post(f"{live.url}/v1/messages?beta=true", json=body, headers=headers, timeout=120)
     assert resp.status_code == 200, resp.text
-    assert resp.headers["smolgate-tools-left-out"] == "DeferredToolPlaceholder,web_search"
+    assert resp.headers["smolgate-tools-left-out"] == ",".join(CLAUDE_CODE_LEFT_OUT)
     events = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: ")]
     assert events[0]["type"] == "message_start" and events[0]["message"]["model"] == MODEL  # the served model answers
     assert events[-1]["type"] == "message_stop"
@@ -455,3 +430,14 @@ def test_prefill_is_continued(client: anthropic.Anthropic) -> None:
     assert closed_count > open_count + go_on - ask
     message = _create(client, messages=prefill, max_tokens=6)
     assert message.content[0].text and _prompt(message.usage) == open_count
+
+
+def test_models_in_anthropics_shape_when_asked(live: LiveStack) -> None:
+    headers = {"x-api-key": API_KEY, "anthropic-version": "2023-06-01"}
+    listed = httpx.get(f"{live.url}/v1/models", headers=headers).json()
+    assert listed["has_more"] is False and listed["first_id"] == listed["data"][0]["id"]
+    assert MODEL in [m["id"] for m in listed["data"]]
+    assert all(m["type"] == "model" and m["created_at"].endswith("Z") for m in listed["data"])
+    one = httpx.get(f"{live.url}/v1/models/claude-sonnet-4-5", headers=headers).json()
+    assert one["type"] == "model" and one["id"] == "claude-sonnet-4-5"  # an alias pattern, shown under its own name
+    assert httpx.get(f"{live.url}/v1/models", headers={"x-api-key": API_KEY}).json()["object"] == "list"

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from cache_fixtures import OTHER_KEY, CacheStack
+from client_requests import CODEX, CODEX_LEFT_OUT, CODEX_OFFERED
 from gateway_fixtures import API_KEY, assert_schema
 from pydantic import BaseModel
 
@@ -468,38 +469,14 @@ def test_unknown_response_and_missing_model_and_bad_json(cache_stack: CacheStack
     assert httpx.get(f"{url}/v1/responses/resp_x").status_code == 401
 
 
-# What Codex CLI 0.169.0 sends on its first request (tests/test_clients_cli.py runs the CLI itself), tools trimmed.
-CODEX_LIKE = {
-    "model": "gpt-5.5-codex",
-    "input": [
-        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are terse."}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Name a fruit."}]},
-    ],
-    "tools": [
-        WEATHER,
-        {"type": "custom", "name": "apply_patch", "format": {"type": "grammar", "syntax": "lark", "definition": "start: x"}},
-        {"type": "namespace", "name": "mcp__clock", "description": "a clock", "tools": [TIME, {"type": "web_search"}]},
-        {"type": "tool_search", "execution": "client", "description": "search", "parameters": {"type": "object"}},
-        {"type": "web_search", "external_web_access": False},
-    ],
-    "tool_choice": "auto",
-    "parallel_tool_calls": True,
-    "reasoning": {"effort": "medium", "summary": "auto"},
-    "store": False,
-    "include": ["reasoning.encrypted_content"],
-    "prompt_cache_key": "01a2210d-9626-74e1-a08c-db54d6f204bb",
-    "text": {"verbosity": "low"},
-    "client_metadata": {"session_id": "s", "x-codex-turn-metadata": "{}"},
-    "max_output_tokens": 16,
-    "temperature": 0,
-}
+CODEX_LIKE = {**CODEX, "max_output_tokens": 16, "temperature": 0}
 
 
 def test_codex_first_request_is_served(cache_stack: CacheStack) -> None:
     headers, events = _events(cache_stack.urls["memory"], CODEX_LIKE)
-    assert headers["smolgate-tools-left-out"] == "apply_patch,web_search,tool_search,web_search"
+    assert headers["smolgate-tools-left-out"] == ",".join(CODEX_LEFT_OUT)
     done = _check_sequence(events)
-    assert [t["name"] for t in done["tools"]] == ["get_weather", "get_time"]  # the namespace's function, by name
+    assert tuple(t["name"] for t in done["tools"]) == CODEX_OFFERED  # the namespace's function, by name
     assert done["text"]["verbosity"] == "low" and done["prompt_cache_key"] == CODEX_LIKE["prompt_cache_key"]
     more = [*CODEX_LIKE["input"], {"role": "user", "content": _unique("And a vegetable?")}]
     again = _post(cache_stack.urls["memory"], {**CODEX_LIKE, "input": more})
