@@ -34,7 +34,7 @@ from gateway.protocol.generation import unless_disconnected
 from gateway.protocol.jsonio import read_json
 from gateway.protocol.sse import StreamLimits
 from gateway.routing.auto import AutoChoice, AutoRouter
-from gateway.routing.balancer import Balancer, Choice, DeploymentState, affinity_key
+from gateway.routing.balancer import Balancer, Choice, DeploymentState, request_affinity_key
 from gateway.routing.cached import UpstreamCache
 from gateway.routing.config import DeploymentConfig
 from gateway.routing.errors import Attempted, client_error, final_error, retryable
@@ -302,16 +302,7 @@ class Router:
         return Tracked(response, done, outcome, rec)
 
     def _affinity(self, model: str, raw: dict[str, Any]) -> str:
-        key = raw.get("prompt_cache_key")
-        if isinstance(key, str) and key:  # the client's own name for the prefix it will send again (Codex: its session)
-            return affinity_key(model, f"prompt_cache_key\0{key}", len(key) + 17)
-        messages = raw.get("messages")
-        if isinstance(messages, list):  # the conversation's start: system prompt and first user turn
-            head = [m for m in messages if isinstance(m, dict)][:2]
-            text = "\n".join(str(m.get("content", "")) for m in head)
-        else:
-            text = str(raw.get("prompt", ""))
-        return affinity_key(model, text, self.rcfg.affinity_prefix_chars)
+        return request_affinity_key(model, raw, self.rcfg.affinity_prefix_chars)
 
 
 def _soonest(balancer: Balancer, skip: set[int]) -> float | None:
