@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install models test-models lint bench clean system-deps
+.PHONY: serve test install models test-models lint bench clean system-deps clients
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -40,9 +40,11 @@ serve: models
 #   chromium        the dashboard test (Playwright drives the system browser: its own download needs internet)
 #   gcc-aarch64-linux-gnu, qemu-user   the NEON kernels' test: cross-compiled for aarch64, run under qemu-aarch64
 #                   (not on an aarch64 host, where the test builds with cc and runs natively)
+#   nodejs, npm     installs Claude Code and Codex CLI (`make clients`) for tests/test_clients_cli.py
 system-deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
 	{ docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; } || missing="$$missing docker-compose"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	if [ "$$(uname -m)" != aarch64 ]; then \
@@ -58,7 +60,21 @@ system-deps:
 	  apt-get install -y -qq $$pkg >/dev/null || echo "make: could not install $$pkg; the tests needing it will be skipped"; \
 	done
 
-test: test-models system-deps
+# The coding-agent CLIs tests/test_clients_cli.py runs against a live gateway, at pinned versions, into .clients/
+# (git ignores it). Without npm or the registry the install is skipped, and so are those tests, saying why.
+CLIENTS := .clients
+CLAUDE_CODE_VERSION := 2.1.328
+CODEX_VERSION := 0.169.0
+CLIENTS_STAMP := $(CLIENTS)/.installed-$(CLAUDE_CODE_VERSION)-$(CODEX_VERSION)
+$(CLIENTS_STAMP):
+	@if ! command -v npm >/dev/null 2>&1; then echo "make: npm missing: the coding-agent CLI tests will be skipped"; exit 0; fi; \
+	mkdir -p $(CLIENTS) && cd $(CLIENTS) && \
+	if npm install --no-audit --no-fund --no-save --prefix . @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) \
+	     @openai/codex@$(CODEX_VERSION) >npm-install.log 2>&1; then touch ../$(CLIENTS_STAMP); \
+	else echo "make: npm install of the coding-agent CLIs failed (see $(CLIENTS)/npm-install.log): their tests will be skipped"; fi
+clients: system-deps $(CLIENTS_STAMP)
+
+test: test-models system-deps clients
 	$(PY) -m ruff check gateway backend kernels bench tests
 	SMOLGATE_QUANTIZATION=none $(PY) -m pytest -q -x --durations=15
 
@@ -75,4 +91,4 @@ bench: models
 	$(PY) -m bench.suite $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache $(CLIENTS)

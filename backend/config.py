@@ -87,7 +87,10 @@ class EngineConfig:
     kv_cache_memory_mb: int = 1024  # memory budget of the KV block pool
     # auto (the model's dtype; bfloat16 for INT4/INT8 weights on a CPU with native bf16) | float32 | bfloat16 | float16
     kv_cache_dtype: str = "auto"
-    max_model_len: int = 0  # 0 -> the model's max_position_embeddings
+    max_model_len: int = 0  # 0 -> the model's max_position_embeddings; more than it needs allow_long_max_model_len
+    # Serve max_model_len beyond the positions the model was trained on (rope extrapolates mechanically, the
+    # answers degrade past them): for protocol tests of long-prompt clients, like vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN
+    allow_long_max_model_len: bool = False
     max_num_seqs: int = 64  # running sequences per step
     max_num_batched_tokens: int = 512  # per-step token budget (chunked prefill)
     max_waiting: int = 1024  # waiting-queue limit; beyond it submit raises QueueFullError
@@ -131,6 +134,12 @@ class EngineConfig:
             raise ValueError(f"unknown quantization {self.quantization!r}: use auto, awq, int8 or none")
         copies = {"auto": default_gguf_model_path(), "awq": default_awq_model_path()}
         return copies.get(self.quantization, default_model_path())
+
+    def context_len(self, trained: int) -> int:
+        """The served context length, given the model's own (`max_position_embeddings`)."""
+        if self.allow_long_max_model_len and self.max_model_len:
+            return self.max_model_len
+        return min(self.max_model_len or trained, trained)
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -62,7 +62,7 @@ class TrivialEngine:
         return "".join(chr(97 + t % 26) for t in token_ids)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, continue_final_message: bool = False
     ) -> list[int]:
         return [1, 2, 3, *self.tokenize(str(messages[-1]["content"]))]
 

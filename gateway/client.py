@@ -29,7 +29,9 @@ class EngineClient(Protocol):
 
     def detokenize(self, token_ids: list[int]) -> str: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]: ...
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, continue_final_message: bool = False
+    ) -> list[int]: ...
 
     def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
         """Deltas for every choice; raises EngineError subclasses on first iteration.
@@ -71,7 +73,9 @@ class NoEngine:
     def detokenize(self, token_ids: list[int]) -> str:
         raise ServiceUnavailable("This gateway has no embedded engine.")
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, continue_final_message: bool = False
+    ) -> list[int]:
         raise ServiceUnavailable("This gateway has no embedded engine.")
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:

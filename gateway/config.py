@@ -46,6 +46,10 @@ DEFAULT_ALIASES: Mapping[str, str] = MappingProxyType(
         "gpt-3.5-turbo-instruct": "SmolLM2-135M-Instruct",
         "text-embedding-3-small": "all-MiniLM-L6-v2",
         "text-embedding-ada-002": "all-MiniLM-L6-v2",
+        # the model ids Claude Code and Codex CLI ask for (an alias ending in `*` matches every name it starts)
+        "claude-*": "SmolLM2-135M-Instruct",
+        "gpt-5*": "SmolLM2-135M-Instruct",
+        "codex-*": "SmolLM2-135M-Instruct",
     }
 )
 
@@ -77,6 +81,12 @@ class GatewayConfig:
     # Idle keep-alive connections are closed after this long. Longer than clients' own idle expiry (httpx and
     # so the OpenAI SDK: 5 s), so a client never sends a request on a connection the server is closing.
     keep_alive_s: float = 65.0
+    # Refuse every request field this server does not act on, hints included (gateway/protocol/params.py); off:
+    # hints that change nothing in the answer (metadata, effort, context management...) are accepted and ignored
+    strict_params: bool = False
+    # Sampling values for chat requests that set none, like vLLM's --override-generation-config: clients such as
+    # Claude Code and Codex CLI send no temperature, and `{temperature: 0}` makes their answers greedy (repeatable)
+    sampling_defaults: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (gateway/cache/)
     batches: BatchesConfig = field(default_factory=BatchesConfig)  # Files and Batch APIs (gateway/batches/)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -123,6 +133,7 @@ _SCALAR_ENV = {
     "body_timeout_s": "BODY_TIMEOUT_S",
     "stream_send_timeout_s": "STREAM_SEND_TIMEOUT_S",
     "keep_alive_s": "KEEP_ALIVE_S",
+    "strict_params": "STRICT_PARAMS",
 }
 
 
@@ -171,6 +182,8 @@ def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
             changes[name] = _str_mapping(name, value)
         elif name == "api_key_priorities":
             changes[name] = _int_mapping(name, value)
+        elif name == "sampling_defaults":
+            changes[name] = _sampling_defaults(value)
         else:
             changes[name] = coerce(name, value, getattr(base, name))
     return replace(base, **changes)
@@ -264,6 +277,21 @@ def _str_tuple(name: str, value: object) -> tuple[str, ...]:
 def _str_mapping(name: str, value: object) -> Mapping[str, str]:
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise ConfigError(f"{name} must map strings to strings")
+    return MappingProxyType(dict(value))
+
+
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                         "frequency_penalty")  # fmt: skip
+
+
+def _sampling_defaults(value: object) -> Mapping[str, float]:
+    if not isinstance(value, dict):
+        raise ConfigError("sampling_defaults must be a mapping, e.g. {temperature: 0}")
+    for key, v in value.items():
+        if key not in SAMPLING_DEFAULT_KEYS:
+            raise ConfigError(f"sampling_defaults: unknown key {key!r} (one of {', '.join(SAMPLING_DEFAULT_KEYS)})")
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            raise ConfigError(f"sampling_defaults.{key} must be a number")
     return MappingProxyType(dict(value))
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gateway.aliases import Aliases
 from gateway.errors import ModelNotFound
 
 ModelKind = Literal["chat", "embedding"]
@@ -28,7 +29,7 @@ class ModelCatalog:
 
     def __init__(self, models: list[ServedModel], aliases: Mapping[str, str]) -> None:
         self._models = {m.id: m for m in models}
-        self._aliases = {a: t for a, t in aliases.items() if t in self._models and a not in self._models}
+        self._aliases = Aliases(aliases, self._models)
 
     def resolve(self, name: str, kind: ModelKind) -> ServedModel:
         model = self._models.get(self._aliases.get(name, name))

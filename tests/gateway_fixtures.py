@@ -61,9 +61,9 @@ class FaultyEngine:
         return self.real.detokenize(token_ids)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, continue_final_message: bool = False
     ) -> list[int]:
-        return self.real.apply_chat_template(messages, add_generation_prompt)
+        return self.real.apply_chat_template(messages, add_generation_prompt, continue_final_message)
 
     async def generate(
         self, prompt: str | list[int], params: SamplingParams, request_id: str

@@ -169,7 +169,8 @@ def _text(events: list[dict[str, Any]]) -> str:
 
 @pytest.mark.parametrize("split", [1, 7, 10_000])
 def test_stream_text_with_a_stop_sequence_split_anywhere(split: int) -> None:
-    usage = _sse({"model": "served", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}})
+    chat_usage = {"prompt_tokens": 9, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 5}}
+    usage = _sse({"model": "served", "choices": [], "usage": chat_usage})
     parts = [
         _chunk(""),
         _chunk("Hello E"),
@@ -186,7 +187,9 @@ def test_stream_text_with_a_stop_sequence_split_anywhere(split: int) -> None:
     assert events[0]["message"]["model"] == "served" and events[0]["message"]["usage"] == {"input_tokens": 9, "output_tokens": 0}
     assert _text(events) == "Hello ENDING "
     assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
-    assert events[-2]["usage"] == {"input_tokens": 9, "output_tokens": 4}
+    assert events[-2]["usage"] == {  # the prompt's 9 tokens: 5 the prefix cache held, 4 computed
+        "input_tokens": 4, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 5, "output_tokens": 4
+    }  # fmt: skip
     assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 1
 
 
@@ -234,7 +237,9 @@ def test_non_streamed_message() -> None:
     }
     msg = message(chat, "msg_1", "asked", ("END", "D"))
     assert msg["content"] == [{"type": "text", "text": "Hi "}] and msg["stop_sequence"] == "END"
-    assert msg["stop_reason"] == "stop_sequence" and msg["usage"] == {"input_tokens": 3, "output_tokens": 2}
+    assert msg["stop_reason"] == "stop_sequence" and msg["usage"] == {
+        "input_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 2
+    }  # fmt: skip
     assert split_stop("Hi END", "length", ("END",)) == ("Hi END", None)
     chat["choices"][0]["finish_reason"] = "length"
     assert message(chat, "msg_1", "asked", ())["stop_reason"] == "max_tokens"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gateway.routing.balancer import Balancer, affinity_key
+from gateway.routing.balancer import Balancer, affinity_key, request_affinity_key
 from gateway.routing.config import DeploymentConfig, RouterConfig
 
 
@@ -81,3 +81,14 @@ def test_retry_after_cools_a_deployment_that_long() -> None:
     assert all(b.pick("", set()).state.name == "b" for _ in range(3))  # type: ignore[union-attr]
     clock.now += 3
     assert b.pick("", {1}) is not None
+
+
+def test_a_prompt_cache_key_is_the_affinity_key() -> None:
+    """Codex names its session in `prompt_cache_key`: every turn of it goes where its prefix is cached, even as the
+    conversation's start (what keys a request without one) changes."""
+    one = {"prompt_cache_key": "session-1", "messages": [{"role": "user", "content": "hi"}]}
+    later = {"prompt_cache_key": "session-1", "messages": [{"role": "system", "content": "compacted"}]}
+    assert request_affinity_key("m", one, 512) == request_affinity_key("m", later, 512)
+    assert request_affinity_key("m", one, 512) != request_affinity_key("m", {**one, "prompt_cache_key": "session-2"}, 512)
+    plain = {"messages": one["messages"]}
+    assert request_affinity_key("m", plain, 512) == affinity_key("m", "hi", 512)

@@ -115,6 +115,9 @@ CHAT_CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "tools": ({}, [_TOOL]), "tool_choice": ({"tools": [_TOOL]}, "required"),
     "parallel_tool_calls": ({"tools": [_TOOL]}, False),
     "function_call": ({}, "none"),  # a no-op here, but kept in the key: unknown effect means in the key
+    "continue_final_message": (
+        {"messages": [{"role": "user", "content": "Name a tree."}, {"role": "assistant", "content": "The"}]}, True
+    ),
 }  # fmt: skip
 COMPLETION_CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "prompt": ({}, "Once upon a time"), "echo": ({}, True), "logprobs": ({}, 2), "max_tokens": ({}, 9),

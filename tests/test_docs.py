@@ -1,4 +1,4 @@
-"""Every code block of README.md and docs/*.md is checked, and docs/configuration.md against the config dataclasses.
+"""Every code block of README.md and docs/**/*.md is checked, and docs/configuration.md against the config dataclasses.
 
 - every fenced block names its language; a block nothing can check says so deliberately (`text`);
 - `yaml` blocks parse, and a block that configures the gateway (its top-level keys are configuration keys) loads
@@ -38,7 +38,7 @@ from gateway.config import GatewayConfig, from_mapping
 live = gateway_fixtures.live  # the session's live server (same module object as the other gateway tests)
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 RUN_MARKER = "<!-- doctest: run -->"
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")

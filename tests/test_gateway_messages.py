@@ -11,6 +11,7 @@ import anthropic
 import gateway_fixtures
 import httpx
 import pytest
+from client_requests import CLAUDE_CODE, CLAUDE_CODE_LEFT_OUT
 from gateway_fixtures import API_KEY, LiveStack
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, Field
@@ -72,12 +73,20 @@ def _streamed(client: anthropic.Anthropic, **kw: Any) -> tuple[anthropic.types.M
         return stream.get_final_message(), kinds
 
 
+def _prompt(usage: Any) -> int:
+    """The prompt's tokens: those computed and those read from the prefix cache."""
+    if isinstance(usage, dict):
+        return int(usage["input_tokens"]) + int(usage.get("cache_read_input_tokens") or 0)
+    return int(usage.input_tokens) + int(usage.cache_read_input_tokens or 0)
+
+
 def _same(a: anthropic.types.Message, b: anthropic.types.Message) -> None:
     """Equal but for the message id and the tool-use ids."""
 
     def strip(m: anthropic.types.Message) -> dict[str, Any]:
         d = m.model_dump(exclude_none=True)
         d.pop("id")
+        d["usage"] = (_prompt(m.usage), m.usage.output_tokens)  # a second run reads more from the prefix cache
         for block in d["content"]:
             if block["type"] == "tool_use":
                 assert block.pop("id").startswith("toolu_")
@@ -109,7 +118,7 @@ def test_access_log_and_metrics_name_the_messages_route(live: LiveStack, client:
     msg = _create(client, messages=ask, metadata={"user_id": "end-user-9"}, extra_headers={"x-request-id": rid})
     (line,) = live.log_lines_of(rid)
     assert line["route"] == "/v1/messages" and line["status"] == 200 and line["model"] == MODEL
-    assert line["user"] == "end-user-9" and line["prompt_tokens"] == msg.usage.input_tokens
+    assert line["user"] == "end-user-9" and line["prompt_tokens"] == _prompt(msg.usage)
     assert line["completion_tokens"] == msg.usage.output_tokens and API_KEY not in json.dumps(line)
     metrics = httpx.get(f"{live.url}/metrics", headers={"authorization": f"Bearer {API_KEY}"}).text
     assert f'smolgate_requests_total{{model="{MODEL}",route="/v1/messages",status="200"}}' in metrics
@@ -122,7 +131,7 @@ def test_string_and_block_content_and_system_blocks_are_one_prompt(client: anthr
         system=[{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
         messages=[{"role": "user", "content": [{"type": "text", "text": "Name a fruit."}]}],
     )
-    assert plain.content == blocks.content and plain.usage.input_tokens == blocks.usage.input_tokens
+    assert plain.content == blocks.content and _prompt(plain.usage) == _prompt(blocks.usage)
 
 
 def test_max_tokens_stop_reason(client: anthropic.Anthropic) -> None:
@@ -137,7 +146,7 @@ def test_a_max_tokens_beyond_the_context_window_is_a_cap(client: anthropic.Anthr
     assert 0 < room < 40, counted
     filler = [{"role": "user", "content": "word " * 2000}]
     msg = _create(client, max_tokens=64_000, messages=filler, extra_body=GREEDY)
-    assert msg.usage.input_tokens == counted.input_tokens and msg.usage.output_tokens <= room
+    assert _prompt(msg.usage) == counted.input_tokens and msg.usage.output_tokens <= room
     assert msg.stop_reason in ("end_turn", "model_context_window_exceeded")
     assert (msg.stop_reason == "model_context_window_exceeded") == (msg.usage.output_tokens == room)
 
@@ -168,7 +177,7 @@ def test_raw_stream_events_in_order_with_ping(live: LiveStack) -> None:
     assert deltas and all(d["delta"]["type"] == "text_delta" and d["index"] == 0 for d in deltas)
     end = datas[-2]
     assert end["delta"]["stop_reason"] in ("end_turn", "max_tokens") and 0 < end["usage"]["output_tokens"] <= 8
-    assert end["usage"]["input_tokens"] == start["usage"]["input_tokens"]
+    assert _prompt(end["usage"]) == start["usage"]["input_tokens"]
 
 
 def test_stop_sequences(client: anthropic.Anthropic) -> None:
@@ -244,9 +253,9 @@ def test_count_tokens_equals_the_prompt_usage(client: anthropic.Anthropic) -> No
     for kw in ({"system": "You are terse.", "messages": ASK}, {"messages": WEATHER_Q, "tools": TOOLS}):
         counted = client.messages.count_tokens(model=MODEL, **kw)
         assert counted.input_tokens > 0
-        assert counted.input_tokens == _create(client, max_tokens=1, **kw).usage.input_tokens
+        assert counted.input_tokens == _prompt(_create(client, max_tokens=1, **kw).usage)
     with pytest.raises(anthropic.NotFoundError):
-        client.messages.count_tokens(model="claude-nonexistent", messages=ASK)
+        client.messages.count_tokens(model="mistral-nonexistent", messages=ASK)
     with pytest.raises(anthropic.BadRequestError):
         client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": [{"type": "image"}]}])
 
@@ -289,8 +298,8 @@ def test_auth_errors(live: LiveStack) -> None:
 
 def test_unknown_model_is_not_found(client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.NotFoundError) as info:
-        _create(client, model="claude-sonnet-4-5")
-    assert "claude-sonnet-4-5" in _error(info.value, "not_found_error")
+        _create(client, model="mistral-large-latest")
+    assert "mistral-large-latest" in _error(info.value, "not_found_error")
 
 
 @pytest.mark.parametrize(
@@ -312,10 +321,16 @@ def test_unknown_model_is_not_found(client: anthropic.Anthropic) -> None:
             },
             "messages[0].content[0].content[0]",
         ),
-        ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
-        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
-        ({"messages": [*ASK, {"role": "assistant", "content": "The fruit is"}]}, "messages[1]"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"thinking": {"type": "sometimes"}}, "thinking.type"),
+        (
+            {
+                "tools": [{"type": "web_search_20250305", "name": "web_search"}, *TOOLS],
+                "tool_choice": {"type": "tool", "name": "web_search"},
+            },
+            "tool_choice.name",
+        ),
+        ({"messages": [*ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "add"}]}]}, "messages[1]"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"temperature": 1.5}, "temperature"),
         ({"top_k": -1}, "top_k"),
         ({"max_tokens": 0}, "max_tokens"),
@@ -323,11 +338,12 @@ def test_unknown_model_is_not_found(client: anthropic.Anthropic) -> None:
         ({"frequency_penalty": 1}, "frequency_penalty"),
         ({"tool_choice": {"type": "any"}}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": {"type": "required"}}, "tool_choice.type"),
-        ({"output_config": {"effort": "high"}}, "output_config.effort"),
+        ({"output_config": {"effort": "high", "verbosity": "low"}}, "output_config.verbosity"),
+        ({"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
         ({"metadata": {"user_id": "u", "plan": "pro"}}, "metadata.plan"),
         ({"container": "c-1"}, "container"),
         ({"output_config": {"format": {"type": "json_schema", "schema": {"not": {"type": "string"}}}}}, "not"),
-        ({"messages": [{"role": "user", "content": "word " * 3000}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "word " * 3000}]}, "prompt is too long: "),
     ],
 )
 def test_bad_or_unsupported_input_is_a_400_naming_the_field(live: LiveStack, change: dict[str, Any], named: str) -> None:
@@ -383,3 +399,45 @@ def test_engine_faults_are_anthropic_errors(live: LiveStack) -> None:
         _streamed(fault)
     assert broken.value.body["type"] == "error" and broken.value.body["error"]["type"] == "api_error"
     assert "secret" not in str(broken.value.body)
+
+
+def test_claude_code_first_request_is_served(live: LiveStack) -> None:
+    headers = {"x-api-key": API_KEY, "anthropic-beta": "claude-code-20250219,context-management-2025-06-27"}
+    body = {**CLAUDE_CODE, "max_tokens": 8}
+    resp = httpx.post(f"{live.url}/v1/messages?beta=true", json=body, headers=headers, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["smolgate-tools-left-out"] == ",".join(CLAUDE_CODE_LEFT_OUT)
+    events = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: ")]
+    assert events[0]["type"] == "message_start" and events[0]["message"]["model"] == MODEL  # the served model answers
+    assert events[-1]["type"] == "message_stop"
+    counted = httpx.post(
+        f"{live.url}/v1/messages/count_tokens",
+        json={k: v for k, v in body.items() if k not in ("max_tokens", "stream", "metadata")},
+        headers=headers,
+    )
+    assert counted.status_code == 200 and counted.json()["input_tokens"] == events[0]["message"]["usage"]["input_tokens"]
+
+
+def test_prefill_is_continued(client: anthropic.Anthropic) -> None:
+    """A final assistant message is the start of the answer: the prompt ends inside it (no end of turn)."""
+    prefill = [*ASK, {"role": "assistant", "content": "My favourite fruit is the"}]
+    closed = [*prefill, {"role": "user", "content": "Go on."}]
+    open_count = client.messages.count_tokens(model=MODEL, messages=prefill).input_tokens
+    closed_count = client.messages.count_tokens(model=MODEL, messages=closed).input_tokens
+    go_on = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Go on."}]).input_tokens
+    ask = client.messages.count_tokens(model=MODEL, messages=ASK).input_tokens
+    # the closed conversation adds the end of the assistant turn and a user turn; the open one neither
+    assert closed_count > open_count + go_on - ask
+    message = _create(client, messages=prefill, max_tokens=6)
+    assert message.content[0].text and _prompt(message.usage) == open_count
+
+
+def test_models_in_anthropics_shape_when_asked(live: LiveStack) -> None:
+    headers = {"x-api-key": API_KEY, "anthropic-version": "2023-06-01"}
+    listed = httpx.get(f"{live.url}/v1/models", headers=headers).json()
+    assert listed["has_more"] is False and listed["first_id"] == listed["data"][0]["id"]
+    assert MODEL in [m["id"] for m in listed["data"]]
+    assert all(m["type"] == "model" and m["created_at"].endswith("Z") for m in listed["data"])
+    one = httpx.get(f"{live.url}/v1/models/claude-sonnet-4-5", headers=headers).json()
+    assert one["type"] == "model" and one["id"] == "claude-sonnet-4-5"  # an alias pattern, shown under its own name
+    assert httpx.get(f"{live.url}/v1/models", headers={"x-api-key": API_KEY}).json()["object"] == "list"

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from cache_fixtures import OTHER_KEY, CacheStack
+from client_requests import CODEX, CODEX_LEFT_OUT, CODEX_OFFERED
 from gateway_fixtures import API_KEY, assert_schema
 from pydantic import BaseModel
 
@@ -417,15 +418,10 @@ def test_exact_cache_replays_in_the_responses_shape(cache_stack: CacheStack) -> 
 # ---- what the gateway cannot do: 400s that name the field ----------------------------------------------------
 
 BAD: list[tuple[dict[str, Any], str]] = [
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-    ({"tools": [WEATHER, {"type": "file_search", "vector_store_ids": ["vs_1"]}]}, "tools[1].type"),
-    ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools[0].type"),
-    ({"tools": [{"type": "computer_use_preview", "display_width": 1, "display_height": 1, "environment": "linux"}]},
-     "tools[0].type"),
-    ({"tools": [{"type": "mcp", "server_label": "x", "server_url": "http://x"}]}, "tools[0].type"),
+    ({"tools": [{"type": "namespace", "name": "mcp", "tools": 3}]}, "tools[0].tools"),
+    ({"tools": [{"type": "namespace", "name": "mcp", "tools": [{"type": "function"}]}]}, "tools[0].tools[0].name"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice.type"),
-    ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
-    ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
+    ({"reasoning": "high"}, "reasoning"),
     ({"background": True}, "background"),
     ({"conversation": "conv_123"}, "conversation"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
@@ -433,7 +429,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"max_output_tokens": 5}, "max_output_tokens"),
     ({"temperature": 3}, "temperature"),
     ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
-    ({"text": {"verbosity": "high"}}, "text.verbosity"),
+    ({"text": {"verbosity": "loud"}}, "text.verbosity"),
+    ({"text": {"tone": "dry"}}, "text.tone"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice.name"),
     ({"truncation": "sometimes"}, "truncation"),
     ({"frequency_of_nonsense": 1}, "frequency_of_nonsense"),
@@ -443,6 +440,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
      "input[0].content[0].type"),
     ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]}, "input[0]"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"include": ["reasoning.encrypted_content", "code_interpreter_call.outputs"]}, "include"),
     ({"input": [{"role": "wizard", "content": "hi"}]}, "input[0].role"),
     ({"metadata": {"k": 1}}, "metadata.k"),
     ({"stream_options": {"include_obfuscation": False}}, "stream_options"),
@@ -469,3 +467,18 @@ def test_unknown_response_and_missing_model_and_bad_json(cache_stack: CacheStack
     r = httpx.get(f"{url}/v1/responses/resp_x/input_items?limit=0", headers=_headers())
     assert r.status_code in (400, 404)
     assert httpx.get(f"{url}/v1/responses/resp_x").status_code == 401
+
+
+CODEX_LIKE = {**CODEX, "max_output_tokens": 16, "temperature": 0}
+
+
+def test_codex_first_request_is_served(cache_stack: CacheStack) -> None:
+    headers, events = _events(cache_stack.urls["memory"], CODEX_LIKE)
+    assert headers["smolgate-tools-left-out"] == ",".join(CODEX_LEFT_OUT)
+    done = _check_sequence(events)
+    assert tuple(t["name"] for t in done["tools"]) == CODEX_OFFERED  # the namespace's function, by name
+    assert done["text"]["verbosity"] == "low" and done["prompt_cache_key"] == CODEX_LIKE["prompt_cache_key"]
+    more = [*CODEX_LIKE["input"], {"role": "user", "content": _unique("And a vegetable?")}]
+    again = _post(cache_stack.urls["memory"], {**CODEX_LIKE, "input": more})
+    assert again.status_code == 200, again.text
+    assert again.json()["usage"]["input_tokens_details"]["cached_tokens"] > 0  # the same start: a prefix-cache hit

@@ -101,6 +101,9 @@ def test_unsupported_fields_never_reach_the_upstream(rig: tuple[FakeUpstream, st
     fake, url = rig
     fake.play(default="ok")
     with pytest.raises(openai.BadRequestError) as err:
-        _client(url).responses.create(model="remote", input="Hi", tools=[{"type": "web_search"}])  # type: ignore[list-item]
-    assert err.value.body["param"] == "tools[0].type"  # type: ignore[index]
+        _client(url).responses.create(model="remote", input="Hi", extra_body={"conversation": "conv_1"})
+    assert err.value.body["param"] == "conversation"  # type: ignore[index]
     assert fake.received == 0
+    # a tool the gateway cannot run is left out of the chat request, upstream too
+    _client(url).responses.create(model="remote", input="Hi", tools=[{"type": "web_search"}])  # type: ignore[list-item]
+    assert fake.received == 1 and "tools" not in fake.bodies[-1]

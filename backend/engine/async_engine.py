@@ -118,8 +118,10 @@ class AsyncEngine:
     def detokenize(self, token_ids: list[int]) -> str:
         return self.engine.tokenizer.decode(token_ids, skip_special_tokens=False)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        return apply_chat_template(self.engine.tokenizer, messages, add_generation_prompt)
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, continue_final_message: bool = False
+    ) -> list[int]:
+        return apply_chat_template(self.engine.tokenizer, messages, add_generation_prompt, continue_final_message)
 
     # ---- requests --------------------------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:

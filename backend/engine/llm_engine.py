@@ -61,7 +61,7 @@ class LLMEngine:
         self.model_name = config.served_model_name or config.resolved_model().name.removesuffix(".gguf")
         self.tokenizer = load_tokenizer(model_dir)
         hf_max = model_max_len(model_dir)
-        self.max_model_len = min(config.max_model_len or hf_max, hf_max)
+        self.max_model_len = config.context_len(hf_max)
         ops = select_ops(config.kernel_backend, self.device, config.block_size)
         # > 1 rank: rank 0 drives (this engine); backend/parallel/driver.py's workers follow its batches
         tp, pp = parallel_ranks(config.tensor_parallel_size, config.pipeline_parallel_size)

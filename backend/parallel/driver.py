@@ -84,7 +84,7 @@ def _load_worker_model(cfg: Any) -> tuple[nn.Module, torch.dtype, str]:
 
     model_dir = resolve_model_dir(cfg.resolved_model(), gguf_blocks=cfg.quantization == "auto")
     hf_max = model_max_len(model_dir)
-    max_len = min(cfg.max_model_len or hf_max, hf_max)
+    max_len = cfg.context_len(hf_max)
     dtype, device = DTYPES[cfg.dtype], cfg.resolved_device()
     ops = select_ops(cfg.kernel_backend, device, cfg.block_size)
     tp, pp = parallel_ranks(cfg.tensor_parallel_size, cfg.pipeline_parallel_size)

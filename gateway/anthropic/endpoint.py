@@ -24,7 +24,7 @@ from gateway.anthropic.request import translate, translate_count
 from gateway.anthropic.stream import EventStream
 from gateway.client import NoEngine
 from gateway.context import GatewayContext
-from gateway.errors import GatewayError, ModelNotFound, to_gateway_error
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, to_gateway_error
 from gateway.ops.record import RequestRecord, record_of
 from gateway.protocol.jsonio import read_json
 from gateway.protocol.requests import parse_chat
@@ -55,13 +55,19 @@ class Relay:
     """Runs the chat handler's response (JSON, SSE, or the router's tracked response), rewriting it."""
 
     def __init__(
-        self, inner: Any, stream: EventStream | None, to_message: Callable[[dict[str, Any]], dict[str, Any]], rec: RequestRecord
+        self,
+        inner: Any,
+        stream: EventStream | None,
+        to_message: Callable[[dict[str, Any]], dict[str, Any]],
+        rec: RequestRecord,
+        headers: list[tuple[bytes, bytes]] | None = None,  # added to the response's (what was left out...)
     ):
         self.inner, self.stream, self.to_message, self.rec = inner, stream, to_message, rec
+        self.extra = headers or []
         self.headers = inner.headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        rid = (b"request-id", self.rec.request_id.encode())
+        extra = [(b"request-id", self.rec.request_id.encode()), *self.extra]
         start: Message = {}
         chunks: list[bytes] = []
         stream = self.stream
@@ -69,7 +75,7 @@ class Relay:
         async def rewrite(message: Message) -> None:
             nonlocal start
             if message["type"] == "http.response.start":
-                start = {**message, "headers": [*message.get("headers", ()), rid]}
+                start = {**message, "headers": [*message.get("headers", ()), *extra]}
                 if stream is not None:
                     await send(start)
                 return
@@ -118,7 +124,12 @@ class Messages:
         rec = record_of(request)
         try:
             raw = await read_json(request, self.ctx.config.max_body_bytes)
-            req = translate(raw)
+            req = translate(raw, self.ctx.config.strict_params)
+            if req.prefill and self.router is not None:  # continue_final_message is vLLM's, not OpenAI's
+                raise InvalidRequest(
+                    "A final assistant message (prefill) is continued by the embedded engine only, not through the router.",
+                    param=f"messages[{len(raw['messages']) - 1}]",
+                )
             message_id = f"msg_{self.ctx.ids.new()}"
             chat, window, stops = req.chat, False, req.stop_sequences
             if self.router is not None and "include_stop_str_in_output" in chat:
@@ -127,10 +138,15 @@ class Messages:
             embedded = self.router is None and not isinstance(self.ctx.engine, NoEngine)
             prompt = self._prompt_tokens(chat) if req.stream or embedded else 0
             room = self.ctx.engine.max_model_len - prompt if embedded else 0
+            if embedded and room <= 0:  # Anthropic's own words, which Claude Code recognises
+                raise InvalidRequest(f"prompt is too long: {prompt} tokens > {self.ctx.engine.max_model_len} maximum")
             if 0 < room < chat["max_tokens"]:
                 # Anthropic's max_tokens is a cap that clients set high (thousands): like Anthropic's newer
                 # models, generate up to the context window and say so (model_context_window_exceeded)
                 chat, window = {**chat, "max_tokens": room}, True
+            cap = (rec.policy if rec.policy is not None else self.ctx.guard.anonymous).max_tokens
+            if cap and chat["max_tokens"] > cap:  # a cap too, then the key's (Claude Code asks for 32,000 or more)
+                chat, window = {**chat, "max_tokens": cap}, False
             stream = None
             if req.stream:  # message_start carries the prompt's size; message_delta the engine's own count
                 stream = EventStream(message_id, req.model, prompt, stops, rec.request_id, window)
@@ -138,13 +154,14 @@ class Messages:
         except Exception as exc:
             return self._error(rec, exc)
         to_message = lambda body: out.message(body, message_id, req.model, stops, window)  # noqa: E731
-        return Relay(inner, stream, to_message, rec)  # type: ignore[return-value]
+        notes = [(b"smolgate-tools-left-out", ",".join(req.left_out).encode())] if req.left_out else []
+        return Relay(inner, stream, to_message, rec, notes)  # type: ignore[return-value]
 
     async def count_tokens(self, request: Request) -> Response:
         rec = record_of(request)
         try:
             raw = await read_json(request, self.ctx.config.max_body_bytes)
-            model, chat = translate_count(raw)
+            model, chat = translate_count(raw, self.ctx.config.strict_params)
             rec.model = self._resolve(request, model)
             count = self._prompt_tokens(chat)
         except Exception as exc:
@@ -179,7 +196,7 @@ class Messages:
         tool prompt included), else estimated like the router's usage counts."""
         req = parse_chat({k: v for k, v in chat.items() if k not in ("cache", "stream", "stream_options")})
         if not isinstance(self.ctx.engine, NoEngine):
-            return len(self.ctx.engine.apply_chat_template(req.messages, add_generation_prompt=True))
+            return len(self.ctx.engine.apply_chat_template(req.messages, continue_final_message=req.continue_final))
         if self._estimate is None:
             self._estimate = self.router.count if self.router is not None else load_counter("")
         return prompt_tokens(self._estimate, {"messages": req.messages})

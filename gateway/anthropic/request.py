@@ -25,30 +25,49 @@ import orjson
 from gateway.errors import InvalidRequest
 from gateway.protocol import fields as f
 from gateway.protocol.fields import Body
+from gateway.protocol.params import ANTHROPIC, USED, Param, Params, hint, left_out, refused
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # the chat pipeline's limit (gateway/protocol/tools.py)
 MAX_STOP_SEQUENCES = 16  # the engine's limit (SamplingParams)
-_IGNORED = {"cache_control", "service_tier", "inference_geo", "diagnostics", "user_profile_id", "workspace_id"}
-_UNSUPPORTED = {
-    "container": "code execution containers are not available on this server.",
-    "mcp_servers": "MCP connectors are not available on this server.",
-    "context_management": "context management is not available on this server.",
-}
-_CREATE_KEYS = {
-    "model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
-    "tools", "tool_choice", "metadata", "thinking", "output_config", "speed",
-    "cache",  # smolgate's response-cache control, as on chat
-} | _IGNORED | set(_UNSUPPORTED)  # fmt: skip
-_COUNT_KEYS = (
-    {"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config", "speed"} | _IGNORED | set(_UNSUPPORTED)
+_NO_THINKING = "this model has no extended thinking: it answers without thinking, as with thinking off"
+# The Messages request, field by field (gateway/protocol/params.py): used, a hint with no effect here, or refused.
+_FIELDS: dict[str, Param] = {
+    "model": USED, "max_tokens": USED, "messages": USED, "system": USED, "stop_sequences": USED, "stream": USED,
+    "temperature": USED, "top_p": USED, "top_k": USED, "tools": USED, "tool_choice": USED, "metadata": USED,
+    "output_config": USED, "speed": USED,
+    "cache": USED,  # smolgate's response-cache control, as on chat
+    "thinking": hint(_NO_THINKING, neutral=lambda v: isinstance(v, dict) and v.get("type") == "disabled"),
+    "context_management": hint("nothing to clear: no thinking or tool results are kept between requests"),
+    "cache_control": hint("the prefix cache reuses every shared prompt prefix by itself (no breakpoints needed)"),
+    "service_tier": hint("one tier here"),
+    "inference_geo": hint("one place here"),
+    "diagnostics": hint("no diagnostics are collected"),
+    "user_profile_id": hint("no profiles here"),
+    "workspace_id": hint("no workspaces here"),
+    "container": refused("code execution containers are not available on this server."),
+    "mcp_servers": refused("MCP connectors are not available on this server."),
+}  # fmt: skip
+_EFFORT = hint("this model has no effort levels: every answer is generated alike")
+_OUTPUT_CONFIG = Params({"format": USED, "effort": _EFFORT}, ANTHROPIC, "output_config")
+# a turn's own settings (Claude Code's per-turn control): its effort, a hint like the request's
+_MESSAGE = Params(
+    {"role": USED, "content": USED, "output_config": USED}, ANTHROPIC, "messages[]",
+    nested={"output_config": Params({"effort": _EFFORT}, ANTHROPIC, "messages[].output_config")},
 )
+_METADATA = Params({"user_id": USED}, ANTHROPIC, "metadata")
+_CREATE = Params(_FIELDS, ANTHROPIC, nested={"output_config": _OUTPUT_CONFIG, "metadata": _METADATA})
+MESSAGE_PARAMS = _MESSAGE  # docs/clients/fields.md lists its hints too
+_COUNT = Params(
+    {k: v for k, v in _FIELDS.items() if k not in {"max_tokens", "stop_sequences", "stream", "temperature", "top_p",
+                                                    "top_k", "metadata", "cache"}},
+    ANTHROPIC, nested={"output_config": _OUTPUT_CONFIG},
+)  # fmt: skip
+MESSAGES_PARAMS = _CREATE  # docs/clients/fields.md lists its hints (tests/test_docs.py checks)
 _BLOCK_WHY = {
     "image": "this model reads text only.",
     "document": "documents (PDF, plain-text sources) are not supported: send their text in a text block.",
     "search_result": "search result blocks are not supported.",
     "container_upload": "code execution containers are not available on this server.",
-    "thinking": "this model does not produce thinking blocks.",
-    "redacted_thinking": "this model does not produce thinking blocks.",
     "server_tool_use": "server tools are not available on this server.",
     "web_search_tool_result": "server tools are not available on this server.",
     "web_fetch_tool_result": "server tools are not available on this server.",
@@ -63,12 +82,18 @@ _TOOL_KEYS = {"type", "name", "description", "input_schema", "cache_control", "s
               "eager_input_streaming", "allowed_callers", "defer_loading"}  # fmt: skip
 
 
+_THINKING_BLOCKS = {"thinking", "redacted_thinking"}  # earlier turns' thinking: dropped, as Anthropic drops it
+_THINKING_TYPES = {"enabled", "adaptive", "disabled"}
+
+
 @dataclass(frozen=True)
 class MessagesRequest:
     model: str
     chat: dict[str, Any]  # the Chat Completions body served in its place
     stream: bool
     stop_sequences: tuple[str, ...]
+    prefill: str = ""  # a final assistant message's text, which the answer continues
+    left_out: tuple[str, ...] = ()  # tools the model was not shown (server tools, deferred tools)
 
 
 def _bad(message: str, param: str) -> InvalidRequest:
@@ -114,16 +139,16 @@ def _blocks(content: object, where: str) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{where}[{j}]", _object(block, f"{where}[{j}]")) for j, block in enumerate(content)]
 
 
-def _system(raw: object) -> str | None:
+def _system(raw: object, path: str = "system") -> str | None:
     if raw is None:
         return None
     if isinstance(raw, str):
         return raw
     if not isinstance(raw, list):
-        raise _bad("'system' must be a string or an array of text blocks.", "system")
+        raise _bad(f"'{path}' must be a string or an array of text blocks.", path)
     texts = []
     for j, block in enumerate(raw):
-        where = f"system[{j}]"
+        where = f"{path}[{j}]"
         block = _object(block, where)
         if block.get("type") != "text":
             raise _bad(f"'{where}.type' must be 'text': the system prompt holds text blocks only.", f"{where}.type")
@@ -200,7 +225,7 @@ def _assistant(content: object, where: str) -> dict[str, Any]:
             texts.append(_text_block(block, path))
         elif kind == "tool_use":
             calls.append(_tool_use(block, path))
-        else:
+        elif kind not in _THINKING_BLOCKS:
             raise _unsupported_block(kind, path)
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
     if calls:
@@ -208,29 +233,27 @@ def _assistant(content: object, where: str) -> dict[str, Any]:
     return message
 
 
-def _messages(raw: object, system: str | None) -> list[dict[str, Any]]:
+def _messages(raw: object, system: str | None, strict: bool) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise _bad("'messages' must be a non-empty array of message objects.", "messages")
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for i, msg in enumerate(raw):
         where = f"messages[{i}]"
         msg = _object(msg, where)
-        _reject_extra(msg, {"role", "content"}, where)
+        _MESSAGE.check(msg, strict, where)
         if "content" not in msg:
             raise _bad(f"Missing required parameter: '{where}.content'.", f"{where}.content")
         role = msg.get("role")
         if role == "user":
             out.extend(_user(msg["content"], where))
-        elif role == "assistant":
-            if i == len(raw) - 1:
-                raise _bad(
-                    f"'{where}': a final assistant message (prefill) is not supported by this server: "
-                    "end the conversation with a user message.",
-                    where,
-                )
+        elif role == "assistant":  # a final one is a prefill: the answer continues it (translate)
             out.append(_assistant(msg["content"], where))
+        elif role == "system":  # Claude Code's per-turn system text: a system message where it was sent
+            out.append({"role": "system", "content": _system(msg["content"], f"{where}.content")})
         else:
-            raise _bad(f"Invalid value for '{where}.role': {role!r}; expected 'user' or 'assistant'.", f"{where}.role")
+            raise _bad(
+                f"Invalid value for '{where}.role': {role!r}; expected 'user', 'assistant' or 'system'.", f"{where}.role"
+            )
     return _merged(out)
 
 
@@ -250,22 +273,22 @@ def _merged(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _tool(raw: object, i: int) -> dict[str, Any]:
+def _tool(raw: object, i: int, strict: bool) -> dict[str, Any] | None:
+    """A client tool as a chat function; None for one the model is not shown (under strict_params: a 400)."""
     where = f"tools[{i}]"
     tool = _object(raw, where)
     kind = tool.get("type")
     if kind not in (None, "custom"):
-        raise _bad(
-            f"'{where}.type' {kind!r}: server tools (web search, code execution, bash, text editor, computer use...) "
-            "are not available on this server; define a client tool with name, description and input_schema.",
-            f"{where}.type",
-        )
+        left_out(strict, ANTHROPIC, f"{where}.type", f"server tools ({kind!r}) are not available on this server.")
+        return None
     _reject_extra(tool, _TOOL_KEYS, where)
-    if tool.get("defer_loading"):
-        raise _bad(f"'{where}.defer_loading' is not supported: there is no tool search on this server.", f"{where}.defer_loading")
     name = tool.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise _bad(f"'{where}.name' must match ^[a-zA-Z0-9_-]{{1,64}}$.", f"{where}.name")
+    if f.opt_bool(tool, "defer_loading", param=f"{where}.defer_loading"):
+        # a deferred tool is outside the prompt until a tool search loads it: here there is none, so it stays out
+        left_out(strict, ANTHROPIC, f"{where}.defer_loading", "there is no tool search on this server.")
+        return None
     schema = tool.get("input_schema")
     if not isinstance(schema, dict):
         raise _bad(f"'{where}.input_schema' must be a JSON schema object.", f"{where}.input_schema")
@@ -293,6 +316,8 @@ def _tool_choice(raw: object, chat: dict[str, Any]) -> None:
         chat["tool_choice"] = "required"
     elif kind == "tool":
         name = f.req_str(choice, "name", param="tool_choice.name")
+        if name not in {t["function"]["name"] for t in chat["tools"]}:
+            raise _bad(f"'tool_choice.name' {name!r} is not among the tools this model is shown.", "tool_choice.name")
         chat["tool_choice"] = {"type": "function", "function": {"name": name}}
     else:
         raise _bad(
@@ -302,21 +327,32 @@ def _tool_choice(raw: object, chat: dict[str, Any]) -> None:
         chat["parallel_tool_calls"] = False
 
 
-def _tools(body: Body, chat: dict[str, Any]) -> None:
+def _tools(body: Body, chat: dict[str, Any], strict: bool) -> tuple[str, ...]:
+    """Sets the chat tools and tool_choice; returns the names of the tools left out."""
     raw = body.get("tools")
+    dropped: list[str] = []
     if raw is not None:
         if not isinstance(raw, list):
             raise _bad("'tools' must be an array of tool objects.", "tools")
-        if raw:
-            chat["tools"] = [_tool(t, i) for i, t in enumerate(raw)]
+        tools = []
+        for i, t in enumerate(raw):
+            tool = _tool(t, i, strict)
+            if tool is None:
+                dropped.append(str(t.get("name") or t.get("type")))
+            else:
+                tools.append(tool)
+        if tools:
+            chat["tools"] = tools
     choice = body.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else None
     if choice is not None and "tools" not in chat:
-        if isinstance(choice, dict) and choice.get("type") == "none":
-            return
+        if kind == "none" or (kind == "auto" and dropped):  # auto among tools all left out: nothing to choose
+            return tuple(dropped)
         raise _bad("'tool_choice' requires 'tools'.", "tool_choice")
     _tool_choice(choice, chat)
     if "tools" in chat and names_repeat(chat["tools"]):
         raise _bad("Tool names in 'tools' must be unique.", "tools")
+    return tuple(dropped)
 
 
 def names_repeat(tools: list[dict[str, Any]]) -> bool:
@@ -325,20 +361,18 @@ def names_repeat(tools: list[dict[str, Any]]) -> bool:
 
 
 def _thinking(raw: object) -> None:
+    """Any thinking setting is served without thinking (a hint: _FIELDS), but it must be one Anthropic knows."""
     if raw is None:
         return
     kind = _object(raw, "thinking").get("type")
-    if kind != "disabled":
-        raise _bad(f"'thinking' ({kind!r}) is not supported: this model has no extended thinking.", "thinking")
+    if kind not in _THINKING_TYPES:
+        raise _bad(f"Invalid value for 'thinking.type': {kind!r}; expected 'enabled', 'adaptive' or 'disabled'.", "thinking.type")
 
 
 def _output_config(raw: object, chat: dict[str, Any]) -> None:
     if raw is None:
         return
     config = _object(raw, "output_config")
-    _reject_extra(config, {"effort", "format"}, "output_config")
-    if config.get("effort") is not None:
-        raise _bad("'output_config.effort' is not supported: this model has no effort levels.", "output_config.effort")
     fmt = config.get("format")
     if fmt is None:
         return
@@ -372,22 +406,33 @@ def _number(body: Body, key: str, lo: float, hi: float) -> float | None:
     return value
 
 
-def _common(body: Body, chat: dict[str, Any]) -> None:
-    """What a create and a count_tokens request share: the prompt, tools, output format."""
-    for key, why in _UNSUPPORTED.items():
-        if body.get(key) is not None:
-            raise _bad(f"'{key}' is not supported: {why}", key)
+def _common(body: Body, chat: dict[str, Any], params: Params, strict: bool) -> tuple[str, tuple[str, ...]]:
+    """What a create and a count_tokens request share: the prompt, tools, output format.
+
+    Returns the prefill (a final assistant message's text, "" without one) and the tools left out."""
+    if not isinstance(body, dict):
+        raise _bad("The request body must be a JSON object.", "")
+    params.check(body, strict)
     _thinking(body.get("thinking"))
     if body.get("speed") not in (None, "standard"):
         raise _bad("'speed' other than 'standard' is not supported by this server.", "speed")
-    chat["messages"] = _messages(body.get("messages"), _system(body.get("system")))
-    _tools(body, chat)
+    chat["messages"] = _messages(body.get("messages"), _system(body.get("system")), strict)
+    last = chat["messages"][-1]
+    prefill = last["content"] if last["role"] == "assistant" and not last.get("tool_calls") else ""
+    if last["role"] == "assistant" and not prefill:
+        where = f"messages[{len(body['messages']) - 1}]"
+        raise _bad(f"'{where}': a final assistant message must hold text to continue (a prefill).", where)
+    if prefill:
+        chat["continue_final_message"] = True  # the vLLM extension: the template leaves the turn open
+    dropped = _tools(body, chat, strict)
     _output_config(body.get("output_config"), chat)
+    return prefill, dropped
 
 
-def translate(body: Body) -> MessagesRequest:
+def translate(body: Body, strict: bool = False) -> MessagesRequest:
     """POST /v1/messages body -> the chat body to serve (400 for anything this server cannot honour)."""
-    _reject_extra(body, _CREATE_KEYS, "")
+    chat: dict[str, Any] = {}
+    prefill, dropped = _common(body, chat, _CREATE, strict)
     model = f.req_str(body, "model")
     if body.get("max_tokens") is None:
         raise _bad("Missing required parameter: 'max_tokens'.", "max_tokens")
@@ -395,9 +440,7 @@ def translate(body: Body) -> MessagesRequest:
     if max_tokens is None or max_tokens < 1:
         raise _bad("'max_tokens' must be at least 1 on this server (it has no prompt cache to pre-warm).", "max_tokens")
     stream = bool(f.opt_bool(body, "stream"))
-    chat: dict[str, Any] = {"model": model}
-    _common(body, chat)
-    chat["max_tokens"] = max_tokens
+    chat = {"model": model, **chat, "max_tokens": max_tokens}
     for key, hi in (("temperature", 1.0), ("top_p", 1.0)):
         value = _number(body, key, 0.0, hi)
         if value is not None:
@@ -411,7 +454,6 @@ def translate(body: Body) -> MessagesRequest:
         chat["include_stop_str_in_output"] = True  # so the answer can say which sequence stopped it
     metadata = f.opt_object(body, "metadata")
     if metadata is not None:
-        _reject_extra(metadata, {"user_id"}, "metadata")
         user = f.opt_str(metadata, "user_id", param="metadata.user_id")
         if user is not None:
             chat["user"] = user
@@ -420,13 +462,11 @@ def translate(body: Body) -> MessagesRequest:
     if stream:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
-    return MessagesRequest(model, chat, stream, stops)
+    return MessagesRequest(model, chat, stream, stops, prefill, dropped)
 
 
-def translate_count(body: Body) -> tuple[str, dict[str, Any]]:
+def translate_count(body: Body, strict: bool = False) -> tuple[str, dict[str, Any]]:
     """POST /v1/messages/count_tokens body -> (model, a chat body whose prompt is the one to count)."""
-    _reject_extra(body, _COUNT_KEYS, "")
-    model = f.req_str(body, "model")
-    chat: dict[str, Any] = {"model": model}
-    _common(body, chat)
-    return model, chat
+    chat: dict[str, Any] = {}
+    _common(body, chat, _COUNT, strict)
+    return f.req_str(body, "model"), {"model": body["model"], **chat}

@@ -5,7 +5,8 @@
   length -> max_tokens (model_context_window_exceeded when max_tokens was lowered to fit the context
   window), tool_calls -> tool_use.
 - tool calls -> tool_use blocks with their arguments parsed into `input`; ids `toolu_...`.
-- usage: input_tokens = the prompt's tokens, output_tokens = the completion's.
+- usage: input_tokens + cache_read_input_tokens = the prompt's tokens (those the prefix cache held are read from
+  it), output_tokens = the completion's.
 """
 
 from __future__ import annotations
@@ -54,8 +55,17 @@ def stop_reason(finish: str | None, stop_sequence: str | None, window: bool = Fa
 
 
 def usage(chat_usage: object) -> dict[str, int]:
+    """Anthropic's counts: `input_tokens` are the prompt's tokens the prefix cache did not hold, which it did are
+    `cache_read_input_tokens` (the three input counts add up to the prompt; nothing is billed for writing here)."""
     u = chat_usage if isinstance(chat_usage, dict) else {}
-    return {"input_tokens": int(u.get("prompt_tokens") or 0), "output_tokens": int(u.get("completion_tokens") or 0)}
+    details = u.get("prompt_tokens_details")
+    cached = int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0)
+    return {
+        "input_tokens": int(u.get("prompt_tokens") or 0) - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": int(u.get("completion_tokens") or 0),
+    }
 
 
 def tool_input(arguments: object) -> dict[str, Any]:

@@ -101,13 +101,16 @@ class ChatCompletions:
         """`raw`: the body, when the router has read it already (a deployment of kind embedded)."""
         rec = record_of(request)
         raw = raw if raw is not None else await read_json(request, self.ctx.config.max_body_bytes)
+        defaults = self.ctx.config.sampling_defaults
+        if defaults:  # before the cache's key: a default is part of what the request asks for
+            raw = {**raw, **{k: v for k, v in defaults.items() if raw.get(k) is None}}
         ticket = self.ctx.cache.ticket("chat", request.headers, raw)  # takes the `cache` extension out
         req = parse_chat(raw)
         req = replace(req, params=with_key_priority(req.params, raw, rec.policy))
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user
-        prompt = self.ctx.engine.apply_chat_template(req.messages, add_generation_prompt=True)
+        prompt = self.ctx.engine.apply_chat_template(req.messages, continue_final_message=req.continue_final)
         cached = await ticket.lookup(rec, raw, req.params, req.messages, prompt, req.stream, req.messages)
         if cached is not None:
             return cached

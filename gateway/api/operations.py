@@ -7,6 +7,7 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.anthropic.models import model_info, model_list, wants_anthropic
 from gateway.context import GatewayContext
 from gateway.errors import ServiceUnavailable
 from gateway.ops.metrics import CONTENT_TYPE
@@ -39,10 +40,14 @@ class Operations:
         return lambda model: self.ctx.guard.allows(policy, model, self.ctx.catalog.canonical)
 
     async def list_models(self, request: Request) -> Response:
-        return json_response({"object": "list", "data": self.ctx.catalog.listing(self._allowed(request))})
+        models = self.ctx.catalog.listing(self._allowed(request))
+        if wants_anthropic(request.headers):
+            return json_response(model_list(models))
+        return json_response({"object": "list", "data": models})
 
     async def get_model(self, request: Request) -> Response:
         name = request.path_params["model_id"]
         if not self._allowed(request)(self.ctx.catalog.canonical(name)):
             raise self.ctx.guard.not_found(name)
-        return json_response(self.ctx.catalog.lookup(name))
+        model = self.ctx.catalog.lookup(name)
+        return json_response(model_info(model) if wants_anthropic(request.headers) else model)

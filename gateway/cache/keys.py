@@ -45,6 +45,7 @@ NON_OUTPUT_FIELDS = frozenset(
 # EngineConfig fields that can change the text a request gets: in the fingerprint.
 OUTPUT_ENGINE_FIELDS = (
     "model", "quantization", "served_model_name", "chat_template", "dtype", "device", "max_model_len",
+    "allow_long_max_model_len",
     "int4_dense_copy", "int4_cpu_kernel", "packed_copy", "kernel_backend", "kv_cache_dtype", "block_size",  # numerics
     "num_speculative_tokens", "speculative_method", "speculative_model", "medusa_min_confidence",  # sampled text
     "speculative_max_batch", "speculative_row_cost",

@@ -43,6 +43,11 @@ def _event_bytes(event: dict[str, Any]) -> bytes:
     return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
+def _notes(req: ResponsesRequest) -> dict[str, str]:
+    """What the response says about the request beyond the API's own fields: the tools left out."""
+    return {"smolgate-tools-left-out": ",".join(req.left_out)} if req.left_out else {}
+
+
 def _renamed(err: InvalidRequest) -> InvalidRequest:
     """A chat-pipeline 400 with its parameter named as the Responses request names it."""
     old = err.param
@@ -93,12 +98,20 @@ class ResponsesAPI:
         body = chat_body(req, messages, req.model)
         if req.truncation == "auto":
             body = self.tokens.truncated(body, req.max_output_tokens)
+        if req.max_output_tokens is None and self.tokens.exact:
+            # No limit asked (Codex asks none): the answer may use what the context leaves, up to the key's cap
+            # (else the key's default max_tokens, added to a long prompt, would overflow the context)
+            rec = record_of(request)
+            cap = (rec.policy if rec.policy is not None else self.ctx.guard.anonymous).max_tokens
+            room = self.ctx.engine.max_model_len - self.tokens.count(body)
+            if room > 0 and (not cap or room < cap):
+                body["max_completion_tokens"] = room
         return history, body
 
     async def create(self, request: Request) -> Response:
         rec = record_of(request)
         raw = await read_json(request, self.ctx.config.max_body_bytes)
-        req = parse_request(raw, self._new_id)
+        req = parse_request(raw, self._new_id, strict=self.ctx.config.strict_params)
         try:
             history, body = await self._chat_request(request, req)
             inner = await self.chat(request, body)
@@ -118,7 +131,7 @@ class ResponsesAPI:
             if req.store:
                 await self.store.put(auth, builder.id, {**record, "response": out})
             response = json_response(out)
-            response.headers.update(passed_headers(captured))
+            response.headers.update({**passed_headers(captured), **_notes(req)})
             return response
         captured, chunks = await run_stream(inner, request.scope)
 
@@ -128,7 +141,7 @@ class ResponsesAPI:
 
         events = self._events(builder, chunks, save, rec)
         stream = SSEStream(events, [], StreamLimits.of(self.ctx.config), rec.client_disconnected)
-        stream.headers.update(passed_headers(captured))
+        stream.headers.update({**passed_headers(captured), **_notes(req)})
         return stream
 
     async def _events(
@@ -224,7 +237,7 @@ class ResponsesAPI:
 
     async def input_tokens(self, request: Request) -> Response:
         raw = await read_json(request, self.ctx.config.max_body_bytes)
-        req = parse_request(raw, self._new_id, counting=True)
+        req = parse_request(raw, self._new_id, counting=True, strict=self.ctx.config.strict_params)
         if not req.input and req.previous_response_id is None:
             raise InvalidRequest("Missing required parameter: 'input' (or 'previous_response_id').", param="input")
         history = await self._conversation(request, req)

@@ -16,32 +16,44 @@ from gateway.errors import InvalidRequest
 from gateway.openai_responses.items import NewId, parse_input
 from gateway.protocol import fields as f
 from gateway.protocol.fields import Body
+from gateway.protocol.params import OPENAI, USED, Param, Params, hint, left_out, refused
 
-_ACCEPTED = {
-    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "text", "tools", "tool_choice",
-    "parallel_tool_calls", "metadata", "user", "store", "previous_response_id", "truncation", "stream", "stream_options",
-    "include", "top_logprobs", "reasoning", "service_tier", "safety_identifier", "prompt_cache_key",
-    "prompt_cache_retention", "prompt_cache_options", "max_tool_calls", "background",
+_NO_REASONING = "this model is not a reasoning model: it answers without reasoning, and returns no reasoning items"
+# The Responses request, field by field (gateway/protocol/params.py): used, a hint with no effect here, or refused.
+_FIELDS: dict[str, Param] = {
+    "model": USED, "input": USED, "instructions": USED, "max_output_tokens": USED, "temperature": USED, "top_p": USED,
+    "text": USED, "tools": USED, "tool_choice": USED, "parallel_tool_calls": USED, "metadata": USED, "user": USED,
+    "store": USED, "previous_response_id": USED, "truncation": USED, "stream": USED, "stream_options": USED,
+    "include": USED, "top_logprobs": USED, "service_tier": USED, "safety_identifier": USED, "max_tool_calls": USED,
+    "background": USED,
+    "prompt_cache_key": USED,  # the prefix-affinity key across replicas (gateway/routing/router.py)
+    "reasoning": hint(_NO_REASONING, neutral=lambda v: isinstance(v, dict) and v.get("effort") in (None, "none")
+                      and v.get("summary") is None and v.get("generate_summary") is None),
+    "client_metadata": hint("not stored or logged: `metadata` is what a response keeps"),
+    "prompt_cache_retention": hint("the prefix cache keeps prefixes while memory allows, whatever the retention"),
+    "prompt_cache_options": hint("the prefix cache needs no options"),
     # the gateway's extensions, as on /v1/chat/completions
-    "seed", "priority", "cache",
+    "seed": USED, "priority": USED, "cache": USED,
+    "conversation": refused("conversations are not available: continue with previous_response_id."),
+    "prompt": refused("stored prompt templates are not available: send instructions and input."),
+    "context_management": refused("context management (compaction) is not available."),
+    "moderation": refused("moderation is not available."),
+    "personality": refused("this model has no personality presets."),
 }  # fmt: skip
-_UNSUPPORTED = {
-    "conversation": "conversations are not available: continue with previous_response_id.",
-    "prompt": "stored prompt templates are not available: send instructions and input.",
-    "context_management": "context management (compaction) is not available.",
-    "moderation": "moderation is not available.",
-    "personality": "this model has no personality presets.",
-}
+_TEXT = Params({"format": USED, "verbosity": hint("this model has no verbosity control", neutral=lambda v: v == "medium")},
+               OPENAI, "text")  # fmt: skip
+RESPONSES_PARAMS = Params(_FIELDS, OPENAI, nested={"text": _TEXT})  # docs/clients/fields.md lists its hints
+# Tools this server cannot run: left out of what the model sees (under strict_params, refused)
 _BUILTIN_TOOLS = {
     "web_search": "web search", "web_search_preview": "web search", "web_search_preview_2025_03_11": "web search",
     "web_search_2025_08_26": "web search", "file_search": "file search", "code_interpreter": "the code interpreter",
     "computer": "computer use", "computer_use": "computer use", "computer_use_preview": "computer use",
     "image_generation": "image generation", "local_shell": "the local shell", "shell": "the shell", "mcp": "MCP servers",
-    "apply_patch": "apply_patch", "custom": "custom (free-form) tools", "tool_search": "tool search",
+    "apply_patch": "apply_patch", "custom": "custom (free-form grammar) tools", "tool_search": "tool search",
 }  # fmt: skip
+_INCLUDE_HINTS = {"reasoning.encrypted_content"}  # no reasoning items to include
 _FUNCTION_KEYS = {"type", "name", "description", "parameters", "strict"}
 _INCLUDE_OK = {"message.output_text.logprobs"}
-_TEXT_KEYS = {"format", "verbosity"}
 _FORMAT_KEYS = {"type", "name", "schema", "strict", "description"}
 
 
@@ -66,18 +78,18 @@ class ResponsesRequest:
     top_logprobs: int | None  # set when `include` asks for message.output_text.logprobs
     echo: dict[str, Any] = field(default_factory=dict)  # fields returned as sent (service_tier, prompt_cache_key...)
     extensions: dict[str, Any] = field(default_factory=dict)  # seed, priority, cache: passed to the chat pipeline
+    left_out: tuple[str, ...] = ()  # tools the model was not shown (built-in tools this server cannot run)
 
 
-def parse_request(body: Body, new_id: NewId, *, counting: bool = False) -> ResponsesRequest:
-    """`counting`: POST /v1/responses/input_tokens (no model needed, nothing generated)."""
-    f.reject_unknown(body, _ACCEPTED | set(_UNSUPPORTED))
-    f.reject_unsupported(body, _UNSUPPORTED)
+def parse_request(body: Body, new_id: NewId, *, counting: bool = False, strict: bool = False) -> ResponsesRequest:
+    """`counting`: POST /v1/responses/input_tokens (no model needed, nothing generated). `strict`: strict_params."""
+    RESPONSES_PARAMS.check(body, strict)
     if f.opt_bool(body, "background"):
         raise InvalidRequest(
             "'background' is not supported: responses are generated while the request waits.", param="background"
         )
     _check_reasoning(body.get("reasoning"))
-    top_logprobs = _logprobs(body)
+    top_logprobs = _logprobs(body, strict)
     stream = bool(f.opt_bool(body, "stream"))
     opts = f.opt_object(body, "stream_options")
     if opts is not None:
@@ -95,7 +107,7 @@ def parse_request(body: Body, new_id: NewId, *, counting: bool = False) -> Respo
             f"Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got {max_out} instead.",
             param="max_output_tokens",
         )
-    tools = _tools(body.get("tools"))
+    tools, left = _tools(body.get("tools"), strict)
     model = f.opt_str(body, "model") if counting else f.req_str(body, "model")
     previous = f.opt_str(body, "previous_response_id")
     raw_input = body.get("input")
@@ -126,28 +138,23 @@ def parse_request(body: Body, new_id: NewId, *, counting: bool = False) -> Respo
             "max_tool_calls": f.opt_int(body, "max_tool_calls", lo=1),
         },
         extensions={k: body[k] for k in ("seed", "priority", "cache") if body.get(k) is not None},
+        left_out=left,
     )
 
 
 def _check_reasoning(raw: object) -> None:
-    if raw is None:
-        return
-    if not isinstance(raw, dict):
+    """Any reasoning setting is served without reasoning (a hint: _FIELDS), but it must be an object."""
+    if raw is not None and not isinstance(raw, dict):
         raise InvalidRequest("Invalid type for 'reasoning': expected an object.", param="reasoning")
-    for key, value in raw.items():
-        if value is None or (key == "effort" and value == "none"):
-            continue
-        raise InvalidRequest(
-            f"'reasoning.{key}' is not supported: this model is not a reasoning model (omit 'reasoning').",
-            param=f"reasoning.{key}",
-        )
 
 
-def _logprobs(body: Body) -> int | None:
+def _logprobs(body: Body, strict: bool) -> int | None:
     include = body.get("include")
     if include is not None and (not isinstance(include, list) or not all(isinstance(v, str) for v in include)):
         raise InvalidRequest("Invalid type for 'include': expected an array of strings.", param="include")
     for value in include or ():
+        if value in _INCLUDE_HINTS and not strict:
+            continue
         if value not in _INCLUDE_OK:
             raise InvalidRequest(
                 f"'include' value {value!r} is not supported: this server only adds 'message.output_text.logprobs'.",
@@ -168,28 +175,42 @@ def _service_tier(body: Body) -> str:
     return "default"
 
 
-def _tools(raw: object) -> list[dict[str, Any]]:
+def _tools(raw: object, strict: bool) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """The function tools the model is shown (a namespace's ones by their names), and the names of those left out."""
     if raw is None:
-        return []
+        return [], ()
     if not isinstance(raw, list):
         raise InvalidRequest("Invalid type for 'tools': expected an array of tool objects.", param="tools")
-    out = [_tool(f"tools[{i}]", tool) for i, tool in enumerate(raw)]
+    out: list[dict[str, Any]] = []
+    dropped: list[str] = []
+    for i, tool in enumerate(raw):
+        _collect(f"tools[{i}]", tool, strict, out, dropped)
     names = [t["name"] for t in out]
     if len(set(names)) != len(names):
         raise InvalidRequest("Tool names in 'tools' must be unique.", param="tools")
-    return out
+    return out, tuple(dropped)
 
 
-def _tool(where: str, tool: object) -> dict[str, Any]:
+def _collect(where: str, tool: object, strict: bool, out: list[dict[str, Any]], dropped: list[str]) -> None:
     if not isinstance(tool, dict):
         raise InvalidRequest(f"Invalid type for '{where}': expected an object.", param=where)
     kind = tool.get("type")
-    if isinstance(kind, str) and kind in _BUILTIN_TOOLS:
-        raise InvalidRequest(
-            f"Tool type '{kind}' in '{where}' is not supported: this server cannot run {_BUILTIN_TOOLS[kind]}; "
-            "only 'function' tools are supported.",
-            param=f"{where}.type",
-        )
+    if kind == "namespace":  # a group of tools (an MCP server's, say): its function tools are offered by name
+        members = tool.get("tools")
+        if not isinstance(members, list):
+            raise InvalidRequest(f"Invalid type for '{where}.tools': expected an array of tools.", param=f"{where}.tools")
+        for j, member in enumerate(members):
+            _collect(f"{where}.tools[{j}]", member, strict, out, dropped)
+    elif isinstance(kind, str) and kind in _BUILTIN_TOOLS:
+        why = f"this server cannot run {_BUILTIN_TOOLS[kind]}; only 'function' tools are supported."
+        left_out(strict, OPENAI, f"{where}.type", why)
+        dropped.append(str(tool.get("name") or kind))
+    else:
+        out.append(_tool(where, tool))
+
+
+def _tool(where: str, tool: dict[str, Any]) -> dict[str, Any]:
+    kind = tool.get("type")
     if kind != "function":
         raise InvalidRequest(
             f"Invalid value for '{where}.type': {kind!r}; only 'function' tools are supported.", param=f"{where}.type"
@@ -253,19 +274,17 @@ def _tool_choice(raw: object, tools: list[dict[str, Any]]) -> str | dict[str, An
 
 
 def _text(raw: object) -> dict[str, Any]:
+    """`text`; its fields were checked against RESPONSES_PARAMS (verbosity is a hint, echoed as sent)."""
     if raw is None:
         return {"format": {"type": "text"}, "verbosity": "medium"}
     if not isinstance(raw, dict):
         raise InvalidRequest("Invalid type for 'text': expected an object.", param="text")
-    for key in raw:
-        if key not in _TEXT_KEYS:
-            raise InvalidRequest(f"Unknown parameter: 'text.{key}'.", param=f"text.{key}")
-    verbosity = raw.get("verbosity")
-    if verbosity not in (None, "medium"):
+    verbosity = raw.get("verbosity") or "medium"
+    if verbosity not in ("low", "medium", "high"):
         raise InvalidRequest(
-            f"'text.verbosity' {verbosity!r} is not supported: this model has no verbosity control.", param="text.verbosity"
+            f"Invalid value for 'text.verbosity': {verbosity!r}; expected 'low', 'medium' or 'high'.", param="text.verbosity"
         )
-    return {"format": _format(raw.get("format")), "verbosity": "medium"}
+    return {"format": _format(raw.get("format")), "verbosity": verbosity}
 
 
 def _format(raw: object) -> dict[str, Any]:
@@ -331,6 +350,7 @@ def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]], model: str)
         "temperature": req.temperature,
         "top_p": req.top_p,
         "user": req.user,
+        "prompt_cache_key": req.echo.get("prompt_cache_key"),  # the router's prefix-affinity key
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if req.top_logprobs is not None:

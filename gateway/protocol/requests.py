@@ -35,6 +35,7 @@ _CHAT_UNSUPPORTED = {
 _CHAT_KEYS = _COMMON_KEYS | _CHAT_IGNORED | set(_CHAT_UNSUPPORTED) | {
     "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tool_choice",
     "function_call", "modalities", "tools", "parallel_tool_calls",
+    "continue_final_message",  # vLLM's extension: the answer continues the final assistant message (a prefill)
 }  # fmt: skip
 _COMPLETION_KEYS = _COMMON_KEYS | {"prompt", "echo", "logprobs", "suffix", "best_of"}
 _EMBEDDING_KEYS = {"model", "input", "encoding_format", "dimensions", "user"}
@@ -57,6 +58,7 @@ class ChatRequest:
     logprobs: bool
     user: str | None = None
     tools: ToolConfig | None = None  # set when the output may hold tool calls
+    continue_final: bool = False  # the prompt ends inside the final assistant message, which the answer continues
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ def parse_chat(body: Body) -> ChatRequest:
     tools = parse_tools(body)
     messages = template_messages(body.get("messages"))
     params = sampling_params(body, max_tokens=max_tokens, logprobs=(top or 0) if logprobs else None)
+    continue_final = bool(f.opt_bool(body, "continue_final_message"))
+    if continue_final and messages[-1]["role"] != "assistant":
+        raise InvalidRequest("'continue_final_message' needs a final assistant message.", param="continue_final_message")
     return ChatRequest(
         model=f.req_str(body, "model"),
         messages=messages if tools is None else with_system_text(messages, tool_prompt(tools)),
@@ -118,6 +123,7 @@ def parse_chat(body: Body) -> ChatRequest:
         logprobs=logprobs,
         user=f.opt_str(body, "user"),
         tools=tools,
+        continue_final=continue_final,
     )
 
 

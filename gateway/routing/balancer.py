@@ -10,8 +10,9 @@ import hashlib
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.routing.config import DeploymentConfig, RouterConfig
 
@@ -61,6 +62,21 @@ class Choice:
 def affinity_key(model: str, text: str, chars: int) -> str:
     """Hash of the conversation's start: the same system prompt + first user turn -> the same key."""
     return hashlib.blake2b(f"{model}\0{text[:chars]}".encode(), digest_size=8).hexdigest()
+
+
+def request_affinity_key(model: str, raw: Mapping[str, Any], chars: int) -> str:
+    """A chat or completions body's affinity key: its `prompt_cache_key` when it has one (the client's own name for
+    the prefix it will send again: Codex sends its session), else the conversation's start."""
+    key = raw.get("prompt_cache_key")
+    if isinstance(key, str) and key:
+        return affinity_key(model, f"prompt_cache_key\0{key}", len(key) + 17)
+    messages = raw.get("messages")
+    if isinstance(messages, list):  # the conversation's start: system prompt and first user turn
+        head = [m for m in messages if isinstance(m, dict)][:2]
+        text = "\n".join(str(m.get("content", "")) for m in head)
+    else:
+        text = str(raw.get("prompt", ""))
+    return affinity_key(model, text, chars)
 
 
 def _rendezvous(key: str, states: Sequence[DeploymentState]) -> DeploymentState:

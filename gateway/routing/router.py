@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.aliases import Aliases
 from gateway.cache.service import ResponseCache
 from gateway.cache.tenancy import forwarded_headers
 from gateway.client import EmbeddingClient
@@ -33,7 +34,7 @@ from gateway.protocol.generation import unless_disconnected
 from gateway.protocol.jsonio import read_json
 from gateway.protocol.sse import StreamLimits
 from gateway.routing.auto import AutoChoice, AutoRouter
-from gateway.routing.balancer import Balancer, Choice, DeploymentState, affinity_key
+from gateway.routing.balancer import Balancer, Choice, DeploymentState, request_affinity_key
 from gateway.routing.cached import UpstreamCache
 from gateway.routing.config import DeploymentConfig
 from gateway.routing.errors import Attempted, client_error, final_error, retryable
@@ -83,7 +84,7 @@ class Router:
         self.upstreams = {
             (m.name, i): Upstream.open(d) for m in rc.models for i, d in enumerate(m.deployments) if d.kind != "embedded"
         }
-        self.aliases = {a: t for a, t in config.model_aliases.items() if t in self.balancers}
+        self.aliases = Aliases(config.model_aliases, self.balancers)
         self.metrics = RouterMetrics(metrics_registry, lambda: self.balancers)
         self.limiter = build_limiter(rc.router.redis_url, rc.router.redis_prefix, self._limiter_error)
         self.auto = AutoRouter(rc.auto.small, rc.auto.large, rc.auto.threshold, self._auto_embedder(embedder))
@@ -301,13 +302,7 @@ class Router:
         return Tracked(response, done, outcome, rec)
 
     def _affinity(self, model: str, raw: dict[str, Any]) -> str:
-        messages = raw.get("messages")
-        if isinstance(messages, list):  # the conversation's start: system prompt and first user turn
-            head = [m for m in messages if isinstance(m, dict)][:2]
-            text = "\n".join(str(m.get("content", "")) for m in head)
-        else:
-            text = str(raw.get("prompt", ""))
-        return affinity_key(model, text, self.rcfg.affinity_prefix_chars)
+        return request_affinity_key(model, raw, self.rcfg.affinity_prefix_chars)
 
 
 def _soonest(balancer: Balancer, skip: set[int]) -> float | None:
