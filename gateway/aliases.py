@@ -30,3 +30,14 @@ class Aliases:
     def items(self) -> Iterator[tuple[str, str]]:
         """The exact aliases (what GET /v1/models lists: a pattern names no model)."""
         return iter(self.exact.items())
+
+
+def retarget_defaults(aliases: Mapping[str, str], defaults: Mapping[str, str], served: Mapping[str, str]) -> dict[str, str]:
+    """The shipped aliases name the default models (`defaults`: model name -> kind). Serving another model instead
+    (SMOLGATE_MODEL=gemma-3-270m...), those aliases name it: Claude Code's `claude-*` must reach whatever the one chat
+    model is. `served`: model id -> kind. An alias whose target is served, or not a default, is left as it is."""
+    by_kind: dict[str, list[str]] = {}
+    for model, kind in served.items():
+        by_kind.setdefault(kind, []).append(model)
+    only = {kind: ids[0] for kind, ids in by_kind.items() if len(ids) == 1}
+    return {a: only.get(defaults[t], t) if t not in served and t in defaults else t for a, t in aliases.items()}

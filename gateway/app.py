@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.aliases import retarget_defaults
 from gateway.anthropic.endpoint import Messages
 from gateway.anthropic.errors import error_response as anthropic_error_response
 from gateway.anthropic.errors import is_anthropic_path
@@ -32,7 +33,7 @@ from gateway.cache.metrics import CacheMetrics
 from gateway.cache.service import build_cache
 from gateway.cache.stores import CacheStore
 from gateway.client import EmbeddingClient, EngineClient, NoEngine
-from gateway.config import GatewayConfig
+from gateway.config import DEFAULT_MODELS, GatewayConfig
 from gateway.context import GatewayContext
 from gateway.errors import error_response, to_gateway_error
 from gateway.ids import IdGenerator
@@ -83,7 +84,7 @@ def build_context(
         config=config,
         engine=engine,
         embedder=embedder,
-        catalog=ModelCatalog(models, config.model_aliases),
+        catalog=ModelCatalog(models, retarget_defaults(config.model_aliases, DEFAULT_MODELS, {m.id: m.kind for m in models})),
         metrics=metrics,
         logger=logger,
         cache=cache,

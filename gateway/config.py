@@ -37,6 +37,9 @@ from gateway.routing.config import (
 
 ENV_PREFIX = "SMOLGATE_"
 
+# the models `make serve` serves by default, by kind: the shipped aliases below name them (gateway/aliases.py points
+# them at the served model of that kind when another one is served)
+DEFAULT_MODELS: Mapping[str, str] = MappingProxyType({"SmolLM2-135M-Instruct": "chat", "all-MiniLM-L6-v2": "embedding"})
 DEFAULT_ALIASES: Mapping[str, str] = MappingProxyType(
     {
         "gpt-4o-mini": "SmolLM2-135M-Instruct",

@@ -116,6 +116,22 @@ def test_alias_patterns_exact_first_then_longest_prefix() -> None:
     assert dict(aliases.items()) == {"claude-x": "c"}
 
 
+def test_shipped_aliases_follow_the_served_model() -> None:
+    """Serving another model than the default (SMOLGATE_MODEL=gemma...), the shipped aliases name it: Claude Code's
+    `claude-*` and the OpenAI names reach the one chat model; an operator's alias to an unserved model stays unapplied."""
+    from gateway.aliases import retarget_defaults
+    from gateway.config import DEFAULT_ALIASES, DEFAULT_MODELS
+
+    served = {"gemma-3-270m-q4_k_m": "chat", "all-MiniLM-L6-v2": "embedding"}
+    moved = retarget_defaults({**DEFAULT_ALIASES, "mine": "not-served"}, DEFAULT_MODELS, served)
+    aliases = Aliases(moved, served)
+    assert aliases.get("claude-opus-5-5", "?") == aliases.get("gpt-4o", "?") == "gemma-3-270m-q4_k_m"
+    assert aliases.get("text-embedding-3-small", "?") == "all-MiniLM-L6-v2" and aliases.get("mine", "?") == "?"
+    two = {"a": "chat", "b": "chat"}  # more than one chat model: no guess, the shipped aliases stay unapplied
+    assert Aliases(retarget_defaults(DEFAULT_ALIASES, DEFAULT_MODELS, two), two).get("claude-opus-5-5", "?") == "?"
+    assert retarget_defaults(DEFAULT_ALIASES, DEFAULT_MODELS, {"SmolLM2-135M-Instruct": "chat"}) == dict(DEFAULT_ALIASES)
+
+
 def test_anthropic_model_list_shape() -> None:
     listed = model_list([{"id": "m", "object": "model", "created": 0, "owned_by": "smolgate"}])
     assert listed == {
