@@ -65,17 +65,19 @@ def engine_for(model_dir: Path, threads: int = 0) -> LLMEngine:
 
 
 # ---- quality -----------------------------------------------------------------------------------
-def perplexity(engine: LLMEngine, ids: list[int], window: int) -> tuple[float, int]:
-    """exp(mean negative log-likelihood) over non-overlapping windows (each window's first token unscored)."""
+def perplexity(engine: LLMEngine, ids: list[int], window: int, prefix: tuple[int, ...] = (),
+               max_windows: int | None = None) -> tuple[float, int]:
+    """exp(mean negative log-likelihood) over non-overlapping windows (each window's first token unscored); `prefix`
+    (a model's <bos>) starts every window unscored; `max_windows`: the first ones only."""
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
     windows = [ids[i : i + window] for i in range(0, len(ids) - 1, window) if len(ids[i : i + window]) > 1]
-    for n, w in enumerate(windows):
-        engine.add_request(f"ppl-{n}", w, params)
+    for n, w in enumerate(windows[:max_windows]):
+        engine.add_request(f"ppl-{n}", [*prefix, *w], params)
     nll, count = 0.0, 0
     while engine.has_work:
         for out in engine.step():
             if out.prompt_logprobs is not None:
-                lps = [t.logprob for t in out.prompt_logprobs if t is not None]
+                lps = [t.logprob for t in out.prompt_logprobs[len(prefix) + 1 :] if t is not None]
                 nll -= sum(lps)
                 count += len(lps)
     return math.exp(nll / count), count

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import math
 import os
 import statistics
 import tempfile
@@ -34,6 +33,7 @@ from typing import Any
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
+from bench.awq import perplexity
 from bench.report import default_out, emit
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "The three primary colors are",
@@ -57,23 +57,6 @@ def load(model: Path, quantization: str) -> tuple[LLMEngine, dict[str, Any]]:
     info = {"load_s": round(time.perf_counter() - t0, 2), "rss_added_mb": round(rss_mb() - before, 1),
             "layers": sorted(set(engine.output_identity["layers"]))}
     return engine, info
-
-
-def perplexity(engine: LLMEngine, ids: list[int], window: int, max_windows: int) -> tuple[float, int]:
-    """exp(mean NLL) over non-overlapping windows of the held-out text (each window's first token unscored)."""
-    bos = [engine.tokenizer.bos_token_id] if engine.tokenizer.bos_token_id is not None else []
-    windows = [bos + ids[i : i + window] for i in range(0, len(ids) - 1, window)][:max_windows]
-    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
-    for n, w in enumerate(windows):
-        engine.add_request(f"ppl-{n}", w, params)
-    nll, count = 0.0, 0
-    while engine.has_work:
-        for out in engine.step():
-            if out.prompt_logprobs is not None:
-                lps = [t.logprob for t in out.prompt_logprobs[len(bos) + 1 :] if t is not None]
-                nll -= sum(lps)
-                count += len(lps)
-    return math.exp(nll / count), count
 
 
 def decode_tok_s(engine: LLMEngine, streams: int, new_tokens: int) -> float:
@@ -144,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     for q in ("none", "auto"):
         engines[q], copies[q] = load(args.model, q)
         text_ids = engines[q].tokenizer.encode(HELDOUT.read_text(), add_special_tokens=False)
-        ppl, scored = perplexity(engines[q], text_ids, args.window, args.max_windows)
+        bos = engines[q].tokenizer.bos_token_id
+        ppl, scored = perplexity(engines[q], text_ids, args.window, () if bos is None else (bos,), args.max_windows)
         copies[q].update({"perplexity": round(ppl, 4), "scored_tokens": scored,
                           "memory_over_file": round(copies[q]["rss_added_mb"] / result["file_mb"], 2)})
         print(q, copies[q], flush=True)

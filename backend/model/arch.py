@@ -23,6 +23,8 @@ from backend.errors import ModelLoadError, ModelNotFoundError
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
+    from backend.model.gguf_header import GgufHeader
+
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3_text")
 
 
@@ -70,9 +72,10 @@ def arch_of(config: PretrainedConfig) -> Arch:
     return Arch(kind, qkv_bias=bias)
 
 
-def preflight(path: Path) -> None:
+def preflight(path: Path) -> GgufHeader | None:
     """Refuse a model the engine cannot serve in milliseconds, before torch is imported: the path must exist, a
-    directory's config.json name a supported model type, a GGUF header a supported architecture. One-line errors."""
+    directory's config.json name a supported model type, a GGUF header a supported architecture. One-line errors.
+    Returns a GGUF file's header (read once: the loader decides its conversion from it), None for a directory."""
     if path.is_dir():
         config = path / "config.json"
         if not config.is_file():
@@ -83,7 +86,7 @@ def preflight(path: Path) -> None:
             raise ModelLoadError(f"{config}: unreadable ({exc})") from exc
         if kind not in SUPPORTED:
             raise UnsupportedArchitecture(f"{path.name}: unsupported model type {kind!r}; supported: {', '.join(SUPPORTED)}")
-        return
+        return None
     if path.suffix != ".gguf" or not path.exists():
         raise ModelNotFoundError(f"model not found (need an HF directory or a .gguf file): {path}")
     from backend.model.gguf_header import ARCHITECTURES, read_header
@@ -92,3 +95,4 @@ def preflight(path: Path) -> None:
     if header.model_type is None:
         raise UnsupportedArchitecture(
             f"{path.name}: GGUF architecture {header.architecture!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    return header

@@ -38,8 +38,8 @@ def resolve_model_dir(path: Path, gguf_blocks: bool = False) -> Path:
     are where it has them; else dequantized); a directory is used as is."""
     if path.is_dir():
         return path
-    preflight(path)  # milliseconds: a file we cannot serve stops here, before any conversion
-    header = read_header(path)
+    header = preflight(path)  # milliseconds: a file we cannot serve stops here, before any conversion
+    assert header is not None  # not a directory
     digest = hashlib.sha256(f"{path.resolve()}:{path.stat().st_size}".encode()).hexdigest()[:12]
     if gguf_blocks and header.architecture in BLOCK_ARCHITECTURES and {"Q4_0", "Q4_1"} & set(header.tensor_types):
         from backend.quant.gguf_blocks import convert_gguf_blocks
