@@ -34,7 +34,7 @@ from backend.spec.draft_model import DraftModel, kv_blocks_for_both, load_draft_
 from backend.spec.medusa import MedusaDrafter, load_medusa_heads
 from backend.spec.speculator import Speculator
 
-_QUANTIZED_LAYERS = ("Int4Linear", "Int8Linear", "LowBitHead")
+_QUANTIZED_LAYERS = ("Int4Linear", "Int8Linear", "LowBitHead", "GgufLinear")
 _SHAPE = re.compile(r"\b(in|out)=\d+,\s*")
 
 
