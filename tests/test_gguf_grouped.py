@@ -17,6 +17,7 @@ What holds, and is checked here:
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +33,8 @@ from backend.model.weights import resolve_model_dir
 from backend.quant.gguf_grouped import grouped_of, is_gguf_grouped
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
 from backend.quant.gguf_types import SERVED, decode
-from kernels.cpu.wg8a8 import GroupedInt8, load_wg8a8, wg8a8_linear, wg8a8_linear_ref
-from tests.c_kernels import build, requires_c_kernels
+from kernels.cpu.wg8a8 import GroupedInt8, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
+from tests.c_kernels import ISAS, build, requires_avx512, requires_c_kernels
 from tests.engine_helpers import assert_no_leaks, run_to_completion, token_ids
 
 # byte offsets of each type's fp16 fields (d, m / dmin) within a block: set to finite values (random bytes may be NaN)
@@ -73,9 +74,9 @@ def test_a_type_not_served_is_left_to_the_caller() -> None:
     assert decode("Q4_K", np.zeros((2, 144), np.uint8), (2, 288)) is None  # rows not whole super-blocks
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> object:
-    return build(load_wg8a8, tmp_path_factory, "wg8a8")
+@pytest.fixture(scope="module", params=ISAS)
+def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> object:
+    return build(partial(load_wg8a8, isa=request.param), tmp_path_factory, f"wg8a8-{request.param}")
 
 
 @requires_c_kernels
@@ -83,17 +84,28 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> object:
 @pytest.mark.parametrize("zeros", [False, True], ids=["symmetric", "terms"])
 def test_the_kernel_computes_the_reference_arithmetic(lib: object, group: int, zeros: bool) -> None:
     torch.manual_seed(group + zeros)
-    n, k, m = 45, 640, 37
+    n, k, m = 45, 640, 37  # 45 rows: the last octet padded
     q = torch.randint(-128, 128, (n, k), dtype=torch.int8)  # -128 too: |q| * x's sign stays within int16
-    w = GroupedInt8(q, torch.rand(n, k // group) * 0.01, torch.randn(n, k // 32) * 0.01 if zeros else None)
+    g = GroupedInt8(q, torch.rand(n, k // group) * 0.01, torch.randn(n, k // 32) * 0.01 if zeros else None)
+    w = pack(g)
+    assert torch.equal(w.dequantized(), g.dequantized()) and torch.equal(w.rows(torch.tensor([44, 3])), g.dequantized()[[44, 3]])
     x = torch.randn(m, k) * 3
     y = wg8a8_linear(lib, x, w)  # type: ignore[arg-type]
-    ref = wg8a8_linear_ref(x, w)
+    ref = wg8a8_linear_ref(x, g)
     assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
     alone = torch.cat([wg8a8_linear(lib, x[i:i + 1], w) for i in range(m)])  # type: ignore[arg-type]
     assert torch.equal(alone, y)
-    exact = x @ w.dequantized().T  # what int8 activations per 32 cost: well under a percent of the output's scale
+    exact = x @ g.dequantized().T  # what int8 activations per 32 cost: well under a percent of the output's scale
     assert ((y - exact).norm() / exact.norm()).item() < 0.01
+
+
+@requires_avx512
+def test_avx2_and_avx512_give_the_same_bits(tmp_path_factory: pytest.TempPathFactory) -> None:
+    libs = [build(partial(load_wg8a8, isa=isa), tmp_path_factory, f"wg8a8-same-{isa}") for isa in ("avx2", "avx512")]
+    torch.manual_seed(1)
+    g = GroupedInt8(torch.randint(-128, 128, (64, 256), dtype=torch.int8), torch.rand(64, 16), torch.randn(64, 8))
+    x = torch.randn(5, 256)
+    assert torch.equal(wg8a8_linear(libs[0], x, pack(g)), wg8a8_linear(libs[1], x, pack(g)))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

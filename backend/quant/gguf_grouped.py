@@ -30,7 +30,7 @@ from torch import nn
 from backend.quant.gguf_blocks import PER_LAYER, TOP, _unpermute
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
 from backend.quant.gguf_types import decode
-from kernels.cpu.wg8a8 import GroupedInt8
+from kernels.cpu.wg8a8 import GroupedInt8, pack
 
 QUANT_METHOD = "gguf_grouped"
 TENSORS = ("gq", "gs", "gz")
@@ -177,10 +177,10 @@ def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: objec
             if g is None:
                 continue
             if isinstance(child, nn.Embedding):
-                setattr(module, child_name, GgufEmbedding(g))
+                setattr(module, child_name, GgufEmbedding(pack(g)))
             else:
                 assert isinstance(child, nn.Linear) and child.bias is None, f"{stem}: a grouped weight with a bias"
-                setattr(module, child_name, GgufLinear(g, lib))  # type: ignore[arg-type]
+                setattr(module, child_name, GgufLinear(pack(g), lib))  # type: ignore[arg-type]
     embed, head = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
     if isinstance(embed, GgufEmbedding) and isinstance(head, nn.Linear) and model.config.tie_word_embeddings:
         model.lm_head = GgufLinear(embed.weight_q, lib)  # type: ignore[arg-type]

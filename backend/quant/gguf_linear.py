@@ -4,7 +4,8 @@
                             compiler, aarch64), torch on the weight dequantized for the call (the memory stays lean)
     GgufEmbedding(weight)   the token lookup: the looked-up rows dequantized, no float copy of the table
 
-A tied LM head is a GgufLinear over the embedding's own GroupedInt8: Gemma 3's 262,144 x 640 table (168M weights,
+Both hold the kernel's layout (kernels/cpu/wg8a8.py: PackedGrouped, octets of rows) and nothing else. A tied LM head
+is a GgufLinear over the embedding's own tensors: Gemma 3's 262,144 x 640 table (168M weights,
 Q8_0) is held once, at 1.1 bytes a weight, instead of a float32 table (4) plus an int8 head copy (1).
 
 The tensors are plain attributes, not parameters or buffers: `model.to(dtype)` must not round the scales.
@@ -18,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu.wg8a8 import GroupedInt8, wg8a8_linear
+from kernels.cpu.wg8a8 import PackedGrouped, wg8a8_linear
 
 
 class GgufLinear(nn.Module):
-    def __init__(self, weight: GroupedInt8, lib: ctypes.CDLL | None) -> None:
+    def __init__(self, weight: PackedGrouped, lib: ctypes.CDLL | None) -> None:
         super().__init__()
         self.weight_q = weight
         self.out_features, self.in_features = weight.shape
@@ -45,7 +46,7 @@ class GgufLinear(nn.Module):
 
 
 class GgufEmbedding(nn.Module):
-    def __init__(self, weight: GroupedInt8) -> None:
+    def __init__(self, weight: PackedGrouped) -> None:
         super().__init__()
         self.weight_q = weight
         self.num_embeddings, self.embedding_dim = weight.shape
@@ -56,7 +57,7 @@ class GgufEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
-        rows = self.weight_q.dequantized(flat).view(*ids.shape, self.embedding_dim)
+        rows = self.weight_q.rows(flat).view(*ids.shape, self.embedding_dim)
         return rows.to(device=self.dtype_of.device, dtype=self.dtype_of.dtype)
 
     def weight_bytes(self) -> int:
