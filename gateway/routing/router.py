@@ -238,7 +238,8 @@ class Router:
                 wait = _soonest(balancer, limited)
                 if wait is None or wait > self.rcfg.max_retry_after_s:
                     attempted.cooling_s = wait or 0.0
-                    attempted.cooling_429 = all(s.last_status == 429 for s in balancer.states if s.index not in limited)
+                    cooling = [s for s in balancer.states if s.index not in limited]  # none: DNS found no replica yet
+                    attempted.cooling_429 = bool(cooling) and all(s.last_status == 429 for s in cooling)
                     return None
                 attempts += 1
                 await asyncio.sleep(wait)
