@@ -29,7 +29,7 @@ import yaml
 from cache_fixtures import free_port, start_redis
 from test_docs import known_env_vars
 
-from backend.config import parse_args
+from backend.config import load_engine_config, parse_args
 from bench.server import stop_processes, wait_ready
 from deploy.chart import Rendered, render, render_all, validate, value_sets
 from gateway.config import load_config
@@ -150,6 +150,8 @@ def test_the_engine_runs_as_the_backend_reads_it(sets: dict[str, Rendered]) -> N
         assert drain["terminationGracePeriodSeconds"] > pre_stop + cfg.drain_timeout_s  # SIGKILL only after the drain
         init = drain["initContainers"][0]
         assert "python -m backend.fetch" in init["command"][-1] and init["volumeMounts"][0]["mountPath"] == env["SMOLGATE_CACHE"]
+        fetch = load_engine_config(None, _env(r, init))  # backend.fetch fetches the copy the engine will serve
+        assert fetch.resolved_model() == cfg.engine.resolved_model() and fetch.quantization == cfg.engine.quantization
 
 
 def test_the_gateway_loads_the_chart_config_and_routes_to_the_headless_service(

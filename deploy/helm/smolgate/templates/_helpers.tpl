@@ -74,3 +74,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- $base := dict "embeddings" false "cache" (dict "backend" "redis") "model_aliases" $model.aliases "models" (dict $model.name (dict "deployments" (list $engine))) "router" (dict "discovery_interval_s" .Values.gateway.discoveryIntervalSeconds) -}}
 {{- toYaml (mergeOverwrite $base (deepCopy .Values.gateway.config)) -}}
 {{- end -}}
+
+{{/* engine.settings as the SMOLGATE_<FIELD> variables backend/config.py reads (the engine and backend.fetch). */}}
+{{- define "smolgate.engineSettingsEnv" -}}
+{{- range $k, $v := .Values.engine.settings }}
+- name: {{ printf "SMOLGATE_%s" (upper $k) }}
+  value: {{ $v | toString | quote }}
+{{- end }}
+{{- end -}}
