@@ -3,11 +3,12 @@
     python -m deploy.chart                 # -> build/chart/<values-name>.yaml, one multi-document YAML each
 
 Rendering runs Helm's own Go engine (the Helm v4 SDK, through the `helm-python-sdk` wheel, which bundles it as a
-shared library: no helm binary, no network), values.schema.json included. Each document is then checked by
-tools that share no code with Helm: the built-in kinds against the Kubernetes JSON schemas `kubernetes-validate`
-bundles (strict: unknown fields are errors), at the oldest and newest Kubernetes versions the chart supports; the
-KEDA ScaledObject and the ServiceMonitor against the openAPIV3Schema of their CRDs, vendored in deploy/schemas/
-(source and version in each file's header), with unknown fields refused too. The last line printed is one JSON object.
+shared library: no helm binary, no network), values.schema.json included, after `helm lint --strict`. Each
+document is then checked by tools that share no code with Helm: the built-in kinds against the Kubernetes JSON
+schemas `kubernetes-validate` bundles (strict: unknown fields are errors), at the oldest and newest Kubernetes
+versions the chart supports; the KEDA ScaledObject and the ServiceMonitor against the openAPIV3Schema of their
+CRDs, vendored in deploy/schemas/ (source and version in each file's header), with unknown fields refused too.
+The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -111,13 +112,23 @@ def validate(doc: dict[str, Any]) -> Iterator[str]:
             yield f"{where} (Kubernetes {version}): no schema for {key}: {exc}"
 
 
+def lint(values: dict[str, Any]) -> list[str]:
+    """`helm lint --strict` of the chart with these values: its warnings and errors (its advice, such as
+    "icon is recommended", is not a problem)."""
+    import helm_python as helm
+
+    report = helm.lint(str(CHART), values=values, strict=True, namespace=NAMESPACE, kube_version=KUBE_VERSIONS[0])
+    return [f"helm lint: {m['path']}: {m['error'].strip()}" for m in report["messages"] if m["severity"] >= 2]
+
+
 def render_all(out: Path) -> list[Rendered]:
-    """Every shipped value set rendered into out/<name>.yaml and validated; problems are in each Rendered.errors."""
+    """Every shipped value set linted, rendered into out/<name>.yaml and validated; problems are in Rendered.errors."""
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for name, path in value_sets().items():
-        rendered = render(yaml.safe_load(path.read_text()) or {}, name)
-        rendered.errors = [e for d in rendered.documents for e in validate(d)]
+        values = yaml.safe_load(path.read_text()) or {}
+        rendered = render(values, name)
+        rendered.errors = lint(values) + [e for d in rendered.documents for e in validate(d)]
         (out / f"{name}.yaml").write_text(yaml.safe_dump_all(rendered.documents, sort_keys=False))
         results.append(rendered)
     return results
