@@ -172,7 +172,7 @@ class Load:
             n += 1
             try:
                 served = _chat(self.cluster, (worker + n) % 2, f"Load {worker}-{n}-{time.monotonic_ns()}: name a colour.")
-            except openai.APIError as exc:
+            except Exception as exc:  # an API error, or an answer without content: both count as lost
                 served = f"error:{type(exc).__name__}:{exc}"
             self.results.append((time.monotonic(), served))
 
