@@ -8,10 +8,12 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import structlog
 from dns_fixtures import DnsServer
 
+from gateway.app import build_context, create_app
 from gateway.config import from_mapping
 from gateway.routing.balancer import Balancer
 from gateway.routing.config import DeploymentConfig, RouterConfig, RoutingConfigError, parse_deployment
@@ -115,3 +117,20 @@ async def test_the_router_opens_a_found_replicas_connections_and_closes_a_gone_o
         assert ("m", gone.index) not in router.upstreams
     finally:
         await router.close()
+
+
+async def test_a_model_with_no_replica_found_answers_503_saying_so(dns_server: DnsServer) -> None:
+    """A name with no address yet (no ready engine): the gateway is up and says why it cannot answer."""
+    dns_server.set(NAME, [])
+    cfg = from_mapping({"embeddings": False, "cache": {"backend": "off"}, "batches": {"enabled": False},
+                        "models": {"m": {"deployments": [{"kind": "backend", "name": "engine", "discovery": "dns",
+                                                          "base_url": f"http://{NAME}:8000/v1"}]}},
+                        "router": {"discovery_nameservers": dns_server.address}})  # fmt: skip
+    app = create_app(build_context(cfg, None, None))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 503
+    assert "no replica is up" in response.json()["error"]["message"]

@@ -238,8 +238,9 @@ class Router:
                 wait = _soonest(balancer, limited)
                 if wait is None or wait > self.rcfg.max_retry_after_s:
                     attempted.cooling_s = wait or 0.0
-                    cooling = [s for s in balancer.states if s.index not in limited]  # none: DNS found no replica yet
+                    cooling = [s for s in balancer.states if s.index not in limited]
                     attempted.cooling_429 = bool(cooling) and all(s.last_status == 429 for s in cooling)
+                    attempted.empty = not balancer.states  # DNS found no replica (yet)
                     return None
                 attempts += 1
                 await asyncio.sleep(wait)
