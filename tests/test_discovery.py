@@ -87,6 +87,21 @@ async def test_refresh_adds_and_removes_replicas_and_keeps_the_state_of_those_th
     assert changes[-1] == (["engine/10.0.0.3"], ["engine/10.0.0.2"])
     assert next(s for s in balancer.states if s.name == "engine/10.0.0.1") is first and first.outstanding == 3
     assert len({s.index for s in balancer.states}) == 3  # a new replica never reuses an index
+    dns_server.ptr["10.0.0.9"] = dns_server.ptr["10.0.0.4"] = f"smolgate-engine-0.{NAME}"  # a pod, restarted elsewhere
+    dns_server.set(NAME, ["10.0.0.1", "10.0.0.3", "10.0.0.4"])
+    await discovery.refresh()
+    dns_server.set(NAME, ["10.0.0.1", "10.0.0.3", "10.0.0.9"])
+    await discovery.refresh()
+    assert changes[-1] == (["engine/smolgate-engine-0"], ["engine/smolgate-engine-0"])  # same name, new address
+    assert "http://10.0.0.9:8000/v1" in {s.cfg.base_url for s in balancer.states}
+    dns_server.ptr["10.0.0.9"] = f"smolgate-engine-5.{NAME}"  # its address, listed again later, is another pod's
+    dns_server.set(NAME, ["10.0.0.1", "10.0.0.3"])
+    await discovery.refresh()
+    dns_server.set(NAME, ["10.0.0.1", "10.0.0.3", "10.0.0.9"])
+    await discovery.refresh()
+    assert changes[-1] == (["engine/smolgate-engine-5"], [])
+    dns_server.set(NAME, ["10.0.0.1", "10.0.0.3"])
+    await discovery.refresh()
     dns_server.stop()  # no server: the known replicas stay
     await discovery.refresh()
     assert sorted(s.name for s in balancer.states) == ["engine/10.0.0.1", "engine/10.0.0.3", "paid"]

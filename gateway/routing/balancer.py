@@ -101,15 +101,16 @@ class Balancer:
         self._next_index = len(deployments)
 
     def sync(self, source: int, members: Sequence[DeploymentConfig]) -> tuple[list[DeploymentState], list[DeploymentState]]:
-        """Make the replicas of configured deployment `source` exactly `members` (matched by name): a replica that
-        stays keeps its state (in-flight count, cooldown, affinity memory). Returns (added, removed); a removed one
-        may still have attempts in flight, which end normally (done/release on a state no longer picked)."""
-        names = {m.label for m in members}
-        removed = [s for s in self.states if s.source == source and s.name not in names]
-        kept = {s.name for s in self.states if s.source == source} - {s.name for s in removed}
+        """Make the replicas of configured deployment `source` exactly `members` (matched by name and URL: a pod that
+        came back under its name at a new address is a new replica): a replica that stays keeps its state (in-flight
+        count, cooldown, affinity memory). Returns (added, removed); a removed one may still have attempts in flight,
+        which end normally (done/release on a state no longer picked)."""
+        wanted = {(m.label, m.base_url) for m in members}
+        removed = [s for s in self.states if s.source == source and (s.name, s.cfg.base_url) not in wanted]
+        kept = {(s.name, s.cfg.base_url) for s in self.states if s.source == source} - {(s.name, s.cfg.base_url) for s in removed}
         added = []
         for member in members:
-            if member.label not in kept:
+            if (member.label, member.base_url) not in kept:
                 added.append(DeploymentState(member, self._next_index, source))
                 self._next_index += 1
         gone = {id(s) for s in removed}

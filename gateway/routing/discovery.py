@@ -51,7 +51,7 @@ class DnsResolver:
             answer = await self._resolver.resolve(host, "A", search=True)
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
             return []
-        except (dns.exception.Timeout, dns.resolver.NoNameservers, dns.resolver.NoResolverConfiguration) as exc:
+        except dns.exception.DNSException as exc:  # a timeout, no server answering, a malformed name
             raise DiscoveryError(f"{host}: {type(exc).__name__}") from exc
         return sorted({r.address for r in answer})
 
@@ -64,6 +64,10 @@ class DnsResolver:
             except (dns.exception.DNSException, IndexError):
                 self._names[address] = ""
         return self._names[address] or address
+
+    def forget_all_but(self, addresses: set[str]) -> None:
+        """Drop the names of addresses no longer listed: one that comes back may belong to another pod by then."""
+        self._names = {a: n for a, n in self._names.items() if a in addresses}
 
 
 def _nameserver(spec: str) -> dns.nameserver.Do53Nameserver:
@@ -129,9 +133,13 @@ class Discovery:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception as exc:  # never let one bad round stop discovery for the life of the process
+                self.logger.error("discovery_error", error=f"{type(exc).__name__}: {exc}")
 
     async def refresh(self) -> None:
+        listed: set[str] = set()
         for t in self.targets:
             host = urlsplit(t.cfg.base_url).hostname or ""
             try:
@@ -139,6 +147,7 @@ class Discovery:
             except DiscoveryError as exc:
                 self.logger.warning("discovery_failed", model=t.model, deployment=t.cfg.label, error=str(exc))
                 continue
+            listed.update(addresses)
             members = {}
             for address in addresses:
                 member = replica(t.cfg, address, await self.resolver.name_of(address))
@@ -148,3 +157,4 @@ class Discovery:
                 self.logger.info("replicas_changed", model=t.model, deployment=t.cfg.label,
                                  added=[s.name for s in added], removed=[s.name for s in removed])  # fmt: skip
             self.changed(t.model, added, removed)  # also when nothing changed: replicas gone earlier may be idle now
+        self.resolver.forget_all_but(listed)
