@@ -80,6 +80,7 @@ def test_every_shipped_value_set_renders_and_validates(sets: dict[str, Rendered]
         assert {"Deployment", "StatefulSet", "Service", "ConfigMap", "Secret", "PodDisruptionBudget",
                 "HorizontalPodAutoscaler", "NetworkPolicy"} <= kinds, r.name  # fmt: skip
     assert sets["keda"].one("ScaledObject")["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
+    assert {p["metadata"]["name"] for p in sets["cpu"].of_kind("PodDisruptionBudget")} == {"smolgate-gateway", "smolgate-engine"}
     assert [m["type"] for m in sets["prometheus-adapter"].one("HorizontalPodAutoscaler", "engine")["spec"]["metrics"]] == [
         "External", "External"]  # fmt: skip
     assert not sets["cpu"].of_kind("ScaledObject") and len(sets["cpu"].of_kind("HorizontalPodAutoscaler")) == 1
