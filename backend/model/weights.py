@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
-from backend.config import cache_dir
+from backend.config import EngineConfig, cache_dir
 from backend.model.arch import arch_of, preflight
 from backend.model.cpu_gemm import add_packed_copies
 from backend.model.gguf_header import read_header
@@ -190,16 +190,19 @@ def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | Non
 
 
 def load_model(
-    path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None, int4_dense_copy: bool = True,
-    quantization: str = "none", tp: tuple[int, int] | None = None, pp: tuple[int, int] | None = None,
-    packed_copy: bool = False, int4_cpu_kernel: str = "auto", deterministic: bool = False,
+    path: Path, engine: EngineConfig, max_positions: int, ops: Ops | None = None, quantization: str | None = None,
+    tp: tuple[int, int] | None = None, pp: tuple[int, int] | None = None,
 ) -> LlamaForCausalLM:
-    """quantization "int8" quantizes a full-precision checkpoint's projections at load time; a quantized
-    checkpoint (AWQ, GPTQ) always loads as it says. packed_copy: full-precision linears on CPU also keep a
-    oneDNN-prepacked copy for multi-row calls (backend/model/cpu_gemm.py). deterministic: the linears on kernels whose
-    result for a row does not depend on the row count (EngineConfig.deterministic). tp = (rank, world): this rank's
-    tensor-parallel shard (backend/parallel/tensor_parallel.py); pp = (rank, world): this rank's pipeline stage
+    """The model at `path` as `engine` (EngineConfig, passed whole) says to load it: its dtype and device, the INT4
+    layers' options (int4_dense_copy, int4_cpu_kernel), packed_copy (full-precision linears on CPU also keep a
+    oneDNN-prepacked copy for multi-row calls: backend/model/cpu_gemm.py) and deterministic (the linears on kernels
+    whose result for a row does not depend on the row count). quantization: the resolved one (`serving_quantization`;
+    default engine.quantization): "int8" quantizes a full-precision checkpoint's projections at load time; a quantized
+    checkpoint (AWQ, GPTQ, GGUF blocks) always loads as it says. tp = (rank, world): this rank's tensor-parallel shard
+    (backend/parallel/tensor_parallel.py); pp = (rank, world): this rank's pipeline stage
     (backend/parallel/pipeline_parallel.py)."""
+    dtype, device = getattr(torch, engine.dtype), engine.resolved_device()  # float32 | bfloat16 | float16
+    quantization = engine.quantization if quantization is None else quantization
     model_dir = resolve_model_dir(path)
     config = load_config(model_dir)
     awq = awq_config_of(config)  # an AWQ checkpoint swaps in INT4 layers (backend/quant)
@@ -242,7 +245,8 @@ def load_model(
     if awq is not None or blocks:
         from backend.quant.convert import prepare_int4
 
-        prepare_int4(model, dense_copy=int4_dense_copy, cpu_kernel=int4_cpu_kernel, deterministic=deterministic)
+        prepare_int4(model, dense_copy=engine.int4_dense_copy, cpu_kernel=engine.int4_cpu_kernel,
+                     deterministic=engine.deterministic)
         if tp is None and model.arch.is_llama:  # (DecodeStack.build says None without CpuOps)
             from backend.model.decode_stack import DecodeStack
 
@@ -250,9 +254,9 @@ def load_model(
     elif quantization == "int8":
         from backend.quant.convert import quantize_int8
 
-        quantize_int8(model, deterministic)
-    elif packed_copy:
-        add_packed_copies(model, ops.small_gemm if isinstance(ops, CpuOps) else None, deterministic)
+        quantize_int8(model, engine.deterministic)
+    elif engine.packed_copy:
+        add_packed_copies(model, ops.small_gemm if isinstance(ops, CpuOps) else None, engine.deterministic)
     if tp is not None:
         from backend.parallel.tensor_parallel import make_row_parallel
 
