@@ -17,7 +17,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
 from backend.config import EngineConfig, cache_dir
-from backend.model.arch import arch_of, preflight
+from backend.model.arch import arch_of, context_limit, preflight
 from backend.model.cpu_gemm import add_packed_copies
 from backend.model.gguf_header import read_header
 from backend.model.llama import LlamaForCausalLM
@@ -98,7 +98,7 @@ def load_config(model_dir: Path) -> PretrainedConfig:
 
 def model_max_len(model_dir: Path) -> int:
     """The longest context the checkpoint supports (sliding windows are attended exactly: backend/model/sliding_window.py)."""
-    return int(load_config(model_dir).max_position_embeddings)
+    return context_limit(load_config(model_dir))
 
 
 def read_hf_tensors(model_dir: Path, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
