@@ -2,7 +2,8 @@
 
 The only place that builds the embedded engine and the embedders (they import torch,
 lazily, inside functions), hands them to the app, and runs uvicorn. A gateway whose
-`models` section has no deployment of kind embedded never loads the engine.
+`models` section has no deployment of kind embedded never loads the engine; a `models:` list loads one engine
+per entry.
 
     python -m gateway --embedded-only                              # a backend replica: the engine, no routing
     torchrun --nproc-per-node 2 -m gateway --parallel tensor       # one engine over 2 processes (or pipeline)
@@ -18,7 +19,7 @@ import sys
 
 import uvicorn
 
-from backend.config import parse_args
+from backend.config import EngineConfig, parse_args
 from gateway.app import build_context, create_app
 from gateway.client import EmbeddingClient, EngineClient
 from gateway.config import ConfigError, GatewayConfig, load_config
@@ -26,18 +27,29 @@ from gateway.routing.config import RoutingConfig
 
 
 def build_engine(cfg: GatewayConfig) -> EngineClient | None:
-    if cfg.routing.enabled and not cfg.routing.needs_engine:
+    """The `engine:` section's engine; None for a pure router, or when the `models:` list names the engines."""
+    if (cfg.routing.enabled and not cfg.routing.needs_engine) or cfg.routing.own_engines:
         return None  # a pure router: no torch in this process
+    return _load(cfg.engine)
+
+
+def build_engines(cfg: GatewayConfig) -> dict[str, EngineClient]:
+    """The `models:` list's engines by model id, in the file's order: each its own AsyncEngine (model, quantization,
+    chat template, KV budget), loaded one after the other."""
+    return {m.name: _load(m.engine.config, m.name) for m in cfg.routing.own_engines if m.engine is not None}
+
+
+def _load(engine_cfg: EngineConfig, model_id: str = "") -> EngineClient:
     from backend.errors import ModelLoadError
     from backend.model.arch import preflight
 
     try:  # one line, what was found and what is supported, no traceback; the preflight before torch is imported
-        preflight(cfg.engine.resolved_model())
+        preflight(engine_cfg.resolved_model())
         from backend.engine.async_engine import AsyncEngine
 
-        engine: EngineClient = AsyncEngine.from_config(cfg.engine)
+        engine: EngineClient = AsyncEngine.from_config(engine_cfg)
     except ModelLoadError as exc:
-        sys.exit(f"model error: {exc}")
+        sys.exit(f"model error: {model_id + ': ' if model_id else ''}{exc}")
     return engine
 
 
@@ -75,11 +87,12 @@ def serve(args: argparse.Namespace) -> None:
     except ConfigError as exc:
         sys.exit(f"configuration error: {exc}")
     cfg = dataclasses.replace(cfg, host=args.host or cfg.host, port=args.port or cfg.port)
-    if args.embedded_only:
-        cfg = dataclasses.replace(cfg, routing=RoutingConfig())
-    engine = build_engine(cfg)
+    if args.embedded_only:  # the `models:` list's models stay: they are this process's engines
+        cfg = dataclasses.replace(cfg, routing=RoutingConfig(models=cfg.routing.own_engines))
+    engines = build_engines(cfg)
+    engine = next(iter(engines.values())) if engines else build_engine(cfg)
     embedder, cache_embedder = build_embedders(cfg, engine)
-    app = create_app(build_context(cfg, engine, embedder, cache_embedder=cache_embedder))
+    app = create_app(build_context(cfg, engine, embedder, cache_embedder=cache_embedder, engines=engines))
     uvicorn.run(
         app,
         host=cfg.host,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from types import MappingProxyType
 from typing import Any, TextIO
 
 from starlette.applications import Starlette
@@ -30,11 +31,11 @@ from gateway.api.embeddings import Embeddings
 from gateway.api.operations import Operations
 from gateway.batches.service import build_batches
 from gateway.cache.metrics import CacheMetrics
-from gateway.cache.service import build_cache
+from gateway.cache.service import ResponseCache, build_cache
 from gateway.cache.stores import CacheStore
 from gateway.client import EmbeddingClient, EngineClient, NoEngine
 from gateway.config import DEFAULT_MODELS, GatewayConfig
-from gateway.context import GatewayContext
+from gateway.context import GatewayContext, OwnModel
 from gateway.errors import error_response, to_gateway_error
 from gateway.ids import IdGenerator
 from gateway.keys import Endpoint
@@ -58,11 +59,13 @@ def build_context(
     log_sink: TextIO | None = None,
     cache_store: CacheStore | None = None,
     cache_embedder: EmbeddingClient | None = None,
+    engines: Mapping[str, EngineClient] | None = None,
 ) -> GatewayContext:
     """`cache_store` replaces the configured response-cache backend (tests inject faults with it). `cache_embedder`:
     what the semantic cache embeds with (`cache.embedding_dtype`: gateway/__main__.py builds it), default `embedder`.
 
-    `engine` None: a gateway that only routes to upstreams (config.routing with no embedded deployment)."""
+    `engine` None: a gateway that only routes to upstreams (config.routing with no embedded deployment).
+    `engines`: the `models:` list's engines by model id (config.routing.own_engines; `engine` is the first of them)."""
     created = int(time.time())
     routed = [m.name for m in config.routing.models] + (["auto"] if config.routing.auto.enabled else [])
     models = [ServedModel(name, "chat", created) for name in routed] if routed else []
@@ -70,16 +73,28 @@ def build_context(
         models.append(ServedModel(engine.model_name, "chat", created))
     if embedder is not None:
         models.append(ServedModel(embedder.model_name, "embedding", created))
-    metrics = GatewayMetrics(engine.stats if engine is not None else None)
+    engines = engines or {}
+    stats = engine.stats if engine is not None else None
+    metrics = GatewayMetrics({m: e.stats for m, e in engines.items()} if engines else stats)
     engine = engine if engine is not None else NoEngine()
     logger = make_logger(log_sink or sys.stderr, config.log_level, config.secrets())
     ids = IdGenerator()
     cache_embedder = cache_embedder or embedder
-    resolved = getattr(engine, "output_identity", None)  # the embedded engine's resolved `auto` settings
-    cache = build_cache(
-        config, engine.model_name, cache_embedder, CacheMetrics(metrics.registry), logger, ids, cache_store, resolved,
-        engine=None if isinstance(engine, NoEngine) else engine,
-    )
+    cache_metrics = CacheMetrics(metrics.registry)
+
+    def cache_of(model_id: str, served_by: EngineClient, store: CacheStore | None) -> ResponseCache:
+        route = config.routing.model(model_id) if engines else None
+        return build_cache(
+            config, model_id, cache_embedder, cache_metrics, logger, ids, store,
+            getattr(served_by, "output_identity", None),  # the embedded engine's resolved `auto` settings
+            engine=None if isinstance(served_by, NoEngine) else served_by,
+            engine_config=route.engine.config if route is not None and route.engine is not None else None,
+        )  # fmt: skip
+
+    cache = cache_of(engine.model_name, engine, cache_store)
+    # one store for every model, each model its own scope in it (its fingerprint keys its entries)
+    shared = cache.store.inner if cache.store is not None else None
+    own = {m: OwnModel(e, cache if e is engine else cache_of(m, e, shared)) for m, e in engines.items()}
     return GatewayContext(
         config=config,
         engine=engine,
@@ -89,6 +104,7 @@ def build_context(
         logger=logger,
         cache=cache,
         ids=ids,
+        own_models=MappingProxyType(own),
     )
 
 
@@ -97,7 +113,9 @@ def build_router(ctx: GatewayContext) -> Router | None:
     if not ctx.config.routing.enabled:
         return None
     local = {"chat": ChatCompletions(ctx).handle, "completions": Completions(ctx).handle}
-    return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder, ctx.guard, ctx.cache)  # type: ignore[arg-type]
+    own = {m: {"chat": ChatCompletions(c).handle, "completions": Completions(c).handle}
+           for m, c in ((m, ctx.of_model(m)) for m in ctx.own_models)}  # fmt: skip
+    return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder, ctx.guard, ctx.cache, own)  # type: ignore[arg-type]
 
 
 def guarded(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Handler:
@@ -190,7 +208,8 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if manage_engine:
-            await ctx.engine.start()
+            for engine in ctx.engines():
+                await engine.start()
         if router is not None:
             await router.start()  # the replicas found by DNS, before the gateway says it is ready
         if batches is not None:
@@ -213,7 +232,8 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
             if router is not None:
                 await router.close()
             if manage_engine:
-                await ctx.engine.shutdown()
+                for engine in ctx.engines():
+                    await engine.shutdown()
 
     app = Starlette(
         routes=route_list + (batches.routes() if batches is not None else []),

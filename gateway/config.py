@@ -93,7 +93,9 @@ class GatewayConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (gateway/cache/)
     batches: BatchesConfig = field(default_factory=BatchesConfig)  # Files and Batch APIs (gateway/batches/)
     engine: EngineConfig = field(default_factory=EngineConfig)
-    # Routing (gateway/routing/router.py): empty `routing.models` = serve the embedded engine only, as always.
+    # Routing (gateway/routing/router.py): empty `routing.models` = serve the embedded engine only, as always. The
+    # `models:` list form: several embedded models, each its own engine (ModelRoute.engine); `engine` then only
+    # gives the fields their entries leave out.
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     key_policies: tuple[KeyPolicy, ...] = field(default=(), repr=False)  # api_keys given as mappings
     # Security (docs/security.md): the limits of every key that sets none itself (and of anonymous requests
@@ -162,8 +164,10 @@ def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
     if unknown:
         raise ConfigError(f"unknown config keys: {sorted(unknown)}")
     changes: dict[str, Any] = {}
+    # the `models:` list's entries start from the `engine:` section (what they leave out, they share)
+    engine = engine_config_from_mapping(data["engine"]) if "engine" in data else base.engine
     try:
-        changes["routing"] = parse_routing({k: v for k, v in data.items() if k in _ROUTING_KEYS}, env)
+        changes["routing"] = parse_routing({k: v for k, v in data.items() if k in _ROUTING_KEYS}, env, engine)
         defaults = parse_limits("key_defaults", data.get("key_defaults", {}), KeyLimits())
     except RoutingConfigError as exc:
         raise ConfigError(str(exc)) from exc
@@ -176,7 +180,7 @@ def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
         elif name == "admin_keys":
             changes["admin_keys"] = _admin_keys(value, env)
         elif name == "engine":
-            changes[name] = engine_config_from_mapping(value)
+            changes[name] = engine
         elif name == "cache":
             changes[name] = _cache_from_mapping(value)
         elif name == "batches":
@@ -340,7 +344,11 @@ def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
     if f"{ENV_PREFIX}ROUTER_REDIS_URL" in env:  # rate-limit counters shared by replicas
         router = replace(cfg.routing.router, redis_url=env[f"{ENV_PREFIX}ROUTER_REDIS_URL"])
         changes["routing"] = replace(cfg.routing, router=router)
-    changes["engine"] = engine_config_from_env(cfg.engine, dict(env))
+    changes["engine"] = engine = engine_config_from_env(cfg.engine, dict(env))
+    if cfg.routing.own_engines:  # the `models:` list: what an entry leaves out comes from the section and the environment
+        routing = changes.get("routing", cfg.routing)
+        models = tuple(replace(m, engine=m.engine.over(engine)) if m.engine else m for m in routing.models)
+        changes["routing"] = replace(routing, models=models)
     return replace(cfg, **changes)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from gateway.cache.service import ResponseCache
@@ -25,6 +27,14 @@ class Readiness:
 
 
 @dataclass(frozen=True)
+class OwnModel:
+    """One model of the `models:` list: its own engine, and its own response-cache scope (fingerprint)."""
+
+    engine: EngineClient
+    cache: ResponseCache
+
+
+@dataclass(frozen=True)
 class GatewayContext:
     config: GatewayConfig
     engine: EngineClient
@@ -37,10 +47,22 @@ class GatewayContext:
     ids: IdGenerator = field(default_factory=IdGenerator)
     stats: LiveStats = field(default_factory=LiveStats)
     guard: KeyGuard = None  # type: ignore[assignment]  # keys and their policies; built from `config` when not given
+    # the `models:` list's models by id (`engine` and `cache` are the first one's); empty: `engine` alone serves
+    own_models: Mapping[str, OwnModel] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         if self.guard is None:
             object.__setattr__(self, "guard", KeyGuard(self.config, self.logger))
+
+    def of_model(self, model_id: str) -> GatewayContext:
+        """The context a handler of that `models:` list entry sees: its engine and cache, everything else shared."""
+        own = self.own_models[model_id]
+        return replace(self, engine=own.engine, cache=own.cache)
+
+    def engines(self) -> list[EngineClient]:
+        """Every engine this process runs (the lifespan starts and stops them)."""
+        extra = [m.engine for m in self.own_models.values() if m.engine is not self.engine]
+        return [self.engine, *extra]
 
     def report_error(self, rec: RequestRecord, exc: BaseException, err: GatewayError) -> None:
         """Note a failed request; unexpected exceptions are logged with their traceback."""

@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from backend.config import EngineConfig
 from gateway.cache import lexical
 from gateway.cache.config import CacheConfig
 from gateway.cache.keys import model_fingerprint
@@ -140,12 +141,14 @@ def build_cache(
     store: CacheStore | None = None,
     resolved: Mapping[str, Any] | None = None,
     engine: Any = None,
+    engine_config: EngineConfig | None = None,
 ) -> ResponseCache:
     """`store` overrides the configured backend (tests wrap a real store to inject faults); `resolved`: the engine's
     `output_identity` (its `auto` settings as resolved on this machine), part of the model fingerprint; `engine` (an
-    EngineClient serving `model_id`, or None) verifies semantic candidates unless `cache.semantic_verify` is lexical."""
+    EngineClient serving `model_id`, or None) verifies semantic candidates unless `cache.semantic_verify` is lexical.
+    `engine_config`: that engine's settings (default `config.engine`; a `models:` list entry has its own)."""
     cfg = config.cache
-    fingerprint = model_fingerprint(model_id, config.engine, cfg.fingerprint, resolved)
+    fingerprint = model_fingerprint(model_id, engine_config or config.engine, cfg.fingerprint, resolved)
     chosen = store if store is not None else make_store(cfg)
     if cfg.semantic and embedder is not None and not lexical.default_lexicon():  # loaded now, not on a first request
         logger.warning("cache_wordnet_missing", detail="run `python -m gateway.cache.wordnet_fetch`: without WordNet the "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -15,47 +15,62 @@ from gateway.ops.record import RequestRecord
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+Labels = tuple[tuple[str, str], ...]
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class EngineCollector(Collector):
-    """Reads engine.stats() on every scrape: queue depth, KV usage, prefix-cache hits."""
+    """Reads engine.stats() on every scrape: queue depth, KV usage, prefix-cache hits. Several engines (the `models:`
+    list): each series once per engine, labelled with its model; one engine: unlabelled, as always."""
 
-    def __init__(self, stats: Callable[[], EngineStats]) -> None:
-        self._stats = stats
+    def __init__(self, stats: Callable[[], EngineStats] | Mapping[str, Callable[[], EngineStats]]) -> None:
+        self._stats: Mapping[str, Callable[[], EngineStats]] = {"": stats} if callable(stats) else stats
 
     def collect(self) -> Iterator[Metric]:
-        try:
-            s = self._stats()
-        except Exception:
-            yield GaugeMetricFamily("smolgate_engine_up", "1 when the engine answers stats()", value=0)
-            return
-        yield GaugeMetricFamily("smolgate_engine_up", "1 when the engine answers stats()", value=1)
-        yield GaugeMetricFamily("smolgate_engine_waiting_requests", "Queue depth: requests waiting", value=s.num_waiting)
-        yield GaugeMetricFamily("smolgate_engine_running_requests", "Requests running", value=s.num_running)
-        yield GaugeMetricFamily("smolgate_kv_cache_blocks_used", "KV cache blocks in use", value=s.kv_blocks_used)
-        yield GaugeMetricFamily("smolgate_kv_cache_blocks_total", "KV cache blocks in the pool", value=s.kv_blocks_total)
-        usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
-        yield GaugeMetricFamily("smolgate_kv_cache_usage_ratio", "Fraction of KV blocks in use", value=usage)
-        yield from _engine_counters(s)
-        for key, value in sorted(s.extra.items()):
-            name = "smolgate_engine_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
-            yield GaugeMetricFamily(name, f"Engine statistic {key}", value=value)
+        labelled = len(self._stats) > 1 or "" not in self._stats
+        families: dict[str, Metric] = {}
+
+        def add(kind: type[Metric], name: str, doc: str, model: str, value: float | None, labels: Labels = ()) -> None:
+            family = families.get(name)
+            if family is None:
+                names = (["model"] if labelled else []) + [k for k, _ in labels]
+                family = families[name] = kind(name, doc, labels=names)  # type: ignore[call-arg]
+            if value is not None:
+                family.add_metric(([model] if labelled else []) + [v for _, v in labels], value)  # type: ignore[attr-defined]
+
+        for model, read in self._stats.items():
+            try:
+                s = read()
+            except Exception:
+                add(GaugeMetricFamily, "smolgate_engine_up", "1 when the engine answers stats()", model, 0)
+                continue
+            add(GaugeMetricFamily, "smolgate_engine_up", "1 when the engine answers stats()", model, 1)
+            for kind, name, doc, value, labels in _engine_series(s):
+                add(kind, name, doc, model, value, labels)
+        yield from families.values()
 
 
-def _engine_counters(s: EngineStats) -> Iterator[Metric]:
-    yield CounterMetricFamily("smolgate_prefix_cache_queries", "Prefix-cache block lookups", value=s.prefix_cache_queries)
-    yield CounterMetricFamily("smolgate_prefix_cache_hits", "Prefix-cache block hits", value=s.prefix_cache_hits)
-    yield CounterMetricFamily("smolgate_engine_prompt_tokens", "Prompt tokens the engine processed", value=s.prompt_tokens_total)
-    yield CounterMetricFamily("smolgate_engine_generation_tokens", "Tokens the engine generated", value=s.generation_tokens_total)
-    yield CounterMetricFamily("smolgate_engine_preemptions", "Sequences preempted", value=s.num_preemptions)
-    proposed = CounterMetricFamily("smolgate_spec_proposed_tokens", "Speculative draft tokens proposed", labels=["source"])
-    accepted = CounterMetricFamily("smolgate_spec_accepted_tokens", "Speculative draft tokens accepted", labels=["source"])
+def _engine_series(s: EngineStats) -> Iterator[tuple[type[Metric], str, str, float | None, Labels]]:
+    """(family, name, help, value, extra labels) of every engine series; value None: the family, with no sample yet."""
+    g, c = GaugeMetricFamily, CounterMetricFamily
+    yield g, "smolgate_engine_waiting_requests", "Queue depth: requests waiting", s.num_waiting, ()
+    yield g, "smolgate_engine_running_requests", "Requests running", s.num_running, ()
+    yield g, "smolgate_kv_cache_blocks_used", "KV cache blocks in use", s.kv_blocks_used, ()
+    yield g, "smolgate_kv_cache_blocks_total", "KV cache blocks in the pool", s.kv_blocks_total, ()
+    usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
+    yield g, "smolgate_kv_cache_usage_ratio", "Fraction of KV blocks in use", usage, ()
+    yield c, "smolgate_prefix_cache_queries", "Prefix-cache block lookups", s.prefix_cache_queries, ()
+    yield c, "smolgate_prefix_cache_hits", "Prefix-cache block hits", s.prefix_cache_hits, ()
+    yield c, "smolgate_engine_prompt_tokens", "Prompt tokens the engine processed", s.prompt_tokens_total, ()
+    yield c, "smolgate_engine_generation_tokens", "Tokens the engine generated", s.generation_tokens_total, ()
+    yield c, "smolgate_engine_preemptions", "Sequences preempted", s.num_preemptions, ()
+    yield c, "smolgate_spec_proposed_tokens", "Speculative draft tokens proposed", None, (("source", ""),)  # no sample
+    yield c, "smolgate_spec_accepted_tokens", "Speculative draft tokens accepted", None, (("source", ""),)
     for source, counts in sorted(s.spec_sources.items()):
-        proposed.add_metric([source], counts.proposed)
-        accepted.add_metric([source], counts.accepted)
-    yield proposed
-    yield accepted
+        yield c, "smolgate_spec_proposed_tokens", "Speculative draft tokens proposed", counts.proposed, (("source", source),)
+        yield c, "smolgate_spec_accepted_tokens", "Speculative draft tokens accepted", counts.accepted, (("source", source),)
+    for key, value in sorted(s.extra.items()):
+        yield g, "smolgate_engine_" + re.sub(r"[^a-zA-Z0-9_]", "_", key), f"Engine statistic {key}", value, ()
 
 
 @dataclass(frozen=True)
@@ -71,7 +86,8 @@ class _Series:
 class GatewayMetrics:
     """Per-request counters and histograms, plus the engine collector, in a private registry."""
 
-    def __init__(self, engine_stats: Callable[[], EngineStats] | None) -> None:
+    def __init__(self, engine_stats: Callable[[], EngineStats] | Mapping[str, Callable[[], EngineStats]] | None) -> None:
+        """`engine_stats`: the engine's stats(), or several engines' by model id (each labelled with it)."""
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.requests = Counter("smolgate_requests", "HTTP requests", ["route", "model", "status"], registry=r)

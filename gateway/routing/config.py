@@ -2,8 +2,10 @@
 
 Parsed from the `models`, `fallbacks`, `router`, `auto` sections and the mapping form of `api_keys`
 in the gateway's YAML file. With no `models` section there is no routing: the gateway serves its
-embedded engine exactly as before. Secrets are never in the file: `api_key_env` / `key_env` name
-environment variables, read here (the environment mapping is passed in, as in gateway/config.py).
+embedded engine exactly as before. `models` is either a mapping (model name -> deployments) or a list of
+embedded models (`- {id, engine}`), each run by its own engine in this process. Secrets are never in the
+file: `api_key_env` / `key_env` name environment variables, read here (the environment mapping is passed in,
+as in gateway/config.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Literal
+
+from backend.config import ConfigError, EngineConfig, engine_config_from_mapping
 
 DeploymentKind = Literal["embedded", "openai", "backend"]
 _KINDS = ("embedded", "openai", "backend")
@@ -54,9 +58,22 @@ class DeploymentConfig:
 
 
 @dataclass(frozen=True)
+class OwnEngine:
+    """The engine of one entry of the `models:` list. `overrides`: the fields the entry sets itself; they win over
+    the `engine:` section and the SMOLGATE_<FIELD> environment, which give every other field (gateway/config.py)."""
+
+    config: EngineConfig
+    overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def over(self, base: EngineConfig) -> OwnEngine:
+        return replace(self, config=replace(base, **self.overrides))
+
+
+@dataclass(frozen=True)
 class ModelRoute:
     name: str
     deployments: tuple[DeploymentConfig, ...]
+    engine: OwnEngine | None = None  # a `models:` list entry: its embedded deployment runs this engine of its own
 
 
 @dataclass(frozen=True)
@@ -140,6 +157,11 @@ class RoutingConfig:
     def needs_engine(self) -> bool:
         return any(d.kind == "embedded" for m in self.models for d in m.deployments)
 
+    @property
+    def own_engines(self) -> tuple[ModelRoute, ...]:
+        """The `models:` list's models (each with an engine of its own), in the file's order."""
+        return tuple(m for m in self.models if m.engine is not None)
+
 
 def _dataclass_from(cls: type, where: str, value: object, skip: tuple[str, ...] = ()) -> Any:
     if not isinstance(value, dict):
@@ -199,9 +221,48 @@ def parse_deployment(where: str, value: object, env: Mapping[str, str]) -> Deplo
     return replace(dep, **changes)
 
 
-def parse_models(value: object, env: Mapping[str, str]) -> tuple[ModelRoute, ...]:
+_ENTRY_KEYS = ("id", "engine")
+
+
+def parse_model_list(value: list[Any], base: EngineConfig) -> tuple[ModelRoute, ...]:
+    """`models:` as a list of embedded models, `- {id: NAME, engine: {EngineConfig fields}}`: each served by its own
+    engine (its model, quantization, chat template and KV budget); `base` (the `engine:` section) gives the fields an
+    entry leaves out. The id is the name clients send, and the engine's served name."""
+    if not value:
+        raise RoutingConfigError("models: the list is empty (each entry is {id: NAME, engine: {...}})")
+    routes: list[ModelRoute] = []
+    for i, entry in enumerate(value):
+        where = f"models[{i}]"
+        if not isinstance(entry, dict):
+            raise RoutingConfigError(f"{where} must be a mapping {{id: NAME, engine: {{...}}}}")
+        unknown = set(entry) - set(_ENTRY_KEYS)
+        if unknown:
+            raise RoutingConfigError(f"unknown {where} keys: {sorted(map(str, unknown))} (an entry has {list(_ENTRY_KEYS)})")
+        name = entry.get("id")
+        if not isinstance(name, str) or not name.strip() or name == "auto":
+            raise RoutingConfigError(f"{where}.id must be a non-empty model name ('auto' is reserved), got {name!r}")
+        if any(r.name == name for r in routes):
+            raise RoutingConfigError(f"models: two entries have the id {name!r}")
+        raw = entry.get("engine", {})
+        if not isinstance(raw, dict):
+            raise RoutingConfigError(f"{where}.engine must be a mapping of engine fields")
+        if raw.get("served_model_name", name) != name:
+            raise RoutingConfigError(f"{where}.engine.served_model_name: the entry's id ({name!r}) is its served name")
+        try:
+            own = engine_config_from_mapping(raw)
+        except ConfigError as exc:
+            raise RoutingConfigError(f"{where} ({name}): {exc}") from None
+        overrides = {k: getattr(own, k) for k in raw} | {"served_model_name": name}
+        engine = OwnEngine(replace(base, **overrides), MappingProxyType(overrides))
+        routes.append(ModelRoute(name, (DeploymentConfig(kind="embedded"),), engine))
+    return tuple(routes)
+
+
+def parse_models(value: object, env: Mapping[str, str], base: EngineConfig | None = None) -> tuple[ModelRoute, ...]:
+    if isinstance(value, list):
+        return parse_model_list(value, base or EngineConfig())
     if not isinstance(value, dict) or not value:
-        raise RoutingConfigError("models must map model names to {deployments: [...]}")
+        raise RoutingConfigError("models must map model names to {deployments: [...]}, or list {id, engine} entries")
     routes = []
     for name, spec in value.items():
         if not isinstance(name, str) or not name or name == "auto":
@@ -289,11 +350,12 @@ def parse_key(where: str, value: object, env: Mapping[str, str], defaults: KeyLi
     return KeyPolicy.of(str(name), key, limits, tuple(models))
 
 
-def parse_routing(data: Mapping[str, Any], env: Mapping[str, str]) -> RoutingConfig:
-    """The routing sections of the YAML mapping (any may be absent)."""
+def parse_routing(data: Mapping[str, Any], env: Mapping[str, str], engine: EngineConfig | None = None) -> RoutingConfig:
+    """The routing sections of the YAML mapping (any may be absent); `engine`: the `engine:` section, which the
+    `models:` list's entries start from."""
     cfg = RoutingConfig()
     if "models" in data:
-        cfg = replace(cfg, models=parse_models(data["models"], env))
+        cfg = replace(cfg, models=parse_models(data["models"], env, engine))
     if "fallbacks" in data:
         cfg = replace(cfg, fallbacks=parse_fallbacks(data["fallbacks"]))
     if "router" in data:

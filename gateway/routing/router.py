@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 from starlette.requests import Request
@@ -76,11 +76,14 @@ class Router:
         embedder: EmbeddingClient | None,
         guard: KeyGuard | None = None,
         cache: ResponseCache | None = None,
+        own: Mapping[str, dict[Endpoint, LocalHandler]] | None = None,
     ) -> None:
-        """`cache`: the gateway's response cache, for the models third-party APIs serve (gateway/routing/cached.py)."""
+        """`cache`: the gateway's response cache, for the models third-party APIs serve (gateway/routing/cached.py).
+        `own`: the handlers of the `models:` list's models, each over its own engine (`local`: the `engine:` one's)."""
         rc = config.routing
         self.guard = guard if guard is not None else KeyGuard(config, logger)
         self.cfg, self.rcfg, self.local, self.logger = config, rc.router, local, logger
+        self.own = own or {}
         self.balancers = {m.name: Balancer(m.deployments, rc.router) for m in rc.models}
         self.upstreams = {
             (m, s.index): Upstream.open(s.cfg) for m, b in self.balancers.items() for s in b.states if s.cfg.kind != "embedded"
@@ -305,7 +308,7 @@ class Router:
             body.pop("cache", None)  # this gateway's extension: a third party would refuse it
         outcome = Outcome()
         if state.cfg.kind == "embedded":
-            response = await self.local[endpoint](request, body)
+            response = await self.own.get(model, self.local)[endpoint](request, body)
         else:
             upstream = self.upstreams[(model, state.index)]
             # a backend replica caches under the tenant this gateway authenticated (signed), or not at all
