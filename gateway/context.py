@@ -59,6 +59,12 @@ class GatewayContext:
         own = self.own_models[model_id]
         return replace(self, engine=own.engine, cache=own.cache)
 
+    def engine_for(self, model: object) -> EngineClient:
+        """The engine that serves the model a request names (an alias resolved): its own with the `models:` list (for
+        token counts and context limits), else `engine`."""
+        own = self.own_models.get(self.catalog.canonical(model)) if isinstance(model, str) and self.own_models else None
+        return own.engine if own is not None else self.engine
+
     def engines(self) -> list[EngineClient]:
         """Every engine this process runs (the lifespan starts and stops them)."""
         extra = [m.engine for m in self.own_models.values() if m.engine is not self.engine]

@@ -96,13 +96,18 @@ def test_each_model_answers_from_its_own_engine(url: str) -> None:
     # chat: Gemma answers through its configured template (a base model: without it, chat would be a 400)
     answers = {}
     for model in (SMOL, GEMMA):
-        runs = [client.chat.completions.create(model=model, messages=HELLO, max_tokens=12, temperature=0,  # type: ignore[arg-type]
+        runs = [client.chat.completions.create(model=model, messages=HELLO, max_tokens=16, temperature=0,  # type: ignore[arg-type]
                                                extra_headers=NO_CACHE) for _ in range(2)]  # fmt: skip
         assert all(r.model == model for r in runs)
         texts = [r.choices[0].message.content for r in runs]
         assert texts[0] and texts[0] == texts[1], texts  # greedy: the same answer each time, from the same engine
         answers[model] = texts[0]
     assert answers[SMOL] != answers[GEMMA], answers
+    # the Responses API reaches the same engines: its answer is the chat answer of the model it names
+    for model in (SMOL, GEMMA):
+        resp = client.responses.create(model=model, input=HELLO, max_output_tokens=16, temperature=0,  # type: ignore[arg-type]
+                                       extra_headers=NO_CACHE, store=False)  # fmt: skip
+        assert resp.model == model and resp.output_text == answers[model]
 
 
 def test_a_key_limited_to_one_model_cannot_reach_the_other(url: str) -> None:

@@ -195,8 +195,9 @@ class Messages:
         """The prompt's tokens: exact with the embedded engine (its chat template and tokenizer, the
         tool prompt included), else estimated like the router's usage counts."""
         req = parse_chat({k: v for k, v in chat.items() if k not in ("cache", "stream", "stream_options")})
-        if not isinstance(self.ctx.engine, NoEngine):
-            return len(self.ctx.engine.apply_chat_template(req.messages, continue_final_message=req.continue_final))
+        if not isinstance(self.ctx.engine, NoEngine):  # the engine of the model asked for (the `models:` list's own)
+            engine = self.ctx.engine_for(chat.get("model"))
+            return len(engine.apply_chat_template(req.messages, continue_final_message=req.continue_final))
         if self._estimate is None:
             self._estimate = self.router.count if self.router is not None else load_counter("")
         return prompt_tokens(self._estimate, {"messages": req.messages})

@@ -98,12 +98,12 @@ class ResponsesAPI:
         body = chat_body(req, messages, req.model)
         if req.truncation == "auto":
             body = self.tokens.truncated(body, req.max_output_tokens)
-        if req.max_output_tokens is None and self.tokens.exact:
+        if req.max_output_tokens is None and self.tokens.exact(body):
             # No limit asked (Codex asks none): the answer may use what the context leaves, up to the key's cap
             # (else the key's default max_tokens, added to a long prompt, would overflow the context)
             rec = record_of(request)
             cap = (rec.policy if rec.policy is not None else self.ctx.guard.anonymous).max_tokens
-            room = self.ctx.engine.max_model_len - self.tokens.count(body)
+            room = self.tokens.limit(body) - self.tokens.count(body)
             if room > 0 and (not cap or room < cap):
                 body["max_completion_tokens"] = room
         return history, body

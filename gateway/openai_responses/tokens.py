@@ -20,14 +20,17 @@ class TokenCounter:
         self.ctx = ctx
         self._estimate: Callable[[str], int] | None = None
 
-    @property
-    def exact(self) -> bool:
-        return self.ctx.engine.max_model_len > 0
+    def exact(self, body: dict[str, Any]) -> bool:
+        return self.limit(body) > 0
+
+    def limit(self, body: dict[str, Any]) -> int:
+        """The context window of the model `body` names (0: not an embedded model's, counts are estimates)."""
+        return self.ctx.engine_for(body.get("model")).max_model_len
 
     def count(self, body: dict[str, Any]) -> int:
         messages = parse_chat({k: v for k, v in body.items() if k != "cache"}).messages
-        if self.exact:
-            return len(self.ctx.engine.apply_chat_template(messages, add_generation_prompt=True))
+        if self.exact(body):
+            return len(self.ctx.engine_for(body.get("model")).apply_chat_template(messages, add_generation_prompt=True))
         if self._estimate is None:
             self._estimate = load_counter(self.ctx.config.routing.router.tokenizer)
         return prompt_tokens(self._estimate, {"messages": messages})
@@ -35,7 +38,7 @@ class TokenCounter:
     def truncated(self, body: dict[str, Any], max_output_tokens: int | None) -> dict[str, Any]:
         """The body with the oldest turns dropped until the prompt and the output fit the context window
         (system messages and the last message stay; an assistant turn's tool results go with it)."""
-        limit = self.ctx.engine.max_model_len
+        limit = self.limit(body)
         if not limit:
             return body
         reserve = max_output_tokens or min(256, limit // 4)
