@@ -87,6 +87,8 @@ def serve(args: argparse.Namespace) -> None:
     except ConfigError as exc:
         sys.exit(f"configuration error: {exc}")
     cfg = dataclasses.replace(cfg, host=args.host or cfg.host, port=args.port or cfg.port)
+    if args.parallel and cfg.routing.own_engines:  # the other ranks load the `engine:` section's model
+        sys.exit("configuration error: --parallel serves one model (the engine: section), not a models: list")
     if args.embedded_only:  # the `models:` list's models stay: they are this process's engines
         cfg = dataclasses.replace(cfg, routing=RoutingConfig(models=cfg.routing.own_engines))
     engines = build_engines(cfg)

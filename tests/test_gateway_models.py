@@ -20,6 +20,7 @@ import yaml
 
 from backend.fetch import fetch_gemma_gguf
 from bench.server import free_port, wait_ready
+from gateway.config import ConfigError, apply_env, from_mapping
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_KEY = "sk-multi-model-every-model-0001"
@@ -168,3 +169,33 @@ def test_a_duplicate_model_id_stops_startup_in_one_line(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode != 0
     assert proc.stderr.strip() == "configuration error: models: two entries have the id 'a'"
+
+
+@pytest.mark.parametrize(
+    ("models", "error"),
+    [
+        ([], "models: the list is empty"),
+        ([{"id": "a", "engines": {}}], "unknown models[0] keys: ['engines']"),
+        ([{"id": "a", "engine": {"kv_cache_mb": 8}}], "models[0] (a): unknown engine config keys: ['kv_cache_mb']"),
+        ([{"id": "a", "engine": {"kv_cache_memory_mb": "lots"}}], "models[0] (a): engine.kv_cache_memory_mb must be"),
+        ([{"id": "auto"}], "models[0].id must be a non-empty model name ('auto' is reserved)"),
+        ([{"engine": {}}], "models[0].id must be a non-empty model name"),
+        ([{"id": "a", "engine": {"served_model_name": "b"}}], "models[0].engine.served_model_name: the entry's id"),
+        (["a"], "models[0] must be a mapping"),
+    ],
+)
+def test_a_bad_entry_is_refused_with_what_is_wrong(models: list, error: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"models": models})
+    assert str(err.value).startswith(error), str(err.value)
+
+
+def test_an_entry_sets_its_own_fields_and_shares_the_rest() -> None:
+    """An entry's own fields win; the rest come from the `engine:` section, and then the environment."""
+    data = {"engine": {"max_model_len": 1024, "kv_cache_memory_mb": 64},
+            "models": [{"id": "a", "engine": {"kv_cache_memory_mb": 16}}, {"id": "b", "engine": {"chat_template": "gemma"}}]}
+    cfg = apply_env(from_mapping(data), {"SMOLGATE_MAX_MODEL_LEN": "512", "SMOLGATE_KV_CACHE_MEMORY_MB": "32"})
+    engines = {m.name: m.engine.config for m in cfg.routing.own_engines if m.engine is not None}
+    assert [(e.served_model_name, e.kv_cache_memory_mb, e.max_model_len, e.chat_template) for e in engines.values()] == [
+        ("a", 16, 512, ""), ("b", 32, 512, "gemma")]
+    assert cfg.routing.model("a") is not None and cfg.routing.model("a").deployments[0].kind == "embedded"  # type: ignore[union-attr]
