@@ -29,22 +29,35 @@ from gateway.routing.config import RoutingConfig
 def build_engine(cfg: GatewayConfig) -> EngineClient | None:
     """The `engine:` section's engine; None for a pure router, or when the `models:` list names the engines."""
     if (cfg.routing.enabled and not cfg.routing.needs_engine) or cfg.routing.own_engines:
-        return None  # a pure router: no torch in this process
+        return None  # a pure router (no torch in this process), or the list's engines (build_engines)
     return _load(cfg.engine)
 
 
 def build_engines(cfg: GatewayConfig) -> dict[str, EngineClient]:
     """The `models:` list's engines by model id, in the file's order: each its own AsyncEngine (model, quantization,
-    chat template, KV budget), loaded one after the other."""
-    return {m.name: _load(m.engine.config, m.name) for m in cfg.routing.own_engines if m.engine is not None}
+    chat template, KV budget). Every model's file is checked before the first one loads (a bad last entry fails fast)."""
+    own = [(m.name, m.engine.config) for m in cfg.routing.own_engines if m.engine is not None]
+    for name, engine_cfg in own:
+        _preflight(engine_cfg, name)
+    return {name: _load(engine_cfg, name) for name, engine_cfg in own}
+
+
+def _preflight(engine_cfg: EngineConfig, model_id: str = "") -> None:
+    """One line, what was found and what is supported, no traceback; before torch is imported."""
+    from backend.errors import ModelLoadError
+    from backend.model.arch import preflight
+
+    try:
+        preflight(engine_cfg.resolved_model())
+    except ModelLoadError as exc:
+        sys.exit(f"model error: {model_id + ': ' if model_id else ''}{exc}")
 
 
 def _load(engine_cfg: EngineConfig, model_id: str = "") -> EngineClient:
     from backend.errors import ModelLoadError
-    from backend.model.arch import preflight
 
-    try:  # one line, what was found and what is supported, no traceback; the preflight before torch is imported
-        preflight(engine_cfg.resolved_model())
+    _preflight(engine_cfg, model_id)
+    try:
         from backend.engine.async_engine import AsyncEngine
 
         engine: EngineClient = AsyncEngine.from_config(engine_cfg)

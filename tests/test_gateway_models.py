@@ -162,13 +162,23 @@ def test_metrics_carry_each_model(url: str) -> None:
     assert not re.search(r"^smolgate_kv_cache_blocks_total ", text, re.M)  # no unlabelled engine series beside them
 
 
-def test_a_duplicate_model_id_stops_startup_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("models", "line"),
+    [
+        ([{"id": "a"}, {"id": "a", "engine": {"kv_cache_memory_mb": 8}}],
+         "configuration error: models: two entries have the id 'a'"),
+        # the last entry's file is checked before the first model loads
+        ([{"id": "a"}, {"id": "b", "engine": {"model": "/nonexistent/b.gguf"}}],
+         "model error: b: model not found (need an HF directory or a .gguf file): /nonexistent/b.gguf"),
+    ],
+)  # fmt: skip
+def test_a_bad_list_stops_startup_in_one_line(tmp_path: Path, models: list, line: str) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"models": [{"id": "a"}, {"id": "a", "engine": {"kv_cache_memory_mb": 8}}]}))
+    path.write_text(yaml.safe_dump({"models": models, "embeddings": False}))
     proc = subprocess.run([sys.executable, "-m", "gateway", "--config", str(path)], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode != 0
-    assert proc.stderr.strip() == "configuration error: models: two entries have the id 'a'"
+    assert proc.stderr.strip() == line
 
 
 @pytest.mark.parametrize(
