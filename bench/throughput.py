@@ -36,7 +36,7 @@ import torch
 from backend.config import EngineConfig, engine_config_from_env
 from backend.engine.async_engine import AsyncEngine
 from backend.engine.sampling_params import SamplingParams
-from backend.model.tokenizer import apply_chat_template, load_tokenizer
+from backend.model.tokenizer import apply_chat_template, load_tokenizer, set_chat_template
 from backend.model.weights import resolve_model_dir
 from bench import peer
 from bench.report import emit
@@ -272,9 +272,12 @@ def ratios(
     return out
 
 
-def measure_peer(args: argparse.Namespace, model_dir: Path, threads: int) -> dict[int, dict[str, Any]]:
-    """The peer at every level of this run, on the same prompts (token ids) as the engine."""
+def measure_peer(args: argparse.Namespace, model_dir: Path, threads: int, chat_template: str = "") -> dict[int, dict[str, Any]]:
+    """The peer at every level of this run, on the same prompts (token ids) as the engine (the template the engine was
+    configured with, where the model has none of its own: a base model such as Gemma 3 270M)."""
     tokenizer = load_tokenizer(model_dir)
+    if chat_template:
+        set_chat_template(tokenizer, chat_template)
     out: dict[int, dict[str, Any]] = {}
     with peer.peer_url_or_server(args, threads, max(args.streams), ctx_per_slot=1024) as url:
         for s in args.streams:
@@ -390,7 +393,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(config.num_threads)  # the engine set it already; HF runs with the same
     model_dir = resolve_model_dir(replace(config, quantization="none").resolved_model())  # full precision
     hf = None if args.no_hf else hf_or_absent(model_dir, args.dtype, device, questions_for(args.hf_requests), args.new_tokens)
-    peer_levels = measure_peer(args, model_dir, torch.get_num_threads()) if peer.wanted(args) else {}
+    peer_levels = measure_peer(args, model_dir, torch.get_num_threads(), config.chat_template) if peer.wanted(args) else {}
     result: dict[str, Any] = {
         "bench": "throughput",
         "model": model_dir.name,
