@@ -17,6 +17,8 @@ What holds, and is checked here:
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 from functools import partial
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from backend.model.weights import resolve_model_dir
 from backend.quant.gguf_grouped import grouped_of, is_gguf_grouped
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
 from backend.quant.gguf_types import SERVED, decode
+from kernels.cpu import build as build_py
 from kernels.cpu.wg8a8 import GroupedInt8, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
 from tests.c_kernels import ISAS, build, requires_avx512, requires_c_kernels
 from tests.engine_helpers import assert_no_leaks, run_to_completion, token_ids
@@ -179,3 +182,42 @@ def test_gemma_served_in_its_own_bits(gguf: Path, reference: dict, caplog: pytes
     alone = run_to_completion(engine, {0: [("alone", prompts[2], greedy)]})["alone"]
     assert token_ids(alone) == token_ids(outs["r2"])  # the same tokens without batch-mates
     assert_no_leaks(engine)
+
+
+NEON = "aarch64-linux-gnu-gcc", "qemu-aarch64"
+
+
+@pytest.mark.skipif(any(shutil.which(t) is None for t in NEON) or build_py.is_arm(),
+                    reason="the aarch64 cross compiler or qemu-aarch64 is absent (`make system-deps` installs them)")
+@requires_c_kernels
+@pytest.mark.parametrize(("group", "zeros"), [(16, False), (32, True)], ids=["g16", "g32-terms"])
+def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zeros: bool, tmp_path: Path) -> None:
+    """wg8a8_neon.c, cross-compiled with tests/c/wg8a8_harness.c and run under qemu-aarch64: the same bits as the x86
+    kernels (the same integer sums and fp32 steps per lane), and each row the same computed alone."""
+    root = Path(__file__).resolve().parents[1]
+    exe = tmp_path / "wg8a8_harness"
+    flags = [f for f in build_py.NEON_FLAGS if f not in {"-shared", "-fPIC"}]
+    cmd = [NEON[0], *flags, "-static", "-Wall", "-Wextra", "-Werror", f"-I{root / 'kernels' / 'cpu'}",
+           str(root / "tests" / "c" / "wg8a8_harness.c"), str(root / "kernels" / "cpu" / "wg8a8_neon.c"), "-o", str(exe)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    torch.manual_seed(group)
+    m, n, k = 5, 40, 256
+    g = GroupedInt8(torch.randint(-128, 128, (n, k), dtype=torch.int8), torch.rand(n, k // group) * 0.01,
+                    torch.randn(n, k // 32) * 0.01 if zeros else None)
+    w, x = pack(g), torch.randn(m, k)
+
+    def neon(rows: torch.Tensor, threads: int) -> torch.Tensor:
+        (tmp_path / "x").write_bytes(rows.contiguous().numpy().tobytes())
+        (tmp_path / "w").write_bytes(w.q.numpy().tobytes())
+        (tmp_path / "ws").write_bytes(w.scales.numpy().tobytes())
+        if w.zeros is not None:
+            (tmp_path / "wz").write_bytes(w.zeros.numpy().tobytes())
+        args = [str(tmp_path), str(len(rows)), str(n), str(k), str(group), str(int(zeros)), str(threads)]
+        run = subprocess.run(["qemu-aarch64", "-cpu", "max", str(exe), *args], capture_output=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        return torch.frombuffer(bytearray((tmp_path / "y").read_bytes()), dtype=torch.float32).view(len(rows), n)
+
+    together = neon(x, 3)
+    assert torch.equal(together, wg8a8_linear(lib, x, w))  # type: ignore[arg-type]
+    assert torch.equal(torch.cat([neon(x[i:i + 1], 1) for i in range(m)]), together)

@@ -1,9 +1,9 @@
-"""Grouped W8A8 GEMM on x86 CPUs: the C kernel in wg8a8.c (AVX2) / wg8a8_avx512.c (VNNI), for a GGUF file's blocks
-served in their own values (backend/quant/gguf_types.py decodes them).
+"""Grouped W8A8 GEMM on CPUs: the C kernel in wg8a8.c (AVX2), wg8a8_avx512.c (VNNI), wg8a8_neon.c (aarch64), for a
+GGUF file's blocks served in their own values (backend/quant/gguf_types.py decodes them).
 
     g = GroupedInt8(q, scales, zeros)         # q (N, K) int8; scales (N, K/16 or K/32) fp32; zeros (N, K/32) or None
     w = pack(g)                               # once: the kernel's octets layout, the only copy a layer keeps
-    lib = load_wg8a8(build_dir)               # None where it cannot run (no C kernels, or not x86)
+    lib = load_wg8a8(build_dir)               # None where it cannot run (no C compiler: torch on the values instead)
     y = wg8a8_linear(lib, x, w)               # x (M, K) float32 -> (M, N) float32
     w.rows(ids), w.dequantized()              # the float32 weights served: scale * q (+ zero), per group
 
@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu.build import cpu_isa, is_arm, load_c_kernel
+from kernels.cpu.build import NEON_ISA, cpu_isa, load_c_kernel
 from kernels.cpu.w4a8 import quantize_rows_ref
 
-SOURCES = {"avx2": Path(__file__).with_suffix(".c"), "avx512": Path(__file__).with_name("wg8a8_avx512.c")}
+SOURCES = {"avx2": Path(__file__).with_suffix(".c"), "avx512": Path(__file__).with_name("wg8a8_avx512.c"),
+           NEON_ISA: Path(__file__).with_name("wg8a8_neon.c")}  # by build.cpu_isa()
 ACT_GROUP = 32  # x's quantization group, and the terms' group
 
 
@@ -110,10 +111,8 @@ def pack(g: GroupedInt8) -> PackedGrouped:
 
 
 def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
-    """The compiled kernel, or None where it cannot run (no C kernels here, or an aarch64 CPU: x86 only for now).
-    isa: "avx2" (wg8a8.c) or "avx512" (wg8a8_avx512.c, VNNI); by default the best this CPU runs (build.cpu_isa)."""
-    if is_arm():
-        return None
+    """The compiled kernel, or None where it cannot run (kernels/cpu/build.py says why). isa: "avx2" (wg8a8.c),
+    "avx512" (wg8a8_avx512.c, VNNI) or "neon-dotprod" (wg8a8_neon.c); by default the best this CPU runs (cpu_isa)."""
     lib = load_c_kernel(SOURCES[isa or cpu_isa()], Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64

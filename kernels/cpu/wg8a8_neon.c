@@ -1,0 +1,94 @@
+/* Grouped W8A8 GEMM for aarch64 CPUs with the dot-product extension (Armv8.2-A +dotprod): wg8a8.c's entry point,
+ * layout (wg8a8_octets.h: octets of weight rows, the scales of a group's eight rows in one vector) and activation
+ * quantization (quantize.h's NEON build), loaded by kernels/cpu/wg8a8.py where build.cpu_isa() says "neon-dotprod".
+ *
+ * SDOT (vdotq_s32) multiplies signed by signed bytes, four products a lane into int32: an octet's 32-byte chunk is two
+ * vectors (rows 0-3, rows 4-7) against four activations broadcast, so each lane ends as one output's exact group sum,
+ * as on x86. The fp32 steps per lane are the x86 kernels' (cvt, the scale times x's scale, one fused multiply-add; the
+ * terms likewise), so the results are the same bits. Every (m, n) result is the same sequence of operations whatever M
+ * is. Built and tested under emulation (qemu-aarch64, tests/test_gguf_grouped.py); no ARM hardware has timed it.
+ */
+#include <arm_neon.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quantize.h"
+
+static inline int8x16_t broadcast4(const int8_t *p) {
+  int32_t t;
+  memcpy(&t, p, sizeof t);
+  return vreinterpretq_s8_s32(vdupq_n_s32(t));
+}
+
+/* One octet of weight rows against MT rows of x. */
+#define TILE(MT)                                                                                                 \
+  static void tile_##MT(const int8_t *w, const float *ws, const float *wz, const int8_t *xq, const float *xd,     \
+                        const float *xs, int64_t K, int64_t G, float *y, int64_t ldy) {                          \
+    const int64_t nb = K / 32, per = 32 / G;                                                                     \
+    float32x4_t lo[MT], hi[MT];                                                                                  \
+    for (int r = 0; r < MT; r++) lo[r] = hi[r] = vdupq_n_f32(0.f);                                               \
+    for (int64_t b = 0; b < nb; b++) {                                                                           \
+      for (int64_t h = 0; h < per; h++) {                                                                        \
+        const int64_t g = b * per + h;                                                                           \
+        int32x4_t dlo[MT], dhi[MT];                                                                              \
+        for (int r = 0; r < MT; r++) dlo[r] = dhi[r] = vdupq_n_s32(0);                                          \
+        for (int64_t t = 0; t < G / 4; t++) { /* 1. the group's exact integer sums */                           \
+          const int8_t *p = w + (g * G / 4 + t) * 32;                                                            \
+          const int8x16_t w0 = vld1q_s8(p), w1 = vld1q_s8(p + 16);                                               \
+          for (int r = 0; r < MT; r++) {                                                                         \
+            const int8x16_t a = broadcast4(xq + r * K + g * G + 4 * t);                                          \
+            dlo[r] = vdotq_s32(dlo[r], w0, a);                                                                   \
+            dhi[r] = vdotq_s32(dhi[r], w1, a);                                                                   \
+          }                                                                                                      \
+        }                                                                                                        \
+        const float32x4_t slo = vld1q_f32(ws + g * 8), shi = vld1q_f32(ws + g * 8 + 4);                          \
+        for (int r = 0; r < MT; r++) { /* 2. times the rows' group scales and x's block scale */                \
+          const float32x4_t d = vdupq_n_f32(xd[r * nb + b]);                                                     \
+          lo[r] = vfmaq_f32(lo[r], vcvtq_f32_s32(dlo[r]), vmulq_f32(slo, d));                                    \
+          hi[r] = vfmaq_f32(hi[r], vcvtq_f32_s32(dhi[r]), vmulq_f32(shi, d));                                    \
+        }                                                                                                        \
+      }                                                                                                          \
+      if (wz) { /* 3. the block's terms times x's exact block sum */                                            \
+        const float32x4_t zlo = vld1q_f32(wz + b * 8), zhi = vld1q_f32(wz + b * 8 + 4);                          \
+        for (int r = 0; r < MT; r++) {                                                                           \
+          const float32x4_t s = vdupq_n_f32(xs[r * nb + b]);                                                     \
+          lo[r] = vfmaq_f32(lo[r], zlo, s);                                                                      \
+          hi[r] = vfmaq_f32(hi[r], zhi, s);                                                                      \
+        }                                                                                                        \
+      }                                                                                                          \
+    }                                                                                                            \
+    for (int r = 0; r < MT; r++) {                                                                               \
+      vst1q_f32(y + r * ldy, lo[r]);                                                                             \
+      vst1q_f32(y + r * ldy + 4, hi[r]);                                                                         \
+    }                                                                                                            \
+  }
+TILE(4) TILE(1)
+
+/* wg8a8.c's entry point: y (M, N) float = x (M, K) float (rows ldx floats apart) @ W^T, W in octets; N a multiple
+ * of 8, K of 32, G 16 or 32. Returns 0, -1 when the scratch could not be allocated, -2 on a shape it does not take. */
+int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
+                 int64_t K, int64_t G, float *y, int nthreads) {
+  if (K % 32 || N % 8 || (G != 16 && G != 32)) return -2;
+  const int64_t nb = K / 32, ng = K / G;
+  const quantized a = quantized_alloc(M, K, 32);
+  if (!a.block) return -1;
+  quantize_rows(x, ldx, M, K, 32, a.xq, a.xd, a.xs, 0, nthreads);
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+  for (int64_t n0 = 0; n0 < N; n0 += 16) {
+    const int64_t n1 = n0 + 16 < N ? n0 + 16 : N;
+#define AT(n, m) w + (n) * K, ws + (n) * ng, wz ? wz + (n) * nb : 0, a.xq + (m) * K, a.xd + (m) * nb, a.xs + (m) * nb, \
+                 K, G, y + (m) * N + (n), N
+    for (int64_t mb = 0; mb < M; mb += 32) {
+      const int64_t me = mb + 32 < M ? mb + 32 : M;
+      int64_t m = mb;
+      for (; m + 4 <= me; m += 4)
+        for (int64_t n = n0; n < n1; n += 8) tile_4(AT(n, m));
+      for (; m < me; m++)
+        for (int64_t n = n0; n < n1; n += 8) tile_1(AT(n, m));
+    }
+#undef AT
+  }
+  free(a.block);
+  return 0;
+}
