@@ -6,6 +6,7 @@ Importing this module does nothing but define functions (and never imports torch
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import sys
 import time
@@ -76,6 +77,9 @@ def build_context(
     engines = engines or {}
     stats = engine.stats if engine is not None else None
     metrics = GatewayMetrics({m: e.stats for m, e in engines.items()} if engines else stats)
+    tracing = build_tracing(config)
+    if tracing is not None:  # their generations get engine spans (queue, prefill, decode)
+        engine, engines = _traced_engines(tracing, engine, engines)
     engine = engine if engine is not None else NoEngine()
     logger = make_logger(log_sink or sys.stderr, config.log_level, config.secrets())
     ids = IdGenerator()
@@ -105,7 +109,32 @@ def build_context(
         cache=cache,
         ids=ids,
         own_models=MappingProxyType(own),
+        tracing=tracing,
     )
+
+
+def _traced_engines(
+    tracing: Any, engine: EngineClient | None, engines: Mapping[str, EngineClient]
+) -> tuple[EngineClient | None, dict[str, EngineClient]]:
+    """Every engine wrapped once (gateway/tracing/engine.py), so `engines`' entry that is `engine` stays `engine`."""
+    from gateway.tracing.engine import TracedEngine
+
+    wrapped: dict[int, EngineClient] = {}
+
+    def wrap(e: EngineClient) -> EngineClient:
+        return wrapped.setdefault(id(e), TracedEngine(e, tracing))
+
+    return (wrap(engine) if engine is not None else None), {m: wrap(e) for m, e in engines.items()}
+
+
+def build_tracing(config: GatewayConfig) -> Any:
+    """The gateway's Tracing (gateway/tracing/otel.py) when spans are exported; None (and no OpenTelemetry SDK
+    loaded) when `traces.endpoint` is unset."""
+    if not config.traces.enabled:
+        return None
+    from gateway.tracing.otel import Tracing
+
+    return Tracing(config.traces, config.secrets())
 
 
 def build_router(ctx: GatewayContext) -> Router | None:
@@ -234,10 +263,17 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
             if manage_engine:
                 for engine in ctx.engines():
                     await engine.shutdown()
+            if ctx.tracing is not None:  # what is still queued is exported
+                await asyncio.to_thread(ctx.tracing.shutdown)
 
+    middleware = [Middleware(GatewayMiddleware, ctx=ctx)]
+    if ctx.tracing is not None:  # outermost: rejected requests are traced too
+        from gateway.tracing.middleware import TracingMiddleware
+
+        middleware.insert(0, Middleware(TracingMiddleware, tracing=ctx.tracing))
     app = Starlette(
         routes=route_list + (batches.routes() if batches is not None else []),
-        middleware=[Middleware(GatewayMiddleware, ctx=ctx)],
+        middleware=middleware,
         exception_handlers={HTTPException: _http_exception},
         lifespan=lifespan,
     )

@@ -34,6 +34,7 @@ from gateway.routing.config import (
     parse_routing,
     parse_secret_entry,
 )
+from gateway.tracing.config import TracesConfig
 
 ENV_PREFIX = "SMOLGATE_"
 
@@ -92,6 +93,7 @@ class GatewayConfig:
     sampling_defaults: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     cache: CacheConfig = field(default_factory=CacheConfig)  # the response cache (gateway/cache/)
     batches: BatchesConfig = field(default_factory=BatchesConfig)  # Files and Batch APIs (gateway/batches/)
+    traces: TracesConfig = field(default_factory=TracesConfig)  # OpenTelemetry traces (gateway/tracing/)
     engine: EngineConfig = field(default_factory=EngineConfig)
     # Routing (gateway/routing/router.py): empty `routing.models` = serve the embedded engine only, as always. The
     # `models:` list form: several embedded models, each its own engine (ModelRoute.engine); `engine` then only
@@ -185,6 +187,8 @@ def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
             changes[name] = _cache_from_mapping(value)
         elif name == "batches":
             changes[name] = _batches(value)
+        elif name == "traces":
+            changes[name] = _traces(value)
         elif name == "model_aliases":
             changes[name] = _str_mapping(name, value)
         elif name == "api_key_priorities":
@@ -238,6 +242,36 @@ def _batches(value: object, env: Mapping[str, str] | None = None, base: BatchesC
         changes = {k: coerce(f"batches.{k}", v, getattr(base, k)) for k, v in value.items()}
     else:
         raise ConfigError("batches must be a mapping of BatchesConfig fields")
+    try:
+        return replace(base, **changes) if changes else base
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _traces(value: object, env: Mapping[str, str] | None = None, base: TracesConfig | None = None) -> TracesConfig:
+    """The `traces:` mapping (YAML), or with `env` OpenTelemetry's standard variables over `base`:
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the traces URL as is) or OTEL_EXPORTER_OTLP_ENDPOINT (a base URL: + /v1/traces),
+    OTEL_SERVICE_NAME, OTEL_SDK_DISABLED=true (no tracing); and SMOLGATE_TRACES_CONTENT."""
+    base = base or TracesConfig()
+    changes: dict[str, Any] = {}
+    if env is not None:
+        if env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+            changes["endpoint"] = env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"].strip()
+        elif env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            changes["endpoint"] = env["OTEL_EXPORTER_OTLP_ENDPOINT"].strip().rstrip("/") + "/v1/traces"
+        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            changes["endpoint"] = ""
+        if env.get("OTEL_SERVICE_NAME"):
+            changes["service_name"] = env["OTEL_SERVICE_NAME"]
+        if f"{ENV_PREFIX}TRACES_CONTENT" in env:
+            changes["content"] = _parse_env(f"{ENV_PREFIX}TRACES_CONTENT", env[f"{ENV_PREFIX}TRACES_CONTENT"], False)
+    elif isinstance(value, dict):
+        unknown = set(value) - {f.name for f in fields(base)}
+        if unknown:
+            raise ConfigError(f"unknown traces config keys: {sorted(unknown)}")
+        changes = {k: coerce(f"traces.{k}", v, getattr(base, k)) for k, v in value.items()}
+    else:
+        raise ConfigError("traces must be a mapping of TracesConfig fields")
     try:
         return replace(base, **changes) if changes else base
     except ValueError as exc:
@@ -341,6 +375,7 @@ def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
             changes[name] = _parse_env(f"{ENV_PREFIX}{suffix}", env[f"{ENV_PREFIX}{suffix}"], getattr(cfg, name))
     changes["cache"] = _cache_from_env(cfg.cache, env)
     changes["batches"] = _batches(None, env, cfg.batches)
+    changes["traces"] = _traces(None, env, cfg.traces)
     if f"{ENV_PREFIX}ROUTER_REDIS_URL" in env:  # rate-limit counters shared by replicas
         router = replace(cfg.routing.router, redis_url=env[f"{ENV_PREFIX}ROUTER_REDIS_URL"])
         changes["routing"] = replace(cfg.routing, router=router)

@@ -49,6 +49,7 @@ class GatewayContext:
     guard: KeyGuard = None  # type: ignore[assignment]  # keys and their policies; built from `config` when not given
     # the `models:` list's models by id (`engine` and `cache` are the first one's); empty: `engine` alone serves
     own_models: Mapping[str, OwnModel] = field(default_factory=lambda: MappingProxyType({}))
+    tracing: Any = None  # gateway/tracing/otel.py's Tracing when traces are exported (traces.endpoint), else None
 
     def __post_init__(self) -> None:
         if self.guard is None:

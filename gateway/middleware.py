@@ -32,13 +32,16 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
 
 def _with_api_key(scope: Scope) -> Scope:
     """Anthropic clients send the key as `x-api-key`: without an Authorization header it stands for
-    `Authorization: Bearer KEY`, so every key check, limit, priority and cache namespace sees one key."""
+    `Authorization: Bearer KEY`, so every key check, limit, priority and cache namespace sees one key.
+
+    The scope is changed in place: the tracing middleware outside this one reads the RequestRecord put into it."""
     headers = scope["headers"]
     names = {k for k, _ in headers}
     if b"authorization" in names or b"x-api-key" not in names:
         return scope
     key = next(v for k, v in headers if k == b"x-api-key")
-    return {**scope, "headers": [*headers, (b"authorization", b"Bearer " + key.strip())]}
+    scope["headers"] = [*headers, (b"authorization", b"Bearer " + key.strip())]
+    return scope
 
 
 def _request_id(headers: dict[bytes, bytes], ids: IdGenerator) -> str:

@@ -251,6 +251,8 @@ class LLMEngine:
         """logprobs: (vocab,) raw-model log-probabilities at this position, when the request wants them."""
         seq.token_ids.append(token)
         seq.pending_token_ids.append(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = time.monotonic()
         self.generation_tokens_total += 1
         if logprobs is not None and seq.params.logprobs is not None:
             seq.pending_logprobs.append(self._token_logprob(logprobs, token, seq.params.logprobs))

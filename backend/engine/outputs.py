@@ -40,6 +40,19 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class RequestTimings:
+    """Where a finished request's time went, as time.monotonic() readings of the engine's process: it arrived
+    (was added to the engine), was first scheduled, produced its first token, finished; None: never got that far.
+    Queue wait is arrival..scheduled, prefill scheduled..first_token, decode first_token..finished."""
+
+    arrival: float
+    scheduled: float | None
+    first_token: float | None
+    finished: float
+    preemptions: int = 0  # times it lost its KV blocks and went back to waiting
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """One engine step's news for one request. `usage` is cumulative; `finished` is set once."""
 
@@ -49,6 +62,7 @@ class RequestOutput:
     finished: bool = False
     prompt_token_ids: tuple[int, ...] | None = None  # only in the first output
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # only in the first output
+    timings: RequestTimings | None = None  # only in the finished output
 
 
 @dataclass(frozen=True)

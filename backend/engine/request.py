@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from backend.engine.outputs import CompletionDelta, RequestOutput, TokenLogprob, Usage
+from backend.engine.outputs import CompletionDelta, RequestOutput, RequestTimings, TokenLogprob, Usage
 from backend.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -39,6 +39,10 @@ class Sequence:
     generator: torch.Generator | None = None  # per-request RNG when a seed is given
     first_sibling: Sequence | None = None  # siblings wait for it to compute the prompt
     arrival_time: float = field(default_factory=time.monotonic)
+    # when it was first scheduled and got its first output token (time.monotonic()): the request's timings
+    scheduled_time: float | None = None
+    first_token_time: float | None = None
+    num_preemptions: int = 0
     guide: Any = None  # llguidance.LLMatcher when the output is constrained (backend/engine/guided.py)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
@@ -101,11 +105,26 @@ def request_output(request_id: str, seqs: list[Sequence], finished: bool) -> Req
         cached_tokens=max(seqs[0].num_cached_tokens, 0),
     )
     first = seqs[0]
+    timings = request_timings(seqs) if finished else None
     if first.prompt_reported:
-        return RequestOutput(request_id, deltas, usage, finished)
+        return RequestOutput(request_id, deltas, usage, finished, timings=timings)
     first.prompt_reported = True
     prompt_lps = tuple(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None
-    return RequestOutput(request_id, deltas, usage, finished, tuple(first.token_ids[: first.num_prompt_tokens]), prompt_lps)
+    prompt = tuple(first.token_ids[: first.num_prompt_tokens])
+    return RequestOutput(request_id, deltas, usage, finished, prompt, prompt_lps, timings)
+
+
+def request_timings(seqs: list[Sequence]) -> RequestTimings:
+    """When the request's first sequence arrived and was scheduled, its first token (of any choice), now."""
+    scheduled = [s.scheduled_time for s in seqs if s.scheduled_time is not None]
+    first_tokens = [s.first_token_time for s in seqs if s.first_token_time is not None]
+    return RequestTimings(
+        arrival=seqs[0].arrival_time,
+        scheduled=min(scheduled) if scheduled else None,
+        first_token=min(first_tokens) if first_tokens else None,
+        finished=time.monotonic(),
+        preemptions=sum(s.num_preemptions for s in seqs),
+    )
 
 
 def take_delta(seq: Sequence) -> CompletionDelta:

@@ -139,8 +139,9 @@ class Scheduler:
             n = min(seq.num_tokens - seq.num_computed_tokens - len(cached) * self.kv.block_size, budget)
             if not self.kv.allocate_slots(seq, n, cached):
                 return  # in order: don't let less urgent (smaller) requests jump the queue
-            if seq.num_cached_tokens < 0:
+            if seq.num_cached_tokens < 0:  # its first admission
                 seq.num_cached_tokens = len(cached) * self.kv.block_size
+                seq.scheduled_time = now
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -154,6 +155,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
+        seq.num_preemptions += 1
         self.num_preemptions += 1
 
     def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:

@@ -31,6 +31,7 @@ from gateway.protocol.generation import Generation
 from gateway.protocol.jsonio import json_response
 from gateway.protocol.requests import StreamOptions
 from gateway.protocol.sse import SSEStream, StreamLimits
+from gateway.tracing import spans
 
 _ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-"}
 _HEADER_VALUE = {"hit": "hit", "semantic-hit": "semantic-hit", "miss": "miss", "bypass": "miss"}
@@ -86,7 +87,23 @@ class Ticket:
         store, cfg = self.cache.store, self.cache.cfg
         if store is None or not exact_allowed(cfg, params):
             return self._done(rec)
-        fp = self.cache.fingerprint
+        with spans.start("cache.lookup", "internal", {"smolgate.cache.endpoint": self.endpoint}) as span:
+            response = await self._lookup(store, rec, body, params, prompt, prompt_ids, stream, messages)
+            span.set_all({"smolgate.cache.result": self.status, "smolgate.cache.similarity": self.similarity})
+            return response
+
+    async def _lookup(
+        self,
+        store: CacheStore,
+        rec: RequestRecord,
+        body: dict[str, Any],
+        params: SamplingParams,
+        prompt: object,
+        prompt_ids: Sequence[int] | None,
+        stream: StreamOptions,
+        messages: list[dict[str, Any]] | None,
+    ) -> Response | None:
+        cfg, fp = self.cache.cfg, self.cache.fingerprint
         self.key = exact_key(self.namespace, fp, self.endpoint, body, params, prompt, prompt_ids)
         embedder = self.cache.embedder
         semantic = messages is not None and self.control.semantic and embedder is not None

@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -44,11 +45,20 @@ from gateway.routing.proxy import Keep, Outcome, call_json, call_stream
 from gateway.routing.ratelimit import Limit, OverLimit, build_limiter
 from gateway.routing.token_count import load_counter
 from gateway.routing.upstream import HttpEmbedder, Upstream
+from gateway.tracing import spans
+from gateway.tracing.genai import PROVIDER, ROUTER_OPERATIONS
 
 Endpoint = Literal["chat", "completions"]
 LocalHandler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
 _PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
 _CACHE_VERDICT = ("x-cache", "x-cache-similarity")
+_TRACE_CONTEXT = ("traceparent", "tracestate")
+
+
+def _trace_headers(span: spans.Span, client: Any) -> dict[str, str]:
+    """W3C trace context for an upstream call: this attempt's span as the parent, or, when this gateway does not
+    trace the request, the client's own headers passed on unchanged (the upstream's spans join the client's trace)."""
+    return span.headers() or {name: client[name] for name in _TRACE_CONTEXT if name in client}
 
 
 class Tracked:
@@ -57,6 +67,7 @@ class Tracked:
     def __init__(self, response: Response, on_done: Callable[[bool], Awaitable[None]], outcome: Outcome, rec: RequestRecord):
         self.response, self.on_done, self.outcome, self.rec = response, on_done, outcome, rec
         self.headers = response.headers
+        self.span = spans.NO_SPAN  # the router's span: it lasts until the answer is sent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -64,6 +75,9 @@ class Tracked:
         finally:
             failed = self.outcome.failed or self.rec.error_type not in (None, "client_disconnected")
             await self.on_done(not failed)
+            if failed:
+                self.span.fail(self.rec.error_type or "upstream_error")
+            self.span.end()
 
 
 class Router:
@@ -181,7 +195,15 @@ class Router:
         chain = [model, *(m for m in self._fallbacks(model) if allowed(m))]  # fallbacks outside the list: skipped
         # the model's own answers (not a fallback's): stored, and compared with the cached one for a sampled hit
         keep = self.cache.keeper(endpoint, ticket) if self.cache and ticket and (ticket.storing or ticket.sample) else None
-        response = await self._route(endpoint, request, raw, chain, rec, keep)
+        route = spans.start(f"router {model}", "internal", {"smolgate.model": model, "smolgate.router.fallbacks": chain[1:]})
+        try:
+            with route.current():
+                response = await self._route(endpoint, request, raw, chain, rec, keep)
+        except BaseException as exc:
+            route.fail(getattr(exc, "error_type", type(exc).__name__))
+            route.end()
+            raise
+        response.span = route
         response.headers.update(headers)
         return ticket.mark(response) if ticket is not None else response  # type: ignore[return-value]
 
@@ -208,7 +230,8 @@ class Router:
             if i:
                 self.metrics.fallbacks.labels(chain[0], model).inc()
             attempted = Attempted()
-            response = await self._try_model(endpoint, request, raw, model, rec, attempted, None if i else keep)
+            fallback_of = chain[0] if i else ""
+            response = await self._try_model(endpoint, request, raw, model, rec, attempted, None if i else keep, fallback_of)
             if response is not None:
                 response.headers["x-smolgate-model"] = model
                 return response
@@ -227,7 +250,9 @@ class Router:
         rec: RequestRecord,
         attempted: Attempted,
         keep: Keep | None,
+        fallback_of: str = "",
     ) -> Any:
+        """`fallback_of`: the model this one stands in for (its deployments all failed)."""
         balancer = self.balancers[model]
         key = self._affinity(model, raw) if any(s.cfg.prefix_affinity for s in balancer.states) else ""
         failed: set[int] = set()
@@ -260,9 +285,12 @@ class Router:
                 continue
             if attempts:
                 self.metrics.retries.labels(model).inc()
+            span = self._attempt_span(endpoint, model, state, attempts, fallback_of)
             try:
-                return await self._attempt(endpoint, request, raw, model, choice, rec, dep_limit, keep)
+                with span.current():
+                    return await self._attempt(endpoint, request, raw, model, choice, rec, dep_limit, keep, span)
             except Exception as exc:
+                _attempt_failed(span, exc)
                 if not retryable(exc):
                     balancer.release(state)
                     err = client_error(exc)
@@ -276,10 +304,31 @@ class Router:
                 if attempts <= self.rcfg.num_retries:  # no pause before a fallback model
                     delay = min(self.rcfg.backoff_max_s, self.rcfg.backoff_base_s * 2 ** (attempts - 1))
                     await asyncio.sleep(delay * random.uniform(0.5, 1.5))
-            except BaseException:  # cancelled (the server stops): the attempt counts for nothing
+            except BaseException as exc:  # cancelled (the server stops): the attempt counts for nothing
+                _attempt_failed(span, exc)
                 balancer.release(state)
                 raise
         return None
+
+    def _attempt_span(self, endpoint: Endpoint, model: str, state: DeploymentState, attempt: int, fallback_of: str) -> spans.Span:
+        """A CLIENT span for one try of one deployment (GenAI conventions: `{operation} {model}`); retries and
+        fallbacks are its siblings under the router's span."""
+        if spans.tracer() is None:
+            return spans.NO_SPAN
+        operation, cfg = ROUTER_OPERATIONS[endpoint], state.cfg
+        url = urlsplit(cfg.base_url) if cfg.kind != "embedded" else None
+        return spans.start(f"{operation} {cfg.model or model}", "client", {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": "openai" if cfg.kind == "openai" else PROVIDER,
+            "gen_ai.request.model": cfg.model or model,
+            "server.address": url.hostname if url else None,
+            "server.port": (url.port or (443 if url.scheme == "https" else 80)) if url else None,
+            "smolgate.model": model,
+            "smolgate.deployment": state.name,
+            "smolgate.deployment.kind": cfg.kind,
+            "smolgate.attempt": attempt,  # 0: the first try of this model; 1+: retries
+            "smolgate.fallback_of": fallback_of or None,
+        })  # fmt: skip
 
     def _failed(self, balancer: Balancer, model: str, state: DeploymentState, exc: BaseException) -> None:
         retry_after = getattr(exc, "retry_after_s", None)
@@ -299,7 +348,9 @@ class Router:
         rec: RequestRecord,
         dep_limit: Limit,
         keep: Keep | None,
+        span: spans.Span = spans.NO_SPAN,
     ) -> Any:
+        """`span`: this attempt's; it ends when the answer has been sent."""
         state = choice.state
         if choice.affinity:
             self.metrics.prefix.labels(choice.affinity).inc()
@@ -313,7 +364,8 @@ class Router:
             upstream = self.upstreams[(model, state.index)]
             # a backend replica caches under the tenant this gateway authenticated (signed), or not at all
             ours = state.cfg.kind == "backend"
-            headers = forwarded_headers(self.cfg.cache.tenant_secret, request.headers) if ours else None
+            headers = forwarded_headers(self.cfg.cache.tenant_secret, request.headers) if ours else {}
+            headers.update(_trace_headers(span, request.headers))
             if raw.get("stream"):
                 limits = StreamLimits.of(self.cfg)
                 call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, limits, outcome, headers, keep)
@@ -328,12 +380,25 @@ class Router:
             self.metrics.attempts.labels(model, state.name, "success" if ok else "failure").inc()
             balancer.done(state, ok)
             await self.limiter.spend(dep_limit, rec.prompt_tokens + rec.completion_tokens)  # the key's: the middleware
+            span.set_all({"gen_ai.usage.input_tokens": rec.prompt_tokens, "gen_ai.usage.output_tokens": rec.completion_tokens})
+            if not ok:
+                span.fail(rec.error_type or "upstream_error")
+            span.end()
 
         response.headers["x-smolgate-deployment"] = rec.deployment = state.name
         return Tracked(response, done, outcome, rec)
 
     def _affinity(self, model: str, raw: dict[str, Any]) -> str:
         return request_affinity_key(model, raw, self.rcfg.affinity_prefix_chars)
+
+
+def _attempt_failed(span: spans.Span, exc: BaseException) -> None:
+    """An attempt that got no answer: error.type is the upstream's HTTP status, or the exception's type."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        span.set("http.response.status_code", status)
+    span.fail(str(status) if isinstance(status, int) else type(exc).__name__)
+    span.end()
 
 
 def _soonest(balancer: Balancer, skip: set[int]) -> float | None:

@@ -1,0 +1,2 @@
+"""OpenTelemetry traces of the gateway's requests (docs/tracing.md): off, and never imported past spans.py, unless an
+OTLP endpoint is configured."""
