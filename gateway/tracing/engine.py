@@ -19,7 +19,7 @@ from backend.engine.outputs import RequestOutput, RequestTimings, Usage
 from backend.engine.sampling_params import SamplingParams
 from gateway.client import EngineClient
 from gateway.tracing import genai
-from gateway.tracing.otel import Tracing, epoch_ns
+from gateway.tracing.otel import Tracing, epoch_clock
 from gateway.tracing.spans import tracer
 
 
@@ -67,6 +67,7 @@ class TracedEngine:
         timings: RequestTimings | None, error: str | None,
     ) -> None:
         end = timings.finished if timings is not None else time.monotonic()
+        epoch_ns = epoch_clock()
         attrs = {
             "gen_ai.provider.name": genai.PROVIDER,
             "gen_ai.request.model": self.model_name,

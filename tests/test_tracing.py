@@ -1,0 +1,302 @@
+"""OpenTelemetry traces end to end: real gateways with the real embedded model export over OTLP/HTTP to a real
+receiver in this process (tests/otlp_receiver.py), which decodes the protobuf; the tests check the span tree and its
+GenAI attributes.
+
+The rig: a client -> a torch-free router gateway -> model `flaky` (a fault-injecting upstream, tests/routing_fixtures.py,
+answering 500: a first attempt and a retry fail) -> its fallback `smollm` (a deployment of kind backend: a second
+gateway with the embedded engine, which traces its own side of the request as a child of the router's attempt).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from gateway_fixtures import gateway_test_config
+from otlp_receiver import ExportedSpan, Receiver
+from routing_fixtures import FakeUpstream, Servers
+
+from gateway.app import build_context, build_tracing, create_app
+from gateway.config import ConfigError, GatewayConfig, apply_env, from_mapping
+from gateway.tracing.config import TracesConfig
+from gateway.tracing.middleware import TracingMiddleware
+
+ROUTER_KEY = "sk-router-key-for-tracing-0001"
+BACKEND_KEY = "sk-backend-key-for-tracing-0002"
+UPSTREAM_KEY = "sk-upstream-key-for-tracing-0003"
+MODEL = "SmolLM2-135M-Instruct"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
+
+
+@dataclass
+class Rig:
+    receiver: Receiver
+    router: str  # traced router gateway
+    plain_router: str  # the same routes, tracing off
+    backend: str  # traced embedded gateway (the router's backend deployment)
+    content: str  # traced embedded gateway with traces.content
+    fake: FakeUpstream
+    tracings: list[Any]
+
+    def flush(self) -> None:
+        for t in self.tracings:
+            t.flush()
+
+    def client(self, url: str, key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120)
+
+    def trace(self, trace_id: str, roots: int = 1, expect: int = 1) -> list[ExportedSpan]:
+        """The spans of one trace, once it has `expect` spans or more and its `roots` server spans have ended."""
+
+        def done(spans: list[ExportedSpan]) -> bool:
+            mine = [s for s in spans if s.trace_id == trace_id]
+            return len(mine) >= expect and sum(s.kind == "server" for s in mine) >= roots
+
+        return [s for s in self.receiver.wait(done, self.flush) if s.trace_id == trace_id]
+
+
+def _traces(receiver: Receiver, service: str, content: bool = False) -> dict[str, Any]:
+    return {"endpoint": f"{receiver.url}/v1/traces", "service_name": service, "content": content}
+
+
+@pytest.fixture(scope="module")
+def rig() -> Iterator[Rig]:
+    from backend.engine.async_engine import AsyncEngine
+
+    receiver = Receiver()
+    receiver.start()
+    fake = FakeUpstream("flaky", default="500")
+    upstreams = Servers()
+    (fake_url,) = upstreams.start([fake.app()])
+    engine_cfg = gateway_test_config().engine
+    engine = AsyncEngine.from_config(engine_cfg)
+    embedded = {"api_keys": [BACKEND_KEY], "embeddings": False, "cache": {"backend": "memory"}}
+    backend_cfg = from_mapping({**embedded, "traces": _traces(receiver, "backend")})
+    backend_ctx = build_context(replace(backend_cfg, engine=engine_cfg), engine)
+    content_cfg = from_mapping({**embedded, "traces": _traces(receiver, "content", content=True)})
+    content_ctx = build_context(replace(content_cfg, engine=engine_cfg), engine)
+    backends = Servers()
+    backend_url, content_url = backends.start([create_app(backend_ctx), create_app(content_ctx, manage_engine=False)])
+    env = {"UPSTREAM": UPSTREAM_KEY, "BACKEND": BACKEND_KEY}
+    routed = {
+        "api_keys": [ROUTER_KEY], "embeddings": False, "cache": {"backend": "off"},
+        "models": {
+            "flaky": {"deployments": [{"kind": "openai", "name": "f", "base_url": f"{fake_url}/v1", "api_key_env": "UPSTREAM"}]},
+            "smollm": {"deployments": [{"kind": "backend", "name": "b1", "base_url": f"{backend_url}/v1", "model": MODEL,
+                                        "api_key_env": "BACKEND", "timeout_s": 120.0, "first_token_timeout_s": 120.0}]},
+        },
+        "fallbacks": {"flaky": ["smollm"]},
+        "router": {"num_retries": 1, "backoff_base_s": 0.01, "cooldown_failures": 100},
+    }  # fmt: skip
+    router_ctx = build_context(from_mapping({**routed, "traces": _traces(receiver, "router")}, env), None)
+    plain_ctx = build_context(from_mapping(routed, env), None)
+    routers = Servers()
+    router_url, plain_url = routers.start([create_app(router_ctx), create_app(plain_ctx)])
+    tracings = [router_ctx.tracing, backend_ctx.tracing, content_ctx.tracing]
+    yield Rig(receiver, router_url, plain_url, backend_url, content_url, fake, tracings)
+    routers.stop()
+    backends.stop()
+    upstreams.stop()
+    receiver.stop()
+
+
+def _by_id(spans: list[ExportedSpan]) -> dict[str, ExportedSpan]:
+    return {s.span_id: s for s in spans}
+
+
+def _children(spans: list[ExportedSpan], parent: ExportedSpan) -> list[ExportedSpan]:
+    return sorted((s for s in spans if s.parent_id == parent.span_id), key=lambda s: s.start_ns)
+
+
+def test_a_routed_request_is_one_trace_through_retries_the_fallback_and_the_backends_engine(rig: Rig) -> None:
+    rig.fake.play(default="500")
+    raw = rig.client(rig.router, ROUTER_KEY).chat.completions.with_raw_response.create(
+        model="flaky", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8, temperature=0,
+        extra_headers={"traceparent": TRACEPARENT},
+    )
+    answer = raw.parse()
+    assert raw.headers["x-smolgate-model"] == "smollm" and answer.usage is not None
+    spans = rig.trace(TRACE_ID, roots=2, expect=11)
+    assert all(s.end_ns >= s.start_ns > 0 for s in spans)
+    by_id = _by_id(spans)
+    # the router's server span is the client's span's child (the incoming traceparent was honoured)
+    (root,) = [s for s in spans if s.service == "router" and s.kind == "server"]
+    assert root.parent_id == CLIENT_SPAN and root.name == "POST /v1/chat/completions"
+    a = root.attrs
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "flaky"
+    assert a["gen_ai.response.model"] == "smollm" and a["gen_ai.request.max_tokens"] == 8
+    assert a["gen_ai.request.temperature"] == 0 and a["http.response.status_code"] == 200
+    assert a["gen_ai.usage.input_tokens"] == answer.usage.prompt_tokens > 0
+    assert a["gen_ai.usage.output_tokens"] == answer.usage.completion_tokens > 0
+    assert a["smolgate.deployment"] == "b1" and not root.error
+    (first_token,) = [e for e in root.events if e.name == "gen_ai.first_token"]
+    assert root.start_ns < first_token.time_ns <= root.end_ns
+    # router -> two failed attempts on flaky (the first try and its retry) -> the fallback's attempt on the backend
+    (router,) = _children(spans, root)
+    assert router.name == "router flaky" and router.attrs["smolgate.router.fallbacks"] == ["smollm"]
+    attempts = _children(spans, router)
+    assert [s.name for s in attempts] == ["chat flaky", "chat flaky", f"chat {MODEL}"]
+    assert all(s.kind == "client" for s in attempts)
+    assert [s.attrs["smolgate.attempt"] for s in attempts] == [0, 1, 0]
+    assert [s.error for s in attempts] == [True, True, False]
+    assert [s.attrs.get("error.type") for s in attempts[:2]] == ["500", "500"]
+    assert attempts[0].attrs["gen_ai.provider.name"] == "openai" and attempts[0].attrs["server.address"] == "127.0.0.1"
+    fallback = attempts[2]
+    assert fallback.attrs["smolgate.fallback_of"] == "flaky" and fallback.attrs["smolgate.deployment.kind"] == "backend"
+    assert fallback.attrs["server.port"] == int(rig.backend.rsplit(":", 1)[1])
+    assert fallback.attrs["gen_ai.usage.output_tokens"] == answer.usage.completion_tokens
+    # the upstreams got the trace context: each attempt's span is its request's parent
+    sent = [h["traceparent"] for h in rig.fake.headers]
+    assert sent == [f"00-{TRACE_ID}-{s.span_id}-01" for s in attempts[:2]]
+    # the backend's side: a child of the fallback attempt, with the cache lookup and the engine's work
+    (backend,) = [s for s in spans if s.service == "backend" and s.kind == "server"]
+    assert by_id[backend.parent_id] is fallback
+    assert backend.attrs["gen_ai.request.model"] == MODEL and backend.attrs["gen_ai.response.model"] == MODEL
+    assert backend.attrs["gen_ai.usage.output_tokens"] == answer.usage.completion_tokens
+    cache, engine = _children(spans, backend)
+    # a router without cache.tenant_secret tells its backends not to cache (gateway/cache/tenancy.py)
+    assert cache.name == "cache.lookup" and cache.attrs["smolgate.cache.result"] == "bypass"
+    assert engine.name == f"engine {MODEL}" and engine.attrs["gen_ai.request.max_tokens"] == 8
+    assert engine.attrs["gen_ai.usage.output_tokens"] == answer.usage.completion_tokens
+    queue, prefill, decode = _children(spans, engine)
+    assert [queue.name, prefill.name, decode.name] == ["engine.queue", "engine.prefill", "engine.decode"]
+    assert engine.start_ns <= queue.start_ns <= queue.end_ns <= prefill.start_ns <= prefill.end_ns
+    assert prefill.end_ns <= decode.start_ns <= decode.end_ns <= engine.end_ns <= backend.end_ns
+    assert any(e.name == "gen_ai.first_token" for e in engine.events)
+
+
+def test_a_streamed_answer_has_its_first_token_event_and_engine_phases(rig: Rig) -> None:
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    stream = rig.client(rig.backend, BACKEND_KEY).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to five."}], max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"},
+    )
+    chunks = list(stream)
+    usage = chunks[-1].usage
+    assert usage is not None
+    spans = rig.trace(trace_id, expect=6)
+    (root,) = [s for s in spans if s.kind == "server"]
+    assert root.attrs["gen_ai.request.stream"] is True and root.attrs["gen_ai.usage.output_tokens"] == usage.completion_tokens
+    (event,) = [e for e in root.events if e.name == "gen_ai.first_token"]
+    ttft = event.attrs["gen_ai.response.time_to_first_chunk"]
+    assert ttft > 0 and abs(root.start_ns + ttft * 1e9 - event.time_ns) < 1e6
+    assert event.time_ns < root.end_ns
+    (engine,) = [s for s in spans if s.name == f"engine {MODEL}"]
+    assert {s.name for s in _children(spans, engine)} == {"engine.queue", "engine.prefill", "engine.decode"}
+
+
+def test_a_cached_answer_has_a_hit_and_no_engine_span(rig: Rig) -> None:
+    ids = ["1" * 32, "2" * 32]
+    for trace_id in ids:
+        rig.client(rig.backend, BACKEND_KEY).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Say yes."}], max_tokens=4, temperature=0,
+            extra_headers={"traceparent": f"00-{trace_id}-{'3' * 16}-01"},
+        )
+    miss, hit = rig.trace(ids[0], expect=6), rig.trace(ids[1], expect=2)
+    assert {s.name for s in miss} >= {"cache.lookup", f"engine {MODEL}"}
+    (lookup,) = [s for s in hit if s.name == "cache.lookup"]
+    assert lookup.attrs["smolgate.cache.result"] == "hit"
+    assert not [s for s in hit if s.name.startswith("engine")]
+    (root,) = [s for s in hit if s.kind == "server"]
+    assert root.attrs["smolgate.cache.result"] == "hit"
+
+
+def test_without_a_traceparent_a_request_starts_its_own_trace(rig: Rig) -> None:
+    raw = rig.client(rig.backend, BACKEND_KEY).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi."}], max_tokens=2, temperature=0
+    )
+    request_id = raw.headers["x-request-id"]
+
+    def done(spans: list[ExportedSpan]) -> bool:
+        return any(s.attrs.get("smolgate.request_id") == request_id for s in spans)
+
+    (root,) = [s for s in rig.receiver.wait(done, rig.flush) if s.attrs.get("smolgate.request_id") == request_id]
+    assert root.parent_id == "" and root.kind == "server" and root.trace_id != "0" * 32
+
+
+def test_rejected_and_anthropic_requests_are_traced(rig: Rig) -> None:
+    trace_id = "5" * 32
+    bad = httpx.post(f"{rig.backend}/v1/chat/completions", json={"model": MODEL, "messages": []},
+                     headers={"authorization": "Bearer sk-wrong", "traceparent": f"00-{trace_id}-{'6' * 16}-01"})  # fmt: skip
+    assert bad.status_code == 401
+    (root,) = rig.trace(trace_id)
+    assert root.attrs["http.response.status_code"] == 401
+    assert root.attrs["error.type"] == "invalid_request_error"  # OpenAI's type for a bad key
+    trace_id = "7" * 32
+    body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    ok = httpx.post(f"{rig.backend}/v1/messages", json=body, timeout=120,
+                    headers={"x-api-key": BACKEND_KEY, "traceparent": f"00-{trace_id}-{'8' * 16}-01"})  # fmt: skip
+    assert ok.status_code == 200
+    spans = rig.trace(trace_id, expect=2)
+    (root,) = [s for s in spans if s.kind == "server"]
+    assert root.name == "POST /v1/messages" and root.attrs["gen_ai.operation.name"] == "chat"
+    assert root.attrs["gen_ai.usage.output_tokens"] == ok.json()["usage"]["output_tokens"]
+
+
+def test_content_is_recorded_only_when_the_operator_opts_in_and_keys_never(rig: Rig) -> None:
+    secret_prompt = "Repeat the word zanzibarquux please."
+    ids = {"backend": "a" * 32, "content": "b" * 32}
+    texts = {}
+    for name, url in (("backend", rig.backend), ("content", rig.content)):
+        out = rig.client(url, BACKEND_KEY).chat.completions.create(
+            model=MODEL, max_tokens=6, temperature=0,
+            messages=[{"role": "system", "content": f"The key is {BACKEND_KEY}."}, {"role": "user", "content": secret_prompt}],
+            extra_headers={"traceparent": f"00-{ids[name]}-{'c' * 16}-01"},
+        )
+        texts[name] = out.choices[0].message.content
+        assert texts[name]
+    plain = next(s for s in rig.trace(ids["backend"], expect=3) if s.kind == "server")
+    assert "gen_ai.input.messages" not in plain.attrs and "gen_ai.output.messages" not in plain.attrs
+    opted = next(s for s in rig.trace(ids["content"], expect=3) if s.kind == "server")
+    inputs = json.loads(opted.attrs["gen_ai.input.messages"])
+    assert inputs[1] == {"role": "user", "parts": [{"type": "text", "content": secret_prompt}]}
+    assert inputs[0]["parts"][0]["content"] == "The key is [redacted]."  # a key in a prompt is redacted
+    (output,) = json.loads(opted.attrs["gen_ai.output.messages"])
+    assert output["role"] == "assistant" and output["parts"] == [{"type": "text", "content": texts["content"]}]
+    assert output["finish_reason"] in ("stop", "length")
+    exported = rig.receiver.raw()
+    assert secret_prompt.encode() in exported  # through the opted-in gateway only:
+    assert b"zanzibarquux" not in rig.receiver.raw(exclude="content")
+    assert texts["backend"].encode() not in rig.receiver.raw(exclude="content")
+    for key in (ROUTER_KEY, BACKEND_KEY, UPSTREAM_KEY, "sk-wrong"):
+        assert key.encode() not in exported
+
+
+def test_untraced_router_passes_the_clients_traceparent_on_unchanged(rig: Rig) -> None:
+    rig.fake.play(default="ok")
+    rig.client(rig.plain_router, ROUTER_KEY).chat.completions.create(
+        model="flaky", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, extra_headers={"traceparent": TRACEPARENT}
+    )
+    assert rig.fake.headers[-1]["traceparent"] == TRACEPARENT
+
+
+# ---- configuration ------------------------------------------------------------------------------------------------
+
+
+def test_tracing_is_off_without_an_endpoint_and_loads_nothing() -> None:
+    config = GatewayConfig()
+    assert build_tracing(config) is None
+    app = create_app(build_context(config, None, None), manage_engine=False)
+    assert not any(m.cls is TracingMiddleware for m in app.user_middleware)
+    assert app.state.ctx.tracing is None
+
+
+def test_the_standard_otel_variables_configure_it() -> None:
+    cfg = apply_env(GatewayConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/", "OTEL_SERVICE_NAME": "gw",
+                                      "SMOLGATE_TRACES_CONTENT": "true"})  # fmt: skip
+    assert cfg.traces == TracesConfig(endpoint="http://collector:4318/v1/traces", service_name="gw", content=True)
+    both = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4318", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://b:4318/traces"}
+    assert apply_env(GatewayConfig(), both).traces.endpoint == "http://b:4318/traces"
+    assert apply_env(GatewayConfig(), {**both, "OTEL_SDK_DISABLED": "true"}).traces.enabled is False
+    assert from_mapping({"traces": {"content": True}}).traces.content is True
+    with pytest.raises(ConfigError, match="unknown traces config keys"):
+        from_mapping({"traces": {"contents": True}})
+    with pytest.raises(ConfigError, match="http"):
+        from_mapping({"traces": {"endpoint": "collector:4318"}})
