@@ -1,14 +1,19 @@
 """How much latency the gateway adds over calling the engine directly, and how many requests/s
 it serves, with a trivial engine stand-in (so only the gateway is measured).
 
-    python -m bench.gateway_overhead [--requests 2000] [--concurrency 1 64]
+    python -m bench.gateway_overhead [--requests 2000] [--concurrency 1 64] [--rounds 3]
 
-Three measurements per concurrency level:
+Measurements per concurrency level:
   direct   in-process `engine.generate()` calls: the floor with no gateway at all;
   bare     a bare ASGI endpoint returning a canned body through the same uvicorn and client:
            the HTTP transport cost any HTTP server pays;
   gateway  POST /v1/chat/completions through the full gateway app (auth, parsing, chat template,
-           SamplingParams, response JSON, metrics, JSON access log to /dev/null).
+           SamplingParams, response JSON, metrics, JSON access log to /dev/null), tracing off;
+  traced_unreachable / traced
+           the same with OpenTelemetry tracing on (docs/tracing.md): exporting to an OTLP endpoint nobody
+           listens on, and to a running OTLP/HTTP sink (its own process, answering every export).
+The three gateway variants run side by side and are measured in turns, `--rounds` times each; their
+figures are the medians over the rounds (the machine's noise is of the size of the differences).
 Servers run in a subprocess; the load generator is a minimal keep-alive HTTP/1.1 client on raw
 asyncio streams, so client-side overhead stays small. The last line of output is one JSON object.
 """
@@ -25,11 +30,12 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
 
-from backend.engine.outputs import CompletionDelta, EngineStats, RequestOutput, Usage
+from backend.engine.outputs import CompletionDelta, EngineStats, RequestOutput, RequestTimings, Usage
 from backend.engine.sampling_params import SamplingParams
 from bench.report import default_out, emit
 
@@ -71,7 +77,9 @@ class TrivialEngine:
     ) -> AsyncIterator[RequestOutput]:
         n = len(prompt)
         deltas = tuple(CompletionDelta(i, "Hi there!", (10, 11, 12), None, "stop") for i in range(params.n))
-        yield RequestOutput(request_id, deltas, Usage(n, 3 * params.n), finished=True, prompt_token_ids=())
+        now = time.monotonic()  # the timings a real engine reports (a traced gateway builds its engine spans from them)
+        timings = RequestTimings(now, now, now, now)
+        yield RequestOutput(request_id, deltas, Usage(n, 3 * params.n), finished=True, prompt_token_ids=(), timings=timings)
 
     async def abort(self, request_id: str) -> None: ...
 
@@ -98,18 +106,41 @@ def _bare_app() -> Callable[..., Awaitable[None]]:
     return app
 
 
-def serve(kind: str, port: int) -> None:
+def _otlp_sink() -> Callable[..., Awaitable[None]]:
+    """An OTLP/HTTP receiver that answers every export (an empty ExportTraceServiceResponse) and keeps nothing."""
+
+    async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            more = (await receive()).get("more_body", False)
+        headers = [(b"content-type", b"application/x-protobuf"), (b"content-length", b"0")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+GATEWAYS = ("gateway", "traced_unreachable", "traced")  # tracing off; on, to nobody; on, to a running sink
+
+
+def serve(kind: str, port: int, endpoint: str = "") -> None:
     import uvicorn
 
     from gateway.app import build_context, create_app
     from gateway.cache.config import CacheConfig
     from gateway.config import GatewayConfig
+    from gateway.tracing.config import TracesConfig
 
     if kind == "bare":
         app: Any = _bare_app()
+    elif kind == "sink":
+        app = _otlp_sink()
     else:
         sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
-        config = GatewayConfig(api_keys=(API_KEY,), cache=CacheConfig(backend="off"))  # measure the uncached path
+        traces = TracesConfig(endpoint=endpoint)  # "" for `gateway`: tracing off
+        config = GatewayConfig(api_keys=(API_KEY,), cache=CacheConfig(backend="off"), traces=traces)  # the uncached path
         ctx = build_context(config, TrivialEngine(), None, log_sink=sink)
         app = create_app(ctx)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
@@ -206,10 +237,10 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server_process(kind: str) -> Any:
+def server_process(kind: str, endpoint: str = "") -> Any:
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.gateway_overhead", "--serve", kind, "--port", str(port)]
+        [sys.executable, "-m", "bench.gateway_overhead", "--serve", kind, "--port", str(port), "--endpoint", endpoint]
     )
     try:
         deadline = time.monotonic() + 60
@@ -225,18 +256,33 @@ def server_process(kind: str) -> Any:
         proc.wait(timeout=10)
 
 
-def run(total: int, levels: list[int]) -> dict[str, Any]:
-    results: dict[str, Any] = {"direct": {}, "bare": {}, "gateway": {}, "gateway_stream": {}}
+def run(total: int, levels: list[int], rounds: int = 3) -> dict[str, Any]:
+    results: dict[str, Any] = {"direct": {}, "bare": {}, **{g: {} for g in GATEWAYS}, "gateway_stream": {}}
     for c in levels:
         results["direct"][c] = asyncio.run(direct_load(total * 5, c))
-    for kind in ("bare", "gateway"):
-        with server_process(kind) as port:
-            for c in levels:
-                results[kind][c] = asyncio.run(http_load(port, BODY, total, c))
-            if kind == "gateway":
-                for c in levels:
-                    results["gateway_stream"][c] = asyncio.run(http_load(port, STREAM_BODY, total, c))
+    with server_process("bare") as port:
+        for c in levels:
+            results["bare"][c] = asyncio.run(http_load(port, BODY, total, c))
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(server_process("sink"))
+        closed = _free_port()  # nobody listens there: every export fails (and is retried, off the request path)
+        endpoints = {"gateway": "", "traced_unreachable": f"http://127.0.0.1:{closed}/v1/traces",
+                     "traced": f"http://127.0.0.1:{sink}/v1/traces"}  # fmt: skip
+        ports = {g: stack.enter_context(server_process("gateway", endpoints[g])) for g in GATEWAYS}
+        for c in levels:
+            runs: dict[str, list[dict[str, float]]] = {g: [] for g in GATEWAYS}
+            for _ in range(rounds):
+                for g in GATEWAYS:
+                    runs[g].append(asyncio.run(http_load(ports[g], BODY, total, c)))
+            for g in GATEWAYS:
+                results[g][c] = _median_run(runs[g])
+            results["gateway_stream"][c] = asyncio.run(http_load(ports["gateway"], STREAM_BODY, total, c))
     return results
+
+
+def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the rounds."""
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 def report(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
@@ -248,6 +294,7 @@ def report(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for c in levels:
         d, b, g, s = (results[k][c] for k in ("direct", "bare", "gateway", "gateway_stream"))
+        unreachable, traced = results["traced_unreachable"][c], results["traced"][c]
         figures[f"c{c}"] = {
             "added_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
             "added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
@@ -258,6 +305,12 @@ def report(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
             "gateway_stream_p50_ms": round(s["p50_ms"], 3),
             "bare_http_rps": round(b["rps"], 1),
             "direct_p50_ms": round(d["p50_ms"], 4),
+            "gateway_p50_ms": round(g["p50_ms"], 3),
+            # tracing on (docs/tracing.md), over the same gateway with tracing off
+            "tracing_unreachable_added_p50_ms": round(unreachable["p50_ms"] - g["p50_ms"], 3),
+            "tracing_added_p50_ms": round(traced["p50_ms"] - g["p50_ms"], 3),
+            "tracing_added_p99_ms": round(traced["p99_ms"] - g["p99_ms"], 3),
+            "traced_rps": round(traced["rps"], 1),
         }
     return figures
 
@@ -268,15 +321,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--requests", type=int, default=2000, help="HTTP requests per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--serve", choices=["bare", "gateway"], help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3, help="turns of the gateway variants (medians reported)")
+    parser.add_argument("--out", type=Path, default=None, help="the result file (default bench/results/gateway_overhead.json)")
+    parser.add_argument("--serve", choices=["bare", "gateway", "sink"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.port)
+        serve(args.serve, args.port, args.endpoint)
         return
-    figures = report(run(args.requests, args.concurrency), args.concurrency)
-    emit({"bench": "gateway_overhead", "cpus": os.cpu_count(), "requests": args.requests, **figures},
-         default_out("gateway_overhead"))
+    figures = report(run(args.requests, args.concurrency, args.rounds), args.concurrency)
+    emit({"bench": "gateway_overhead", "cpus": os.cpu_count(), "requests": args.requests, "rounds": args.rounds, **figures},
+         args.out or default_out("gateway_overhead"))
 
 
 if __name__ == "__main__":

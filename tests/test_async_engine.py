@@ -140,3 +140,17 @@ async def test_one_step_outputs_reach_every_stream_in_order(engine: AsyncEngine)
     alone = await tokens("o0")
     together = await asyncio.gather(*(tokens(f"o{i}") for i in range(1, 4)))
     assert all(t == alone and len(t) == 9 for t in together)
+
+
+async def test_the_finished_output_reports_where_the_time_went(engine: AsyncEngine) -> None:
+    """RequestTimings (what the gateway's engine spans are built from): in order, and only in the last output, with
+    another request running beside it."""
+    long = asyncio.create_task(collect(engine, "Tell me a story", SamplingParams(max_tokens=40, ignore_eos=True), "t-long"))
+    await asyncio.sleep(0.05)
+    outs = [out async for out in engine.generate("The sky is", SamplingParams(max_tokens=6, ignore_eos=True, n=2), "t-short")]
+    await long
+    assert all(out.timings is None for out in outs[:-1]) and outs[-1].finished
+    t = outs[-1].timings
+    assert t is not None and t.scheduled is not None and t.first_token is not None
+    assert t.arrival <= t.scheduled <= t.first_token <= t.finished
+    assert t.preemptions == 0

@@ -9,6 +9,7 @@ is down costs dropped spans (the processor's queue is bounded), not latency.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -92,9 +93,13 @@ class Tracing:
     def flush(self, timeout_s: float = 10.0) -> bool:
         return self.provider.force_flush(int(timeout_s * 1000))
 
-    def shutdown(self) -> None:
-        """Export what is queued, then stop (the app's lifespan end)."""
-        self.provider.shutdown()
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Export what is queued, then stop (the app's lifespan end), waiting `timeout_s` at most: the SDK's own
+        shutdown waits up to 30 s per processor, retrying a collector that is down, and a gateway must not take that
+        long to stop. What is left then is dropped (the exporting thread is a daemon)."""
+        worker = threading.Thread(target=self.provider.shutdown, name="otel-shutdown", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
 
 
 class OtelSpan:
