@@ -96,6 +96,9 @@ def gateway_overhead(r: Result) -> Figures:
                      f"{num(f['added_p50_ms'], 2)} / {num(f['added_p99_ms'], 2)} ms"))
         rows.append((f"gateway requests/s, {clients} (non-streamed / streamed)",
                      f"{num(f['gateway_rps'])} / {num(f['gateway_stream_rps'])}"))
+        if "tracing_added_p50_ms" in f:  # docs/tracing.md: over the same gateway with tracing off
+            rows.append((f"p50 tracing adds, {clients}: endpoint unreachable / exporting",
+                         f"{num(f['tracing_unreachable_added_p50_ms'], 2)} / {num(f['tracing_added_p50_ms'], 2)} ms"))
     return rows
 
 

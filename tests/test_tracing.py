@@ -300,3 +300,16 @@ def test_the_standard_otel_variables_configure_it() -> None:
         from_mapping({"traces": {"contents": True}})
     with pytest.raises(ConfigError, match="http"):
         from_mapping({"traces": {"endpoint": "collector:4318"}})
+
+
+def test_a_caller_that_does_not_sample_gets_no_spans(rig: Rig) -> None:
+    """The sampled flag of the incoming traceparent is honoured (the SDK's default parent-based sampler)."""
+    quiet, loud = "d" * 32, "e" * 32
+    for trace_id, flags in ((quiet, "00"), (loud, "01")):
+        out = rig.client(rig.backend, BACKEND_KEY).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Hello there, {flags}."}], max_tokens=3, temperature=0,
+            extra_headers={"traceparent": f"00-{trace_id}-{'f' * 16}-{flags}"},
+        )
+        assert out.choices[0].message.content
+    assert rig.trace(loud, expect=5)  # exported after the unsampled request ended
+    assert not [s for s in rig.receiver.snapshot() if s.trace_id == quiet]

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from backend.engine.outputs import RequestOutput, RequestTimings, Usage
 from backend.engine.sampling_params import SamplingParams
@@ -66,6 +67,8 @@ class TracedEngine:
         self, parent: otel_context.Context, submitted: float, params: SamplingParams, usage: Usage | None,
         timings: RequestTimings | None, error: str | None,
     ) -> None:
+        if not trace.get_current_span(parent).is_recording():  # the request's trace was not sampled
+            return
         end = timings.finished if timings is not None else time.monotonic()
         epoch_ns = epoch_clock()
         attrs = {

@@ -79,6 +79,9 @@ class TracingMiddleware:
     ) -> None:
         """The request's attributes, read once the response is over (it is already the client's: this costs it no
         latency)."""
+        if not span.recording:
+            span.end()
+            return
         try:
             parsed = _json(b"".join(body)) if body else None
             if parsed is not None:

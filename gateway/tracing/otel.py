@@ -119,7 +119,12 @@ class OtelSpan:
 
     def set_all(self, attrs: Mapping[str, AttrValue | None]) -> None:
         redact = self.tracing.redact.value
-        self.raw.set_attributes({k: redact(v) for k, v in attrs.items() if v is not None})
+        self.raw.set_attributes({k: redact(v) if isinstance(v, str | list) else v for k, v in attrs.items() if v is not None})
+
+    @property
+    def recording(self) -> bool:
+        """False for a span the sampler dropped (OTEL_TRACES_SAMPLER): then nothing it would record is worth working out."""
+        return self.raw.is_recording()
 
     def rename(self, name: str) -> None:
         self.raw.update_name(name)
