@@ -39,6 +39,7 @@ TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 class Rig:
     receiver: Receiver
     router: str  # traced router gateway
+    local_router: str  # traced router gateway whose model `local` is its own embedded engine
     plain_router: str  # the same routes, tracing off
     backend: str  # traced embedded gateway (the router's backend deployment)
     content: str  # traced embedded gateway with traces.content
@@ -82,8 +83,13 @@ def rig() -> Iterator[Rig]:
     backend_ctx = build_context(replace(backend_cfg, engine=engine_cfg), engine)
     content_cfg = from_mapping({**embedded, "traces": _traces(receiver, "content", content=True)})
     content_ctx = build_context(replace(content_cfg, engine=engine_cfg), engine)
+    local_cfg = from_mapping({**embedded, "models": {"local": {"deployments": [{"kind": "embedded"}]}},
+                              "traces": _traces(receiver, "local")})  # fmt: skip
+    local_ctx = build_context(replace(local_cfg, engine=engine_cfg), engine)
     backends = Servers()
-    backend_url, content_url = backends.start([create_app(backend_ctx), create_app(content_ctx, manage_engine=False)])
+    backend_url, content_url, local_url = backends.start(
+        [create_app(backend_ctx), create_app(content_ctx, manage_engine=False), create_app(local_ctx, manage_engine=False)]
+    )
     env = {"UPSTREAM": UPSTREAM_KEY, "BACKEND": BACKEND_KEY}
     routed = {
         "api_keys": [ROUTER_KEY], "embeddings": False, "cache": {"backend": "off"},
@@ -99,8 +105,8 @@ def rig() -> Iterator[Rig]:
     plain_ctx = build_context(from_mapping(routed, env), None)
     routers = Servers()
     router_url, plain_url = routers.start([create_app(router_ctx), create_app(plain_ctx)])
-    tracings = [router_ctx.tracing, backend_ctx.tracing, content_ctx.tracing]
-    yield Rig(receiver, router_url, plain_url, backend_url, content_url, fake, tracings)
+    tracings = [router_ctx.tracing, backend_ctx.tracing, content_ctx.tracing, local_ctx.tracing]
+    yield Rig(receiver, router_url, local_url, plain_url, backend_url, content_url, fake, tracings)
     routers.stop()
     backends.stop()
     upstreams.stop()
@@ -170,6 +176,40 @@ def test_a_routed_request_is_one_trace_through_retries_the_fallback_and_the_back
     assert engine.start_ns <= queue.start_ns <= queue.end_ns <= prefill.start_ns <= prefill.end_ns
     assert prefill.end_ns <= decode.start_ns <= decode.end_ns <= engine.end_ns <= backend.end_ns
     assert any(e.name == "gen_ai.first_token" for e in engine.events)
+
+
+def test_an_embedded_deployment_runs_the_engine_under_its_attempt(rig: Rig) -> None:
+    trace_id = "9" * 32
+    rig.client(rig.local_router, BACKEND_KEY).chat.completions.create(
+        model="local", messages=[{"role": "user", "content": "Name a tree."}], max_tokens=4, temperature=0,
+        extra_headers={"traceparent": f"00-{trace_id}-{'1' * 16}-01"},
+    )
+    spans = rig.trace(trace_id, expect=8)
+    (root,) = [s for s in spans if s.kind == "server"]
+    assert root.attrs["gen_ai.response.model"] == "local" and root.attrs["smolgate.deployment"] == "embedded"
+    (router,) = _children(spans, root)
+    (attempt,) = _children(spans, router)
+    assert attempt.name == "chat local" and attempt.attrs["smolgate.deployment.kind"] == "embedded"
+    assert "server.address" not in attempt.attrs
+    cache, engine = _children(spans, attempt)
+    assert cache.name == "cache.lookup" and engine.name == f"engine {MODEL}"
+    assert [s.name for s in _children(spans, engine)] == ["engine.queue", "engine.prefill", "engine.decode"]
+
+
+def test_every_generating_endpoint_has_the_genai_attributes(rig: Rig) -> None:
+    client = rig.client(rig.backend, BACKEND_KEY)
+    calls = {
+        "text_completion": lambda h: client.completions.create(model=MODEL, prompt="Once upon", max_tokens=3, extra_headers=h),
+        "chat": lambda h: client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=16, extra_headers=h),
+    }
+    for trace_id, (operation, call) in zip(("ab" * 16, "cd" * 16), calls.items(), strict=True):
+        call({"traceparent": f"00-{trace_id}-{'2' * 16}-01"})
+        (root,) = [s for s in rig.trace(trace_id, expect=2) if s.kind == "server"]
+        a = root.attrs
+        assert a["gen_ai.operation.name"] == operation and a["gen_ai.request.model"] == MODEL
+        assert a["gen_ai.response.model"] == MODEL and a["http.response.status_code"] == 200
+        assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
+        assert a["gen_ai.request.max_tokens"] in (3, 16)
 
 
 def test_a_streamed_answer_has_its_first_token_event_and_engine_phases(rig: Rig) -> None:
@@ -261,6 +301,15 @@ def test_content_is_recorded_only_when_the_operator_opts_in_and_keys_never(rig: 
     (output,) = json.loads(opted.attrs["gen_ai.output.messages"])
     assert output["role"] == "assistant" and output["parts"] == [{"type": "text", "content": texts["content"]}]
     assert output["finish_reason"] in ("stop", "length")
+    trace_id = "f" * 32
+    stream = rig.client(rig.content, BACKEND_KEY).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to three."}], max_tokens=8, temperature=0, stream=True,
+        extra_headers={"traceparent": f"00-{trace_id}-{'c' * 16}-01"},
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    (root,) = [s for s in rig.trace(trace_id, expect=3) if s.kind == "server"]
+    (output,) = json.loads(root.attrs["gen_ai.output.messages"])
+    assert output["parts"] == [{"type": "text", "content": streamed}] and streamed
     exported = rig.receiver.raw()
     assert secret_prompt.encode() in exported  # through the opted-in gateway only:
     assert b"zanzibarquux" not in rig.receiver.raw(exclude="content")
