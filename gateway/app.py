@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from types import MappingProxyType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -49,6 +49,9 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.record import record_of
 from gateway.protocol.jsonio import read_json
 from gateway.routing.router import Router
+
+if TYPE_CHECKING:  # the SDK is imported only when traces are exported
+    from gateway.tracing.otel import Tracing
 
 Handler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
 
@@ -114,7 +117,7 @@ def build_context(
 
 
 def _traced_engines(
-    tracing: Any, engine: EngineClient | None, engines: Mapping[str, EngineClient]
+    tracing: Tracing, engine: EngineClient | None, engines: Mapping[str, EngineClient]
 ) -> tuple[EngineClient | None, dict[str, EngineClient]]:
     """Every engine wrapped once (gateway/tracing/engine.py), so `engines`' entry that is `engine` stays `engine`."""
     from gateway.tracing.engine import TracedEngine
@@ -127,7 +130,7 @@ def _traced_engines(
     return (wrap(engine) if engine is not None else None), {m: wrap(e) for m, e in engines.items()}
 
 
-def build_tracing(config: GatewayConfig) -> Any:
+def build_tracing(config: GatewayConfig) -> Tracing | None:
     """The gateway's Tracing (gateway/tracing/otel.py) when spans are exported; None (and no OpenTelemetry SDK
     loaded) when `traces.endpoint` is unset."""
     if not config.traces.enabled:

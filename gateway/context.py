@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.cache.service import ResponseCache
 from gateway.client import EmbeddingClient, EngineClient
@@ -17,6 +17,9 @@ from gateway.models import ModelCatalog
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.record import RequestRecord
 from gateway.ops.stats import LiveStats
+
+if TYPE_CHECKING:  # the SDK is imported only when traces are exported
+    from gateway.tracing.otel import Tracing
 
 
 @dataclass
@@ -49,7 +52,7 @@ class GatewayContext:
     guard: KeyGuard = None  # type: ignore[assignment]  # keys and their policies; built from `config` when not given
     # the `models:` list's models by id (`engine` and `cache` are the first one's); empty: `engine` alone serves
     own_models: Mapping[str, OwnModel] = field(default_factory=lambda: MappingProxyType({}))
-    tracing: Any = None  # gateway/tracing/otel.py's Tracing when traces are exported (traces.endpoint), else None
+    tracing: Tracing | None = None  # when traces are exported (traces.endpoint); None: tracing off
 
     def __post_init__(self) -> None:
         if self.guard is None:

@@ -28,16 +28,16 @@ class TracedEngine:
     """An EngineClient that wraps one; everything but `generate` is the wrapped engine's."""
 
     def __init__(self, engine: EngineClient, tracing: Tracing) -> None:
-        self.engine = engine
+        self.inner = engine  # not `engine`: AsyncEngine has an attribute of that name (its LLMEngine)
         self.tracing = tracing
         self.model_name = engine.model_name
         self.max_model_len = engine.max_model_len
 
     def __getattr__(self, name: str) -> Any:  # tokenize, stats, output_identity, submit...
-        return getattr(self.engine, name)
+        return getattr(self.inner, name)
 
     def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
-        stream = self.engine.generate(prompt, params, request_id)
+        stream = self.inner.generate(prompt, params, request_id)
         if tracer() is None:  # not a traced request (tracing off for it, or a batch line)
             return stream
         # the parent is the span current now (the request's, a router attempt's, the cache lookup's)
