@@ -10,17 +10,24 @@ gateway with the embedded engine, which traces its own side of the request as a 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import yaml
+from cache_fixtures import free_port
 from gateway_fixtures import gateway_test_config
 from otlp_receiver import ExportedSpan, Receiver
 from routing_fixtures import FakeUpstream, Servers
 
+from bench.server import stop_processes, wait_ready
 from gateway.app import build_context, build_tracing, create_app
 from gateway.config import ConfigError, GatewayConfig, apply_env, from_mapping
 from gateway.tracing.config import TracesConfig
@@ -33,6 +40,7 @@ MODEL = "SmolLM2-135M-Instruct"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -44,6 +52,7 @@ class Rig:
     backend: str  # traced embedded gateway (the router's backend deployment)
     content: str  # traced embedded gateway with traces.content
     fake: FakeUpstream
+    fake_url: str
     tracings: list[Any]
 
     def flush(self) -> None:
@@ -106,7 +115,7 @@ def rig() -> Iterator[Rig]:
     routers = Servers()
     router_url, plain_url = routers.start([create_app(router_ctx), create_app(plain_ctx)])
     tracings = [router_ctx.tracing, backend_ctx.tracing, content_ctx.tracing, local_ctx.tracing]
-    yield Rig(receiver, router_url, local_url, plain_url, backend_url, content_url, fake, tracings)
+    yield Rig(receiver, router_url, local_url, plain_url, backend_url, content_url, fake, fake_url, tracings)
     routers.stop()
     backends.stop()
     upstreams.stop()
@@ -324,6 +333,35 @@ def test_untraced_router_passes_the_clients_traceparent_on_unchanged(rig: Rig) -
         model="flaky", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, extra_headers={"traceparent": TRACEPARENT}
     )
     assert rig.fake.headers[-1]["traceparent"] == TRACEPARENT
+
+
+def test_python_m_gateway_exports_when_the_otel_endpoint_variable_is_set(rig: Rig, tmp_path: Path) -> None:
+    """The production wiring: `python -m gateway` (a torch-free router to the fault-injecting upstream) with only
+    OpenTelemetry's standard variables set exports to the receiver, including what is queued at SIGTERM."""
+    rig.fake.play(default="ok")
+    config = tmp_path / "gw.yaml"
+    upstream = rig.fake_url + "/v1"
+    config.write_text(yaml.safe_dump({"api_keys": [ROUTER_KEY], "embeddings": False, "cache": {"backend": "off"},
+                                      "models": {"m": {"deployments": [{"kind": "openai", "base_url": upstream}]}}}))  # fmt: skip
+    port = free_port()
+    env = {**os.environ, "SMOLGATE_CONFIG": str(config), "SMOLGATE_ACCESS_LOG": "false", "OTEL_SERVICE_NAME": "subprocess",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": rig.receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "60000"}  # fmt: skip
+    log = tmp_path / "gw.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway", "--port", str(port)], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc, 120, log)
+        trace_id = "0123456789abcdef" * 2
+        rig.client(f"http://127.0.0.1:{port}", ROUTER_KEY).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+            extra_headers={"traceparent": f"00-{trace_id}-{'4' * 16}-01"},
+        )
+    finally:
+        stop_processes([proc])  # the batch processor waits 60 s between exports: only the shutdown flush sends them
+    spans = rig.trace(trace_id, expect=3)
+    assert {s.service for s in spans} == {"subprocess"}
+    assert {s.name for s in spans} == {"POST /v1/chat/completions", "router m", "chat m"}
 
 
 # ---- configuration ------------------------------------------------------------------------------------------------
