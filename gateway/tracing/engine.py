@@ -70,7 +70,7 @@ class TracedEngine:
         self, parent: otel_context.Context, submitted: float, params: SamplingParams, usage: Usage | None,
         timings: RequestTimings | None, error: str | None,
     ) -> None:
-        if not trace.get_current_span(parent).is_recording():  # the request's trace was not sampled
+        if not trace.get_current_span(parent).get_span_context().trace_flags.sampled:  # (the parent may have ended)
             return
         end = timings.finished if timings is not None else time.monotonic()
         epoch_ns = epoch_clock()
