@@ -319,6 +319,27 @@ def test_content_is_recorded_only_when_the_operator_opts_in_and_keys_never(rig: 
     (root,) = [s for s in rig.trace(trace_id, expect=3) if s.kind == "server"]
     (output,) = json.loads(root.attrs["gen_ai.output.messages"])
     assert output["parts"] == [{"type": "text", "content": streamed}] and streamed
+    # Anthropic's Messages API, streamed, and the Responses API
+    trace_id = "fe" * 16
+    body = {"model": MODEL, "max_tokens": 6, "stream": True, "messages": [{"role": "user", "content": "Say a word."}]}
+    with httpx.stream("POST", f"{rig.content}/v1/messages", json=body, timeout=120,
+                      headers={"x-api-key": BACKEND_KEY, "traceparent": f"00-{trace_id}-{'c' * 16}-01"}) as events:
+        lines = [line for line in events.iter_lines() if line.startswith("data:")]
+    deltas = [json.loads(line[5:]) for line in lines]
+    text = "".join(d["delta"].get("text", "") for d in deltas if d["type"] == "content_block_delta")
+    stop = next(d["delta"]["stop_reason"] for d in deltas if d["type"] == "message_delta")
+    (root,) = [s for s in rig.trace(trace_id, expect=3) if s.kind == "server"]
+    assert json.loads(root.attrs["gen_ai.output.messages"]) == [
+        {"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": stop}]
+    assert json.loads(root.attrs["gen_ai.input.messages"])[0]["parts"][0]["content"] == "Say a word."
+    trace_id = "ed" * 16
+    answer = rig.client(rig.content, BACKEND_KEY).responses.create(
+        model=MODEL, input="Say another word.", max_output_tokens=16,
+        extra_headers={"traceparent": f"00-{trace_id}-{'c' * 16}-01"},
+    )
+    (root,) = [s for s in rig.trace(trace_id, expect=3) if s.kind == "server"]
+    (output,) = json.loads(root.attrs["gen_ai.output.messages"])
+    assert output["parts"] == [{"type": "text", "content": answer.output_text}] and answer.output_text
     exported = rig.receiver.raw()
     assert secret_prompt.encode() in exported  # through the opted-in gateway only:
     assert b"zanzibarquux" not in rig.receiver.raw(exclude="content")

@@ -152,6 +152,8 @@ def _absorb(obj: dict[str, Any], texts: dict[int, list[str]], finish: dict[int, 
             finish[0] = obj["stop_reason"]
     elif kind == "content_block_delta" and isinstance(obj.get("delta"), dict):  # Anthropic, SSE
         texts.setdefault(0, []).append(str(obj["delta"].get("text") or ""))
+    elif kind == "message_delta" and isinstance(obj.get("delta"), dict) and isinstance(obj["delta"].get("stop_reason"), str):
+        finish[0] = obj["delta"]["stop_reason"]
     elif kind == "response.output_text.delta" and isinstance(obj.get("delta"), str):  # Responses, SSE
         texts.setdefault(0, []).append(obj["delta"])
     elif obj.get("object") == "response" and isinstance(obj.get("output"), list):  # Responses, JSON
