@@ -47,20 +47,23 @@ class TracingMiddleware:
         )  # fmt: skip
         body: list[bytes] = []
         answer: list[bytes] = []
-        status = 0
+        status = body_size = answer_size = 0
 
         async def receive_body() -> Message:
+            nonlocal body_size
             message = await receive()
-            if message["type"] == "http.request" and sum(map(len, body)) < _MAX_BODY_ATTRS:
-                body.append(message.get("body", b""))
+            if message["type"] == "http.request" and body_size < _MAX_BODY_ATTRS:
+                body.append(chunk := message.get("body", b""))
+                body_size += len(chunk)
             return message
 
         async def send_answer(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answer_size
             if message["type"] == "http.response.start":
                 status = message["status"]
-            elif message["type"] == "http.response.body" and self.tracing.content and sum(map(len, answer)) < _MAX_CAPTURE:
-                answer.append(message.get("body", b""))
+            elif message["type"] == "http.response.body" and self.tracing.content and answer_size < _MAX_CAPTURE:
+                answer.append(chunk := message.get("body", b""))
+                answer_size += len(chunk)
             await send(message)
 
         try:
