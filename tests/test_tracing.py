@@ -396,6 +396,22 @@ def test_tracing_is_off_without_an_endpoint_and_loads_nothing() -> None:
     assert app.state.ctx.tracing is None
 
 
+def test_every_engine_of_a_models_list_is_wrapped_once() -> None:
+    """With several embedded models (`models:` as a list), each engine gets its engine spans, and the first model's
+    entry stays the same object as `engine` (the context and the lifespan tell them apart by identity)."""
+    from gateway.app import _traced_engines
+    from gateway.client import NoEngine
+    from gateway.tracing.engine import TracedEngine
+
+    first, second = NoEngine(), NoEngine()
+    tracing = build_tracing(from_mapping({"traces": {"endpoint": "http://127.0.0.1:9/v1/traces"}}))
+    assert tracing is not None
+    engine, engines = _traced_engines(tracing, first, {"a": first, "b": second})
+    assert isinstance(engine, TracedEngine) and engines["a"] is engine and engine.inner is first
+    assert isinstance(engines["b"], TracedEngine) and engines["b"].inner is second
+    tracing.shutdown(0.1)
+
+
 def test_the_standard_otel_variables_configure_it() -> None:
     cfg = apply_env(GatewayConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/", "OTEL_SERVICE_NAME": "gw",
                                       "SMOLGATE_TRACES_CONTENT": "true"})  # fmt: skip
