@@ -87,7 +87,8 @@ def rig() -> Iterator[Rig]:
     (fake_url,) = upstreams.start([fake.app()])
     engine_cfg = gateway_test_config().engine
     engine = AsyncEngine.from_config(engine_cfg)
-    embedded = {"api_keys": [BACKEND_KEY], "embeddings": False, "cache": {"backend": "memory"}}
+    # batches off: the Files/Batches directory is shared by every gateway on the machine
+    embedded = {"api_keys": [BACKEND_KEY], "embeddings": False, "cache": {"backend": "memory"}, "batches": {"enabled": False}}
     backend_cfg = from_mapping({**embedded, "traces": _traces(receiver, "backend")})
     backend_ctx = build_context(replace(backend_cfg, engine=engine_cfg), engine)
     content_cfg = from_mapping({**embedded, "traces": _traces(receiver, "content", content=True)})
@@ -101,7 +102,7 @@ def rig() -> Iterator[Rig]:
     )
     env = {"UPSTREAM": UPSTREAM_KEY, "BACKEND": BACKEND_KEY}
     routed = {
-        "api_keys": [ROUTER_KEY], "embeddings": False, "cache": {"backend": "off"},
+        "api_keys": [ROUTER_KEY], "embeddings": False, "cache": {"backend": "off"}, "batches": {"enabled": False},
         "models": {
             "flaky": {"deployments": [{"kind": "openai", "name": "f", "base_url": f"{fake_url}/v1", "api_key_env": "UPSTREAM"}]},
             "smollm": {"deployments": [{"kind": "backend", "name": "b1", "base_url": f"{backend_url}/v1", "model": MODEL,
@@ -362,8 +363,9 @@ def test_python_m_gateway_exports_when_the_otel_endpoint_variable_is_set(rig: Ri
     rig.fake.play(default="ok")
     config = tmp_path / "gw.yaml"
     upstream = rig.fake_url + "/v1"
-    config.write_text(yaml.safe_dump({"api_keys": [ROUTER_KEY], "embeddings": False, "cache": {"backend": "off"},
-                                      "models": {"m": {"deployments": [{"kind": "openai", "base_url": upstream}]}}}))  # fmt: skip
+    gateway = {"api_keys": [ROUTER_KEY], "embeddings": False, "cache": {"backend": "off"}, "batches": {"enabled": False},
+               "models": {"m": {"deployments": [{"kind": "openai", "base_url": upstream}]}}}  # fmt: skip
+    config.write_text(yaml.safe_dump(gateway))
     port = free_port()
     env = {**os.environ, "SMOLGATE_CONFIG": str(config), "SMOLGATE_ACCESS_LOG": "false", "OTEL_SERVICE_NAME": "subprocess",
            "OTEL_EXPORTER_OTLP_ENDPOINT": rig.receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "60000"}  # fmt: skip

@@ -9,6 +9,7 @@ makes the span a child of the caller's. Only /v1/ requests are traced (not probe
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import orjson
@@ -66,8 +67,12 @@ class TracingMiddleware:
                 answer_size += len(chunk)
             await send(message)
 
+        # Only a request that runs a model offers the tracer to the code it runs: work started by another request
+        # outlives it in a task that inherits its context (POST /v1/batches starts the batch), and must not be
+        # traced as that request's children.
+        inner = traced_by(self.tracing) if operation else nullcontext()
         try:
-            with span.current(), traced_by(self.tracing):
+            with span.current(), inner:
                 await self.app(scope, receive_body if operation else receive, send_answer)
         except BaseException as exc:
             span.fail(type(exc).__name__)
