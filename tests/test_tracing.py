@@ -105,10 +105,11 @@ def rig() -> Iterator[Rig]:
         "api_keys": [ROUTER_KEY], "embeddings": False, "cache": {"backend": "off"}, "batches": {"enabled": False},
         "models": {
             "flaky": {"deployments": [{"kind": "openai", "name": "f", "base_url": f"{fake_url}/v1", "api_key_env": "UPSTREAM"}]},
+            "dead": {"deployments": [{"kind": "openai", "name": "d", "base_url": f"http://127.0.0.1:{free_port()}/v1"}]},
             "smollm": {"deployments": [{"kind": "backend", "name": "b1", "base_url": f"{backend_url}/v1", "model": MODEL,
                                         "api_key_env": "BACKEND", "timeout_s": 120.0, "first_token_timeout_s": 120.0}]},
         },
-        "fallbacks": {"flaky": ["smollm"]},
+        "fallbacks": {"flaky": ["smollm"], "dead": ["smollm"]},
         "router": {"num_retries": 1, "backoff_base_s": 0.01, "cooldown_failures": 100},
     }  # fmt: skip
     router_ctx = build_context(from_mapping({**routed, "traces": _traces(receiver, "router")}, env), None)
@@ -220,6 +221,19 @@ def test_every_generating_endpoint_has_the_genai_attributes(rig: Rig) -> None:
         assert a["gen_ai.response.model"] == MODEL and a["http.response.status_code"] == 200
         assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
         assert a["gen_ai.request.max_tokens"] in (3, 16)
+
+
+def test_an_upstream_that_cannot_be_reached_says_why(rig: Rig) -> None:
+    trace_id = "0f" * 16
+    raw = rig.client(rig.router, ROUTER_KEY).chat.completions.with_raw_response.create(
+        model="dead", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+        extra_headers={"traceparent": f"00-{trace_id}-{'3' * 16}-01"},
+    )
+    assert raw.headers["x-smolgate-model"] == "smollm"
+    spans = rig.trace(trace_id, roots=2, expect=8)
+    failed = [s for s in spans if s.name == "chat dead"]
+    assert len(failed) == 2 and all(s.error and s.attrs["error.type"] == "ConnectError" for s in failed)
+    assert all("http.response.status_code" not in s.attrs for s in failed)
 
 
 def test_a_streamed_answer_has_its_first_token_event_and_engine_phases(rig: Rig) -> None:

@@ -44,7 +44,7 @@ from gateway.routing.metrics import RouterMetrics
 from gateway.routing.proxy import Keep, Outcome, call_json, call_stream
 from gateway.routing.ratelimit import Limit, OverLimit, build_limiter
 from gateway.routing.token_count import load_counter
-from gateway.routing.upstream import HttpEmbedder, Upstream
+from gateway.routing.upstream import HttpEmbedder, Upstream, UpstreamError
 from gateway.tracing import spans
 from gateway.tracing.genai import PROVIDER, ROUTER_OPERATIONS
 
@@ -393,11 +393,16 @@ class Router:
 
 
 def _attempt_failed(span: spans.Span, exc: BaseException) -> None:
-    """An attempt that got no answer: error.type is the upstream's HTTP status, or the exception's type."""
+    """An attempt that got no answer: error.type is the upstream's HTTP status, or what kept it from answering (a
+    connect error, a timeout: the cause of the UpstreamError), or the exception's type."""
     status = getattr(exc, "status", None)
-    if isinstance(status, int):
+    if isinstance(exc, UpstreamError) and exc.__cause__ is not None:  # no HTTP answer at all
+        span.fail(type(exc.__cause__).__name__)
+    elif isinstance(status, int):
         span.set("http.response.status_code", status)
-    span.fail(str(status) if isinstance(status, int) else type(exc).__name__)
+        span.fail(str(status))
+    else:
+        span.fail(type(exc).__name__)
     span.end()
 
 
