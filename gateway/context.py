@@ -15,6 +15,8 @@ from gateway.models import ModelCatalog
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.record import RequestRecord
 from gateway.ops.stats import LiveStats
+from gateway.spend.budget import period_starts
+from gateway.spend.service import Spend
 
 
 @dataclass
@@ -37,10 +39,23 @@ class GatewayContext:
     ids: IdGenerator = field(default_factory=IdGenerator)
     stats: LiveStats = field(default_factory=LiveStats)
     guard: KeyGuard = None  # type: ignore[assignment]  # keys and their policies; built from `config` when not given
+    spend: Spend = None  # type: ignore[assignment]  # prices and the ledger (gateway/spend/); built from `config`
 
     def __post_init__(self) -> None:
         if self.guard is None:
             object.__setattr__(self, "guard", KeyGuard(self.config, self.logger))
+        if self.spend is None:
+            object.__setattr__(self, "spend", Spend(self.config.spend, self.config.routing, self.logger, self.ids))
+            self._seed_budgets()
+
+    def _seed_budgets(self) -> None:
+        """In-process budget counters start from what the ledger holds for this day and month."""
+        ledger, budgets = self.spend.ledger, self.guard.budgets
+        if ledger is None or budgets.shared or not any(budgets.applies(p) for p in self.guard.policies):
+            return
+        day, month = period_starts(budgets.clock())
+        sums = ledger.read(lambda db: [db.sums(t, c) for c in ("key_name", "team") for t in (day, month)])
+        budgets.seed((sums[0], sums[1]), (sums[2], sums[3]))
 
     def report_error(self, rec: RequestRecord, exc: BaseException, err: GatewayError) -> None:
         """Note a failed request; unexpected exceptions are logged with their traceback."""
