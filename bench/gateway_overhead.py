@@ -8,7 +8,9 @@ Three measurements per concurrency level:
   bare     a bare ASGI endpoint returning a canned body through the same uvicorn and client:
            the HTTP transport cost any HTTP server pays;
   gateway  POST /v1/chat/completions through the full gateway app (auth, parsing, chat template,
-           SamplingParams, response JSON, metrics, JSON access log to /dev/null).
+           SamplingParams, response JSON, metrics, JSON access log to /dev/null), the spend ledger off;
+  gateway_ledger  the same with the ledger on (priced, a journal row per request, SQLite in a temporary
+           directory): `ledger_added_p50_ms` is what the ledger adds (docs/spend.md).
 Servers run in a subprocess; the load generator is a minimal keep-alive HTTP/1.1 client on raw
 asyncio streams, so client-side overhead stays small. The last line of output is one JSON object.
 """
@@ -99,17 +101,23 @@ def _bare_app() -> Callable[..., Awaitable[None]]:
 
 
 def serve(kind: str, port: int) -> None:
+    import tempfile
+    from types import MappingProxyType
+
     import uvicorn
 
     from gateway.app import build_context, create_app
     from gateway.cache.config import CacheConfig
     from gateway.config import GatewayConfig
+    from gateway.spend.config import LedgerConfig, Price, SpendConfig
 
     if kind == "bare":
         app: Any = _bare_app()
     else:
         sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
-        config = GatewayConfig(api_keys=(API_KEY,), cache=CacheConfig(backend="off"))  # measure the uncached path
+        ledger = LedgerConfig(enabled=kind == "gateway_ledger", dir=tempfile.mkdtemp(prefix="smolgate-bench-ledger-"))
+        spend = SpendConfig(prices=MappingProxyType({TrivialEngine.model_name: Price(1.0, 2.0)}), ledger=ledger)
+        config = GatewayConfig(api_keys=(API_KEY,), cache=CacheConfig(backend="off"), spend=spend)  # the uncached path
         ctx = build_context(config, TrivialEngine(), None, log_sink=sink)
         app = create_app(ctx)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
@@ -226,10 +234,10 @@ def server_process(kind: str) -> Any:
 
 
 def run(total: int, levels: list[int]) -> dict[str, Any]:
-    results: dict[str, Any] = {"direct": {}, "bare": {}, "gateway": {}, "gateway_stream": {}}
+    results: dict[str, Any] = {"direct": {}, "bare": {}, "gateway": {}, "gateway_stream": {}, "gateway_ledger": {}}
     for c in levels:
         results["direct"][c] = asyncio.run(direct_load(total * 5, c))
-    for kind in ("bare", "gateway"):
+    for kind in ("bare", "gateway", "gateway_ledger"):
         with server_process(kind) as port:
             for c in levels:
                 results[kind][c] = asyncio.run(http_load(port, BODY, total, c))
@@ -247,7 +255,7 @@ def report(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
             print(f"{kind:<16}{c:>8}{r['p50_ms']:>10.3f}{r['p99_ms']:>10.3f}{r['rps']:>10.0f}")
     figures: dict[str, Any] = {}
     for c in levels:
-        d, b, g, s = (results[k][c] for k in ("direct", "bare", "gateway", "gateway_stream"))
+        d, b, g, s, gl = (results[k][c] for k in ("direct", "bare", "gateway", "gateway_stream", "gateway_ledger"))
         figures[f"c{c}"] = {
             "added_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
             "added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
@@ -258,6 +266,9 @@ def report(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
             "gateway_stream_p50_ms": round(s["p50_ms"], 3),
             "bare_http_rps": round(b["rps"], 1),
             "direct_p50_ms": round(d["p50_ms"], 4),
+            "ledger_added_p50_ms": round(gl["p50_ms"] - g["p50_ms"], 3),
+            "ledger_added_p99_ms": round(gl["p99_ms"] - g["p99_ms"], 3),
+            "gateway_ledger_rps": round(gl["rps"], 1),
         }
     return figures
 
@@ -268,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--requests", type=int, default=2000, help="HTTP requests per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--serve", choices=["bare", "gateway"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["bare", "gateway", "gateway_ledger"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:

@@ -44,7 +44,7 @@ POSTGRES_SKIP = "PostgreSQL (postgres, initdb) is not installed (make system-dep
 def spend_config(ledger_dir: Path, ledger_url: str = "") -> SpendConfig:
     return SpendConfig(
         prices=MappingProxyType({CHAT_MODEL: CHAT_PRICE, EMBED_MODEL: EMBED_PRICE}),
-        teams=MappingProxyType({"research": TeamBudget(daily=RESEARCH_DAILY)}),
+        teams=MappingProxyType({"research": TeamBudget(daily_budget=RESEARCH_DAILY)}),
         ledger=LedgerConfig(dir=str(ledger_dir), url=ledger_url),
     )
 

@@ -42,6 +42,7 @@ from gateway.config import ConfigError, from_mapping
 from gateway.routing.config import KeyPolicy
 from gateway.spend.config import Price
 from gateway.spend.estimate import estimate_cost
+from gateway.spend.prices import SHIPPED, PriceTable
 
 ROOT = Path(__file__).resolve().parents[1]
 HELLO = [{"role": "user", "content": "Say hello in three words."}]
@@ -212,6 +213,21 @@ def test_key_budget_refuses_with_insufficient_quota_and_a_stream_crossing_it_is_
     assert body["type"] == "error" and body["error"]["type"] == "billing_error"
     # another key is not affected
     assert stack.client(ALICE).chat.completions.create(model=CHAT_MODEL, messages=HELLO, max_tokens=4).usage is not None  # type: ignore[arg-type]
+    # a batch line of a key whose budget is spent fails at once, with the same error (no retry loop)
+    lines = [{"custom_id": "over", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": CHAT_MODEL, "messages": HELLO, "max_tokens": 64}}]  # fmt: skip
+    data = "\n".join(json.dumps(x) for x in lines).encode() + b"\n"
+    upload = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while batch.status not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.3)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.request_counts is not None and batch.request_counts.failed == 1
+    assert batch.error_file_id is not None
+    failed = json.loads(client.files.content(batch.error_file_id).text)
+    assert failed["response"]["status_code"] == 429
+    assert failed["response"]["body"]["error"]["code"] == "insufficient_quota"
 
 
 def test_team_budget_holds_for_its_keys(stack: SpendStack) -> None:
@@ -356,6 +372,36 @@ def test_tokenize_is_key_checked_and_refuses_bad_input(stack: SpendStack) -> Non
 # ---- configuration ------------------------------------------------------------------------------------------------
 
 
+def test_prices_come_from_the_table_then_the_shipped_list_else_nothing() -> None:
+    cfg = from_mapping({
+        "models": {"chat": {"deployments": [
+            {"kind": "openai", "name": "oai", "base_url": "https://api.example.com/v1", "model": "gpt-4o-mini-2024-07-18"},
+            {"kind": "openai", "name": "dear", "base_url": "https://api.example.com/v1", "model": "gpt-4o"},
+            {"kind": "backend", "name": "replica", "base_url": "http://backend:8000/v1"},
+            {"kind": "embedded"},
+        ]}, "claude": {"deployments": [{"kind": "openai", "base_url": "https://a.example.com/v1",
+                                        "model": "claude-sonnet-4-5"}]}},
+        "spend": {"prices": {"replica": {"input": 0.5, "output": 1}}},
+    })  # fmt: skip
+    table = PriceTable(cfg.spend, cfg.routing)
+    assert table.price("chat", "oai") == SHIPPED["gpt-4o-mini"]  # a dated snapshot pays its family's price
+    assert table.price("chat", "dear") == SHIPPED["gpt-4o"]
+    assert table.price("chat", "replica") == Price(0.5, 1.0)  # the operator's table, by deployment name
+    assert table.price("chat", "embedded") == Price()  # the embedded engine is free unless priced
+    assert table.price("claude", "openai:https://a.example.com/v1") == SHIPPED["claude-sonnet-4"]
+    assert table.most("chat") == SHIPPED["gpt-4o"]  # the budget's estimate takes the dearest deployment
+    assert table.price("SmolLM2-135M-Instruct") == Price()  # no routing: the served model, unpriced
+    own = from_mapping({"models": cfg_models(), "spend": {"prices": {"gpt-4o": {"input": 1, "output": 1}}}})
+    assert PriceTable(own.spend, own.routing).price("m", "x") == Price(1.0, 1.0)  # an entry replaces the shipped price
+    off = from_mapping({"models": cfg_models(), "spend": {"shipped_prices": False}})
+    assert PriceTable(off.spend, off.routing).price("m", "x") == Price()
+
+
+def cfg_models() -> dict[str, object]:
+    return {"m": {"deployments": [{"kind": "openai", "name": "x", "base_url": "https://api.example.com/v1", "model": "gpt-4o"}]}}
+
+
+
 def test_spend_config_parses_and_refuses_mistakes(tmp_path: Path) -> None:
     cfg = from_mapping({
         "api_keys": [{"key": "sk-a-long-enough-key", "name": "a", "team": "t", "daily_budget": 2, "monthly_budget": 30.5}],
@@ -365,7 +411,7 @@ def test_spend_config_parses_and_refuses_mistakes(tmp_path: Path) -> None:
     })  # fmt: skip
     policy = cfg.key_policies[0]
     assert (policy.team, policy.daily_budget, policy.monthly_budget) == ("t", 2.0, 30.5)
-    assert cfg.spend.prices["m"] == Price(1.0, 2.0, 0.5) and cfg.spend.teams["t"].daily == 9.0
+    assert cfg.spend.prices["m"] == Price(1.0, 2.0, 0.5) and cfg.spend.teams["t"].daily_budget == 9.0
     assert cfg.spend.ledger.url == "postgresql://u@h/db" and "postgresql://u@h/db" in cfg.secrets()
     for bad in ({"spend": {"prices": {"m": {"input": -1}}}}, {"spend": {"nope": 1}}, {"ledger": {"url": "mysql://x"}},
                 {"spend": {"teams": {"t": {"weekly": 1}}}}, {"api_keys": [{"key": "k", "daily_budget": "lots"}]}):  # fmt: skip

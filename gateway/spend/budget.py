@@ -127,7 +127,7 @@ class Budgets:
 
     def applies(self, policy: KeyPolicy) -> bool:
         team = self.teams.get(policy.team) if policy.team else None
-        return bool(policy.daily_budget or policy.monthly_budget or (team and (team.daily or team.monthly)))
+        return bool(policy.daily_budget or policy.monthly_budget or (team and (team.daily_budget or team.monthly_budget)))
 
     def counters_of(self, policy: KeyPolicy) -> tuple[Counter, ...]:
         day, month = periods(self.clock())
@@ -135,7 +135,7 @@ class Budgets:
         scopes = [("key", policy.name, policy.daily_budget, policy.monthly_budget)]
         team = self.teams.get(policy.team) if policy.team else None
         if team is not None:
-            scopes.append(("team", policy.team, team.daily, team.monthly))
+            scopes.append(("team", policy.team, team.daily_budget, team.monthly_budget))
         for kind, name, daily, monthly in scopes:
             if daily:
                 out.append(Counter(f"{self.prefix}:{kind}:{name}:d:{day}", round(daily * NANO), _DAY_TTL_S,

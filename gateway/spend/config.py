@@ -32,8 +32,8 @@ FREE = Price()
 
 @dataclass(frozen=True)
 class TeamBudget:
-    daily: float = 0.0  # currency per UTC day; 0 = none
-    monthly: float = 0.0  # currency per UTC month; 0 = none
+    daily_budget: float = 0.0  # currency per UTC day; 0 = none
+    monthly_budget: float = 0.0  # currency per UTC month; 0 = none
 
 
 def default_dir() -> Path:
