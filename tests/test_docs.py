@@ -247,7 +247,7 @@ def test_yaml_block_loads(block: Block) -> None:
     data = yaml.safe_load(block.code)
     if not isinstance(data, dict):
         return  # a fragment that only has to parse
-    config_keys = {k for k, v in expected_config_keys().items() if "." not in k and "[" not in k} | {"engine", "cache"}
+    config_keys = {k for k, v in expected_config_keys().items() if "." not in k and "[" not in k} | {"engine", "cache", "ledger"}
     if not set(data) & config_keys:
         return  # not a gateway configuration (compose, OpenAPI...): parsing is the check
     stray = set(data) - config_keys
