@@ -18,7 +18,8 @@ from gateway.spend.journal import Journal, Segment, orphans, read_rows
 from gateway.spend.rows import LedgerRow
 from gateway.spend.stores import LedgerStore, open_store
 
-_BATCH = 512  # rows per transaction at most
+_BATCH = 2048  # rows per transaction at most
+_LINGER_S = 0.05  # the writer waits this long after a row for more before committing
 _RETRY_S = 1.0  # after a failed commit (the database is down): the rows stay in the journal meanwhile
 
 
@@ -92,6 +93,10 @@ class Ledger:
         stop = False
         while not stop:
             items = [self._queue.get()]
+            # Let rows gather: one transaction per batch, and this thread wakes (and takes the GIL from the event
+            # loop) a few times a second rather than once per request. The journal already holds them.
+            if self._queue.qsize() < _BATCH:
+                time.sleep(_LINGER_S)
             while len(items) < _BATCH:
                 try:
                     items.append(self._queue.get_nowait())
