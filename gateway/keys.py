@@ -79,7 +79,10 @@ class KeyGuard:
         rc = config.routing.router
         self.limiter = build_limiter(rc.redis_url, rc.redis_prefix, self._limiter_error)
         self.prices = PriceTable(config.spend, config.routing)
-        self.budgets = Budgets(config.spend.teams, rc.redis_url, rc.redis_prefix + ":budget", self._limiter_error)
+        ledger = config.spend.ledger
+        shared_db = ledger.url if ledger.enabled and ledger.url.startswith(("postgresql://", "postgres://")) else ""
+        self.budgets = Budgets(config.spend.teams, rc.redis_url, rc.redis_prefix + ":budget", self._limiter_error,
+                               postgres_url=shared_db)  # fmt: skip
         self._last_warning = 0.0
         self._limits = {id(p): Limit(_scope(p), p.rpm, p.tpm) for _, p in self._keys}
         self._limits[id(self.anonymous)] = Limit(_scope(self.anonymous), self.anonymous.rpm, self.anonymous.tpm)

@@ -1,10 +1,12 @@
 """Spend through the router: an upstream deployment (a real HTTP server standing in for OpenAI, its usage fixed)
 pays the shipped list price of its model, streamed and not, under the deployment's name; a torch-free gateway
-(no embedded engine); and in-process budgets restart from the ledger."""
+(no embedded engine); in-process budgets restart from the ledger; and two gateways without Redis share one
+budget through their PostgreSQL ledger (a real `postgres`)."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 from routing_fixtures import FakeUpstream, Servers
+from spend_fixtures import POSTGRES_SKIP, PostgresServer, start_postgres
 
 from gateway.app import build_context, create_app
 from gateway.config import from_mapping
@@ -108,3 +111,63 @@ def test_in_process_budgets_start_from_the_ledger(tmp_path: Path) -> None:
     assert caught.value.what == "daily budget of key 'seeded'"
     asyncio.run(reserve(0.04))  # 0.49: fits
     second.spend.close()
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    server = start_postgres()
+    if server is None:
+        pytest.skip(POSTGRES_SKIP)
+    yield server
+    server.stop()
+
+
+def test_two_replicas_share_a_budget_through_postgresql(postgres: PostgresServer, tmp_path: Path) -> None:
+    """No Redis: the budget counters live in the ledger's PostgreSQL database, which both gateways use."""
+    fake = FakeUpstream("priced")
+    upstreams = Servers()
+    (upstream,) = upstreams.start([fake.app()])
+    budget, price = 0.5, {"input": 1000.0, "output": 2000.0}  # dear: 0.023 a request (11 + 6 tokens)
+    data = {
+        "api_keys": [{"key": KEY, "name": "pg-shared", "daily_budget": budget}],
+        "embeddings": False,
+        "cache": {"backend": "off"},
+        "models": {"m": {"deployments": [{"kind": "openai", "name": "up", "base_url": f"{upstream}/v1"}]}},
+        "spend": {"prices": {"m": price}},
+    }
+    contexts = [build_context(from_mapping({**data, "ledger": {"dir": str(tmp_path / f"r{i}"), "url": postgres.url}}), None)
+                for i in range(2)]  # fmt: skip
+    assert all(ctx.guard.budgets.shared for ctx in contexts)
+    gateways = Servers()
+    urls = gateways.start([create_app(ctx) for ctx in contexts])
+
+    def one(i: int) -> bool:
+        client = openai.OpenAI(base_url=f"{urls[i % 2]}/v1", api_key=KEY, max_retries=0, timeout=60)
+        try:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+            return True
+        except openai.RateLimitError as exc:
+            assert exc.response.json()["error"]["code"] == "insufficient_quota"
+            return False
+
+    try:
+        served = refused = 0
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            for _ in range(20):  # waves of 16 at once through both gateways, until a whole wave is refused
+                results = list(pool.map(one, range(16)))
+                served, refused = served + results.count(True), refused + results.count(False)
+                if not any(results):
+                    break
+        ledger = contexts[0].spend.ledger
+        assert ledger is not None
+        for ctx in contexts:
+            assert ctx.spend.ledger is not None and ctx.spend.ledger.flush()
+        rows = [r for r in ledger.read(lambda db: db.rows(0, time.time() + 60)) if r.key_name == "pg-shared"]
+    finally:
+        gateways.stop()
+        upstreams.stop()
+    spent, each = sum(r.cost for r in rows), (11 * price["input"] + 6 * price["output"]) / 1e6
+    assert served == len(rows) and refused >= 16
+    assert spent <= budget + each, f"{spent} spent on a budget of {budget}"
+    assert spent >= budget - 0.1 - each  # used up to less than one reservation (0.1 at most for this body)
+    print(f"two replicas through PostgreSQL: {served} served, {refused} refused, {spent:.4f} spent of {budget}")

@@ -7,12 +7,14 @@ response the reservation is settled to the real cost. Admitted reservations neve
 estimate bounds the real cost from above, so concurrent requests on any number of replicas cannot overrun it by
 more than one request's misestimate. A streamed answer is never cut: its cost was reserved before it started.
 
-Counters are integers of nano-units (1e-9 of the currency). In process without Redis (seeded from the ledger
-at startup); like the rate limits, a Redis outage lets traffic through (logged), it never fails every request.
+Counters are integers of nano-units (1e-9 of the currency): in Redis (`router.redis_url`), else in the ledger's
+PostgreSQL database (`ledger.url`), else in process (seeded from the ledger at startup). Like the rate limits, an
+outage of the shared store lets traffic through (logged), it never fails every request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -89,6 +91,50 @@ class RedisBudgetCounters:
         await self._redis.aclose()
 
 
+class PostgresBudgetCounters:
+    """The counters in the ledger's PostgreSQL database (when there is no Redis): one statement moves every counter
+    of a request at once (INSERT ... ON CONFLICT DO UPDATE ... RETURNING, atomic per row)."""
+
+    _SCHEMA = "CREATE TABLE IF NOT EXISTS budget_counters (key TEXT PRIMARY KEY, value BIGINT NOT NULL)"
+    _ADD = ("INSERT INTO budget_counters (key, value) SELECT k, %s FROM unnest(%s::text[]) AS k "
+            "ON CONFLICT (key) DO UPDATE SET value = budget_counters.value + EXCLUDED.value RETURNING key, value")  # fmt: skip
+
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self._db: Any = None
+
+    async def _connection(self) -> Any:
+        if self._db is None or self._db.closed:
+            import psycopg  # only gateways configured with PostgreSQL import it
+
+            self._db = await psycopg.AsyncConnection.connect(self.url, autocommit=True, connect_timeout=self.timeout_s)
+            await self._db.execute(self._SCHEMA)
+        return self._db
+
+    async def add(self, keys: list[tuple[str, int]], amount: int) -> list[int]:
+        names = [k for k, _ in keys]
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                cursor = await (await self._connection()).execute(self._ADD, (amount, names))
+                values = dict(await cursor.fetchall())
+        except BaseException:
+            if self._db is not None:  # a broken or timed-out connection is not reused
+                await self._db.close()
+                self._db = None
+            raise
+        return [int(values[k]) for k in names]
+
+    async def get(self, key: str) -> int:
+        cursor = await (await self._connection()).execute("SELECT value FROM budget_counters WHERE key = %s", (key,))
+        row = await cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._db.close()
+
+
 class OverBudget(Exception):
     def __init__(self, what: str, limit: float) -> None:
         super().__init__(what)
@@ -117,11 +163,18 @@ class Budgets:
         prefix: str,
         on_error: Callable[[BaseException], None],
         clock: Callable[[], float] = time.time,
+        postgres_url: str = "",
     ) -> None:
+        """Counters in Redis when `redis_url` is set, else in PostgreSQL when `postgres_url` is, else in process."""
         self.teams = teams
         self.prefix = prefix
-        self.counters: Any = RedisBudgetCounters(redis_url) if redis_url else MemoryBudgetCounters()
-        self.shared = bool(redis_url)
+        if redis_url:
+            self.counters: Any = RedisBudgetCounters(redis_url)
+        elif postgres_url:
+            self.counters = PostgresBudgetCounters(postgres_url)
+        else:
+            self.counters = MemoryBudgetCounters()
+        self.shared = bool(redis_url or postgres_url)
         self.on_error = on_error
         self.clock = clock
 
