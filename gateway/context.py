@@ -54,7 +54,12 @@ class GatewayContext:
         if ledger is None or budgets.shared or not any(budgets.applies(p) for p in self.guard.policies):
             return
         day, month = period_starts(budgets.clock())
-        sums = ledger.read(lambda db: [db.sums(t, c) for c in ("key_name", "team") for t in (day, month)])
+        try:
+            ledger.flush()  # a dead process's journal first
+            sums = ledger.read(lambda db: [db.sums(t, c) for c in ("key_name", "team") for t in (day, month)])
+        except Exception as exc:  # the budgets then start from zero: say so
+            self.logger.warning("budgets_not_seeded", error=type(exc).__name__)
+            return
         budgets.seed((sums[0], sums[1]), (sums[2], sums[3]))
 
     def report_error(self, rec: RequestRecord, exc: BaseException, err: GatewayError) -> None:

@@ -180,7 +180,7 @@ def _as_user() -> dict[str, Any]:
     return {"user": nobody.pw_uid, "group": nobody.pw_gid}
 
 
-def start_postgres() -> PostgresServer | None:
+def start_postgres(port: int | None = None) -> PostgresServer | None:
     """A fresh cluster (initdb, trust authentication, no fsync: a test server) on a free port, in a directory of its
     own under /tmp (which the `nobody` user can reach); None without the binaries."""
     initdb, postgres = _pg_bin("initdb"), _pg_bin("postgres")
@@ -198,7 +198,7 @@ def start_postgres() -> PostgresServer | None:
     owner = "nobody" if user else getpass.getuser()
     subprocess.run([initdb, "-D", str(data), "-U", owner, "--auth=trust", "-E", "UTF8"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **user)  # fmt: skip
-    port = free_port()
+    port = port or free_port()
     args = [postgres, "-D", str(data), "-p", str(port), "-h", "127.0.0.1", "-k", str(sockets), "-c", "fsync=off"]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **user)
     url = f"postgresql://{owner}@127.0.0.1:{port}/postgres"

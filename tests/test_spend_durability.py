@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from cache_fixtures import free_port
 from spend_fixtures import POSTGRES_SKIP, PostgresServer, start_postgres
 
 from bench.server import SMALL_SERVER_ENV, GatewayProcess
@@ -81,7 +82,8 @@ def _answer_then_kill(server: GatewayProcess, lock: Any) -> list[str]:
             assert got.json()["usage"]["completion_tokens"] > 0
     server.proc.send_signal(signal.SIGKILL)  # right after the last answer
     server.proc.wait(timeout=30)
-    lock.release()
+    if lock is not None:
+        lock.release()
     return ids
 
 
@@ -146,3 +148,28 @@ def test_postgres_ledger_survives_kill_9(tmp_path: Path, postgres: PostgresServe
         rows = db.execute("SELECT request_id, key_name, input_tokens, output_tokens, cost FROM ledger").fetchall()
     assert {r[0] for r in rows} == set(ids) and len(rows) == REQUESTS
     assert all(r[1] == "durable" and r[2] > 0 and r[3] > 0 and r[4] > 0 for r in rows)
+
+
+def test_a_database_down_at_startup_delays_the_rows_not_the_gateway(tmp_path: Path) -> None:
+    """PostgreSQL is not running when the gateway starts: it serves anyway, the rows wait in its journal; after a
+    kill -9 and with the database up, the next gateway puts them in."""
+    port = free_port()
+    url = f"postgresql://nobody@127.0.0.1:{port}/postgres"
+    server = _start(tmp_path, url)
+    try:
+        ids = _answer_then_kill(server, None)
+    finally:
+        server.kill()
+    db = start_postgres(port)
+    if db is None:
+        pytest.skip(POSTGRES_SKIP)
+    try:
+        url = db.url
+        _check_recovered(tmp_path, url, ids, 0)
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            found = {r[0] for r in conn.execute("SELECT request_id FROM ledger").fetchall()}
+        assert found == set(ids)
+    finally:
+        db.stop()

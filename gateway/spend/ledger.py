@@ -5,6 +5,7 @@ segments a dead process left are replayed first (rows already there are skipped)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -39,11 +40,11 @@ class Ledger:
         self.logger = logger
         self._connect = store or (lambda: open_store(cfg.url, cfg.sqlite_path))
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._store = self._connect()  # the writer thread's (a failed connection stops startup: a clear error)
+        self._store: LedgerStore | None = None  # the writer thread's; it connects (and retries) itself
         self._reader: LedgerStore | None = None
         self._read_lock = threading.Lock()
-        self.replayed = self._replay()
-        self.journal = Journal(cfg.path, cfg.journal_segment_bytes)
+        self.replayed = 0
+        self.journal = Journal(cfg.path, cfg.journal_segment_bytes)  # ours is locked before the writer looks for orphans
         self.failures = 0
         self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
         self._thread.start()
@@ -60,27 +61,47 @@ class Ledger:
     # ---- reading -------------------------------------------------------------------------------------------
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every row recorded so far is committed (blocking: call it off the event loop)."""
+        """Wait until every row recorded so far, and a dead process's journal, is committed (blocking: call it off
+        the event loop). False when that took longer (the database is unreachable)."""
         marker = _Flush()
         self._queue.put(marker)
         return marker.done.wait(timeout_s)
 
     def read(self, fn: Callable[[LedgerStore], Any]) -> Any:
-        """`fn` on a reading connection (blocking: call it off the event loop)."""
+        """`fn` on a reading connection (blocking: call it off the event loop); a failed one is opened anew next time."""
         with self._read_lock:
             if self._reader is None:
                 self._reader = self._connect()
-            return fn(self._reader)
+            try:
+                return fn(self._reader)
+            except Exception:
+                with contextlib.suppress(Exception):
+                    self._reader.close()
+                self._reader = None
+                raise
 
     # ---- the writer thread ---------------------------------------------------------------------------------
 
+    def _connected(self) -> LedgerStore:
+        """The writer's connection, (re)opened until the database answers: a database down at startup or later
+        delays the rows (they wait in the journal), never the gateway."""
+        while self._store is None:
+            try:
+                self._store = self._connect()
+            except Exception as exc:
+                self.failures += 1
+                self.logger.warning("ledger_unavailable", error=type(exc).__name__)
+                time.sleep(_RETRY_S)
+        return self._store
+
     def _replay(self) -> int:
+        """Copy the journal files a dead process left into the database, then remove them."""
         count = 0
         for path, fd in orphans(self.cfg.path):
             try:
                 rows = read_rows(path)
                 for i in range(0, len(rows), _BATCH):
-                    self._store.insert(rows[i : i + _BATCH])
+                    self._commit(rows[i : i + _BATCH])
                 count += len(rows)
                 path.unlink()
             finally:
@@ -90,6 +111,8 @@ class Ledger:
         return count
 
     def _run(self) -> None:
+        self._connected()  # the schema, now (and a database down at startup is logged at once)
+        self.replayed = self._replay()  # before the queue: a flush includes the rows replayed
         stop = False
         while not stop:
             items = [self._queue.get()]
@@ -103,7 +126,8 @@ class Ledger:
                 except queue.Empty:
                     break
             rows = [item[1] for item in items if isinstance(item, tuple)]
-            self._commit(rows)
+            if rows:
+                self._commit(rows)
             for item in items:
                 if isinstance(item, _Closed):  # every row before this marker is committed
                     item.segment.close()
@@ -114,25 +138,27 @@ class Ledger:
                     stop = True
 
     def _commit(self, rows: list[LedgerRow]) -> None:
-        while rows:
+        while True:
+            store = self._connected()
             try:
-                self._store.insert(rows)
+                store.insert(rows)
                 return
             except Exception as exc:
                 self.failures += 1
                 self.logger.warning("ledger_write_failed", error=type(exc).__name__, rows=len(rows))
+                with contextlib.suppress(Exception):
+                    store.close()
+                self._store = None
                 time.sleep(_RETRY_S)
-                try:
-                    self._store.close()
-                    self._store = self._connect()
-                except Exception:
-                    continue
 
     def close(self) -> None:
         """Commit what is queued, stop the writer, remove the last segment (its rows are all in)."""
         self._queue.put(_Closed(self.journal.current))
         self._queue.put(None)
         self._thread.join(timeout=30)
+        if self._thread.is_alive():  # the database is still away: the rows stay in the journal for the next start
+            self.logger.warning("ledger_not_flushed", detail="rows left in the journal are replayed at the next start")
+            return
         for store in (self._store, self._reader):
             if store is not None:
                 store.close()

@@ -20,7 +20,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import InvalidRequest, NotFound
+from gateway.errors import InvalidRequest, NotFound, ServiceUnavailable
 from gateway.protocol.jsonio import json_response
 from gateway.spend.ledger import Ledger
 from gateway.spend.stores import Aggregate
@@ -96,7 +96,10 @@ class UsageAPI:
         if ledger is None:
             raise NotFound("The ledger is off on this gateway (ledger.enabled: false): there is no usage to report.")
         await asyncio.to_thread(ledger.flush)  # what was answered before this request is counted
-        return await asyncio.to_thread(ledger.read, lambda db: db.aggregate(q.start, stop, q.width))  # type: ignore[no-any-return]
+        try:
+            return await asyncio.to_thread(ledger.read, lambda db: db.aggregate(q.start, stop, q.width))  # type: ignore[no-any-return]
+        except Exception as exc:
+            raise ServiceUnavailable(f"The ledger's database cannot be read now ({type(exc).__name__}).") from None
 
     async def _page(self, q: Query, result: Callable[[list[Aggregate], dict[str, Any]], dict[str, Any]],
                     keep: Callable[[Aggregate], bool]) -> Response:  # fmt: skip
