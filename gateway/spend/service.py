@@ -26,6 +26,7 @@ class Spend:
         self.prices = PriceTable(cfg, routing)
         self.ledger = Ledger(cfg.ledger, logger) if cfg.ledger.enabled else None
         self._ids = ids
+        self._logger = logger
 
     def charge(self, rec: RequestRecord) -> None:
         """The request's cost, into `rec.cost` and (when it used tokens) the ledger."""
@@ -42,12 +43,16 @@ class Spend:
         if self.ledger is None:
             return
         policy = rec.policy
-        self.ledger.record(LedgerRow(
+        row = LedgerRow(
             id=self._ids.new(), time=time.time(), request_id=rec.request_id, key_name=rec.key,
             team=getattr(policy, "team", "") or "", model=rec.model, deployment=rec.deployment, endpoint=rec.path,
             batch=rec.batch, input_tokens=input_tokens, cached_tokens=cached, output_tokens=output, cost=cost,
             currency=self.cfg.currency, cache=rec.cache, status=rec.status or 200,
-        ))  # fmt: skip
+        )  # fmt: skip
+        try:
+            self.ledger.record(row)
+        except OSError as exc:  # a full or failing disk: the answer still goes out, the loss is logged
+            self._logger.error("ledger_journal_failed", request_id=rec.request_id, error=type(exc).__name__)
 
     def close(self) -> None:
         if self.ledger is not None:
