@@ -6,6 +6,7 @@ Importing this module does nothing but define functions (and never imports torch
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import sys
 import time
@@ -224,7 +225,7 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
                 await batches.stop()
             await ctx.cache.close()
             await ctx.guard.close()
-            ctx.spend.close()
+            await asyncio.to_thread(ctx.spend.close)  # joins the ledger's writer: not on the event loop
             await responses.close()
             if router is not None:
                 await router.close()

@@ -61,10 +61,6 @@ class Journal:
             self.current = self._open()
             return segment, segment
 
-    def close(self) -> Segment:
-        with self._lock:
-            return self.current
-
 
 def orphans(directory: Path) -> Iterator[tuple[Path, int]]:
     """Segments no live process holds (left by a crashed or killed one), each with an flock now held by us:
