@@ -303,6 +303,13 @@ def test_usage_api_in_openais_shape_by_key_and_model(stack: SpendStack) -> None:
     assert sum(r["amount"]["value"] for r in amounts) == pytest.approx(sum(r.cost for r in stack.rows() if r.key_name == "alice"))
     assert {r["amount"]["currency"] for r in amounts} == {"usd"}
 
+    only = _admin_get(stack, "/v1/organization/usage/completions", start_time=start, group_by=["api_key_id", "batch"],
+                      api_key_ids="alice", batch="true").json()  # fmt: skip
+    assert_schema("UsageResponse", only)
+    kept = [r for b in only["data"] for r in b["results"]]
+    assert kept and {(r["api_key_id"], r["batch"]) for r in kept} == {("alice", True)}  # the batch lines' test
+    assert sum(r["num_model_requests"] for r in kept) == len([r for r in stack.rows() if r.key_name == "alice" and r.batch])
+
     emb = _admin_get(stack, "/v1/organization/usage/embeddings", start_time=start, group_by="model")
     assert emb.status_code == 200
     assert_schema("UsageResponse", emb.json())
