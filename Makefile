@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install models test-models lint bench clean system-deps clients
+.PHONY: serve test install models test-models lint bench clean system-deps clients chart
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -76,8 +76,14 @@ $(CLIENTS_STAMP):
 	else echo "make: npm install of the coding-agent CLIs failed (see $(CLIENTS)/npm-install.log): their tests will be skipped"; fi
 clients: system-deps $(CLIENTS_STAMP)
 
-test: test-models system-deps clients
-	$(PY) -m ruff check gateway backend kernels bench tests
+# The Helm chart rendered offline for every shipped value set (deploy/helm/smolgate/examples/*.yaml) into
+# build/chart/<name>.yaml, every document validated against the Kubernetes schemas and the vendored CRDs
+# (deploy/chart.py says how; docs/deployment.md how to install it).
+chart: install
+	$(PY) -m deploy.chart
+
+test: test-models system-deps clients chart
+	$(PY) -m ruff check gateway backend kernels bench tests deploy
 	SMOLGATE_QUANTIZATION=none $(PY) -m pytest -q -x --durations=15
 
 # The benchmark suite (bench/suite.py), then the tables in docs/benchmarks.md and README.md and the plots in

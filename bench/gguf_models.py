@@ -8,9 +8,11 @@ What it measures, in one run on this machine:
 - the header read (architecture, tensor types) and, with a cache folder of its own (`--no-cold` skips it), the one-time
   conversion and the first engine load: what a cold `python -m gateway` spends before it is ready (the gateway's own
   start, the embedding model and the HTTP server add a few seconds, not measured here);
-- per serving copy: `none` (the file dequantized to float32, the reference) and `auto` (what `make serve` would serve:
-  INT8 projections and LM head where the file's types are not served in their own bits): load time, the process's
-  resident memory added by the engine against the file's size, perplexity on backend/quant/data/heldout.txt
+- per serving copy: `none` (the file dequantized to float32, the reference), `int8` (dequantized, then re-quantized to
+  INT8 per channel at load: what `auto` served before the file's own bits were) and `auto` (what `make serve` serves:
+  the file's blocks in their own bits, backend/quant/gguf_grouped.py): load time, the process's resident memory added
+  by the engine and the bytes of the weights it holds, each against the file's size, perplexity on
+  backend/quant/data/heldout.txt
   (non-overlapping windows, prompt log-probabilities through the engine), and decode tok/s at each --streams level
   (completion prompts, greedy, ignore_eos, the clock from the moment every stream has its first token), the two copies
   measured back to back each round, their ratio the median of the rounds.
@@ -22,6 +24,7 @@ line printed is one JSON object, also written to bench/results/gguf_models.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import statistics
@@ -29,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
@@ -55,8 +60,34 @@ def load(model: Path, quantization: str) -> tuple[LLMEngine, dict[str, Any]]:
     engine = LLMEngine(EngineConfig(model=str(model), quantization=quantization, enable_prefix_caching=False))
     gc.collect()
     info = {"load_s": round(time.perf_counter() - t0, 2), "rss_added_mb": round(rss_mb() - before, 1),
+            "weights_mb": round(weight_bytes(engine.runner.model) / 2**20, 1),
+            "kv_pool_mb": round(engine.runner.kv_cache.nbytes / 2**20, 1),  # zero pages: resident once written
             "layers": sorted(set(engine.output_identity["layers"]))}
     return engine, info
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every weight the model holds (parameters, buffers, and the quantized layers' tensors kept as attributes
+    or in dataclasses), each storage counted once (a tied head shares the embedding's); not the rope tables (angles
+    for max_model_len positions: Gemma 3's two at 32k positions are 64 MB, not in the file)."""
+    from backend.model.rope import RotaryEmbedding
+
+    seen: dict[int, int] = {}
+    ropes = {t.untyped_storage().data_ptr() for m in model.modules() if isinstance(m, RotaryEmbedding) for t in m.buffers()}
+
+    def add(t: object) -> None:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+
+    for module in model.modules():
+        for value in vars(module).values():
+            add(value)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                for f in dataclasses.fields(value):
+                    add(getattr(value, f.name))
+        for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+            add(t)
+    return sum(n for ptr, n in seen.items() if ptr not in ropes)
 
 
 def decode_tok_s(engine: LLMEngine, streams: int, new_tokens: int) -> float:
@@ -124,13 +155,14 @@ def main(argv: list[str] | None = None) -> None:
     from backend.quant.calibration import HELDOUT
 
     engines, copies = {}, {}
-    for q in ("none", "auto"):
+    for q in ("none", "int8", "auto"):
         engines[q], copies[q] = load(args.model, q)
         text_ids = engines[q].tokenizer.encode(HELDOUT.read_text(), add_special_tokens=False)
         bos = engines[q].tokenizer.bos_token_id
         ppl, scored = perplexity(engines[q], text_ids, args.window, () if bos is None else (bos,), args.max_windows)
         copies[q].update({"perplexity": round(ppl, 4), "scored_tokens": scored,
-                          "memory_over_file": round(copies[q]["rss_added_mb"] / result["file_mb"], 2)})
+                          "memory_over_file": round(copies[q]["rss_added_mb"] / result["file_mb"], 2),
+                          "weights_over_file": round(copies[q]["weights_mb"] / result["file_mb"], 2)})
         print(q, copies[q], flush=True)
     speed: dict[str, dict[str, list[float]]] = {q: {str(s): [] for s in levels} for q in engines}
     for _ in range(args.rounds):
@@ -141,11 +173,12 @@ def main(argv: list[str] | None = None) -> None:
     for q in engines:
         copies[q]["decode_tok_s"] = {s: round(max(v), 1) for s, v in speed[q].items()}
     result["copies"] = copies
-    result["auto_over_none"] = {
-        "decode": {s: round(statistics.median(a / b for a, b in zip(speed["auto"][s], speed["none"][s], strict=True)), 2)
-                   for s in speed["none"]},
-        "perplexity_change": round(copies["auto"]["perplexity"] / copies["none"]["perplexity"] - 1, 4),
-    }
+    for q in ("int8", "auto"):
+        result[f"{q}_over_none"] = {
+            "decode": {s: round(statistics.median(a / b for a, b in zip(speed[q][s], speed["none"][s], strict=True)), 2)
+                       for s in speed["none"]},
+            "perplexity_change": round(copies[q]["perplexity"] / copies["none"]["perplexity"] - 1, 4),
+        }
     emit(result, args.out or default_out("gguf_models"))
 
 

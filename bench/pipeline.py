@@ -23,7 +23,6 @@ import torch
 
 from backend.config import EngineConfig, engine_config_from_env
 from backend.engine.llm_engine import LLMEngine
-from backend.engine.model_runner import DTYPES
 from backend.engine.sampling_params import SamplingParams
 from backend.model.tokenizer import apply_chat_template
 from backend.model.weights import load_model, resolve_model_dir
@@ -65,8 +64,7 @@ def measure(engine: LLMEngine, questions: list[str], new_tokens: int) -> dict[st
 
 
 def stage_param_mib(config: EngineConfig, stage: int, stages: int) -> float:
-    model = load_model(resolve_model_dir(config.resolved_model()), DTYPES[config.dtype], "cpu", 64,
-                       quantization=config.quantization, pp=(stage, stages))
+    model = load_model(resolve_model_dir(config.resolved_model()), replace(config, device="cpu"), 64, pp=(stage, stages))
     return round(sum(p.numel() * p.element_size() for p in model.parameters()) / MiB, 1)
 
 

@@ -38,7 +38,9 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "profile_step.json"
 def start_requests(engine: LLMEngine, batch: int, max_tokens: int) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     for i, question in enumerate(questions_for(batch)):
-        ids = apply_chat_template(engine.tokenizer, [{"role": "user", "content": question}])
+        chat = getattr(engine.tokenizer, "chat_template", None) is not None
+        ids = apply_chat_template(engine.tokenizer, [{"role": "user", "content": question}]) if chat else \
+            engine.tokenizer.encode(question)  # a base model (no chat template): the question as a completion prompt
         engine.add_request(f"r{i}", ids, params)
 
 
@@ -113,10 +115,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=20, help="timed decode steps (median reported)")
     p.add_argument("--profile-steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--model", default="", help="HF model dir or .gguf (default: the fetched SmolLM2)")
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
-    config = EngineConfig(quantization=args.quantization, num_threads=args.threads, enable_prefix_caching=False)
+    config = EngineConfig(model=args.model, quantization=args.quantization, num_threads=args.threads,
+                          enable_prefix_caching=False)
     engine = LLMEngine(config)
     start_requests(engine, args.batch, max_tokens=2 * args.steps + args.profile_steps + 16)  # phases steps too
     warm_up(engine)
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for row in ops:
         print(f"{row['op']:<48} {row['calls']:>5} calls  {row['ms_per_step']:>8.2f} ms/step  {row['share']:>6.1%}")
     print("phases (ms): " + ", ".join(f"{k} {v}" for k, v in split.items()))
-    result = {"bench": "profile_step", "batch": args.batch, "quantization": args.quantization,
+    result = {"bench": "profile_step", "model": engine.model_name, "batch": args.batch, "quantization": args.quantization,
               "threads": torch.get_num_threads(), "step_ms_p50": round(statistics.median(times), 2),
               "tok_s": round(args.batch * 1e3 / statistics.median(times), 1), "phases_ms": split, "top_ops": ops}
     return emit(result, args.out)

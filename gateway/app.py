@@ -209,6 +209,8 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if manage_engine:
             await ctx.engine.start()
+        if router is not None:
+            await router.start()  # the replicas found by DNS, before the gateway says it is ready
         if batches is not None:
             await batches.start()
         # What startup loaded (the engine, the embedder, the app) lives as long as the process: keep it out of the

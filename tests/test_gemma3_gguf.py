@@ -70,17 +70,3 @@ def test_a_configured_template_serves_chat_and_its_turn_end_stops(gguf: Path) ->
     forced = SamplingParams(temperature=0, max_tokens=8, logit_bias={end: 100.0})  # the next token is <end_of_turn>
     out = run_to_completion(engine, {0: [("r", ids, forced)]})["r"]
     assert token_ids(out) == [end] and out[-1].deltas[-1].finish_reason == "stop"
-
-
-
-def test_auto_serves_the_k_quant_mix_as_int8_and_says_so(gguf: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """quantization auto: the file's K-quant types are not served in their own bits yet, so the projections are
-    INT8 (W8A8) and a log line names the types; the answer is still the model's."""
-    with caplog.at_level("INFO", logger="backend.model.weights"):
-        engine = LLMEngine(EngineConfig(model=str(gguf), quantization="auto"))
-    assert any(m.startswith("Int8Linear") for m in engine.output_identity["layers"]), engine.output_identity
-    line = next(r.getMessage() for r in caplog.records if "not served in their own bits" in r.getMessage())
-    assert line.startswith("gemma-3-270m-q4_k_m.gguf: Q5_0 x81, Q4_K x27, Q8_0 x10, Q6_K x9 not served in their own bits")
-    ids = engine.tokenizer.encode(TEXTS[0])
-    out = run_to_completion(engine, {0: [("r", ids, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))]})
-    assert "France" in engine.tokenizer.decode(token_ids(out["r"]))

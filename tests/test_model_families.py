@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
@@ -38,6 +38,11 @@ CONFIGS = {
         **{**SMALL, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
     ),
+    # q/k/v and gate/up fused in the checkpoint itself; Phi-4-mini's partial rotary (12 of 16 dims turn) and tied head
+    "phi3": Phi3Config(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "phi4-mini-partial-rotary": Phi3Config(**SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                           partial_rotary_factor=0.75, tie_word_embeddings=True,
+                                           initializer_range=0.2),  # peaked attention: positions matter
 }
 NORM_STD = {"qwen3": 0.3, "gemma3": 0.3}  # random norm weights: how a family applies them must match
 
@@ -53,6 +58,12 @@ def test_family_matches_hf(family: str, tmp_path: Path) -> None:
         for i, prompt in enumerate(prompts):
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=[], pad_token_id=0)
             assert token_ids(outs[f"r{i}"]) == ref[0, len(prompt) :].tolist(), f"{family}: prompt {i} diverged"
+        # and the log-probabilities themselves (greedy tokens of a random model can hide a wrong rotary)
+        scored = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+        got = run_to_completion(engine, {0: [("lp", prompts[2], scored)]})["lp"][0].prompt_logprobs
+        ref_lp = torch.log_softmax(hf(torch.tensor([prompts[2]])).logits[0].float(), dim=-1)
+        want = [ref_lp[j - 1, t].item() for j, t in enumerate(prompts[2]) if j]
+        assert max(abs(g.logprob - w) for g, w in zip(got[1:], want, strict=True)) < 1e-3, family
     assert_no_leaks(engine)
 
 
@@ -73,3 +84,17 @@ def test_gemma3_prefix_cache_and_preemption_keep_hf_greedy(tmp_path: Path) -> No
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False, eos_token_id=[], pad_token_id=0)
             assert token_ids(outs[f"r{i}"]) == ref[0, len(prompt) :].tolist(), f"prompt {i} diverged"
     assert_no_leaks(engine)
+
+
+def test_longrope_serves_up_to_its_original_context() -> None:
+    """Phi-3/4's longrope switches every position's angles past original_max_position_embeddings; the context stops
+    there (backend/model/arch.py: context_limit), and a plain config keeps its own."""
+    from backend.model.arch import context_limit
+
+    head = SMALL["hidden_size"] // SMALL["num_attention_heads"]
+    longrope = Phi3Config(**{**SMALL, "max_position_embeddings": 1024}, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                          original_max_position_embeddings=256, rope_parameters={
+                              "rope_type": "longrope", "short_factor": [1.0] * (head // 2), "long_factor": [4.0] * (head // 2),
+                              "original_max_position_embeddings": 256})
+    assert context_limit(longrope) == 256
+    assert context_limit(CONFIGS["phi3"]) == SMALL["max_position_embeddings"]

@@ -55,8 +55,8 @@ def test_two_stages_equal_one_process() -> None:
 
 
 def test_last_stage_holds_only_its_layers() -> None:
-    full = load_model(model_path(), torch.float32, "cpu", 64)
-    stage = load_model(model_path(), torch.float32, "cpu", 64, pp=(1, 2))
+    full = load_model(model_path(), EngineConfig(device="cpu"), 64)
+    stage = load_model(model_path(), EngineConfig(device="cpu"), 64, pp=(1, 2))
     assert stage.layer_ids == range(15, 30) and len(stage.layers) == 15
     assert stage.embed_tokens is None and stage.lm_head is None and stage.norm is None
     assert kv_cache_shape(stage, 4, 16) == (15, *kv_cache_shape(full, 4, 16)[1:])
@@ -77,7 +77,7 @@ def test_stage_layers_split_evenly(layers: int, stages: int, ranges: list[range]
 
 def test_bad_sizes_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="pipeline_parallel_size 31 must be between 1 and the model's 30 decoder layers"):
-        load_model(model_path(), torch.float32, "cpu", 64, pp=(0, 31))
+        load_model(model_path(), EngineConfig(device="cpu"), 64, pp=(0, 31))
     with pytest.raises(ValueError, match="tp x pp is not supported"):
         parallel_ranks(2, 2)
     with pytest.raises(ValueError, match="must be >= 1"):

@@ -34,7 +34,7 @@ from backend.spec.draft_model import DraftModel, kv_blocks_for_both, load_draft_
 from backend.spec.medusa import MedusaDrafter, load_medusa_heads
 from backend.spec.speculator import Speculator
 
-_QUANTIZED_LAYERS = ("Int4Linear", "Int8Linear", "LowBitHead")
+_QUANTIZED_LAYERS = ("Int4Linear", "Int8Linear", "LowBitHead", "GgufLinear")
 _SHAPE = re.compile(r"\b(in|out)=\d+,\s*")
 
 
@@ -67,12 +67,8 @@ class LLMEngine:
         tp, pp = parallel_ranks(config.tensor_parallel_size, config.pipeline_parallel_size)
         quantization = serving_quantization(config.resolved_model(), model_dir, config.quantization, self.device,
                                             tp is not None or pp is not None)
-        model = load_model(
-            model_dir, dtype, self.device, self.max_model_len, ops, config.int4_dense_copy, quantization, tp, pp,
-            packed_copy=config.packed_copy, int4_cpu_kernel=config.int4_cpu_kernel,
-            deterministic=config.deterministic,
-        )
-        draft = load_draft_model(config, model, dtype, self.device, self.max_model_len, ops)
+        model = load_model(model_dir, config, self.max_model_len, ops, quantization, tp, pp)
+        draft = load_draft_model(config, model, self.max_model_len, ops)
         heads = load_medusa_heads(config, model.config.vocab_size, model.config.hidden_size, dtype, self.device)
         single = tp is None and pp is None
         kv_dtype = kv_cache_dtype(

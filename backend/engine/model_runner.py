@@ -11,6 +11,7 @@ from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
 from backend.model.cpu_gemm import onednn_available
 from backend.model.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
 from backend.model.llama import LlamaForCausalLM
+from backend.quant.gguf_linear import GgufLinear
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear
 from kernels.cpu.paged_decode import supports_dims
@@ -39,7 +40,7 @@ def kv_cache_dtype(
     kernels and the parallel workers read the model's dtype)."""
     if name == "auto":
         cpu_bf16 = device == "cpu" and torch_ops and (c_decode or onednn_available(torch.bfloat16))
-        quantized = any(isinstance(m, (Int4Linear, Int8Linear)) for m in model.modules())
+        quantized = any(isinstance(m, (Int4Linear, Int8Linear, GgufLinear)) for m in model.modules())
         return torch.bfloat16 if cpu_bf16 and quantized and model_dtype == torch.float32 else model_dtype
     if name not in DTYPES:
         raise ValueError(f"unknown kv_cache_dtype {name!r}: use auto, float32, bfloat16 or float16")

@@ -36,6 +36,11 @@ class FusedLayers(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
+def rotary_dim(head_dim: int, arch: Arch) -> int:
+    """The dims of each head the rotary turns (HF's int(head_dim * partial_rotary_factor))."""
+    return int(head_dim * arch.rotary_fraction)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -59,6 +64,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = arch.attn_scale or head_dim**-0.5
+        self.rotary_dim = rotary_dim(head_dim, arch)
         # QK-norm (Qwen3, Gemma 3): each head's q and k normalised over head_dim before the rotary
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if arch.qk_norm else None
@@ -73,7 +79,12 @@ class Attention(nn.Module):
             k = self.k_norm(k.reshape(-1, self.head_dim), None, ops)[0]
         q = q.reshape(n, self.num_heads, self.head_dim)  # (num_tokens, num_heads, head_dim)
         k = k.reshape(n, self.num_kv_heads, self.head_dim)  # (num_tokens, num_kv_heads, head_dim)
-        q, k = ops.rotary(q, k, rope)
+        if self.rotary_dim == self.head_dim:
+            q, k = ops.rotary(q, k, rope)
+        else:  # partial rotary (Phi-4-mini): the first rotary_dim dims of each head turn, the rest pass unchanged
+            d = self.rotary_dim
+            q_rot, k_rot = ops.rotary(q[..., :d].contiguous(), k[..., :d].contiguous(), rope)
+            q, k = torch.cat([q_rot, q[..., d:]], dim=-1), torch.cat([k_rot, k[..., d:]], dim=-1)
         batch = batch.with_window(self.window)
         out = ops.attention(q, k, v.reshape(n, self.num_kv_heads, self.head_dim), cache, batch, self.scale)
         return self.o_proj(out.reshape(n, self.q_size))
@@ -155,7 +166,8 @@ class LlamaForCausalLM(nn.Module):
 
     def set_rope(self, max_positions: int, device: torch.device | str = "cpu") -> None:
         """The rope tables (fp32 whatever the model's dtype: the loader calls this after casting)."""
-        ropes = [RotaryEmbedding(self.config, self.head_dim, max_positions, t).to(device=device) for t in self.rope_types]
+        dim = rotary_dim(self.head_dim, self.arch)
+        ropes = [RotaryEmbedding(self.config, dim, max_positions, t).to(device=device) for t in self.rope_types]
         self.rope, self.ropes = ropes[0], nn.ModuleList(ropes)
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:

@@ -16,8 +16,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
-from backend.config import cache_dir
-from backend.model.arch import arch_of, preflight
+from backend.config import EngineConfig, cache_dir
+from backend.model.arch import arch_of, context_limit, preflight
 from backend.model.cpu_gemm import add_packed_copies
 from backend.model.gguf_header import read_header
 from backend.model.llama import LlamaForCausalLM
@@ -25,8 +25,13 @@ from backend.model.ops import CpuOps, Ops
 from backend.quant.config import AWQ_TENSORS, AwqConfig, GptqConfig, awq_config_of, gptq_config_of
 from backend.quant.gguf_blocks import ARCHITECTURES as BLOCK_ARCHITECTURES
 from backend.quant.gguf_blocks import BLOCK_TENSORS, NoBlocksError, as_module_tensors, dequantize_mixed_groups, is_gguf_blocks
+from backend.quant.gguf_grouped import ARCHITECTURES as GROUPED_ARCHITECTURES
+from backend.quant.gguf_grouped import TENSORS as GROUPED_TENSORS
+from backend.quant.gguf_grouped import dense_state, harmonize, is_gguf_grouped
+from backend.quant.gguf_types import SERVED
 
 log = logging.getLogger(__name__)
+FLOAT_TYPES = ("F32", "F16", "BF16")
 FUSED = {  # our parameter -> the HF parameters concatenated along the output dimension
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
@@ -34,8 +39,9 @@ FUSED = {  # our parameter -> the HF parameters concatenated along the output di
 
 
 def resolve_model_dir(path: Path, gguf_blocks: bool = False) -> Path:
-    """A GGUF file becomes a converted directory under the cache (`gguf_blocks`: its Q4_0/Q4_1 blocks kept as they
-    are where it has them; else dequantized); a directory is used as is."""
+    """A GGUF file becomes a converted directory under the cache; a directory is used as is. With `gguf_blocks`
+    (`quantization: auto`) its weights keep their own bits: Llama/Qwen2 Q4_0/Q4_1 blocks as INT4 layers
+    (gguf_blocks.py), else every served block type as grouped int8 (gguf_grouped.py); without, dequantized."""
     if path.is_dir():
         return path
     header = preflight(path)  # milliseconds: a file we cannot serve stops here, before any conversion
@@ -48,7 +54,12 @@ def resolve_model_dir(path: Path, gguf_blocks: bool = False) -> Path:
         try:
             return blocks if (blocks / "model.safetensors").exists() else convert_gguf_blocks(path, blocks)
         except NoBlocksError:
-            pass  # nothing 4-bit to keep (another block type, another architecture): dequantized below
+            pass  # nothing 4-bit to keep (another block type, another architecture): grouped or dequantized below
+    if gguf_blocks and header.architecture in GROUPED_ARCHITECTURES and set(SERVED) & set(header.tensor_types):
+        from backend.quant.gguf_grouped import convert_gguf_grouped
+
+        grouped = cache_dir() / "converted" / f"{path.stem}-{digest}-grouped"
+        return grouped if (grouped / "model.safetensors").exists() else convert_gguf_grouped(path, grouped)
     out = cache_dir() / "converted" / f"{path.stem}-{digest}"
     if not (out / "model.safetensors").exists():
         from backend.model.gguf_convert import convert_gguf_to_hf
@@ -58,14 +69,21 @@ def resolve_model_dir(path: Path, gguf_blocks: bool = False) -> Path:
 
 
 def serving_quantization(path: Path, model_dir: Path, quantization: str, device: str, parallel: bool) -> str:
-    """`auto` for a GGUF file whose projections are not Q4_0/Q4_1 blocks (a K-quant mix such as Q4_K_M, Q8_0, ...):
-    those types are not served in their own bits yet, so on a CPU the dequantized projections are re-quantized to INT8
-    (the W8A8 kernel and an int8 LM head: a quarter of float32's bytes a step) with a log line naming the types; on a
-    GPU, or sharded, full precision. Anything else is served as configured."""
+    """`auto` for a GGUF file that was dequantized (an architecture or block types not served in their own bits): on
+    a CPU the projections are re-quantized to INT8 (the W8A8 kernel and an int8 LM head: a quarter of float32's bytes a
+    step) with a log line naming the types; on a GPU, or sharded, full precision. Anything else is served as
+    configured (a file in its own bits included: gguf_blocks, gguf_grouped)."""
     if quantization != "auto" or path.suffix != ".gguf" or is_gguf_blocks(model_dir):
         return quantization
     types = read_header(path).tensor_types
-    kept = ", ".join(f"{name} x{n}" for name, n in types.most_common() if name not in ("F32", "F16", "BF16"))
+    if is_gguf_grouped(model_dir):
+        own = ", ".join(f"{name} x{n}" for name, n in types.most_common() if name in SERVED)
+        rest = ", ".join(f"{name} x{n}" for name, n in types.most_common() if name not in SERVED + FLOAT_TYPES)
+        where = "grouped int8 kernel" if device == "cpu" and not parallel else "float32 values (no grouped kernel here)"
+        log.info("%s: %s served in their own bits (%s)%s", path.name, own, where,
+                 f"; {rest} dequantized to float32" if rest else "")
+        return quantization
+    kept = ", ".join(f"{name} x{n}" for name, n in types.most_common() if name not in FLOAT_TYPES)
     choice = "int8" if device == "cpu" and not parallel else "none"
     log.info("%s: %s not served in their own bits yet: dequantized, projections served as %s (quantization: none keeps "
              "full precision)", path.name, kept or "no quantized tensors", "INT8" if choice == "int8" else "full precision")
@@ -80,7 +98,7 @@ def load_config(model_dir: Path) -> PretrainedConfig:
 
 def model_max_len(model_dir: Path) -> int:
     """The longest context the checkpoint supports (sliding windows are attended exactly: backend/model/sliding_window.py)."""
-    return int(load_config(model_dir).max_position_embeddings)
+    return context_limit(load_config(model_dir))
 
 
 def read_hf_tensors(model_dir: Path, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
@@ -105,7 +123,8 @@ def to_our_names(hf: dict[str, torch.Tensor], layer_ids: range) -> dict[str, tor
         prefix = f"layers.{i}."
         layer = {k.removeprefix(prefix): v for k, v in hf.items() if k.startswith(prefix)}
         for fused, parts in FUSED.items():
-            for kind in ("weight", "bias", *AWQ_TENSORS, *BLOCK_TENSORS):  # AWQ tensors are (in, out): fuse along dim 1
+            # AWQ tensors are (in, out): fuse along dim 1
+            for kind in ("weight", "bias", *AWQ_TENSORS, *BLOCK_TENSORS, *GROUPED_TENSORS):
                 if f"{parts[0]}.{kind}" in layer:
                     dim = 1 if kind in AWQ_TENSORS else 0
                     layer[f"{fused}.{kind}"] = torch.cat([layer.pop(f"{p}.{kind}") for p in parts], dim=dim)
@@ -144,8 +163,9 @@ def _empty_model(
 
 
 def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | None, tp: tuple[int, int] | None,
-                pp: tuple[int, int] | None) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors this model holds, in our names (a pipeline stage reads only its own)."""
+                pp: tuple[int, int] | None, grouped: str | None = None) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors this model holds, in our names (a pipeline stage reads only its own). grouped: a
+    gguf_grouped checkpoint's weights kept (`kept`) or as float32 (`dense`: no grouped kernel on that path)."""
     keep = None
     if pp is not None:
         from backend.parallel.pipeline_parallel import keeps_tensor
@@ -155,6 +175,8 @@ def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | Non
     hf = read_hf_tensors(model_dir, keep)
     if any(k.endswith(".q4") for k in hf):  # GGUF blocks: a fused projection's parts must share a form
         hf = as_module_tensors(dequantize_mixed_groups(hf, FUSED.values()))
+    if grouped is not None:
+        hf = dense_state(hf) if grouped == "dense" else harmonize(hf, FUSED.values())
     if gptq is not None:
         from backend.quant.gptq_format import convert_gptq_tensors
 
@@ -168,16 +190,19 @@ def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | Non
 
 
 def load_model(
-    path: Path, dtype: torch.dtype, device: str, max_positions: int, ops: Ops | None = None, int4_dense_copy: bool = True,
-    quantization: str = "none", tp: tuple[int, int] | None = None, pp: tuple[int, int] | None = None,
-    packed_copy: bool = False, int4_cpu_kernel: str = "auto", deterministic: bool = False,
+    path: Path, engine: EngineConfig, max_positions: int, ops: Ops | None = None, quantization: str | None = None,
+    tp: tuple[int, int] | None = None, pp: tuple[int, int] | None = None,
 ) -> LlamaForCausalLM:
-    """quantization "int8" quantizes a full-precision checkpoint's projections at load time; a quantized
-    checkpoint (AWQ, GPTQ) always loads as it says. packed_copy: full-precision linears on CPU also keep a
-    oneDNN-prepacked copy for multi-row calls (backend/model/cpu_gemm.py). deterministic: the linears on kernels whose
-    result for a row does not depend on the row count (EngineConfig.deterministic). tp = (rank, world): this rank's
-    tensor-parallel shard (backend/parallel/tensor_parallel.py); pp = (rank, world): this rank's pipeline stage
+    """The model at `path` as `engine` (EngineConfig, passed whole) says to load it: its dtype and device, the INT4
+    layers' options (int4_dense_copy, int4_cpu_kernel), packed_copy (full-precision linears on CPU also keep a
+    oneDNN-prepacked copy for multi-row calls: backend/model/cpu_gemm.py) and deterministic (the linears on kernels
+    whose result for a row does not depend on the row count). quantization: the resolved one (`serving_quantization`;
+    default engine.quantization): "int8" quantizes a full-precision checkpoint's projections at load time; a quantized
+    checkpoint (AWQ, GPTQ, GGUF blocks) always loads as it says. tp = (rank, world): this rank's tensor-parallel shard
+    (backend/parallel/tensor_parallel.py); pp = (rank, world): this rank's pipeline stage
     (backend/parallel/pipeline_parallel.py)."""
+    dtype, device = getattr(torch, engine.dtype), engine.resolved_device()  # float32 | bfloat16 | float16
+    quantization = engine.quantization if quantization is None else quantization
     model_dir = resolve_model_dir(path)
     config = load_config(model_dir)
     awq = awq_config_of(config)  # an AWQ checkpoint swaps in INT4 layers (backend/quant)
@@ -185,19 +210,27 @@ def load_model(
     if gptq is not None:
         awq = AwqConfig(group_size=gptq.group_size)
     blocks = is_gguf_blocks(model_dir)  # a GGUF's Q4_0/Q4_1 blocks: INT4 layers where the state holds them
+    # a GGUF's blocks as grouped int8 (gguf_grouped.py): on one CPU process; elsewhere their values as float32
+    grouped = ("kept" if device == "cpu" and tp is None and pp is None else "dense") if is_gguf_grouped(model_dir) else None
     if blocks and tp is not None:
         raise ValueError("tensor parallelism needs full-precision weights (quantization: none)")
     if (tp is not None or pp is not None) and not arch_of(config).is_llama:
         raise ValueError(f"tensor and pipeline parallelism take Llama-family blocks, not {config.model_type}")
     model = _empty_model(config, max_positions, ops, awq, quantization, tp, pp)
-    state = _read_state(model_dir, model, gptq, tp, pp)
+    state = _read_state(model_dir, model, gptq, tp, pp, grouped)
+    if grouped == "kept":
+        from backend.quant.gguf_grouped import swap_in_grouped
+        from kernels.cpu.wg8a8 import load_wg8a8
+
+        swap_in_grouped(model, state, load_wg8a8(cache_dir() / "kernels"))
     if blocks:
         from backend.quant.convert import swap_in_gguf_blocks
 
         swap_in_gguf_blocks(model, state)
     for name in [k for k in state if k.endswith(".in_perm")]:  # act-order: Int4Linear gathers its input columns
         model.get_submodule(name.removesuffix(".in_perm")).register_buffer("in_perm", state.pop(name))
-    tied = config.tie_word_embeddings and model.embed_tokens is not None  # a later pipeline stage has neither
+    # a later pipeline stage has neither; a grouped embedding's head already shares its tensors (swap_in_grouped)
+    tied = config.tie_word_embeddings and isinstance(model.embed_tokens, torch.nn.Embedding)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     unexpected = model.load_state_dict(state, strict=False, assign=True).unexpected_keys
@@ -212,7 +245,8 @@ def load_model(
     if awq is not None or blocks:
         from backend.quant.convert import prepare_int4
 
-        prepare_int4(model, dense_copy=int4_dense_copy, cpu_kernel=int4_cpu_kernel, deterministic=deterministic)
+        prepare_int4(model, dense_copy=engine.int4_dense_copy, cpu_kernel=engine.int4_cpu_kernel,
+                     deterministic=engine.deterministic)
         if tp is None and model.arch.is_llama:  # (DecodeStack.build says None without CpuOps)
             from backend.model.decode_stack import DecodeStack
 
@@ -220,9 +254,9 @@ def load_model(
     elif quantization == "int8":
         from backend.quant.convert import quantize_int8
 
-        quantize_int8(model, deterministic)
-    elif packed_copy:
-        add_packed_copies(model, ops.small_gemm if isinstance(ops, CpuOps) else None, deterministic)
+        quantize_int8(model, engine.deterministic)
+    elif engine.packed_copy:
+        add_packed_copies(model, ops.small_gemm if isinstance(ops, CpuOps) else None, engine.deterministic)
     if tp is not None:
         from backend.parallel.tensor_parallel import make_row_parallel
 

@@ -88,10 +88,7 @@ def _load_worker_model(cfg: Any) -> tuple[nn.Module, torch.dtype, str]:
     dtype, device = DTYPES[cfg.dtype], cfg.resolved_device()
     ops = select_ops(cfg.kernel_backend, device, cfg.block_size)
     tp, pp = parallel_ranks(cfg.tensor_parallel_size, cfg.pipeline_parallel_size)
-    model = load_model(
-        model_dir, dtype, device, max_len, ops, cfg.int4_dense_copy, cfg.quantization, tp=tp, pp=pp, packed_copy=cfg.packed_copy,
-        int4_cpu_kernel=cfg.int4_cpu_kernel, deterministic=cfg.deterministic,
-    )
+    model = load_model(model_dir, cfg, max_len, ops, tp=tp, pp=pp)
     return model, dtype, device
 
 

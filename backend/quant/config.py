@@ -40,7 +40,7 @@ def awq_config_of(config: PretrainedConfig) -> AwqConfig | None:
         return None
     q = q if isinstance(q, dict) else q.to_dict()
     method = q.get("quant_method")
-    if method in {"gptq", "gguf_blocks"}:
+    if method in {"gptq", "gguf_blocks", "gguf_grouped"}:
         return None  # gptq_config_of reads it; a GGUF's blocks are found by their tensors (backend/quant/gguf_blocks.py)
     if method != "awq":
         raise ValueError(f"unsupported quantization {method!r}: only AWQ, GPTQ and GGUF-block 4-bit checkpoints load")

@@ -35,7 +35,7 @@ DEFAULT_MIN_CONFIDENCE = 0.3  # bench.speculative: see bench/README.md ("specula
 
 
 def load_draft_model(
-    config: EngineConfig, target: LlamaForCausalLM, dtype: torch.dtype, device: str, max_model_len: int, ops: Ops
+    config: EngineConfig, target: LlamaForCausalLM, max_model_len: int, ops: Ops
 ) -> LlamaForCausalLM | None:
     """The configured draft model (default: the default model's INT4 copy, its GGUF blocks), or None without draft
     speculation."""
@@ -45,10 +45,7 @@ def load_draft_model(
         return None
     path = Path(config.speculative_model).expanduser() if config.speculative_model else default_gguf_model_path()
     draft_dir = resolve_model_dir(path, gguf_blocks=config.quantization == "auto")
-    draft = load_model(
-        draft_dir, dtype, device, max_model_len, ops, config.int4_dense_copy, packed_copy=config.packed_copy,
-        int4_cpu_kernel=config.int4_cpu_kernel, deterministic=config.deterministic,
-    )
+    draft = load_model(draft_dir, config, max_model_len, ops, quantization="none")
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft model {path} has {draft.config.vocab_size} tokens, the target {target.config.vocab_size}: "
                          "a draft model needs the target's vocabulary")

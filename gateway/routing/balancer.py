@@ -25,7 +25,8 @@ class DeploymentState:
     after it, one probe request at a time until a success closes the circuit again."""
 
     cfg: DeploymentConfig
-    index: int
+    index: int  # unique in its balancer, never reused (a replica discovered later gets a new one)
+    source: int = -1  # the configured deployment it comes from (its position), for replicas found by discovery
     outstanding: int = 0
     consecutive_failures: int = 0
     cooldown_until: float = 0.0
@@ -93,9 +94,28 @@ class Balancer:
     """Per-model deployment states; pick() / done() bracket every attempt."""
 
     def __init__(self, deployments: Sequence[DeploymentConfig], cfg: RouterConfig, clock: Callable[[], float] = time.monotonic):
-        self.states = [DeploymentState(d, i) for i, d in enumerate(deployments)]
+        """A deployment with `discovery` has no state of its own: sync() adds and removes the replicas found for it."""
+        self.states = [DeploymentState(d, i, i) for i, d in enumerate(deployments) if not d.discovery]
         self.cfg = cfg
         self.clock = clock
+        self._next_index = len(deployments)
+
+    def sync(self, source: int, members: Sequence[DeploymentConfig]) -> tuple[list[DeploymentState], list[DeploymentState]]:
+        """Make the replicas of configured deployment `source` exactly `members` (matched by name and URL: a pod that
+        came back under its name at a new address is a new replica): a replica that stays keeps its state (in-flight
+        count, cooldown, affinity memory). Returns (added, removed); a removed one may still have attempts in flight,
+        which end normally (done/release on a state no longer picked)."""
+        wanted = {(m.label, m.base_url) for m in members}
+        removed = [s for s in self.states if s.source == source and (s.name, s.cfg.base_url) not in wanted]
+        kept = {(s.name, s.cfg.base_url) for s in self.states if s.source == source} - {(s.name, s.cfg.base_url) for s in removed}
+        added = []
+        for member in members:
+            if (member.label, member.base_url) not in kept:
+                added.append(DeploymentState(member, self._next_index, source))
+                self._next_index += 1
+        gone = {id(s) for s in removed}
+        self.states = [s for s in self.states if id(s) not in gone] + added
+        return added, removed
 
     def pick(self, key: str, exclude: set[int]) -> Choice | None:
         """The deployment for the next attempt, or None when every one is cooling down or excluded."""

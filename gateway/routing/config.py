@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 DeploymentKind = Literal["embedded", "openai", "backend"]
 _KINDS = ("embedded", "openai", "backend")
+_DISCOVERY = ("", "dns")
 
 
 class RoutingConfigError(ValueError):
@@ -43,6 +44,9 @@ class DeploymentConfig:
     tpm: int = 0  # tokens per minute
     max_connections: int = 64  # httpx pool size for this deployment
     prefix_affinity: bool = False  # default: true for kind backend
+    # "" (base_url is one server) | dns (base_url's host names every replica, e.g. a Kubernetes headless Service: its
+    # A records are re-resolved every router.discovery_interval_s, each address one replica: gateway/routing/discovery.py)
+    discovery: str = ""
 
     @property
     def label(self) -> str:
@@ -103,6 +107,8 @@ class RouterConfig:
     redis_url: str = ""  # rate-limit counters shared by gateway replicas; "" = in process
     redis_prefix: str = "smolgate:rl"
     tokenizer: str = ""  # tokenizer.json to count usage upstreams omit; "" = the default model's
+    discovery_interval_s: float = 5.0  # deployments with `discovery: dns`: how often their name is re-resolved
+    discovery_nameservers: str = ""  # "" = the system's (/etc/resolv.conf); else "host[:port],..." to ask instead
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,8 @@ def parse_deployment(where: str, value: object, env: Mapping[str, str]) -> Deplo
         raise RoutingConfigError(f"{where}.base_url must be an http(s) URL ending in /v1")
     if dep.weight <= 0:
         raise RoutingConfigError(f"{where}.weight must be > 0")
+    if dep.discovery not in _DISCOVERY or (dep.discovery and dep.kind == "embedded"):
+        raise RoutingConfigError(f"{where}.discovery must be '' or 'dns' (with a base_url), got {dep.discovery!r}")
     changes: dict[str, Any] = {"base_url": dep.base_url.rstrip("/")}
     if env_name is not None:
         changes["api_key"] = _secret(f"{where}.api_key_env (deployment {dep.label!r})", env_name, env)
@@ -298,6 +306,8 @@ def parse_routing(data: Mapping[str, Any], env: Mapping[str, str]) -> RoutingCon
         cfg = replace(cfg, fallbacks=parse_fallbacks(data["fallbacks"]))
     if "router" in data:
         cfg = replace(cfg, router=_dataclass_from(RouterConfig, "router", data["router"]))
+        if cfg.router.discovery_interval_s <= 0:
+            raise RoutingConfigError("router.discovery_interval_s must be > 0")
     if "auto" in data:
         cfg = replace(cfg, auto=_dataclass_from(AutoConfig, "auto", data["auto"]))
     _check_names(cfg)

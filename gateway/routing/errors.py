@@ -23,6 +23,7 @@ class Attempted:
     limited: OverLimit | None = None
     cooling_s: float = 0.0  # every deployment cools down this long yet
     cooling_429: bool = False  # ...because the upstreams said 429
+    empty: bool = False  # no replica at all: discovery (DNS) found none yet
 
 
 def retryable(exc: BaseException) -> bool:
@@ -54,5 +55,10 @@ def final_error(chain: list[str], tried: list[Attempted]) -> GatewayError:
     if all(isinstance(e, UpstreamError) and e.status == 429 for e in lasts) and all(a.cooling_429 or a.last for a in tried):
         wait = max(1, math.ceil(min(retry_afters))) if retry_afters else 1
         return RateLimited(f"Every deployment of {names} is rate limited upstream.", retry_after_s=wait)
-    detail = f" (last error: {lasts[-1]})" if lasts else " (every deployment is cooling down after failures)"
+    if lasts:
+        detail = f" (last error: {lasts[-1]})"
+    elif all(a.empty for a in tried):
+        detail = " (no replica is up: DNS discovery found none)"
+    else:
+        detail = " (every deployment is cooling down after failures)"
     return AllFailed(f"No deployment of {names} could serve the request{detail}. Retry later.")

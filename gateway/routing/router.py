@@ -37,6 +37,7 @@ from gateway.routing.auto import AutoChoice, AutoRouter
 from gateway.routing.balancer import Balancer, Choice, DeploymentState, request_affinity_key
 from gateway.routing.cached import UpstreamCache
 from gateway.routing.config import DeploymentConfig
+from gateway.routing.discovery import Discovery, Target
 from gateway.routing.errors import Attempted, client_error, final_error, retryable
 from gateway.routing.metrics import RouterMetrics
 from gateway.routing.proxy import Keep, Outcome, call_json, call_stream
@@ -82,8 +83,14 @@ class Router:
         self.cfg, self.rcfg, self.local, self.logger = config, rc.router, local, logger
         self.balancers = {m.name: Balancer(m.deployments, rc.router) for m in rc.models}
         self.upstreams = {
-            (m.name, i): Upstream.open(d) for m in rc.models for i, d in enumerate(m.deployments) if d.kind != "embedded"
+            (m, s.index): Upstream.open(s.cfg) for m, b in self.balancers.items() for s in b.states if s.cfg.kind != "embedded"
         }
+        # replicas found by DNS (`discovery: dns`) come and go: their upstreams open and close with them
+        targets = [Target(m.name, i, d, self.balancers[m.name]) for m in rc.models for i, d in enumerate(m.deployments)
+                   if d.discovery]  # fmt: skip
+        self.discovery = Discovery(targets, rc.router, self._replicas_changed, logger)
+        self._retired: dict[tuple[str, int], DeploymentState] = {}  # gone from DNS, their upstream still open
+        self._closing: set[asyncio.Task[None]] = set()
         self.aliases = Aliases(config.model_aliases, self.balancers)
         self.metrics = RouterMetrics(metrics_registry, lambda: self.balancers)
         self.limiter = build_limiter(rc.router.redis_url, rc.router.redis_prefix, self._limiter_error)
@@ -106,7 +113,26 @@ class Router:
     def model_names(self) -> list[str]:
         return [*self.balancers, *(["auto"] if self.auto_enabled else [])]
 
+    async def start(self) -> None:
+        """Resolve the deployments found by DNS (once now, then in the background)."""
+        await self.discovery.start()
+
+    def _replicas_changed(self, model: str, added: list[DeploymentState], removed: list[DeploymentState]) -> None:
+        for state in added:
+            self.upstreams[(model, state.index)] = Upstream.open(state.cfg)
+        for state in removed:  # no new attempt picks it; the ones in flight finish on its upstream
+            self._retired[(model, state.index)] = state
+        for key, state in list(self._retired.items()):
+            if state.outstanding <= 0:
+                del self._retired[key]
+                upstream = self.upstreams.pop(key)
+                task = asyncio.create_task(upstream.close())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+
     async def close(self) -> None:
+        await self.discovery.close()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         await asyncio.gather(*(u.close() for u in self.upstreams.values()), return_exceptions=True)
         await self.limiter.close()
 
@@ -212,7 +238,9 @@ class Router:
                 wait = _soonest(balancer, limited)
                 if wait is None or wait > self.rcfg.max_retry_after_s:
                     attempted.cooling_s = wait or 0.0
-                    attempted.cooling_429 = all(s.last_status == 429 for s in balancer.states if s.index not in limited)
+                    cooling = [s for s in balancer.states if s.index not in limited]
+                    attempted.cooling_429 = bool(cooling) and all(s.last_status == 429 for s in cooling)
+                    attempted.empty = not balancer.states  # DNS found no replica (yet)
                     return None
                 attempts += 1
                 await asyncio.sleep(wait)

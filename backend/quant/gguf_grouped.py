@@ -1,0 +1,186 @@
+"""A GGUF file served in its own bits: every block-quantized weight kept as the file's integers and scales.
+
+`convert_gguf_grouped` writes, once, a safetensors directory in our HF names where each weight of a served block type
+(gguf_types.SERVED: Q4_0 ... Q8_0 and the K-quants Q3_K-Q6_K) is three tensors
+
+    <name>.gq  (out, in) int8     q
+    <name>.gs  (out, in / G) fp32 the scale of each group of G = 16 or 32
+    <name>.gz  (out, in / 32) fp32 the term added per group (types with a minimum only)
+
+and everything else (norms, F32/F16 tensors, any type not served) is dequantized by gguf-py's reference, as transformers
+loads it (llama's q/k rows un-permuted, Gemma's norms stored as w - 1). No float copy of a served weight is written
+or built: the file's ~1 byte a weight stays ~1.1-1.25 in memory (GgufLinear / GgufEmbedding, gguf_linear.py).
+config.json gets quantization_config = {quant_method: gguf_grouped}.
+
+The loader fuses q/k/v and gate/up (`harmonize` first makes the parts agree: one group size, terms on all or none,
+or, where one part is dense, the fused weight dense) and swaps the layers in (`swap_in_grouped`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from backend.quant.gguf_blocks import PER_LAYER, TOP, _unpermute
+from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
+from backend.quant.gguf_types import decode
+from kernels.cpu.wg8a8 import GroupedInt8, pack
+
+QUANT_METHOD = "gguf_grouped"
+TENSORS = ("gq", "gs", "gz")
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "gemma3"}  # GGUF's general.architecture names
+# per-layer names beyond Llama's: QK-norm (qwen3, gemma3) and Gemma's sandwich norms, where ffn_norm is the pre-MLP one
+EXTRA = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+         "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+GEMMA = {**EXTRA, "ffn_norm": "pre_feedforward_layernorm"}
+
+
+def hf_name(gguf_name: str, arch: str) -> str:
+    """blk.3.ffn_norm.weight -> model.layers.3.post_attention_layernorm.weight (gemma3: pre_feedforward_layernorm)."""
+    stem, _, kind = gguf_name.rpartition(".")
+    if stem in TOP:
+        return f"{TOP[stem]}.{kind}"
+    blk, layer, part = stem.split(".", 2)
+    names = {**PER_LAYER, **(GEMMA if arch == "gemma3" else EXTRA)}
+    if blk != "blk" or part not in names:
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a {arch} model")
+    return f"model.layers.{layer}.{names[part]}.{kind}"
+
+
+def read_gguf_grouped(gguf_path: Path, arch: str, heads: int, kv_heads: int) -> dict[str, torch.Tensor]:
+    """HF-named tensors: .gq/.gs/.gz for the weights of a served type, float32 for the rest."""
+    from gguf import GGUFReader, dequantize
+
+    state: dict[str, torch.Tensor] = {}
+    for t in GGUFReader(gguf_path).tensors:
+        name = hf_name(t.name, arch)
+        shape = tuple(reversed(t.shape.tolist()))
+        rows = {".attn_q.": heads, ".attn_k.": kv_heads}
+        heads_of = next((h for key, h in rows.items() if key in t.name), 0) if arch == "llama" else 0
+
+        def fix(x: torch.Tensor, h: int = heads_of) -> torch.Tensor:  # llama.cpp permutes llama's q/k rows
+            return _unpermute(x, h) if h else x
+
+        grouped = decode(t.tensor_type.name, t.data, shape) if len(shape) == 2 and name.endswith(".weight") else None
+        if grouped is not None:
+            stem = name.removesuffix(".weight")
+            state[f"{stem}.gq"], state[f"{stem}.gs"] = fix(grouped.q), fix(grouped.scales)
+            if grouped.zeros is not None:
+                state[f"{stem}.gz"] = fix(grouped.zeros)
+            continue
+        values = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)  # a writable copy
+        if arch == "gemma3" and "norm.weight" in name:
+            values = values - 1  # llama.cpp stores Gemma's norms as 1 + w; transformers loads w (the same float32 op)
+        state[name] = fix(torch.from_numpy(values))
+    return state
+
+
+def convert_gguf_grouped(gguf_path: Path, out: Path) -> Path:
+    """Write `out`: the tensors above, config.json (marked gguf_grouped), the tokenizer. Seconds: nothing is dequantized
+    but the small tensors."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from backend.model.gguf_header import read_header
+
+    print(f"reading {gguf_path.name}'s blocks as they are (one time, seconds) ...", flush=True)
+    folder, name = str(gguf_path.parent), gguf_path.name
+    arch = read_header(gguf_path).architecture
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    state = read_gguf_grouped(gguf_path, arch, config.num_attention_heads, kv_heads)
+    if "lm_head.weight" not in state and "lm_head.gq" not in state:
+        config.tie_word_embeddings = True  # llama.cpp reads the embedding table as the output when `output` is absent
+    config.quantization_config = {"quant_method": QUANT_METHOD}
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(partial / "model.safetensors"),
+              metadata={"format": "pt", "source": gguf_path.name})
+    config.save_pretrained(partial)
+    GenerationConfig.from_model_config(config).save_pretrained(partial)
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(partial)
+    shutil.rmtree(out, ignore_errors=True)
+    partial.replace(out)
+    return out
+
+
+def is_gguf_grouped(model_dir: Path) -> bool:
+    path = model_dir / "config.json"
+    if not path.exists():
+        return False
+    q = json.loads(path.read_text()).get("quantization_config") or {}
+    return q.get("quant_method") == QUANT_METHOD
+
+
+def grouped_of(state: dict[str, torch.Tensor], stem: str, pop: bool = True) -> GroupedInt8 | None:
+    """The GroupedInt8 `state` holds for `stem` (removed from it with `pop`), or None."""
+    if f"{stem}.gq" not in state:
+        return None
+    take = state.pop if pop else state.get
+    return GroupedInt8(take(f"{stem}.gq"), take(f"{stem}.gs").float().contiguous(), take(f"{stem}.gz", None))
+
+
+def _put(state: dict[str, torch.Tensor], stem: str, g: GroupedInt8) -> None:
+    state[f"{stem}.gq"], state[f"{stem}.gs"] = g.q, g.scales
+    if g.zeros is not None:
+        state[f"{stem}.gz"] = g.zeros
+
+
+def harmonize(hf: dict[str, torch.Tensor], fused: Iterable[tuple[str, ...]]) -> dict[str, torch.Tensor]:
+    """Make the parts of each fused projection (q/k/v, gate/up) concatenable: one group size (a group of 32 repeats
+    its scale over two of 16: the same values), terms on all parts or none (a zero term adds +0), and where any part
+    is dense (a type not served) every part dense: the exact served values."""
+    layers = sorted({k.split(".")[1] for k in hf if k.startswith("layers.")})
+    for layer in layers:
+        for parts in fused:
+            stems = [f"layers.{layer}.{p}" for p in parts]
+            groups = [grouped_of(hf, s) for s in stems]
+            if all(g is None for g in groups):
+                continue
+            if any(g is None for g in groups):
+                for s, g in zip(stems, groups, strict=True):
+                    if g is not None:
+                        hf[f"{s}.weight"] = g.dequantized()
+                continue
+            size = min(g.group for g in groups)
+            zeros = any(g.zeros is not None for g in groups)
+            for s, g in zip(stems, groups, strict=True):
+                scales = g.scales.repeat_interleave(g.group // size, dim=1)
+                z = g.zeros if g.zeros is not None or not zeros else torch.zeros(g.q.shape[0], g.q.shape[1] // 32)
+                _put(hf, s, GroupedInt8(g.q, scales.contiguous(), z))
+    return hf
+
+
+def dense_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every grouped weight as its float32 values (a GPU, or tensor/pipeline parallelism: no grouped kernel there)."""
+    for stem in sorted({k.rsplit(".", 1)[0] for k in hf if k.endswith(".gq")}):
+        g = grouped_of(hf, stem)
+        assert g is not None
+        hf[f"{stem}.weight"] = g.dequantized()
+    return hf
+
+
+def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: object | None) -> None:
+    """Before load_state_dict: each linear whose grouped tensors `state` holds (our names) -> a GgufLinear on them, the
+    embedding -> a GgufEmbedding, a tied LM head -> a GgufLinear on the embedding's tensors (held once)."""
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            stem = f"{name}.{child_name}" if name else child_name
+            g = grouped_of(state, stem)
+            if g is None:
+                continue
+            if isinstance(child, nn.Embedding):
+                setattr(module, child_name, GgufEmbedding(pack(g)))
+            else:
+                assert isinstance(child, nn.Linear) and child.bias is None, f"{stem}: a grouped weight with a bias"
+                setattr(module, child_name, GgufLinear(pack(g), lib))  # type: ignore[arg-type]
+    embed, head = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
+    if isinstance(embed, GgufEmbedding) and isinstance(head, nn.Linear) and model.config.tie_word_embeddings:
+        model.lm_head = GgufLinear(embed.weight_q, lib)  # type: ignore[arg-type]

@@ -1,0 +1,64 @@
+"""A GGUF file's block-quantized tensors as layers, in their own values (backend/quant/gguf_types.py):
+
+    GgufLinear(weight)      y = x @ W^T on the grouped W8A8 kernel (kernels/cpu/wg8a8.c); where it cannot run (no C
+                            compiler, aarch64), torch on the weight dequantized for the call (the memory stays lean)
+    GgufEmbedding(weight)   the token lookup: the looked-up rows dequantized, no float copy of the table
+
+Both hold the kernel's layout (kernels/cpu/wg8a8.py: PackedGrouped, octets of rows) and nothing else. A tied LM head
+is a GgufLinear over the embedding's own tensors: Gemma 3's 262,144 x 640 table (168M weights,
+Q8_0) is held once, at 1.1 bytes a weight, instead of a float32 table (4) plus an int8 head copy (1).
+
+The tensors are plain attributes, not parameters or buffers: `model.to(dtype)` must not round the scales.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.cpu.wg8a8 import PackedGrouped, wg8a8_linear
+
+
+class GgufLinear(nn.Module):
+    def __init__(self, weight: PackedGrouped, lib: ctypes.CDLL | None) -> None:
+        super().__init__()
+        self.weight_q = weight
+        self.out_features, self.in_features = weight.shape
+        self.lib = lib
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_features}, out={self.out_features}, group={self.weight_q.group}, "
+                f"zeros={self.weight_q.zeros is not None}, wg8a8={self.lib is not None}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float().contiguous()
+        y = wg8a8_linear(self.lib, rows, self.weight_q) if self.lib is not None else F.linear(rows, self.weight_q.dequantized())
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.weight_q.dequantized()
+
+    def weight_bytes(self) -> int:
+        return self.weight_q.nbytes()
+
+
+class GgufEmbedding(nn.Module):
+    def __init__(self, weight: PackedGrouped) -> None:
+        super().__init__()
+        self.weight_q = weight
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.register_buffer("dtype_of", torch.empty(0), persistent=False)  # `model.to(dtype)` sets the output's dtype
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, group={self.weight_q.group}"
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        rows = self.weight_q.rows(flat).view(*ids.shape, self.embedding_dim)
+        return rows.to(device=self.dtype_of.device, dtype=self.dtype_of.dtype)
+
+    def weight_bytes(self) -> int:
+        return self.weight_q.nbytes()

@@ -1,0 +1,148 @@
+"""Grouped W8A8 GEMM on x86 CPUs: the C kernel in wg8a8.c (AVX2) / wg8a8_avx512.c (VNNI), for a GGUF file's blocks
+served in their own values (backend/quant/gguf_types.py decodes them).
+
+    g = GroupedInt8(q, scales, zeros)         # q (N, K) int8; scales (N, K/16 or K/32) fp32; zeros (N, K/32) or None
+    w = pack(g)                               # once: the kernel's octets layout, the only copy a layer keeps
+    lib = load_wg8a8(build_dir)               # None where it cannot run (no C kernels, or not x86)
+    y = wg8a8_linear(lib, x, w)               # x (M, K) float32 -> (M, N) float32
+    w.rows(ids), w.dequantized()              # the float32 weights served: scale * q (+ zero), per group
+
+Each row of x is quantized to int8 per group of 32 values (kernels/cpu/quantize.h), the products summed exactly in
+integers per weight group, scaled by the group's eight rows' scales times x's, and the terms added from x's exact sums
+(wg8a8_octets.h). A row's result does not depend on the other rows of the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kernels.cpu.build import cpu_isa, is_arm, load_c_kernel
+from kernels.cpu.w4a8 import quantize_rows_ref
+
+SOURCES = {"avx2": Path(__file__).with_suffix(".c"), "avx512": Path(__file__).with_name("wg8a8_avx512.c")}
+ACT_GROUP = 32  # x's quantization group, and the terms' group
+
+
+def _dequantize(q: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+    """float32 (n, K) = s * q (+ z) per group: gguf-py's two operations in its order (bit-identical to it)."""
+    n, k = q.shape
+    w = s[..., None] * q.float().view(n, s.shape[1], -1)
+    if z is not None:
+        w = w.view(n, z.shape[1], -1) + z[..., None]
+    return w.reshape(n, k)
+
+
+@dataclass(frozen=True)
+class GroupedInt8:
+    """A weight in rows: what a GGUF tensor decodes to (gguf_types.decode) and what the loader fuses."""
+
+    q: torch.Tensor  # (N, K) int8
+    scales: torch.Tensor  # (N, K / group) float32
+    zeros: torch.Tensor | None  # (N, K / 32) float32, added per group; None: symmetric
+    group: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        n, k = self.q.shape
+        assert self.q.dtype == torch.int8 and k % ACT_GROUP == 0, f"q must be int8 (N, K) with K % 32 == 0, got {k}"
+        assert self.scales.dtype == torch.float32 and self.scales.shape[0] == n, "scales: (N, K / G) float32"
+        group = k // self.scales.shape[1]
+        assert group in (16, 32) and group * self.scales.shape[1] == k, f"group size {group}: 16 or 32"
+        assert self.zeros is None or (self.zeros.shape == (n, k // ACT_GROUP) and self.zeros.dtype == torch.float32)
+        object.__setattr__(self, "group", group)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.q.shape[0], self.q.shape[1])
+
+    def dequantized(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if rows is None:
+            return _dequantize(self.q, self.scales, self.zeros)
+        return _dequantize(self.q[rows], self.scales[rows], None if self.zeros is None else self.zeros[rows])
+
+
+@dataclass(frozen=True)
+class PackedGrouped:
+    """The kernel's layout (wg8a8_octets.h): octets of rows, N padded to a multiple of 8 with zero rows."""
+
+    q: torch.Tensor  # (N8, K / 4, 8, 4) int8
+    scales: torch.Tensor  # (N8, K / group, 8) float32
+    zeros: torch.Tensor | None  # (N8, K / 32, 8) float32
+    n: int  # the rows that are real
+    group: int
+    args: tuple[int, int, int | None] = field(init=False)  # the kernel's pointer arguments, looked up once
+
+    def __post_init__(self) -> None:
+        zeros = None if self.zeros is None else self.zeros.data_ptr()
+        object.__setattr__(self, "args", (self.q.data_ptr(), self.scales.data_ptr(), zeros))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.q.shape[1] * 4)
+
+    def nbytes(self) -> int:
+        return self.q.numel() + 4 * (self.scales.numel() + (0 if self.zeros is None else self.zeros.numel()))
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 (len(ids), K): the served values of those rows (an embedding lookup: no float copy of the table)."""
+        octet, lane = ids // 8, ids % 8
+        q = self.q[octet, :, lane, :].reshape(len(ids), -1)
+        z = None if self.zeros is None else self.zeros[octet, :, lane]
+        return _dequantize(q, self.scales[octet, :, lane], z)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.rows(torch.arange(self.n))
+
+
+def pack(g: GroupedInt8) -> PackedGrouped:
+    n = g.shape[0]
+    pad = -n % 8
+
+    def octets(t: torch.Tensor, width: int) -> torch.Tensor:  # (N, C) -> (N8, C / width, 8, width)
+        t = torch.cat([t, t.new_zeros(pad, t.shape[1])]) if pad else t
+        return t.view(-1, 8, t.shape[1] // width, width).transpose(1, 2).contiguous()
+
+    zeros = None if g.zeros is None else octets(g.zeros, 1).squeeze(-1)
+    return PackedGrouped(octets(g.q, 4), octets(g.scales, 1).squeeze(-1), zeros, n, g.group)
+
+
+def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernel, or None where it cannot run (no C kernels here, or an aarch64 CPU: x86 only for now).
+    isa: "avx2" (wg8a8.c) or "avx512" (wg8a8_avx512.c, VNNI); by default the best this CPU runs (build.cpu_isa)."""
+    if is_arm():
+        return None
+    lib = load_c_kernel(SOURCES[isa or cpu_isa()], Path(build_dir))
+    if lib is not None:
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.wg8a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
+        lib.wg8a8_linear.restype = ctypes.c_int
+    return lib
+
+
+def wg8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: PackedGrouped) -> torch.Tensor:
+    """y = x @ w.dequantized().T with x quantized per (row, group of 32) to int8; x (M, K) float32 -> (M, N) float32."""
+    n8, k = w.q.shape[0] * 8, w.q.shape[1] * 4
+    assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1, f"x must be (M, {k}) with unit column stride"
+    assert x.dtype == torch.float32 and x.device.type == "cpu", "x must be a float32 CPU tensor"
+    m = x.shape[0]
+    y = torch.empty(m, n8)
+    rc = lib.wg8a8_linear(x.data_ptr(), x.stride(0), *w.args, m, n8, k, w.group, y.data_ptr(), torch.get_num_threads())
+    if rc:
+        raise MemoryError(f"wg8a8_linear: no memory for the quantized activations ({m} x {k})") if rc == -1 else \
+            ValueError(f"wg8a8_linear: shape ({n8}, {k}) group {w.group} not taken")
+    return y if n8 == w.n else y[:, : w.n].contiguous()
+
+
+def wg8a8_linear_ref(x: torch.Tensor, w: GroupedInt8) -> torch.Tensor:
+    """The kernel's arithmetic in torch, float64 throughout (the integer dot products exact)."""
+    n, m = w.q.shape[0], x.shape[0]
+    xq, xd, xs = quantize_rows_ref(x, ACT_GROUP)
+    dots = torch.einsum("mgk,ngk->mng", xq.double().view(m, -1, w.group), w.q.double().view(n, -1, w.group))
+    xd_per_group = xd.double().repeat_interleave(ACT_GROUP // w.group, dim=1)  # x's scale for each weight group
+    y = (dots * xd_per_group[:, None] * w.scales.double()).sum(-1)
+    if w.zeros is not None:
+        y = y + xs.double() @ w.zeros.double().T
+    return y.float()

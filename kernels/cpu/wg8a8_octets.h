@@ -1,0 +1,119 @@
+/* The grouped W8A8 GEMM (GGUF blocks in their own values), shared by wg8a8.c (AVX2) and wg8a8_avx512.c (VNNI): each
+ * defines W8_PREP (a weight chunk made ready for its dot product), W8_DOT (acc + four products a lane), W8_START (a
+ * lane's group sum's starting value from the group's sum of int8 activations, used where W8_GROUP_SUMS is 1) and the
+ * tile WG_MT (rows of x a pass), then includes this.
+ *
+ * Every GGUF block type is an integer q per weight (|q| < 128) times a float scale per group of G = 16 or 32, plus for
+ * some a float term per 32 (backend/quant/gguf_types.py):  w[n, k] = ws[n, k / G] q[n, k] + wz[n, k / 32].
+ *
+ * Layout (kernels/cpu/wg8a8.py packs it): octets of weight rows, as w8a8_octets.h's
+ *   w  (N / 8, K / 4, 8, 4) int8: per octet, K / 4 chunks of 32 bytes whose int32 lane l is row l's values 4t .. 4t + 3
+ *   ws (N / 8, K / G, 8) float: the octet's eight scales of group g, one load
+ *   wz (N / 8, K / 32, 8) float, or NULL
+ * One broadcast of four int8 activations times a chunk gives the octet's eight partial dot products, so each lane ends
+ * as one output's exact group sum (no horizontal sums), and per group and row of x one cvt, one multiply and one fmadd
+ * cover eight outputs:
+ *
+ *   y[m, n] = sum over 32-blocks b, in order:  [ sum over its groups g: cvt(dot(q[n, g], xq[m, g])) * (ws[n, g] * xd[m, b]) ]
+ *                                              + wz[n, b] * xs[m, b]
+ *
+ * with x quantized per row and 32 values (quantize.h: int8, a scale xd, the exact fp32 sum xs). Every (m, n) result is
+ * the same sequence of fp32 operations whatever M and the tiling are (a row does not depend on its batch-mates), and
+ * AVX2 and AVX-512 give the same bits.
+ */
+#pragma once
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quantize.h"
+
+static inline __m256i wg_broadcast4(const int8_t *p) {
+  int32_t t;
+  memcpy(&t, p, sizeof t);
+  return _mm256_set1_epi32(t);
+}
+
+#define WGTILE_BODY(MT)                                                                                           \
+  static void wgtile_##MT(const int8_t *w, const float *ws, const float *wz, const int8_t *xq, const int32_t *xsum, \
+                          const float *xd, const float *xs, int64_t K, int64_t G, float *y, int64_t ldy) {         \
+    const int64_t nb = K / 32, ng = K / G, per = 32 / G;                                                          \
+    __m256 acc[MT];                                                                                               \
+    for (int r = 0; r < MT; r++) acc[r] = _mm256_setzero_ps();                                                   \
+    for (int64_t b = 0; b < nb; b++) {                                                                            \
+      for (int64_t h = 0; h < per; h++) {                                                                         \
+        const int64_t g = b * per + h;                                                                            \
+        __m256i even[MT], odd[MT];                                                                                \
+        for (int r = 0; r < MT; r++) even[r] = W8_START(xsum[r * ng + g]), odd[r] = _mm256_setzero_si256();      \
+        for (int64_t t = 0; t < G / 4; t += 2) { /* 1. the group's exact integer sums, two chunks at a time */      \
+          const int8_t *p = w + (g * G / 4 + t) * 32;                                                             \
+          _mm_prefetch((const char *)(p + 2048), _MM_HINT_T0);                                                    \
+          const __m256i w0 = W8_PREP(_mm256_loadu_si256((const __m256i *)p));                                     \
+          const __m256i w1 = W8_PREP(_mm256_loadu_si256((const __m256i *)(p + 32)));                              \
+          for (int r = 0; r < MT; r++) {                                                                          \
+            const int8_t *a = xq + r * K + g * G + 4 * t;                                                         \
+            even[r] = W8_DOT(even[r], w0, wg_broadcast4(a));                                                      \
+            odd[r] = W8_DOT(odd[r], w1, wg_broadcast4(a + 4));                                                    \
+          }                                                                                                       \
+        }                                                                                                         \
+        const __m256 s = _mm256_loadu_ps(ws + g * 8); /* 2. times the rows' group scales and x's block scale */   \
+        for (int r = 0; r < MT; r++)                                                                              \
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(even[r], odd[r])),                        \
+                                   _mm256_mul_ps(s, _mm256_set1_ps(xd[r * nb + b])), acc[r]);                     \
+      }                                                                                                           \
+      if (wz) { /* 3. the block's terms times x's exact block sum */                                            \
+        const __m256 z = _mm256_loadu_ps(wz + b * 8);                                                             \
+        for (int r = 0; r < MT; r++) acc[r] = _mm256_fmadd_ps(z, _mm256_set1_ps(xs[r * nb + b]), acc[r]);        \
+      }                                                                                                           \
+    }                                                                                                             \
+    for (int r = 0; r < MT; r++) _mm256_storeu_ps(y + r * ldy, acc[r]);                                          \
+  }
+#define WGTILE(MT) WGTILE_BODY(MT)
+#define WGTILE_NAME_(MT) wgtile_##MT
+#define WGTILE_NAME(MT) WGTILE_NAME_(MT)
+WGTILE(WG_MT)
+#if WG_MT > 1
+WGTILE(1)
+#endif
+
+/* y (M, N) float = x (M, K) float (rows ldx floats apart) @ W^T, W in octets; N a multiple of 8, K of 32, G 16 or 32.
+ * Returns 0, -1 when the scratch could not be allocated, -2 on a shape it does not take. */
+int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
+                 int64_t K, int64_t G, float *y, int nthreads) {
+  if (K % 32 || N % 8 || (G != 16 && G != 32)) return -2;
+  const int64_t nb = K / 32, ng = K / G;
+  const quantized a = quantized_alloc(M, K, 32);
+  int32_t *xsum = malloc(sizeof(int32_t) * (size_t)(M * ng));
+  if (!a.block || !xsum) {
+    free(a.block);
+    free(xsum);
+    return -1;
+  }
+  quantize_rows(x, ldx, M, K, 32, a.xq, a.xd, a.xs, 0, nthreads);
+#if W8_GROUP_SUMS
+  for (int64_t i = 0; i < M * ng; i++) { /* the exact int8 sum of each row's group (W8_START's correction) */
+    int32_t s = 0;
+    for (int64_t k = 0; k < G; k++) s += a.xq[i * G + k];
+    xsum[i] = s;
+  }
+#endif
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+  for (int64_t n0 = 0; n0 < N; n0 += 16) {
+    const int64_t n1 = n0 + 16 < N ? n0 + 16 : N;
+#define WGAT(n, m) w + (n) * K, ws + (n) * ng, wz ? wz + (n) * nb : 0, a.xq + (m) * K, xsum + (m) * ng, a.xd + (m) * nb, \
+                   a.xs + (m) * nb, K, G, y + (m) * N + (n), N
+    for (int64_t mb = 0; mb < M; mb += 32) { /* 32 rows of x stay in L1 while the chunk's weights pass */
+      const int64_t me = mb + 32 < M ? mb + 32 : M;
+      int64_t m = mb;
+      for (; m + WG_MT <= me; m += WG_MT)
+        for (int64_t n = n0; n < n1; n += 8) WGTILE_NAME(WG_MT)(WGAT(n, m));
+      for (; m < me; m++)
+        for (int64_t n = n0; n < n1; n += 8) wgtile_1(WGAT(n, m));
+    }
+#undef WGAT
+  }
+  free(a.block);
+  free(xsum);
+  return 0;
+}

@@ -1,0 +1,181 @@
+"""A GGUF file's blocks served in their own bits (backend/quant/gguf_types.py, gguf_grouped.py, kernels/cpu/wg8a8.c).
+
+What holds, and is checked here:
+- every served block type decodes to the values gguf-py's reference dequantization gives, bit for bit (random blocks:
+  every bit pattern of the quants, scales and minimums, with finite fp16 fields), and a type not served says so;
+- the grouped W8A8 kernel computes the reference arithmetic (float64 torch) for groups of 16 and 32, with and without
+  terms, and a row's result does not depend on the other rows of the call;
+- Gemma 3 270M's Q4_K_M file (Q5_0, Q4_K, Q8_0, Q6_K): every weight kept equals transformers' dequantized copy bit for
+  bit, every other tensor too;
+- served with `quantization: auto`: every projection and the tied embedding/head in their own bits, the weights'
+  bytes within 1.3x the file's, and greedy output against the full-precision reference (the same weights as float32,
+  equal to HF's: tests/test_gemma3_gguf.py): the activations' int8 rounding per 32 (llama.cpp's Q8 activations do the
+  same) may move a greedy choice only at a near tie, and the reference's tokens keep their log-probabilities within a
+  stated tolerance; a prompt's tokens do not depend on its batch-mates.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from backend.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.sampling_params import SamplingParams
+from backend.fetch import fetch_gemma_gguf
+from backend.model.weights import resolve_model_dir
+from backend.quant.gguf_grouped import grouped_of, is_gguf_grouped
+from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
+from backend.quant.gguf_types import SERVED, decode
+from kernels.cpu.wg8a8 import GroupedInt8, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
+from tests.c_kernels import ISAS, build, requires_avx512, requires_c_kernels
+from tests.engine_helpers import assert_no_leaks, run_to_completion, token_ids
+
+# byte offsets of each type's fp16 fields (d, m / dmin) within a block: set to finite values (random bytes may be NaN)
+FP16_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q3_K": [108], "Q4_K": [0, 2],
+           "Q5_K": [0, 2], "Q6_K": [208]}
+TEXTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+         "The three primary colors are", "Water boils at a temperature of", "import numpy as np\n"]
+NEW = 24
+NEAR_TIE = 0.75  # nats between the reference's best two tokens (tests/test_gguf_blocks.py's bar for the W4A8 path)
+MEAN_DRIFT, P90_DRIFT = 0.15, 0.4  # |log p| of the reference's tokens, served vs reference (the same bars)
+
+
+@pytest.mark.parametrize("kind", SERVED)
+def test_each_type_decodes_bit_for_bit_as_gguf_py(kind: str) -> None:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType[kind]
+    block, size = GGML_QUANT_SIZES[qtype]
+    out, k = 6, 512
+    rng = np.random.default_rng(sum(map(ord, kind)))
+    raw = rng.integers(0, 256, size=(out, k // block * size), dtype=np.uint8)
+    blocks = raw.reshape(-1, size)
+    for at in FP16_AT[kind]:
+        blocks[:, at:at + 2] = rng.normal(0, 0.05, size=len(blocks)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    ref = torch.from_numpy(np.ascontiguousarray(dequantize(raw, qtype), dtype=np.float32)).reshape(out, k)
+    grouped = decode(kind, raw, (out, k))
+    assert grouped is not None and grouped.group == (16 if kind in ("Q3_K", "Q6_K") else 32)
+    assert torch.equal(grouped.dequantized().view(torch.int32), ref.view(torch.int32))  # the bits, signed zeros too
+    rows = torch.tensor([4, 0, 4])
+    assert torch.equal(grouped.dequantized(rows), ref[rows])  # the embedding's lookup
+
+
+def test_a_type_not_served_is_left_to_the_caller() -> None:
+    assert decode("Q2_K", np.zeros((2, 84), np.uint8), (2, 256)) is None
+    assert decode("F16", np.zeros((2, 64), np.uint8), (2, 32)) is None
+    assert decode("Q4_K", np.zeros((2, 144), np.uint8), (2, 288)) is None  # rows not whole super-blocks
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> object:
+    return build(partial(load_wg8a8, isa=request.param), tmp_path_factory, f"wg8a8-{request.param}")
+
+
+@requires_c_kernels
+@pytest.mark.parametrize("group", [16, 32])
+@pytest.mark.parametrize("zeros", [False, True], ids=["symmetric", "terms"])
+def test_the_kernel_computes_the_reference_arithmetic(lib: object, group: int, zeros: bool) -> None:
+    torch.manual_seed(group + zeros)
+    n, k, m = 45, 640, 37  # 45 rows: the last octet padded
+    q = torch.randint(-128, 128, (n, k), dtype=torch.int8)  # -128 too: |q| * x's sign stays within int16
+    g = GroupedInt8(q, torch.rand(n, k // group) * 0.01, torch.randn(n, k // 32) * 0.01 if zeros else None)
+    w = pack(g)
+    assert torch.equal(w.dequantized(), g.dequantized()) and torch.equal(w.rows(torch.tensor([44, 3])), g.dequantized()[[44, 3]])
+    x = torch.randn(m, k) * 3
+    y = wg8a8_linear(lib, x, w)  # type: ignore[arg-type]
+    ref = wg8a8_linear_ref(x, g)
+    assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    alone = torch.cat([wg8a8_linear(lib, x[i:i + 1], w) for i in range(m)])  # type: ignore[arg-type]
+    assert torch.equal(alone, y)
+    exact = x @ g.dequantized().T  # what int8 activations per 32 cost: well under a percent of the output's scale
+    assert ((y - exact).norm() / exact.norm()).item() < 0.01
+
+
+@requires_avx512
+def test_avx2_and_avx512_give_the_same_bits(tmp_path_factory: pytest.TempPathFactory) -> None:
+    libs = [build(partial(load_wg8a8, isa=isa), tmp_path_factory, f"wg8a8-same-{isa}") for isa in ("avx2", "avx512")]
+    torch.manual_seed(1)
+    g = GroupedInt8(torch.randint(-128, 128, (64, 256), dtype=torch.int8), torch.rand(64, 16), torch.randn(64, 8))
+    x = torch.randn(5, 256)
+    assert torch.equal(wg8a8_linear(libs[0], x, pack(g)), wg8a8_linear(libs[1], x, pack(g)))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def gguf() -> Path:
+    return fetch_gemma_gguf()
+
+
+def test_gemma_weights_kept_are_the_reference_weights(gguf: Path) -> None:
+    grouped_dir, dense_dir = resolve_model_dir(gguf, gguf_blocks=True), resolve_model_dir(gguf)
+    assert is_gguf_grouped(grouped_dir) and not is_gguf_grouped(dense_dir)
+    with safe_open(str(grouped_dir / "model.safetensors"), "pt") as g, safe_open(str(dense_dir / "model.safetensors"), "pt") as d:
+        kept = {k: g.get_tensor(k) for k in g.keys()}  # noqa: SIM118 (safe_open is not a dict)
+        stems = sorted({k.rsplit(".", 1)[0] for k in kept if k.endswith(".gq")})
+        assert len(stems) == 18 * 7 + 1  # every projection, and the embedding table (tied: the head)
+        for stem in stems:
+            w = grouped_of(kept, stem)
+            assert w is not None
+            assert torch.equal(w.dequantized().view(torch.int32), d.get_tensor(f"{stem}.weight").view(torch.int32)), stem
+        others = sorted(set(d.keys()) - {f"{stem}.weight" for stem in stems})
+        assert sorted(kept) == others  # grouped_of took the kept weights' tensors out of `kept`
+        for name, t in kept.items():
+            assert torch.equal(t, d.get_tensor(name)), name
+
+
+@pytest.fixture(scope="module")
+def reference(gguf: Path) -> dict[str, object]:
+    """The full-precision engine's greedy tokens, their top-2 margins and teacher-forced log-probabilities."""
+    engine = LLMEngine(EngineConfig(model=str(gguf), quantization="none", packed_copy=False))
+    prompts = [engine.tokenizer.encode(t) for t in TEXTS]
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=2)
+    outs = run_to_completion(engine, {0: [(f"r{i}", p, params) for i, p in enumerate(prompts)]})
+    tokens = [token_ids(outs[f"r{i}"]) for i in range(len(prompts))]
+    margins = [[lp.top[0][2] - lp.top[1][2] for o in outs[f"r{i}"] for d in o.deltas for lp in d.logprobs]
+               for i in range(len(prompts))]
+    return {"prompts": prompts, "tokens": tokens, "margins": margins, "forced": teacher_forced(engine, prompts, tokens)}
+
+
+def teacher_forced(engine: LLMEngine, prompts: list[list[int]], tokens: list[list[int]]) -> torch.Tensor:
+    forced = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    outs = run_to_completion(engine, {0: [(f"t{i}", p + tokens[i], forced) for i, p in enumerate(prompts)]})
+    return torch.cat([torch.tensor([lp.logprob for lp in outs[f"t{i}"][0].prompt_logprobs[len(p):]])
+                      for i, p in enumerate(prompts)])
+
+
+@requires_c_kernels
+def test_gemma_served_in_its_own_bits(gguf: Path, reference: dict, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="backend.model.weights"):
+        engine = LLMEngine(EngineConfig(model=str(gguf), quantization="auto"))
+    line = next(r.getMessage() for r in caplog.records if "own bits" in r.getMessage())
+    types = "Q5_0 x81, Q4_K x27, Q8_0 x10, Q6_K x9"
+    assert line == f"gemma-3-270m-q4_k_m.gguf: {types} served in their own bits (grouped int8 kernel)"
+    model = engine.runner.model
+    assert isinstance(model.embed_tokens, GgufEmbedding) and isinstance(model.lm_head, GgufLinear)
+    assert model.lm_head.weight_q is model.embed_tokens.weight_q  # the tied table held once
+    linears = [m for m in model.modules() if isinstance(m, GgufLinear)]
+    assert len(linears) == 18 * 4 + 1 and all(m.lib is not None for m in linears)
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())  # no float copy of any projection
+    weight_bytes = sum(m.weight_bytes() for m in linears[:-1]) + model.embed_tokens.weight_bytes()
+    assert weight_bytes < 1.3 * gguf.stat().st_size, (weight_bytes, gguf.stat().st_size)
+
+    greedy = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    prompts, want_all = reference["prompts"], reference["tokens"]
+    outs = run_to_completion(engine, {0: [(f"r{i}", p, greedy) for i, p in enumerate(prompts)]})
+    for i, want in enumerate(want_all):
+        got = token_ids(outs[f"r{i}"])
+        first = next((j for j, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), None)
+        margin = reference["margins"][i][first] if first is not None else 0.0
+        assert margin < NEAR_TIE, f"prompt {i} left the reference at token {first}, where its margin was {margin:.2f}"
+    drift = (teacher_forced(engine, prompts, want_all) - reference["forced"]).abs()
+    assert drift.mean().item() < MEAN_DRIFT and drift.quantile(0.9).item() < P90_DRIFT, drift
+    alone = run_to_completion(engine, {0: [("alone", prompts[2], greedy)]})["alone"]
+    assert token_ids(alone) == token_ids(outs["r2"])  # the same tokens without batch-mates
+    assert_no_leaks(engine)
