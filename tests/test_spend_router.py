@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from routing_fixtures import FakeUpstream, Servers
@@ -83,6 +84,13 @@ def test_an_upstream_pays_its_shipped_list_price(rig: Rig) -> None:
     assert chunks
     row = rig.row(rid)
     assert (row.input_tokens, row.output_tokens) == (PROMPT, COMPLETION) and row.cost > 0
+
+
+def test_tokenize_refuses_a_model_an_upstream_serves(rig: Rig) -> None:
+    got = httpx.post(f"{rig.url}/tokenize", json={"model": "gpt-4o-mini", "prompt": "hi"},
+                     headers={"authorization": f"Bearer {KEY}"}, timeout=30)  # fmt: skip
+    assert got.status_code == 400 and got.json()["error"]["param"] == "model"
+    assert "upstream" in got.json()["error"]["message"]
 
 
 def test_in_process_budgets_start_from_the_ledger(tmp_path: Path) -> None:

@@ -39,6 +39,10 @@ class Tokenizer:
         policy = rec.policy if rec.policy is not None else self.ctx.guard.anonymous
         if not self.ctx.guard.allows(policy, model, self.ctx.catalog.canonical):
             raise self.ctx.guard.not_found(name or model)
+        route = self.ctx.config.routing.model(model)
+        if route is not None and any(d.kind != "embedded" for d in route.deployments):  # another tokenizer: no guess
+            raise InvalidRequest(f"The model `{name}` is served by an upstream: /tokenize and /detokenize serve the "
+                                 "embedded engine's model only.", param="model")  # fmt: skip
         rec.model = model
         return body
 
