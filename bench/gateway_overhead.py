@@ -21,10 +21,12 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -100,8 +102,7 @@ def _bare_app() -> Callable[..., Awaitable[None]]:
     return app
 
 
-def serve(kind: str, port: int) -> None:
-    import tempfile
+def serve(kind: str, port: int, ledger_dir: str) -> None:
     from types import MappingProxyType
 
     import uvicorn
@@ -115,7 +116,7 @@ def serve(kind: str, port: int) -> None:
         app: Any = _bare_app()
     else:
         sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
-        ledger = LedgerConfig(enabled=kind == "gateway_ledger", dir=tempfile.mkdtemp(prefix="smolgate-bench-ledger-"))
+        ledger = LedgerConfig(enabled=kind == "gateway_ledger", dir=ledger_dir)
         spend = SpendConfig(prices=MappingProxyType({TrivialEngine.model_name: Price(1.0, 2.0)}), ledger=ledger)
         config = GatewayConfig(api_keys=(API_KEY,), cache=CacheConfig(backend="off"), spend=spend)  # the uncached path
         ctx = build_context(config, TrivialEngine(), None, log_sink=sink)
@@ -216,8 +217,9 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def server_process(kind: str) -> Any:
     port = _free_port()
+    ledger_dir = tempfile.mkdtemp(prefix="smolgate-bench-ledger-")  # the server's (uvicorn ends it by its signal)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.gateway_overhead", "--serve", kind, "--port", str(port)]
+        [sys.executable, "-m", "bench.gateway_overhead", "--serve", kind, "--port", str(port), "--ledger-dir", ledger_dir]
     )
     try:
         deadline = time.monotonic() + 60
@@ -231,6 +233,7 @@ def server_process(kind: str) -> Any:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        shutil.rmtree(ledger_dir, ignore_errors=True)
 
 
 def run(total: int, levels: list[int], rounds: int = 1) -> dict[str, Any]:
@@ -292,9 +295,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs of the gateway with the ledger off and on (median kept)")
     parser.add_argument("--serve", choices=["bare", "gateway", "gateway_ledger"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ledger-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.port)
+        serve(args.serve, args.port, args.ledger_dir)
         return
     figures = report(run(args.requests, args.concurrency, args.rounds), args.concurrency)
     emit({"bench": "gateway_overhead", "cpus": os.cpu_count(), "requests": args.requests, "rounds": args.rounds, **figures},

@@ -4,7 +4,7 @@ generating request passes through whatever serves it (the embedded engine alone,
 - Keys are compared as SHA-256 digests with hmac.compare_digest against every configured key (no early exit);
   the configuration may hold `sha256:<hex>` instead of a key.
 - A key's policy: the models it may use (aliases resolved), rpm/tpm and its (and its team's) daily and monthly
-  spend budgets (gateway/spend/budget.py; in process or shared through Redis), the best
+  spend budgets (gateway/spend/budget.py; in process, or shared through Redis or PostgreSQL), the best
   `priority` it may ask for (also its default), caps on max_tokens (also the default when a request sets none)
   and on the sequences one request starts (n x prompts). A violation is a 400/404/429 in OpenAI's error shape.
 - `redact` takes every configured secret out of a text (log lines, error messages relayed from upstreams).

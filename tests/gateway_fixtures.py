@@ -175,11 +175,16 @@ class LiveStack:
             self._thread = None
 
 
+@cache
+def _test_ledger_dir() -> str:
+    """The spend ledger of this test process: its own directory, not the user's ~/.cache/smolgate/ledger."""
+    return tempfile.mkdtemp(prefix="smolgate-test-ledger-")
+
+
 def gateway_test_config() -> GatewayConfig:
     engine = engine_config_from_env(EngineConfig(max_model_len=TEST_MAX_MODEL_LEN, kv_cache_memory_mb=256))
     # The test key is the operators' key too (admin_keys): it reads /metrics and /v1/stats.
-    # The spend ledger in a directory of the test run's own, not the user's ~/.cache/smolgate/ledger
-    spend = SpendConfig(ledger=LedgerConfig(dir=tempfile.mkdtemp(prefix="smolgate-test-ledger-")))
+    spend = SpendConfig(ledger=LedgerConfig(dir=_test_ledger_dir()))
     return GatewayConfig(api_keys=(API_KEY,), admin_keys=(API_KEY,), max_body_bytes=MAX_BODY_BYTES, engine=engine,
                          spend=spend)  # fmt: skip
 
