@@ -35,6 +35,7 @@ serve: models
 # System tools some tests need, Debian packages installed here when missing and possible (root + apt-get);
 # otherwise the tests that need them skip, saying why:
 #   redis-server    the Redis cache, shared rate limits and the multi-replica topology tests
+#   postgresql      the spend ledger on PostgreSQL (tests/test_spend_durability.py starts its own `postgres`)
 #   docker-compose  `docker compose config` of compose.yaml (when the docker client has no compose plugin;
 #                   no Docker engine is needed to validate)
 #   chromium        the dashboard test (Playwright drives the system browser: its own download needs internet)
@@ -44,6 +45,7 @@ serve: models
 system-deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	{ command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } || missing="$$missing postgresql"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
 	{ docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1; } || missing="$$missing docker-compose"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \

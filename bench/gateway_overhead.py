@@ -8,11 +8,14 @@ Measurements per concurrency level:
   bare     a bare ASGI endpoint returning a canned body through the same uvicorn and client:
            the HTTP transport cost any HTTP server pays;
   gateway  POST /v1/chat/completions through the full gateway app (auth, parsing, chat template,
-           SamplingParams, response JSON, metrics, JSON access log to /dev/null), tracing off;
+           SamplingParams, response JSON, metrics, JSON access log to /dev/null), tracing and the spend
+           ledger off;
+  gateway_ledger  the same with the ledger on (priced, a journal row per request, SQLite in a temporary
+           directory): `ledger_added_p50_ms` is what the ledger adds (docs/spend.md);
   traced_unreachable / traced
            the same with OpenTelemetry tracing on (docs/tracing.md): exporting to an OTLP endpoint nobody
            listens on, and to a running OTLP/HTTP sink (its own process, answering every export).
-The three gateway variants run side by side and are measured in turns, `--rounds` times each; their
+The four gateway variants run side by side and are measured in turns, `--rounds` times each; their
 figures are the medians over the rounds (the machine's noise is of the size of the differences).
 Servers run in a subprocess; the load generator is a minimal keep-alive HTTP/1.1 client on raw
 asyncio streams, so client-side overhead stays small. The last line of output is one JSON object.
@@ -28,6 +31,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -122,15 +126,19 @@ def _otlp_sink() -> Callable[..., Awaitable[None]]:
     return app
 
 
-GATEWAYS = ("gateway", "traced_unreachable", "traced")  # tracing off; on, to nobody; on, to a running sink
+# tracing and ledger off; the ledger on; tracing on, to nobody; tracing on, to a running sink
+GATEWAYS = ("gateway", "gateway_ledger", "traced_unreachable", "traced")
 
 
-def serve(kind: str, port: int, endpoint: str = "") -> None:
+def serve(kind: str, port: int, endpoint: str = "", ledger_dir: str = "") -> None:
+    from types import MappingProxyType
+
     import uvicorn
 
     from gateway.app import build_context, create_app
     from gateway.cache.config import CacheConfig
     from gateway.config import GatewayConfig
+    from gateway.spend.config import LedgerConfig, Price, SpendConfig
     from gateway.tracing.config import TracesConfig
 
     if kind == "bare":
@@ -139,8 +147,11 @@ def serve(kind: str, port: int, endpoint: str = "") -> None:
         app = _otlp_sink()
     else:
         sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
-        traces = TracesConfig(endpoint=endpoint)  # "" for `gateway`: tracing off
-        config = GatewayConfig(api_keys=(API_KEY,), cache=CacheConfig(backend="off"), traces=traces)  # the uncached path
+        traces = TracesConfig(endpoint=endpoint)  # "": tracing off
+        ledger = LedgerConfig(enabled=kind == "gateway_ledger", dir=ledger_dir)
+        spend = SpendConfig(prices=MappingProxyType({TrivialEngine.model_name: Price(1.0, 2.0)}), ledger=ledger)
+        config = GatewayConfig(api_keys=(API_KEY,), cache=CacheConfig(backend="off"), traces=traces,  # the uncached path
+                               spend=spend)
         ctx = build_context(config, TrivialEngine(), None, log_sink=sink)
         app = create_app(ctx)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
@@ -239,9 +250,9 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def server_process(kind: str, endpoint: str = "") -> Any:
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.gateway_overhead", "--serve", kind, "--port", str(port), "--endpoint", endpoint]
-    )
+    ledger_dir = tempfile.mkdtemp(prefix="smolgate-bench-ledger-")  # the server's (uvicorn ends it by its signal)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.gateway_overhead", "--serve", kind, "--port", str(port),
+                             "--endpoint", endpoint, "--ledger-dir", ledger_dir])
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -268,7 +279,8 @@ def run(total: int, levels: list[int], rounds: int = 3) -> dict[str, Any]:
         closed = _free_port()  # nobody listens there: every export fails (and is retried, off the request path)
         endpoints = {"gateway": "", "traced_unreachable": f"http://127.0.0.1:{closed}/v1/traces",
                      "traced": f"http://127.0.0.1:{sink}/v1/traces"}  # fmt: skip
-        ports = {g: stack.enter_context(server_process("gateway", endpoints[g])) for g in GATEWAYS}
+        ports = {g: stack.enter_context(server_process(g if g == "gateway_ledger" else "gateway", endpoints.get(g, "")))
+                 for g in GATEWAYS}
         for c in levels:
             runs: dict[str, list[dict[str, float]]] = {g: [] for g in GATEWAYS}
             for _ in range(rounds):
@@ -294,7 +306,7 @@ def report(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for c in levels:
         d, b, g, s = (results[k][c] for k in ("direct", "bare", "gateway", "gateway_stream"))
-        unreachable, traced = results["traced_unreachable"][c], results["traced"][c]
+        unreachable, traced, gl = (results[k][c] for k in ("traced_unreachable", "traced", "gateway_ledger"))
         figures[f"c{c}"] = {
             "added_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
             "added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
@@ -311,6 +323,10 @@ def report(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
             "tracing_added_p50_ms": round(traced["p50_ms"] - g["p50_ms"], 3),
             "tracing_added_p99_ms": round(traced["p99_ms"] - g["p99_ms"], 3),
             "traced_rps": round(traced["rps"], 1),
+            # the spend ledger on (docs/spend.md: the bar is +0.5 ms p50), over the same gateway with it off
+            "ledger_added_p50_ms": round(gl["p50_ms"] - g["p50_ms"], 3),
+            "ledger_added_p99_ms": round(gl["p99_ms"] - g["p99_ms"], 3),
+            "gateway_ledger_rps": round(gl["rps"], 1),
         }
     return figures
 
@@ -323,12 +339,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--rounds", type=int, default=3, help="turns of the gateway variants (medians reported)")
     parser.add_argument("--out", type=Path, default=None, help="the result file (default bench/results/gateway_overhead.json)")
-    parser.add_argument("--serve", choices=["bare", "gateway", "sink"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["bare", "gateway", "gateway_ledger", "sink"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--ledger-dir", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.port, args.endpoint)
+        serve(args.serve, args.port, args.endpoint, args.ledger_dir)
         return
     figures = report(run(args.requests, args.concurrency, args.rounds), args.concurrency)
     emit({"bench": "gateway_overhead", "cpus": os.cpu_count(), "requests": args.requests, "rounds": args.rounds, **figures},

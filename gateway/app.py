@@ -30,6 +30,7 @@ from gateway.api.chat import ChatCompletions
 from gateway.api.completions import Completions
 from gateway.api.embeddings import Embeddings
 from gateway.api.operations import Operations
+from gateway.api.tokenize import Tokenizer
 from gateway.batches.service import build_batches
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.service import ResponseCache, build_cache
@@ -37,7 +38,7 @@ from gateway.cache.stores import CacheStore
 from gateway.client import EmbeddingClient, EngineClient, NoEngine
 from gateway.config import DEFAULT_MODELS, GatewayConfig
 from gateway.context import GatewayContext, OwnModel
-from gateway.errors import error_response, to_gateway_error
+from gateway.errors import GatewayError, error_response, to_gateway_error
 from gateway.ids import IdGenerator
 from gateway.keys import Endpoint
 from gateway.middleware import GatewayMiddleware
@@ -49,6 +50,7 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.record import record_of
 from gateway.protocol.jsonio import read_json
 from gateway.routing.router import Router
+from gateway.spend.usage_api import UsageAPI
 
 if TYPE_CHECKING:  # the SDK is imported only when traces are exported
     from gateway.tracing.otel import Tracing
@@ -164,10 +166,18 @@ def guarded(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Handle
             if not ctx.guard.allows(policy, model.id, ctx.catalog.canonical):
                 raise ctx.guard.not_found(name)
         raw = ctx.guard.check_body(policy, endpoint, raw)
-        await ctx.guard.admit(policy, rec)
+        await ctx.guard.admit(policy, rec, endpoint, raw, _served(ctx, name, kind))
         return await handler(request, raw)
 
     return handle
+
+
+def _served(ctx: GatewayContext, name: object, kind: ModelKind) -> str:
+    """The served model a request names (its price); the name itself when unknown (the handler answers 404)."""
+    try:
+        return ctx.catalog.resolve(name, kind).id if isinstance(name, str) and name else ""
+    except GatewayError:
+        return name if isinstance(name, str) else ""
 
 
 def checked(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -205,6 +215,8 @@ def routes(ctx: GatewayContext, router: Router | None = None, responses: Respons
 
     dashboard = Dashboard(ctx)
     messages = Messages(ctx, chat, router)  # Anthropic's Messages API, served by the chat handler
+    usage = UsageAPI(ctx.spend.ledger, ctx.config.spend.currency)  # OpenAI's Usage and Costs APIs (an admin key)
+    tokens = Tokenizer(ctx)
     return [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
@@ -212,6 +224,11 @@ def routes(ctx: GatewayContext, router: Router | None = None, responses: Respons
         Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         *(responses.routes() if responses is not None else ()),
         Route("/v1/embeddings", checked(ctx, "embeddings", Embeddings(ctx).handle), methods=["POST"]),
+        Route("/v1/organization/usage/completions", usage.completions, methods=["GET"]),
+        Route("/v1/organization/usage/embeddings", usage.embeddings, methods=["GET"]),
+        Route("/v1/organization/costs", usage.costs, methods=["GET"]),
+        Route("/tokenize", tokens.tokenize, methods=["POST"]),
+        Route("/detokenize", tokens.detokenize, methods=["POST"]),
         Route("/v1/models", ops.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", ops.get_model, methods=["GET"]),
         Route("/health", ops.health, methods=["GET"]),
@@ -260,6 +277,7 @@ def create_app(ctx: GatewayContext, *, manage_engine: bool = True) -> Starlette:
                 await batches.stop()
             await ctx.cache.close()
             await ctx.guard.close()
+            await asyncio.to_thread(ctx.spend.close)  # joins the ledger's writer: not on the event loop
             await responses.close()
             if router is not None:
                 await router.close()

@@ -34,6 +34,7 @@ from gateway.routing.config import (
     parse_routing,
     parse_secret_entry,
 )
+from gateway.spend.config import LedgerConfig, Price, SpendConfig, TeamBudget
 from gateway.tracing.config import TracesConfig
 
 ENV_PREFIX = "SMOLGATE_"
@@ -104,6 +105,8 @@ class GatewayConfig:
     # when no key is configured), and the keys that may read /metrics and /v1/stats.
     key_defaults: KeyLimits = field(default_factory=KeyLimits)
     admin_keys: tuple[str, ...] = field(default=(), repr=False)  # keys or sha256:<hex>; none = only without api_keys
+    # Spend (docs/spend.md): prices, team budgets and the ledger (the `spend:` and `ledger:` sections)
+    spend: SpendConfig = field(default_factory=SpendConfig)
 
     def accepted_keys(self) -> tuple[str, ...]:
         return self.api_keys + tuple(p.key for p in self.key_policies)
@@ -123,7 +126,10 @@ class GatewayConfig:
     def secrets(self) -> tuple[str, ...]:
         """Every secret this configuration holds (client, admin and upstream keys): never logged."""
         upstream = [d.api_key for m in self.routing.models for d in m.deployments if d.api_key]
-        return tuple(s for s in (*self.accepted_keys(), *self.admin_keys, *upstream) if s and not s.startswith("sha256:"))
+        ledger = [self.spend.ledger.url] if "@" in self.spend.ledger.url else []  # it may hold a password
+        return tuple(
+            s for s in (*self.accepted_keys(), *self.admin_keys, *upstream, *ledger) if s and not s.startswith("sha256:")
+        )
 
 
 _SCALAR_ENV = {
@@ -161,7 +167,7 @@ def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
     `env` supplies the secrets the routing sections name (api_key_env, key_env)."""
     env = {} if env is None else env
     base = GatewayConfig()
-    known = ({f.name for f in fields(base)} - {"routing", "key_policies"}) | _ROUTING_KEYS
+    known = ({f.name for f in fields(base)} - {"routing", "key_policies"}) | _ROUTING_KEYS | {"ledger"}
     unknown = set(data) - known
     if unknown:
         raise ConfigError(f"unknown config keys: {sorted(unknown)}")
@@ -174,8 +180,10 @@ def from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None) 
     except RoutingConfigError as exc:
         raise ConfigError(str(exc)) from exc
     changes["key_defaults"] = defaults
+    if "spend" in data or "ledger" in data:
+        changes["spend"] = _spend(data.get("spend", {}), data.get("ledger", {}))
     for name, value in data.items():
-        if name in _ROUTING_KEYS or name == "key_defaults":
+        if name in _ROUTING_KEYS or name in ("key_defaults", "spend", "ledger"):
             continue
         if name == "api_keys":
             changes["api_keys"], changes["key_policies"] = _api_keys(value, env, defaults)
@@ -278,6 +286,61 @@ def _traces(value: object, env: Mapping[str, str] | None = None, base: TracesCon
         raise ConfigError(str(exc)) from exc
 
 
+def _number(where: str, value: object) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{where} must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _spend(spend: object, ledger: object) -> SpendConfig:
+    """`spend:` (currency, cache_hit_factor, shipped_prices, prices, teams) and `ledger:` (enabled, url, dir)."""
+    if not isinstance(spend, dict) or not isinstance(ledger, dict):
+        raise ConfigError("spend and ledger must be mappings")
+    base = SpendConfig()
+    unknown = set(spend) - {f.name for f in fields(base)} | ({"ledger"} & set(spend))
+    if unknown:
+        raise ConfigError(f"unknown spend config keys: {sorted(unknown)}")
+    changes: dict[str, Any] = {}
+    for name, value in spend.items():
+        if name == "prices":
+            changes[name] = MappingProxyType({str(k): _price(f"spend.prices.{k}", v) for k, v in _mapping(name, value).items()})
+        elif name == "teams":
+            changes[name] = MappingProxyType({str(k): _team(f"spend.teams.{k}", v) for k, v in _mapping(name, value).items()})
+        else:
+            changes[name] = coerce(f"spend.{name}", value, getattr(base, name))
+    lbase = LedgerConfig()
+    unknown = set(ledger) - {f.name for f in fields(lbase)}
+    if unknown:
+        raise ConfigError(f"unknown ledger config keys: {sorted(unknown)}")
+    try:
+        changes["ledger"] = replace(lbase, **{k: coerce(f"ledger.{k}", v, getattr(lbase, k)) for k, v in ledger.items()})
+        return replace(base, **changes)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _mapping(name: str, value: object) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"spend.{name} must be a mapping")
+    return value
+
+
+def _price(where: str, value: object) -> Price:
+    """`{input: 2.5, output: 10, cached_input: 1.25}`, per 1M tokens."""
+    if not isinstance(value, dict) or set(value) - {"input", "output", "cached_input"}:
+        raise ConfigError(f"{where} must be {{input, output, cached_input}} per 1M tokens")
+    cached = value.get("cached_input")
+    return Price(_number(f"{where}.input", value.get("input", 0)), _number(f"{where}.output", value.get("output", 0)),
+                 None if cached is None else _number(f"{where}.cached_input", cached))  # fmt: skip
+
+
+def _team(where: str, value: object) -> TeamBudget:
+    if not isinstance(value, dict) or set(value) - {"daily_budget", "monthly_budget"}:
+        raise ConfigError(f"{where} must be {{daily_budget, monthly_budget}}")
+    return TeamBudget(_number(f"{where}.daily_budget", value.get("daily_budget", 0)),
+                      _number(f"{where}.monthly_budget", value.get("monthly_budget", 0)))  # fmt: skip
+
+
 def _api_keys(value: object, env: Mapping[str, str], defaults: KeyLimits) -> tuple[tuple[str, ...], tuple[KeyPolicy, ...]]:
     """Plain strings (every model, `key_defaults`) and mappings (KeyPolicy: models, rpm, tpm, priority, caps);
     either may be `sha256:<hex>` of the key instead of the key."""
@@ -376,6 +439,12 @@ def apply_env(cfg: GatewayConfig, env: Mapping[str, str]) -> GatewayConfig:
     changes["cache"] = _cache_from_env(cfg.cache, env)
     changes["batches"] = _batches(None, env, cfg.batches)
     changes["traces"] = _traces(None, env, cfg.traces)
+    if f"{ENV_PREFIX}LEDGER_URL" in env:  # e.g. a PostgreSQL URL with its password, kept out of the file
+        try:
+            ledger = replace(cfg.spend.ledger, url=env[f"{ENV_PREFIX}LEDGER_URL"])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        changes["spend"] = replace(cfg.spend, ledger=ledger)
     if f"{ENV_PREFIX}ROUTER_REDIS_URL" in env:  # rate-limit counters shared by replicas
         router = replace(cfg.routing.router, redis_url=env[f"{ENV_PREFIX}ROUTER_REDIS_URL"])
         changes["routing"] = replace(cfg.routing, router=router)

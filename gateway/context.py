@@ -17,6 +17,8 @@ from gateway.models import ModelCatalog
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.record import RequestRecord
 from gateway.ops.stats import LiveStats
+from gateway.spend.budget import period_starts
+from gateway.spend.service import Spend
 
 if TYPE_CHECKING:  # the SDK is imported only when traces are exported
     from gateway.tracing.otel import Tracing
@@ -53,10 +55,28 @@ class GatewayContext:
     # the `models:` list's models by id (`engine` and `cache` are the first one's); empty: `engine` alone serves
     own_models: Mapping[str, OwnModel] = field(default_factory=lambda: MappingProxyType({}))
     tracing: Tracing | None = None  # when traces are exported (traces.endpoint); None: tracing off
+    spend: Spend = None  # type: ignore[assignment]  # prices and the ledger (gateway/spend/); built from `config`
 
     def __post_init__(self) -> None:
         if self.guard is None:
             object.__setattr__(self, "guard", KeyGuard(self.config, self.logger))
+        if self.spend is None:
+            object.__setattr__(self, "spend", Spend(self.config.spend, self.config.routing, self.logger, self.ids))
+            self._seed_budgets()
+
+    def _seed_budgets(self) -> None:
+        """In-process budget counters start from what the ledger holds for this day and month."""
+        ledger, budgets = self.spend.ledger, self.guard.budgets
+        if ledger is None or budgets.shared or not any(budgets.applies(p) for p in self.guard.policies):
+            return
+        day, month = period_starts(budgets.clock())
+        try:
+            ledger.flush()  # a dead process's journal first
+            sums = ledger.read(lambda db: [db.sums(t, c) for c in ("key_name", "team") for t in (day, month)])
+        except Exception as exc:  # the budgets then start from zero: say so
+            self.logger.warning("budgets_not_seeded", error=type(exc).__name__)
+            return
+        budgets.seed((sums[0], sums[1]), (sums[2], sums[3]))
 
     def of_model(self, model_id: str) -> GatewayContext:
         """The context a handler of that `models:` list entry sees: its engine and cache, everything else shared."""

@@ -88,6 +88,14 @@ class ServerBusy(RateLimited):
     """The server, not the caller's key, is at capacity (queue full, too many requests in flight)."""
 
 
+class QuotaExceeded(GatewayError):
+    """A key's (or its team's) spend budget is used up: OpenAI's `insufficient_quota` (its SDK: RateLimitError)."""
+
+    status = 429
+    error_type = "insufficient_quota"
+    default_code = "insufficient_quota"
+
+
 class InternalError(GatewayError):
     status = 500
     error_type = "server_error"

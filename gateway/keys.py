@@ -3,7 +3,8 @@ generating request passes through whatever serves it (the embedded engine alone,
 
 - Keys are compared as SHA-256 digests with hmac.compare_digest against every configured key (no early exit);
   the configuration may hold `sha256:<hex>` instead of a key.
-- A key's policy: the models it may use (aliases resolved), rpm/tpm (in process or shared through Redis), the best
+- A key's policy: the models it may use (aliases resolved), rpm/tpm and its (and its team's) daily and monthly
+  spend budgets (gateway/spend/budget.py; in process, or shared through Redis or PostgreSQL), the best
   `priority` it may ask for (also its default), caps on max_tokens (also the default when a request sets none)
   and on the sequences one request starts (n x prompts). A violation is a 400/404/429 in OpenAI's error shape.
 - `redact` takes every configured secret out of a text (log lines, error messages relayed from upstreams).
@@ -18,10 +19,13 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from gateway.config import GatewayConfig
-from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, RateLimited
+from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, QuotaExceeded, RateLimited
 from gateway.ops.record import RequestRecord
 from gateway.routing.config import SHA256_PREFIX, KeyPolicy
 from gateway.routing.ratelimit import Limit, OverLimit, build_limiter
+from gateway.spend.budget import Budgets, OverBudget
+from gateway.spend.estimate import estimate_cost
+from gateway.spend.prices import PriceTable
 
 Endpoint = Literal["chat", "completions", "embeddings"]
 MAX_PRIORITY = 2**31 - 1
@@ -74,6 +78,11 @@ class KeyGuard:
         self._secrets = sorted({s for s in config.secrets() if len(s) >= MIN_REDACTED}, key=len, reverse=True)
         rc = config.routing.router
         self.limiter = build_limiter(rc.redis_url, rc.redis_prefix, self._limiter_error)
+        self.prices = PriceTable(config.spend, config.routing)
+        ledger = config.spend.ledger
+        shared_db = ledger.url if ledger.enabled and ledger.url.startswith(("postgresql://", "postgres://")) else ""
+        self.budgets = Budgets(config.spend.teams, rc.redis_url, rc.redis_prefix + ":budget", self._limiter_error,
+                               postgres_url=shared_db)  # fmt: skip
         self._last_warning = 0.0
         self._limits = {id(p): Limit(_scope(p), p.rpm, p.tpm) for _, p in self._keys}
         self._limits[id(self.anonymous)] = Limit(_scope(self.anonymous), self.anonymous.rpm, self.anonymous.tpm)
@@ -153,18 +162,32 @@ class KeyGuard:
 
     # ---- rate limits -------------------------------------------------------------------------------------------
 
-    async def admit(self, policy: KeyPolicy, rec: RequestRecord) -> None:
-        """Count the request against its key's rpm (refused when its tpm is spent): 429 with Retry-After."""
+    async def admit(
+        self, policy: KeyPolicy, rec: RequestRecord, endpoint: Endpoint = "chat", raw: dict[str, Any] | None = None,
+        model: str = "",
+    ) -> None:
+        """Count the request against its key's rpm (refused when its tpm is spent): 429 with Retry-After. Then,
+        given its body, reserve its estimated cost at `model`'s price on the key's budgets: 429 insufficient_quota
+        when one would be passed."""
         limit = self._limits.get(id(policy))
-        if limit is None or not limit.active:
-            return
-        try:
-            await self.limiter.admit(limit)
-        except OverLimit as exc:
-            raise RateLimited(
-                f"Rate limit reached for your API key: {exc.what} per minute.", retry_after_s=exc.retry_after_s
-            ) from None
-        rec.limit = limit
+        if limit is not None and limit.active:
+            try:
+                await self.limiter.admit(limit)
+            except OverLimit as exc:
+                raise RateLimited(
+                    f"Rate limit reached for your API key: {exc.what} per minute.", retry_after_s=exc.retry_after_s
+                ) from None
+            rec.limit = limit
+        if raw is not None and self.budgets.applies(policy):
+            estimate = estimate_cost(endpoint, raw, policy, self.prices.most(model))
+            try:
+                rec.reservation = await self.budgets.reserve(policy, estimate)
+            except OverBudget as exc:
+                raise QuotaExceeded(
+                    f"You exceeded your current quota: this request (up to {estimate:.6g} {self.config.spend.currency}) "
+                    f"would pass the {exc.what} ({exc.limit:g} {self.config.spend.currency}). Lower max_tokens, or wait "
+                    "for the next period."
+                ) from None
 
     async def tokens_left(self, policy: KeyPolicy) -> int | None:
         """What is left of the key's tokens per minute in this window; None when it has no tpm limit."""
@@ -172,10 +195,13 @@ class KeyGuard:
         return None if limit is None else await self.limiter.tokens_left(limit)
 
     async def spend(self, rec: RequestRecord) -> None:
-        """The finished request's tokens, against its key's tpm."""
+        """The finished request's tokens, against its key's tpm; its budgets' reservation settled to `rec.cost`."""
         limit = rec.limit
         if isinstance(limit, Limit):
             await self.limiter.spend(limit, rec.prompt_tokens + rec.completion_tokens)
+        if rec.reservation is not None:
+            reservation, rec.reservation = rec.reservation, None  # once, whoever calls first
+            await self.budgets.settle(reservation, rec.cost)
 
     def _limiter_error(self, exc: BaseException) -> None:
         if time.monotonic() - self._last_warning > 10:
@@ -184,6 +210,7 @@ class KeyGuard:
 
     async def close(self) -> None:
         await self.limiter.close()
+        await self.budgets.close()
 
     # ---- secrets -------------------------------------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ _PROTECTED_PREFIX = "/v1/"
 _STATS_PATH = "/v1/stats"  # the dashboard's polling: not counted in the traffic it shows
 _OPS_PATHS = frozenset({"/metrics", _STATS_PATH})  # every tenant's traffic: an admin key when keys are configured
 _FILES_PATH = "/v1/files"  # uploads (gateway/batches/) have their own size limit
+_ADMIN_PREFIX = "/v1/organization/"  # the Usage and Costs APIs (gateway/spend/usage_api.py): an admin key
+_KEYED_PATHS = frozenset({"/tokenize", "/detokenize"})  # vLLM's token utilities: a client key, like /v1/
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -88,14 +90,18 @@ class GatewayMiddleware:
         scope[SCOPE_KEY] = rec
         started = False
         admitted = False
+        charged = False
         id_header = (b"x-request-id", rec.request_id.encode())
 
         async def send_with_id(message: Message) -> None:
-            nonlocal started
+            nonlocal started, charged
             if message["type"] == "http.response.start":
                 started = True
                 rec.status = message["status"]
                 message = {**message, "headers": [*message.get("headers", ()), id_header]}
+            elif message["type"] == "http.response.body" and not message.get("more_body", False) and not charged:
+                charged = True  # the usage is final: the ledger row is journaled before the last bytes leave
+                self.ctx.spend.charge(rec)
             await send(message)
 
         try:
@@ -112,15 +118,17 @@ class GatewayMiddleware:
         finally:
             if admitted:
                 self.ctx.stats.in_flight -= 1
+            if not charged:  # a stream the client left, an error: what it used is still charged
+                self.ctx.spend.charge(rec)
             await self.ctx.guard.spend(rec)
             self._done(scope, rec)
 
     def _guard(self, path: str, headers: dict[bytes, bytes], rec: RequestRecord) -> None:
         """Check the key (an admin key for the operations pages) and the declared body size."""
         guard = self.ctx.guard
-        if path in _OPS_PATHS:
+        if path in _OPS_PATHS or path.startswith(_ADMIN_PREFIX):
             guard.check_admin(headers.get(b"authorization"))
-        elif path.startswith(_PROTECTED_PREFIX):
+        elif path.startswith(_PROTECTED_PREFIX) or path in _KEYED_PATHS:
             rec.policy = guard.authenticate(headers.get(b"authorization"))
             rec.key = rec.policy.name
         length = headers.get(b"content-length")

@@ -15,6 +15,7 @@ import asyncio
 import copy
 import json
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -34,6 +35,7 @@ from backend.engine.sampling_params import SamplingParams
 from backend.errors import EngineDeadError, QueueFullError
 from gateway.app import build_context, create_app
 from gateway.config import GatewayConfig
+from gateway.spend.config import LedgerConfig, SpendConfig
 
 API_KEY = "sk-test-gateway-key-never-logged"
 MAX_BODY_BYTES = 256 * 1024
@@ -173,10 +175,18 @@ class LiveStack:
             self._thread = None
 
 
+@cache
+def _test_ledger_dir() -> str:
+    """The spend ledger of this test process: its own directory, not the user's ~/.cache/smolgate/ledger."""
+    return tempfile.mkdtemp(prefix="smolgate-test-ledger-")
+
+
 def gateway_test_config() -> GatewayConfig:
     engine = engine_config_from_env(EngineConfig(max_model_len=TEST_MAX_MODEL_LEN, kv_cache_memory_mb=256))
     # The test key is the operators' key too (admin_keys): it reads /metrics and /v1/stats.
-    return GatewayConfig(api_keys=(API_KEY,), admin_keys=(API_KEY,), max_body_bytes=MAX_BODY_BYTES, engine=engine)
+    spend = SpendConfig(ledger=LedgerConfig(dir=_test_ledger_dir()))
+    return GatewayConfig(api_keys=(API_KEY,), admin_keys=(API_KEY,), max_body_bytes=MAX_BODY_BYTES, engine=engine,
+                         spend=spend)  # fmt: skip
 
 
 @cache

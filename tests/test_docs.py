@@ -109,6 +109,7 @@ def config_classes() -> dict[str, type]:
     routing = top["routing"][1]
     rfields = _dataclass_fields(routing)
     route = _inner(rfields["models"][1])
+    spend = _dataclass_fields(top["spend"][1])
     nested = {f"{name}.": hint for name, (_, hint) in top.items() if dataclasses.is_dataclass(hint) and name != "routing"}
     return {
         "": GatewayConfig,
@@ -117,6 +118,9 @@ def config_classes() -> dict[str, type]:
         "auto.": rfields["auto"][1],
         "models.<name>.deployments[].": _inner(_dataclass_fields(route)["deployments"][1]),
         "api_keys[].": _inner(top["key_policies"][1]),
+        "ledger.": spend["ledger"][1],  # a top-level section of its own in the file
+        "spend.prices.<name>.": _inner(spend["prices"][1]),
+        "spend.teams.<name>.": _inner(spend["teams"][1]),
         "@routing": routing,
     }
 
@@ -126,6 +130,7 @@ RENAMED: dict[str, str | None] = {
     "routing": None,  # its fields are top-level keys (models, fallbacks, router, auto)
     "key_policies": None,  # api_keys entries given as mappings
     "models.<name>.deployments[].api_key": "models.<name>.deployments[].api_key_env",
+    "spend.ledger": None,  # the `ledger:` section
 }
 EXTRA_DOCUMENTED = {"api_keys[].key_env"}
 
@@ -242,7 +247,7 @@ def test_yaml_block_loads(block: Block) -> None:
     data = yaml.safe_load(block.code)
     if not isinstance(data, dict):
         return  # a fragment that only has to parse
-    config_keys = {k for k, v in expected_config_keys().items() if "." not in k and "[" not in k} | {"engine", "cache"}
+    config_keys = {k for k, v in expected_config_keys().items() if "." not in k and "[" not in k} | {"engine", "cache", "ledger"}
     if not set(data) & config_keys:
         return  # not a gateway configuration (compose, OpenAPI...): parsing is the check
     stray = set(data) - config_keys

@@ -33,6 +33,7 @@ _TYPES = {
 _FROM_OPENAI = {
     "invalid_request_error": "invalid_request_error",
     "rate_limit_error": "rate_limit_error",
+    "insufficient_quota": "billing_error",
     "service_unavailable": "overloaded_error",
     "all_deployments_failed": "overloaded_error",
 }
@@ -53,7 +54,8 @@ def error_type(status: int) -> str:
 
 
 def error_body(err: GatewayError, request_id: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"type": "error", "error": {"type": error_type(status_of(err)), "message": err.message}}
+    kind = "billing_error" if err.error_type == "insufficient_quota" else error_type(status_of(err))  # a spent budget
+    body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": err.message}}
     if request_id:
         body["request_id"] = request_id
     return body

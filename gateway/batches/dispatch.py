@@ -50,6 +50,7 @@ async def call(
         headers.append((b"x-smolgate-cache", b"no-lookup, no-store"))
     rec = RequestRecord(request_id, "POST", path, time.perf_counter(), route=path, key=policy.name if policy else "batch")
     rec.policy = policy
+    rec.batch = True
     scope: dict[str, Any] = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
         "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"", "headers": headers,

@@ -288,7 +288,8 @@ class BatchRunner:
         while True:
             request_id = self.new_id()
             reply = await call(self.handlers[endpoint], endpoint, body, authorization, policy, request_id, self.spend)
-            retry = reply.status == 429 or (reply.status == 503 and unavailable < 5)
+            spent = isinstance(reply.body, dict) and (reply.body.get("error") or {}).get("code") == "insufficient_quota"
+            retry = (reply.status == 429 and not spent) or (reply.status == 503 and unavailable < 5)  # a budget: no wait
             if not retry or self._stopping(job):
                 break
             unavailable += reply.status == 503

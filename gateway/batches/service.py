@@ -20,6 +20,7 @@ from gateway.batches.store import BatchStore
 from gateway.batches.validate import ENDPOINTS
 from gateway.context import GatewayContext
 from gateway.errors import ModelNotFound
+from gateway.ops.record import RequestRecord
 from gateway.routing.config import KeyPolicy
 
 STANDBY_POLL_S = 1.0  # how often a standby gateway tries to take the directory lock over
@@ -122,9 +123,14 @@ def build_batches(ctx: GatewayContext, router: Any, routes: list[Route]) -> Batc
         balancer = router.balancers.get(router.aliases.get(model, model))
         return balancer is not None and all(s.cfg.kind in ("embedded", "backend") for s in balancer.states)
 
+    async def spend(rec: RequestRecord) -> None:
+        """A finished line: its ledger row (and cost), then its tokens and cost against its key's limits."""
+        ctx.spend.charge(rec)
+        await guard.spend(rec)
+
     runner = BatchRunner(
         cfg, files, store, handlers, lambda: ctx.stats.in_flight, policies.get, model_error, takes_priority,
-        ctx.metrics.registry, ctx.logger, ctx.ids.new, guard.tokens_left, guard.spend,
+        ctx.metrics.registry, ctx.logger, ctx.ids.new, guard.tokens_left, spend,
     )  # fmt: skip
     endpoints = BatchEndpoints(cfg, files, store, runner, bool(policies), ctx.config.max_body_bytes)
     return Batches(runner, endpoints, files, DirLock(root), cfg.sweep_s, ctx.logger)

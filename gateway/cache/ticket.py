@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import orjson
 from starlette.responses import Response
 
-from backend.engine.outputs import RequestOutput
+from backend.engine.outputs import RequestOutput, Usage
 from backend.engine.sampling_params import SamplingParams
 from gateway.cache import replay
 from gateway.cache.config import CacheConfig
@@ -235,6 +235,7 @@ class Ticket:
         body = replay.rebrand(stored, _ID_PREFIX[self.endpoint] + self.cache.ids.new())
         usage = stored["usage"]
         self.cache.metrics.saved(usage["prompt_tokens"], usage["completion_tokens"])
+        rec.replayed = Usage(usage["prompt_tokens"], usage["completion_tokens"], 0)  # the ledger's row of this hit
         rec.first_token()
         if not stream.stream:
             return self.mark(json_response(body))

@@ -35,6 +35,10 @@ class RequestRecord:
     cache: str = "none"  # response cache: none (off) | bypass (not cacheable) | miss | hit | semantic-hit
     policy: Any = None  # the API key's KeyPolicy (gateway/keys.py), set by the middleware on /v1/ requests
     limit: Any = None  # the key's rate Limit once the request was admitted (its tokens are spent when it ends)
+    reservation: Any = None  # what the key's budgets hold for it (gateway/spend/budget.py), settled when it ends
+    cost: float = 0.0  # in the spend currency, once charged (gateway/spend/service.py)
+    replayed: Usage | None = None  # a cache hit: the usage of the answer it replays
+    batch: bool = False  # a batch line (gateway/batches/dispatch.py)
 
     def first_token(self) -> None:
         if self.ttft_s is None:

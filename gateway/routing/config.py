@@ -86,6 +86,8 @@ class KeyLimits:
     priority: int = 0  # the best (lowest) `priority` a request may ask for, and its default; 0 = the normal class
     max_tokens: int = 1024  # cap on max_tokens / max_completion_tokens, and the value when a request sets none; 0 = none
     max_sequences: int = 16  # sequences one request may start: n (or best_of) x the number of prompts
+    daily_budget: float = 0.0  # currency per UTC day (gateway/spend/budget.py); 0 = none
+    monthly_budget: float = 0.0  # currency per UTC month; 0 = none
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,13 @@ class KeyPolicy:
     priority: int = 0
     max_tokens: int = 1024
     max_sequences: int = 16
+    daily_budget: float = 0.0
+    monthly_budget: float = 0.0
+    team: str = ""  # keys of one team share its budgets (spend.teams)
 
     @classmethod
-    def of(cls, name: str, key: str, limits: KeyLimits, models: tuple[str, ...] = ()) -> KeyPolicy:
-        return cls(name=name, key=key, models=models, **{f.name: getattr(limits, f.name) for f in fields(limits)})
+    def of(cls, name: str, key: str, limits: KeyLimits, models: tuple[str, ...] = (), team: str = "") -> KeyPolicy:
+        return cls(name=name, key=key, models=models, team=team, **{f.name: getattr(limits, f.name) for f in fields(limits)})
 
 
 @dataclass(frozen=True)
@@ -346,8 +351,11 @@ def parse_key(where: str, value: object, env: Mapping[str, str], defaults: KeyLi
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
         raise RoutingConfigError(f"{where}.models must be a list of model names")
     name = raw.pop("name", "") or f"key{where.rsplit('[', 1)[-1].rstrip(']')}"
+    team = raw.pop("team", "")
+    if not isinstance(team, str):
+        raise RoutingConfigError(f"{where}.team must be a team name")
     limits = parse_limits(where, raw, defaults or KeyLimits())
-    return KeyPolicy.of(str(name), key, limits, tuple(models))
+    return KeyPolicy.of(str(name), key, limits, tuple(models), team)
 
 
 def parse_routing(data: Mapping[str, Any], env: Mapping[str, str], engine: EngineConfig | None = None) -> RoutingConfig:

@@ -183,7 +183,7 @@ class Router:
             raise self.guard.not_found(asked)
         raw = self.guard.check_body(policy, endpoint, raw)
         try:
-            await self.guard.admit(policy, rec)
+            await self.guard.admit(policy, rec, endpoint, raw, model)
         except RateLimited:
             self.metrics.rate_limited.labels("key").inc()
             raise
