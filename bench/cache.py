@@ -156,11 +156,11 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
                     hit = top[0] if top else None
                 elif mode == "lexical":
                     hit = (await match(store, "scope", p.query, vec[p.query], cfg.similarity_threshold, 0.0)).hit
-                else:
+                else:  # the query's forward (its vector too: it replaces the embedding), the features, the heads
                     t0 = time.perf_counter()
-                    hit = (await match(store, "scope", p.query, vec[p.query], 0.0, 0.0, learned=learned)).hit
+                    scorer = await learned.query(p.query)
+                    hit = (await match(store, "scope", p.query, scorer.vector, 0.0, 0.0, learned=scorer)).hit
                     costs.append(time.perf_counter() - t0)
-                    learned._memo.pop(p.query, None)  # the next lookup of this text pays its forward again
                 if hit is None:
                     continue
                 ok = _norm(hit.text) == _norm(p.query) or (_norm(hit.text), _norm(p.query)) in right

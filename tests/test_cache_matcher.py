@@ -109,9 +109,9 @@ def _accepted(pairs: list[tuple[str, str]]) -> list[bool]:
     async def run() -> list[bool]:
         out = []
         for cached, query in pairs:
-            qc, qq = await matcher.read([cached, query])
-            [score] = await matcher.scores(query, [(cached, float(np.dot(qc.vector, qq.vector)))])
-            out.append(score >= matcher.threshold)
+            [qc], scorer = await matcher.read([cached]), await matcher.query(query)
+            [score] = await scorer.scores([(cached, float(np.dot(qc.vector, scorer.vector)))])
+            out.append(score >= scorer.threshold)
         return out
 
     return asyncio.run(run())
@@ -188,10 +188,10 @@ def _ask(url: str, question: str) -> tuple[str, str]:
 
 
 def test_learned_matching_through_a_live_gateway(learned_url: str) -> None:
-    status, answer = _ask(learned_url, "How do I reverse a list in Python?")
+    status, answer = _ask(learned_url, "How many legs does a spider have?")
     assert status == "miss"
-    status, replayed = _ask(learned_url, "how can i reverse a list in python?")
+    status, replayed = _ask(learned_url, "how many legs do spiders have")
     assert status == "semantic-hit" and replayed == answer
-    for alike in ("How do I sort a list in Python?", "How do I reverse a string in Python?",
-                  "How do I reverse a list in JavaScript?"):  # fmt: skip
+    for alike in ("How many eyes does a spider have?", "How many legs does an ant have?",
+                  "How many legs does a spider have at birth?"):  # fmt: skip
         assert _ask(learned_url, alike)[0] == "miss", alike

@@ -221,6 +221,7 @@ class LearnedMatcher:
         return self.model.floor
 
     async def read(self, texts: list[str]) -> list[Question]:
+        """Cached questions, each encoded once (kept in the LRU)."""
         missing = list(dict.fromkeys(t for t in texts if t not in self._memo))
         if missing:
             for text, tokens in zip(missing, await self.embedder.token_states(missing), strict=True):
@@ -233,14 +234,29 @@ class LearnedMatcher:
             out.append(self._memo[t])
         return out
 
-    async def vector(self, query: str) -> list[float]:
-        """The query's sentence vector, from the forward that also reads its token states (one forward a lookup)."""
-        return (await self.read([query]))[0].vector
+    async def query(self, text: str) -> QueryScorer:
+        """Reads a new question (one forward, never kept: a new question is new): its sentence vector, for the
+        index, and its token states, for scoring the candidates the index finds."""
+        [tokens] = await self.embedder.token_states([text])
+        return QueryScorer(self, text, Question.of(text, tokens))
 
-    async def scores(self, query: str, candidates: list[tuple[str, float]]) -> list[float]:
-        """The head's score for each (cached question, cosine) against `query`."""
+
+class QueryScorer:
+    """One lookup's question, read; scores the index's candidates against it."""
+
+    def __init__(self, matcher: LearnedMatcher, text: str, question: Question) -> None:
+        self.matcher, self.text, self.question = matcher, text, question
+        self.threshold, self.floor = matcher.threshold, matcher.floor
+
+    @property
+    def vector(self) -> list[float]:
+        return self.question.vector
+
+    async def scores(self, candidates: list[tuple[str, float]]) -> list[float]:
+        """The heads' score for each (cached question, cosine)."""
         if not candidates:
             return []
-        read = await self.read([query, *(text for text, _ in candidates)])
-        rows = np.stack([features(query, text, read[0], q, sim) for (text, sim), q in zip(candidates, read[1:], strict=True)])
-        return [float(s) for s in self.model.head.scores(rows)]
+        read = await self.matcher.read([text for text, _ in candidates])
+        rows = np.stack([features(self.text, text, self.question, q, sim)
+                         for (text, sim), q in zip(candidates, read, strict=True)])  # fmt: skip
+        return [float(s) for s in self.matcher.model.head.scores(rows)]

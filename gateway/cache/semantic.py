@@ -32,7 +32,7 @@ import orjson
 from gateway.cache import lexical
 from gateway.cache.guards import same_key_terms
 from gateway.cache.index import Candidate
-from gateway.cache.matcher import LearnedMatcher
+from gateway.cache.matcher import QueryScorer
 from gateway.cache.relevance import AnswerVector, relevant
 from gateway.cache.stores import CacheStore
 from gateway.client import EmbeddingClient
@@ -87,13 +87,13 @@ async def match(
     margin: float,
     verify: Verify | None = None,
     relevance_margin: float | None = None,
-    learned: LearnedMatcher | None = None,
+    learned: QueryScorer | None = None,
 ) -> SemanticMatch:
     """The first candidate (best cosine first) that passes every check. `relevance_margin`: None skips the
     answer-relevance check; otherwise an entry stored without its answer's vector is never served. `learned`: the
-    learned matcher decides instead of the guards, the lexical check and the verifier."""
+    learned matcher, with `query` read, decides instead of the guards, the lexical check and the verifier."""
     if learned is not None:
-        return await _match_learned(store, scope, query, vector, learned, relevance_margin)
+        return await _match_learned(store, scope, vector, learned, relevance_margin)
     near: NearMiss | None = None
     for cand in await store.search(scope, vector, TOP_K, threshold - margin):
         if cand.similarity < threshold:
@@ -121,14 +121,13 @@ async def match(
 
 
 async def _match_learned(
-    store: CacheStore, scope: str, query: str, vector: list[float], learned: LearnedMatcher,
-    relevance_margin: float | None,
+    store: CacheStore, scope: str, vector: list[float], learned: QueryScorer, relevance_margin: float | None
 ) -> SemanticMatch:
     """The best-scoring candidate from the matcher's floor up, served if its score reaches the threshold."""
     candidates = await store.search(scope, vector, TOP_K, learned.floor)
     if not candidates:
         return SemanticMatch()
-    scores = await learned.scores(query, [(c.text, c.similarity) for c in candidates])
+    scores = await learned.scores([(c.text, c.similarity) for c in candidates])
     ranked = sorted(zip(scores, range(len(candidates)), strict=True), key=lambda s: (-s[0], s[1]))
     near: NearMiss | None = None
     for score, i in ranked:
