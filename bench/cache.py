@@ -147,6 +147,8 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
             await store.add_vector("scope", text, text, vec[text], 3600)
         learned = LearnedMatcher(model, embedder, cfg.matcher_threshold)
         await learned.read(cached)  # cached questions are read once, when first met: not a lookup's cost
+        for p in pairs:  # the encoder's first forward at each input length is slow (~0.25 s): warm every length up
+            await learned.query(p.query)
         costs: list[float] = []
         tallies = {m: [0, 0, 0] for m in ("embedding", "lexical", "learned")}  # paraphrase hits, hits, wrong
         for p in pairs:

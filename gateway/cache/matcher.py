@@ -36,6 +36,7 @@ from gateway.cache import lexical
 from gateway.cache.guards import same_key_terms
 
 MODEL_PATH = Path(__file__).with_name("matcher.json")
+MEMO = 2048  # cached questions whose token states are kept (~37 KB each: ~75 MB); others are encoded when met
 LEVELS = (0.4, 0.5, 0.6, 0.7, 0.8)
 VERDICTS = (lexical.SAME, lexical.REORDERED, lexical.SWAPPED, lexical.SUBSTITUTED, lexical.DIFFERENT)
 _WORD = re.compile(r"[a-z0-9]+")
@@ -77,8 +78,9 @@ class Question:
 
 
 def _unit(rows: np.ndarray, keep: list[int]) -> np.ndarray:
+    """Unit rows, kept in float32 (a cached question's two matrices are ~37 KB so); `features` computes in float64."""
     kept = np.asarray(rows, dtype=np.float64)[keep] if keep else np.zeros((0, 1))
-    return kept / np.maximum(np.linalg.norm(kept, axis=1, keepdims=True), 1e-9)
+    return (kept / np.maximum(np.linalg.norm(kept, axis=1, keepdims=True), 1e-9)).astype(np.float32)
 
 
 def _directional(best: np.ndarray) -> list[float]:
@@ -118,13 +120,15 @@ def _negations(words: tuple[str, ...], text: str) -> int:
 def features(query: str, cached: str, qa: Question, qb: Question, similarity: float) -> np.ndarray:
     """The pair's feature vector (float64; see the module docstring). `similarity`: the cosine of the two
     questions' sentence vectors, as the index found the candidate."""
-    sims = qa.states @ qb.states.T if qa.states.size and qb.states.size else np.zeros((1, 1))
+    a_states, b_states = qa.states.astype(np.float64), qb.states.astype(np.float64)
+    sims = a_states @ b_states.T if qa.states.size and qb.states.size else np.zeros((1, 1))
     best_a, best_b = sims.max(axis=1), sims.max(axis=0)
     align = _sym(_directional(best_a), _directional(best_b))
-    words = qa.static @ qb.static.T if qa.static.size and qb.static.size else np.zeros((1, 1))
+    a_static, b_static = qa.static.astype(np.float64), qb.static.astype(np.float64)
+    words = a_static @ b_static.T if qa.static.size and qb.static.size else np.zeros((1, 1))
     static = _sym(_directional(words.max(axis=1)), _directional(words.max(axis=0)))
     reworded = _sym(_reworded(qa, qb, best_a), _reworded(qb, qa, best_b))
-    mean_a, mean_b = qa.states.mean(axis=0), qb.states.mean(axis=0)
+    mean_a, mean_b = a_states.mean(axis=0), b_states.mean(axis=0)
     pooled = float(mean_a @ mean_b / max(np.linalg.norm(mean_a) * np.linalg.norm(mean_b), 1e-9))
     wa, wb = set(qa.words), set(qb.words)
     overlap = len(wa & wb)
@@ -204,7 +208,7 @@ class LearnedMatcher:
     """Scores candidates for one query; the cached questions' token states are kept (LRU) so that a cached question
     is encoded once, not on every lookup."""
 
-    def __init__(self, model: MatcherModel, embedder: TokenEmbedder, threshold: float = 0.0, memo: int = 10000) -> None:
+    def __init__(self, model: MatcherModel, embedder: TokenEmbedder, threshold: float = 0.0, memo: int = MEMO) -> None:
         """`threshold`: serve at or above this score; 0 = the model's calibrated threshold."""
         self.model = model
         self._threshold = threshold or model.threshold

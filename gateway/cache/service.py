@@ -170,4 +170,4 @@ def build_matcher(cfg: CacheConfig, embedder: EmbeddingClient | None, logger: An
     if not hasattr(embedder, "token_states"):
         raise ValueError("cache.semantic_match: learned needs an embedder with token states (all-MiniLM-L6-v2 as "
                          "the gateway loads it)")  # fmt: skip
-    return LearnedMatcher(MatcherModel.load(), embedder, cfg.matcher_threshold, memo=cfg.max_entries)  # type: ignore[arg-type]
+    return LearnedMatcher(MatcherModel.load(), embedder, cfg.matcher_threshold)  # type: ignore[arg-type]
