@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install models test-models lint bench clean system-deps clients chart
+.PHONY: serve test install models test-models lint bench clean system-deps clients chart matcher
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -28,6 +28,11 @@ models: install
 test-models: install
 	$(PY) -m backend.fetch --copies auto,none --gemma
 	$(PY) -m gateway.cache.wordnet_fetch
+
+# The semantic cache's learned matcher ships trained (gateway/cache/matcher.json); this retrains and recalibrates it
+# from the tuning pair files (a few minutes: every question is encoded by MiniLM).
+matcher: models
+	$(PY) -m gateway.cache.train
 
 serve: models
 	$(PY) -m gateway --host $(HOST) --port $(PORT)

@@ -1,7 +1,7 @@
 """The response cache, measured: the semantic mechanism on the held-out test split, lookup cost at scale, and
 hit/miss latency through the full HTTP path with the real engine and embedder.
 
-    python -m bench.cache [--hits 50] [--only quality|lookup|http|verify|agreement] [--pairs PATH]
+    python -m bench.cache [--hits 50] [--only quality|matcher|lookup|http|verify|agreement] [--pairs PATH ...]
 
 1. quality: tests/data/cache_pairs/test.tsv, or any file of labelled pairs in its format with `--pairs PATH`
    (test.tsv was written before any tuning; tuning uses dev.tsv only: `python -m bench.cache_pairs --calibrate`).
@@ -27,7 +27,11 @@ hit/miss latency through the full HTTP path with the real engine and embedder.
 4. verify: one verification on the engine alone, with a short and a ~450-token system prompt, computing every
    prompt position's log-probability against only the answer's (`prompt_logprobs_from`: the prefix cache serves
    the rest, as the verifier asks), next to generating 64 tokens;
-5. agreement (only with `--only agreement`): the sampled check of third-party models (gateway/cache/sampled.py)
+5. matcher (only with `--only matcher`, no engine): each `--pairs` file (repeatable) through the real `match` in
+   the engine-free modes, embedding, lexical and learned (`cache.semantic_match: learned`: the shipped matcher,
+   gateway/cache/matcher.py), per set: paraphrases served, wrong hits and the 95% upper bound of their share; and
+   the learned matcher's CPU time per lookup;
+6. agreement (only with `--only agreement`): the sampled check of third-party models (gateway/cache/sampled.py)
    compares two answers; both questions of every pair of dev.tsv (or `--pairs`) at or above the similarity threshold
    are answered by the embedded engine, or by `--provider URL --provider-model NAME` (an OpenAI-compatible API, its
    key in SMOLGATE_BENCH_PROVIDER_KEY), and the answers' cosine is scored: the AUC between paraphrase and look-alike
@@ -112,6 +116,72 @@ def score_quality(lookups: list[Any], pairs_file: str, t: float) -> dict[str, An
     out["criterion"] = dataclasses.asdict(criterion)
     out["relevance_margin"] = margin
     return out
+
+
+def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
+    """The engine-free mechanisms on each pair file, through the real `match`: embedding alone (the nearest cached
+    question at or above the cosine threshold), lexical (guards + the lexical check, `semantic_verify: lexical`) and
+    learned (`semantic_match: learned`, the shipped matcher at its calibrated threshold, or `cache.matcher_threshold`),
+    every cached question of the file in one index. Per set: paraphrases served, hits, wrong hits, and the one-sided
+    95% Clopper-Pearson upper bound of the wrong-hit share; and the learned matcher's CPU time per lookup (the
+    query's token states, the features of every candidate from the floor up, the head)."""
+    from backend.embed.embeddings import Embedder, for_cache
+    from bench.cache_pairs import _norm, load_pairs
+    from gateway.cache.matcher import LearnedMatcher, MatcherModel
+    from gateway.cache.thresholds import binomial_upper
+    from gateway.config import GatewayConfig, apply_env
+
+    cfg = apply_env(GatewayConfig(), os.environ).cache
+    embedder = for_cache(Embedder(batch_size=64), cfg.embedding_dtype)
+    model = MatcherModel.load()
+
+    async def one(path: Path) -> dict[str, Any]:
+        pairs = load_pairs(path)
+        right = {(_norm(p.cached), _norm(p.query)) for p in pairs if p.label == "paraphrase"}
+        cached = sorted({p.cached for p in pairs})
+        texts = sorted({p.cached for p in pairs} | {p.query for p in pairs})
+        vec = dict(zip(texts, (await embedder.embed(texts))[0], strict=True))
+        store = MemoryStore(max_entries=len(cached) + 1)
+        for text in cached:
+            await store.put(text, b"answer", 3600)
+            await store.add_vector("scope", text, text, vec[text], 3600)
+        learned = LearnedMatcher(model, embedder, cfg.matcher_threshold)
+        await learned.read(cached)  # cached questions are read once, when first met: not a lookup's cost
+        for p in pairs:  # the encoder's first forward at each input length is slow (~0.25 s): warm every length up
+            await learned.query(p.query)
+        costs: list[float] = []
+        tallies = {m: [0, 0, 0] for m in ("embedding", "lexical", "learned")}  # paraphrase hits, hits, wrong
+        for p in pairs:
+            for mode in tallies:
+                if mode == "embedding":
+                    top = await store.search("scope", vec[p.query], 1, cfg.similarity_threshold)
+                    hit = top[0] if top else None
+                elif mode == "lexical":
+                    hit = (await match(store, "scope", p.query, vec[p.query], cfg.similarity_threshold, 0.0)).hit
+                else:  # the query's forward (its vector too: it replaces the embedding), the features, the heads
+                    t0 = time.perf_counter()
+                    scorer = await learned.query(p.query)
+                    hit = (await match(store, "scope", p.query, scorer.vector, 0.0, 0.0, learned=scorer)).hit
+                    costs.append(time.perf_counter() - t0)
+                if hit is None:
+                    continue
+                ok = _norm(hit.text) == _norm(p.query) or (_norm(hit.text), _norm(p.query)) in right
+                tally = tallies[mode]
+                tally[1] += 1
+                tally[2] += not ok
+                tally[0] += ok and p.label == "paraphrase" and _norm(hit.text) == _norm(p.cached)
+        paraphrases = sum(p.label == "paraphrase" for p in pairs)
+        out: dict[str, Any] = {"pairs_file": path.name, "pairs": len(pairs), "paraphrases": paraphrases}
+        for mode, (ph, hits, wrong) in tallies.items():
+            out[mode] = {"paraphrase_hits": ph, "paraphrase_hit_rate": round(ph / max(paraphrases, 1), 4), "hits": hits,
+                         "wrong_hits": wrong, "wrong_hit_share": round(wrong / hits, 4) if hits else None,
+                         "wrong_hit_upper95": round(binomial_upper(wrong, hits, 0.95), 4)}  # fmt: skip
+        out["learned"]["threshold"] = learned.threshold
+        out["learned"]["floor"] = learned.floor
+        out["learned_lookup_cpu"] = _pct(costs)
+        return out
+
+    return [asyncio.run(one(path)) for path in paths]
 
 
 async def _lookup_at(entries: int, queries: int = 200) -> dict[str, Any]:
@@ -215,26 +285,28 @@ def http_path(port: int, hits: int, max_tokens: int = 64) -> dict[str, Any]:
     return out
 
 
-def http_modes(hits: int) -> dict[str, Any]:
+def http_modes(hits: int, modes: tuple[str, ...] = ("lexical", "all")) -> dict[str, Any]:
     """The HTTP path with the lexical check alone, then with the engine verifying every candidate (`all`: each
     semantic hit costs one verification; one server each), with answers of 64 tokens at most, and with whole
     answers (up to the model's end of turn, 1024 tokens at most): a verification scores the same 32 answer tokens
     whatever the answer's length, generating it costs every token."""
     out = {}
-    for mode in ("lexical", "all"):
+    for mode in modes:
         port = free_port()
         env = {**os.environ, "SMOLGATE_CACHE_SEMANTIC_VERIFY": mode}
+        if mode == "learned":  # the learned matcher decides (cache.semantic_match: learned), no verifier
+            env = {**os.environ, "SMOLGATE_CACHE_SEMANTIC_MATCH": "learned"}
         proc = subprocess.Popen([sys.executable, "-m", "bench.cache", "--serve", str(port)], env=env)
         try:
             wait_ready(f"http://127.0.0.1:{port}", proc)
-            out["verified" if mode == "all" else "lexical"] = http_path(port, hits)
+            out[{"all": "verified"}.get(mode, mode)] = http_path(port, hits)
             if mode == "all":
                 out["verified_whole_answer"] = http_path(port, hits // 2, max_tokens=1024)
                 print("http (all, whole answers):", out["verified_whole_answer"], flush=True)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-        print(f"http ({mode}):", out["verified" if mode == "all" else "lexical"], flush=True)
+        print(f"http ({mode}):", out[{"all": "verified"}.get(mode, mode)], flush=True)
     return out
 
 
@@ -349,12 +421,15 @@ def answer_agreement(pairs: Path | None, provider: str | None, provider_model: s
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cache")
     parser.add_argument("--hits", type=int, default=60)
-    parser.add_argument("--only", choices=["quality", "lookup", "http", "verify", "agreement"],
+    parser.add_argument("--only", choices=["quality", "matcher", "lookup", "http", "verify", "agreement"],
                         help="run one part (default: all but agreement)")
     parser.add_argument("--out", type=Path, help="result JSON (default bench/results/cache.json, cache_PART.json)")
-    parser.add_argument("--pairs", type=Path, help="labelled pairs to score (default tests/data/cache_pairs/test.tsv)")
+    parser.add_argument("--pairs", type=Path, action="append",
+                        help="labelled pairs to score (default tests/data/cache_pairs/test.tsv; matcher: repeatable)")
     parser.add_argument("--provider", help="agreement: an OpenAI-compatible base URL answers (default: the engine)")
     parser.add_argument("--provider-model", default="gpt-4o-mini", help="agreement: the provider's model")
+    parser.add_argument("--http-modes", default="lexical,all",
+                        help="http: the servers to measure, comma-separated: lexical, all (verified), learned")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -362,18 +437,24 @@ def main(argv: list[str] | None = None) -> None:
         return
     result: dict[str, Any] = {}
     if args.only in (None, "quality"):
-        result["quality"] = quality(args.pairs)
+        result["quality"] = quality(args.pairs[0] if args.pairs else None)
         print("quality:", result["quality"], flush=True)
+    if args.only == "matcher":
+        from bench.cache_pairs import SPLITS_DIR
+
+        result["matcher"] = matcher_quality(args.pairs or [SPLITS_DIR / "test.tsv"])
+        for row in result["matcher"]:
+            print("matcher:", row, flush=True)
     if args.only in (None, "lookup"):
         result["lookup"] = lookups()
         for row in result["lookup"]:
             print("lookup:", row, flush=True)
     if args.only in (None, "http"):
-        result["http"] = http_modes(args.hits)
+        result["http"] = http_modes(args.hits, tuple(args.http_modes.split(",")))
     if args.only in (None, "verify"):
         result["verify"] = verify_cost()
     if args.only == "agreement":
-        result["agreement"] = answer_agreement(args.pairs, args.provider, args.provider_model)
+        result["agreement"] = answer_agreement(args.pairs[0] if args.pairs else None, args.provider, args.provider_model)
         print("agreement:", result["agreement"], flush=True)
     result["summary"] = summary(result)
     print("summary:", result["summary"], flush=True)
@@ -391,6 +472,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         "test_paraphrase_hit_rate_lexical": (q or {}).get("lexical", {}).get("paraphrase_hit_rate"),
         "test_false_hits_over_hits_lexical": (q or {}).get("lexical", {}).get("false_hit_rate"),
         "semantic_hit_p50_ms_unverified": lex_hit["p50_ms"] if lex_hit else None,
+        "semantic_hit_p50_ms_learned": ((h.get("learned") or {}).get("semantic_hit") or {}).get("p50_ms"),
         "semantic_hit_p50_ms_verified": ver_hit["p50_ms"] if ver_hit else None,
         "verified_over_generation_p50": (h.get("verified") or {}).get("hit_over_generation_p50"),
         "verified_over_generation_p50_whole_answer": (h.get("verified_whole_answer") or {}).get(

@@ -112,6 +112,39 @@ class Embedder:
                 hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return mean_pool_normalize(hidden, attention_mask).tolist(), int(lengths.sum())
 
+    async def token_states(self, texts: list[str]) -> list[tuple[list[str], Any, list[float], Any]]:
+        """Per text, its word-piece tokens (special tokens left out), their final hidden states (a float32 numpy
+        array, tokens x dimensions), the text's unit vector (what `embed` returns), from one forward, and the
+        pieces' rows of the word-embedding table (their meaning out of context): what the semantic cache's learned
+        matcher reads (gateway/cache/matcher.py)."""
+        return await asyncio.wrap_future(self._executor.submit(self.token_states_sync, texts))
+
+    def token_states_sync(self, texts: list[str]) -> list[tuple[list[str], Any, list[float], Any]]:
+        out: list[tuple[list[str], Any, list[float], Any]] = []
+        table = self._encoder.word if self._encoder is not None else self.model.get_input_embeddings().weight
+        for start in range(0, len(texts), self.batch_size):
+            batch = texts[start : start + self.batch_size]
+            input_ids, attention_mask = self._tokenize(batch)
+            longest = int(attention_mask.sum(dim=1).max())
+            if longest > self.max_length:
+                raise InvalidRequestError(
+                    f"An input is {longest} tokens long; {self.model_name} reads at most {self.max_length}.", param="input"
+                )
+            with torch.inference_mode():
+                if self._encoder is not None:
+                    hidden = self._encoder(input_ids, attention_mask)
+                else:
+                    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                vectors = mean_pool_normalize(hidden, attention_mask).tolist()
+            states = hidden.float().numpy()
+            for i in range(len(batch)):
+                n = int(attention_mask[i].sum())
+                ids = input_ids[i, 1 : n - 1]  # [CLS] ... [SEP]
+                pieces = self.tokenizer.convert_ids_to_tokens(ids.tolist())
+                static = table[ids].detach().float().numpy()
+                out.append((pieces, states[i, 1 : n - 1].copy(), vectors[i], static))
+        return out
+
     def _tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_ids, attention_mask), (batch, longest) each: `tokenizer(texts, padding=True, truncation=False)`."""
         if self._core is None:

@@ -13,6 +13,10 @@ EMBEDDING_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8")
 # the words cannot decide (roles swapped, or one word WordNet cannot relate); all = the engine scores every
 # candidate (and per-entry thresholds, `error_bound`, may skip it); lexical = never ask the engine.
 VERIFY_MODES = ("auto", "all", "lexical")
+# What decides a semantic candidate (docs/caching.md): lexical = the key-term guards and the WordNet lexical check
+# (then the verifier, per semantic_verify); learned = the learned, calibrated matcher (gateway/cache/matcher.py),
+# which reads those signals as features.
+MATCH_MODES = ("lexical", "learned")
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,11 @@ class CacheConfig:
     near_miss_margin: float = 0.1  # candidates this far below the threshold are counted as near misses
     semantic_multi_turn: bool = False  # allow semantic hits for conversations (earlier turns stay in the key)
     embedding_dtype: str = "auto"  # the semantic cache's embedder: EMBEDDING_DTYPES
-    semantic_verify: str = "auto"  # VERIFY_MODES
+    semantic_verify: str = "auto"  # VERIFY_MODES (lexical matching only)
+    semantic_match: str = "lexical"  # MATCH_MODES
+    # learned matching: serve at or above this matcher score; 0 = the threshold calibrated with the shipped matcher
+    # (gateway/cache/matcher.json: wrong hits at most 1% at 95% confidence on the calibration split, when reachable)
+    matcher_threshold: float = 0.0
     # The verifier's criterion (gateway/cache/verify.py), calibrated on tests/data/cache_pairs/dev.tsv: the largest
     # single-token and the mean drop in log-probability (nats) of the cached answer under the new question, for
     # candidates whose content words keep their roles (a safety net: the lexical check vouches for them), and much
@@ -72,6 +80,10 @@ class CacheConfig:
             raise ValueError(f"cache.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.embedding_dtype not in EMBEDDING_DTYPES:
             raise ValueError(f"cache.embedding_dtype must be one of {EMBEDDING_DTYPES}, got {self.embedding_dtype!r}")
+        if self.semantic_match not in MATCH_MODES:
+            raise ValueError(f"cache.semantic_match must be one of {MATCH_MODES}, got {self.semantic_match!r}")
+        if not 0.0 <= self.matcher_threshold <= 1.0:
+            raise ValueError("cache.matcher_threshold must be in [0, 1] (0: the calibrated threshold)")
         if self.semantic_verify not in VERIFY_MODES:
             raise ValueError(f"cache.semantic_verify must be one of {VERIFY_MODES}, got {self.semantic_verify!r}")
         drops = (self.verify_max_drop, self.verify_mean_drop, self.verify_reordered_max_drop, self.verify_reordered_mean_drop)

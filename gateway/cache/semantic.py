@@ -13,6 +13,10 @@
 4. optionally (`relevance_margin`), the cached answer relates to the new question about as well as to its own
    (gateway/cache/relevance.py).
 
+With `cache.semantic_match: learned` steps 2 and 3 (and the engine verifier) give way to the learned matcher
+(gateway/cache/matcher.py): every candidate from the matcher's floor up is scored by it, the guards and the lexical
+verdict among its inputs, and the best-scoring one is served if its score reaches the calibrated threshold.
+
 The best rejected candidate comes back as `near_miss`: the extension point for speculative
 decoding (a near miss's answer is a good draft for the engine, never served as the answer).
 """
@@ -28,6 +32,7 @@ import orjson
 from gateway.cache import lexical
 from gateway.cache.guards import same_key_terms
 from gateway.cache.index import Candidate
+from gateway.cache.matcher import QueryScorer
 from gateway.cache.relevance import AnswerVector, relevant
 from gateway.cache.stores import CacheStore
 from gateway.client import EmbeddingClient
@@ -40,7 +45,8 @@ class NearMiss:
     candidate: Candidate
     # "threshold" (similar, not enough) | "guard" (a number, entity or negation differs) | "lexical" (a content word
     # differs, or the order differs with no verifier) | "relevance" (the cached answer relates less to the new
-    # question than to its own) | "verifier" (the engine found the answer does not fit)
+    # question than to its own) | "verifier" (the engine found the answer does not fit) | "matcher" (the learned
+    # matcher scored it below its threshold)
     reason: str
 
 
@@ -81,9 +87,13 @@ async def match(
     margin: float,
     verify: Verify | None = None,
     relevance_margin: float | None = None,
+    learned: QueryScorer | None = None,
 ) -> SemanticMatch:
     """The first candidate (best cosine first) that passes every check. `relevance_margin`: None skips the
-    answer-relevance check; otherwise an entry stored without its answer's vector is never served."""
+    answer-relevance check; otherwise an entry stored without its answer's vector is never served. `learned`: the
+    learned matcher, with `query` read, decides instead of the guards, the lexical check and the verifier."""
+    if learned is not None:
+        return await _match_learned(store, scope, vector, learned, relevance_margin)
     near: NearMiss | None = None
     for cand in await store.search(scope, vector, TOP_K, threshold - margin):
         if cand.similarity < threshold:
@@ -105,6 +115,30 @@ async def match(
             continue
         if verify is not None and not await verify(cand, entry, needs_engine):
             near = near or NearMiss(cand, "verifier")
+            continue
+        return SemanticMatch(cand, entry, near)
+    return SemanticMatch(near_miss=near)
+
+
+async def _match_learned(
+    store: CacheStore, scope: str, vector: list[float], learned: QueryScorer, relevance_margin: float | None
+) -> SemanticMatch:
+    """The best-scoring candidate from the matcher's floor up, served if its score reaches the threshold."""
+    candidates = await store.search(scope, vector, TOP_K, learned.floor)
+    if not candidates:
+        return SemanticMatch()
+    scores = await learned.scores([(c.text, c.similarity) for c in candidates])
+    ranked = sorted(zip(scores, range(len(candidates)), strict=True), key=lambda s: (-s[0], s[1]))
+    near: NearMiss | None = None
+    for score, i in ranked:
+        cand = candidates[i]
+        if score < learned.threshold:
+            return SemanticMatch(near_miss=near or NearMiss(cand, "matcher"))
+        entry = await store.get(cand.key)
+        if entry is None:
+            continue
+        if relevance_margin is not None and not _relevant(entry, vector, relevance_margin):
+            near = near or NearMiss(cand, "relevance")
             continue
         return SemanticMatch(cand, entry, near)
     return SemanticMatch(near_miss=near)

@@ -10,6 +10,7 @@ from backend.config import EngineConfig
 from gateway.cache import lexical
 from gateway.cache.config import CacheConfig
 from gateway.cache.keys import model_fingerprint
+from gateway.cache.matcher import LearnedMatcher, MatcherModel
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import CacheControl, take_control
 from gateway.cache.sampled import SampledCheck
@@ -39,8 +40,10 @@ class ResponseCache:
         fingerprint: str,
         stream_limits: StreamLimits,
         verifier: EngineVerifier | None = None,
+        learned: LearnedMatcher | None = None,
     ) -> None:
-        """`verifier`: scores semantic candidates with the embedded engine; None = the lexical check alone."""
+        """`verifier`: scores semantic candidates with the embedded engine; None = the lexical check alone.
+        `learned`: the learned matcher (`cache.semantic_match: learned`), which then decides every candidate."""
         self.cfg = cfg
         self.store = SafeStore(store, self.backend_error, cfg.redis_retry_s) if store is not None else None
         self.embedder = embedder if cfg.semantic else None
@@ -49,7 +52,8 @@ class ResponseCache:
         self.ids = ids
         self.fingerprint = fingerprint
         self.stream_limits = stream_limits
-        self.verifier = verifier if self.embedder is not None else None
+        self.learned = learned if self.embedder is not None else None
+        self.verifier = verifier if self.embedder is not None and self.learned is None else None
         # per-entry records of verified outcomes; with them a candidate may skip the engine (gateway/cache/thresholds.py)
         self.thresholds = self._record("engine", cfg.error_bound) if (
             self.verifier is not None and cfg.error_bound > 0) else None  # fmt: skip
@@ -111,6 +115,7 @@ class _Upstream:
 
     def __init__(self, cache: ResponseCache, fingerprint: str) -> None:
         self.cfg, self.store, self.embedder, self.metrics = cache.cfg, cache.store, cache.embedder, cache.metrics
+        self.learned = cache.learned
         self.logger, self.ids, self.stream_limits = cache.logger, cache.ids, cache.stream_limits
         self.fingerprint = fingerprint
         self.sampled = cache.upstream_check
@@ -153,8 +158,19 @@ def build_cache(
     if cfg.semantic and embedder is not None and not lexical.default_lexicon():  # loaded now, not on a first request
         logger.warning("cache_wordnet_missing", detail="run `python -m gateway.cache.wordnet_fetch`: without WordNet the "
                        "lexical check knows no synonyms (fewer semantic hits, never more)")  # fmt: skip
+    learned = build_matcher(cfg, embedder, logger)
     verifier = None
-    if engine is not None and model_id and cfg.semantic and cfg.semantic_verify != "lexical":
+    if engine is not None and model_id and cfg.semantic and cfg.semantic_verify != "lexical" and learned is None:
         verifier = EngineVerifier(engine, criterion_of(cfg), ids.new)
     limits = StreamLimits.of(config)
-    return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, limits, verifier)
+    return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, limits, verifier, learned)
+
+
+def build_matcher(cfg: CacheConfig, embedder: EmbeddingClient | None, logger: Any) -> LearnedMatcher | None:
+    """The learned matcher when `cache.semantic_match` is learned and the embedder can hand it token states."""
+    if not (cfg.semantic and cfg.semantic_match == "learned" and embedder is not None):
+        return None
+    if not hasattr(embedder, "token_states"):
+        raise ValueError("cache.semantic_match: learned needs an embedder with token states (all-MiniLM-L6-v2 as "
+                         "the gateway loads it)")  # fmt: skip
+    return LearnedMatcher(MatcherModel.load(), embedder, cfg.matcher_threshold)  # type: ignore[arg-type]

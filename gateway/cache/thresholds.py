@@ -45,8 +45,10 @@ def binomial_upper(errors: int, n: int, confidence: float) -> float:
         return 1.0
     alpha = 1.0 - confidence
 
-    def cdf(p: float) -> float:  # P(X <= errors) for X ~ Binomial(n, p)
-        return sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(errors + 1))
+    def cdf(p: float) -> float:  # P(X <= errors) for X ~ Binomial(n, p), term by term in logs (n may be large)
+        log_p, log_q = math.log(p), math.log1p(-p)
+        return sum(math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p + (n - k) * log_q)
+                   for k in range(errors + 1))  # fmt: skip
 
     lo, hi = errors / n, 1.0
     for _ in range(60):

@@ -16,6 +16,7 @@ from gateway.cache import replay
 from gateway.cache.config import CacheConfig
 from gateway.cache.index import Candidate
 from gateway.cache.keys import exact_key, semantic_scope
+from gateway.cache.matcher import LearnedMatcher, QueryScorer
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import CacheControl, exact_allowed, semantic_allowed
 from gateway.cache.relevance import AnswerVector, cosine, excerpt
@@ -52,6 +53,7 @@ class CacheParts(Protocol):
     verifier: EngineVerifier | None
     thresholds: EntryThresholds | None
     sampled: SampledCheck | None  # for a third-party model's entries (the engine cannot verify them)
+    learned: LearnedMatcher | None  # cache.semantic_match: learned
 
 
 class Ticket:
@@ -126,12 +128,17 @@ class Ticket:
         store, cfg, embedder = self.cache.store, self.cache.cfg, self.cache.embedder
         if store is None or self.scope is None or embedder is None:
             return None
-        self.vector = await embed_query(embedder, self.query, self.cache.logger)
+        scorer = None
+        if self.cache.learned is not None:  # one forward: the query's vector and the token states the matcher reads
+            scorer = await _read_query(self.cache.learned, self.query, self.cache.logger)
+            self.vector = None if scorer is None else scorer.vector
+        else:
+            self.vector = await embed_query(embedder, self.query, self.cache.logger)
         if self.vector is None:
             return None
         found = await match(
             store, self.scope, self.query, self.vector, cfg.similarity_threshold, cfg.near_miss_margin, self._verify(),
-            cfg.relevance_margin if cfg.relevance else None,
+            cfg.relevance_margin if cfg.relevance else None, scorer,
         )
         self.near_miss = found.near_miss
         if found.near_miss is not None:
@@ -306,6 +313,14 @@ def _answer_of(gen: Generation | None) -> Answer | None:
     if not choice.token_ids or len(choice.logprobs) != len(choice.token_ids):
         return None
     return Answer(tuple(choice.token_ids), tuple(lp.logprob for lp in choice.logprobs))
+
+
+async def _read_query(learned: LearnedMatcher, query: str, logger: Any) -> QueryScorer | None:
+    try:
+        return await learned.query(query)
+    except Exception as exc:  # e.g. longer than the embedding model reads: this request is just not matched
+        logger.warning("cache_embedding_failed", error=type(exc).__name__, detail=str(exc)[:200])
+        return None
 
 
 async def _answer_vector(embedder: EmbeddingClient, body: dict[str, Any], question: list[float], logger: Any
