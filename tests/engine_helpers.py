@@ -119,6 +119,14 @@ def run_to_completion(engine: LLMEngine, arrivals: dict[int, list[tuple]] | None
     return outputs
 
 
+def teacher_forced(engine: LLMEngine, prompts: list[list[int]], tokens: list[list[int]]) -> torch.Tensor:
+    """The log-probability `engine` gives each of `tokens` after its prompt (fed as one prompt: prompt_logprobs)."""
+    forced = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    outs = run_to_completion(engine, {0: [(f"t{i}", p + tokens[i], forced) for i, p in enumerate(prompts)]})
+    return torch.cat([torch.tensor([lp.logprob for lp in outs[f"t{i}"][0].prompt_logprobs[len(p):]])
+                      for i, p in enumerate(prompts)])
+
+
 def token_ids(outputs: list[RequestOutput], index: int = 0) -> list[int]:
     return [t for o in outputs for d in o.deltas if d.index == index for t in d.token_ids]
 

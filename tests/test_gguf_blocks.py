@@ -29,7 +29,15 @@ from backend.model.weights import read_hf_tensors
 from backend.quant.gguf_blocks import dequantize_blocks, pack_q4, q4_blocks, unpack_q4
 from backend.quant.int4_linear import Int4Linear, dequantized_weight
 from tests.c_kernels import requires_c_kernels
-from tests.engine_helpers import QUESTIONS, chat_ids, gguf_int4_model, model_path, run_to_completion, token_ids
+from tests.engine_helpers import (
+    QUESTIONS,
+    chat_ids,
+    gguf_int4_model,
+    model_path,
+    run_to_completion,
+    teacher_forced,
+    token_ids,
+)
 
 MAX_NEW = 32
 NEAR_TIE = 0.75  # nats between the reference's best two tokens; the largest gap a flip was seen at: 0.34
@@ -124,14 +132,6 @@ def reference() -> Reference:
     margins = [[lp.top[0][2] - lp.top[1][2] for o in outs[f"r{i}"] for d in o.deltas for lp in d.logprobs]
                for i in range(len(prompts))]
     return Reference(prompts, tokens, margins, teacher_forced(engine, prompts, tokens))
-
-
-def teacher_forced(engine: LLMEngine, prompts: list[list[int]], tokens: list[list[int]]) -> torch.Tensor:
-    """The log-probability `engine` gives each of `tokens` after its prompt (fed as one prompt: prompt_logprobs)."""
-    forced = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
-    outs = run_to_completion(engine, {0: [(f"t{i}", p + tokens[i], forced) for i, p in enumerate(prompts)]})
-    return torch.cat([torch.tensor([lp.logprob for lp in outs[f"t{i}"][0].prompt_logprobs[len(p):]])
-                      for i, p in enumerate(prompts)])
 
 
 @requires_c_kernels

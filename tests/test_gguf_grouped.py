@@ -38,7 +38,7 @@ from backend.quant.gguf_types import SERVED, decode
 from kernels.cpu import build as build_py
 from kernels.cpu.wg8a8 import GroupedInt8, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
 from tests.c_kernels import ISAS, build, requires_avx512, requires_c_kernels
-from tests.engine_helpers import assert_no_leaks, run_to_completion, token_ids
+from tests.engine_helpers import assert_no_leaks, run_to_completion, teacher_forced, token_ids
 
 # byte offsets of each type's fp16 fields (d, m / dmin) within a block: set to finite values (random bytes may be NaN)
 FP16_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q3_K": [108], "Q4_K": [0, 2],
@@ -144,13 +144,6 @@ def reference(gguf: Path) -> dict[str, object]:
     margins = [[lp.top[0][2] - lp.top[1][2] for o in outs[f"r{i}"] for d in o.deltas for lp in d.logprobs]
                for i in range(len(prompts))]
     return {"prompts": prompts, "tokens": tokens, "margins": margins, "forced": teacher_forced(engine, prompts, tokens)}
-
-
-def teacher_forced(engine: LLMEngine, prompts: list[list[int]], tokens: list[list[int]]) -> torch.Tensor:
-    forced = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
-    outs = run_to_completion(engine, {0: [(f"t{i}", p + tokens[i], forced) for i, p in enumerate(prompts)]})
-    return torch.cat([torch.tensor([lp.logprob for lp in outs[f"t{i}"][0].prompt_logprobs[len(p):]])
-                      for i, p in enumerate(prompts)])
 
 
 @requires_c_kernels

@@ -169,8 +169,8 @@ def test_on_aarch64_the_neon_gemms_are_built_and_the_x86_kernels_fall_back(
     monkeypatch.setattr(build, "_cpu_flags", lambda: frozenset({"fp", "asimd", "asimddp"}))
     monkeypatch.delenv(build.ISA_ENV, raising=False)
     assert build.c_gemms_unavailable() is None and build.cpu_isa() == "neon-dotprod"
-    assert "only the W4A8 / W8A8 GEMMs" in (build.c_kernels_unavailable() or "")  # the tests of the rest skip
-    assert [s.name for s in sorted(KERNELS.glob("*.c")) if build.runs_here(s)] == ["w4a8_neon.c", "w8a8_neon.c"]
+    assert "only the GEMMs (W4A8, W8A8, grouped W8A8)" in (build.c_kernels_unavailable() or "")  # the rest skip
+    assert [s.name for s in sorted(KERNELS.glob("*.c")) if build.runs_here(s)] == ["w4a8_neon.c", "w8a8_neon.c", "wg8a8_neon.c"]
     built: list[str] = []
     monkeypatch.setattr(build, "_build", lambda source, target, flags, gomp: built.append(" ".join(flags)) or False)
     assert build.load_c_kernel(KERNELS / "elementwise.c", tmp_path) is None and not built  # x86-only: not compiled
@@ -183,7 +183,7 @@ def test_on_aarch64_the_neon_gemms_are_built_and_the_x86_kernels_fall_back(
 
 @requires_tools
 @pytest.mark.skipif(NATIVE, reason="the cross compiler (an x86 host)")
-@pytest.mark.parametrize("source", ["w4a8_neon.c", "w8a8_neon.c"])
+@pytest.mark.parametrize("source", ["w4a8_neon.c", "w8a8_neon.c", "wg8a8_neon.c"])
 def test_build_py_compiles_the_neon_kernels_into_aarch64_libraries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                                     source: str) -> None:
     """build.py's own compile step with its NEON flags (OpenMP included), the cross compiler as CC: a shared library

@@ -27,9 +27,13 @@ import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 BLOCK = 32
 BLOCK_TENSORS = ("q4", "q4_scales", "q4_mins")
@@ -123,8 +127,7 @@ def read_gguf_blocks(gguf_path: Path, heads: int, kv_heads: int, permute: bool) 
 
 def convert_gguf_blocks(gguf_path: Path, out: Path) -> Path:
     """Write `out`: the blocks above, config.json (marked gguf_blocks), the tokenizer; seconds, not the minutes of AWQ."""
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig
 
     folder, name = str(gguf_path.parent), gguf_path.name
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
@@ -137,24 +140,38 @@ def convert_gguf_blocks(gguf_path: Path, out: Path) -> Path:
     if "lm_head.weight" not in state:
         config.tie_word_embeddings = True  # llama.cpp reads the embedding table as the output when `output` is absent
     config.quantization_config = {"quant_method": QUANT_METHOD, "bits": 4, "group_size": BLOCK}
+    return write_converted(gguf_path, out, state, config)
+
+
+def write_converted(gguf_path: Path, out: Path, state: dict[str, torch.Tensor], config: PretrainedConfig) -> Path:
+    """`out` written whole or not at all (a `.partial` folder renamed): the tensors, config.json, the generation
+    config and the GGUF's tokenizer (transformers converts it)."""
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, GenerationConfig
+
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt", "source": gguf_path.name})
+    save_file({k: v.contiguous() for k, v in state.items()}, str(partial / "model.safetensors"),
+              metadata={"format": "pt", "source": gguf_path.name})
     config.save_pretrained(partial)
     GenerationConfig.from_model_config(config).save_pretrained(partial)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(partial)
+    AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name).save_pretrained(partial)
     shutil.rmtree(out, ignore_errors=True)
     partial.replace(out)
     return out
 
 
-def is_gguf_blocks(model_dir: Path) -> bool:
+def quant_method(model_dir: Path) -> str | None:
+    """config.json's quantization_config.quant_method (None: none, or no config.json)."""
     path = model_dir / "config.json"
     if not path.exists():
-        return False
-    q = json.loads(path.read_text()).get("quantization_config") or {}
-    return q.get("quant_method") == QUANT_METHOD
+        return None
+    return (json.loads(path.read_text()).get("quantization_config") or {}).get("quant_method")
+
+
+def is_gguf_blocks(model_dir: Path) -> bool:
+    return quant_method(model_dir) == QUANT_METHOD
 
 
 def dequantize_mixed_groups(hf: dict[str, torch.Tensor], fused: Iterable[tuple[str, ...]]) -> dict[str, torch.Tensor]:

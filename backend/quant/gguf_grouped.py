@@ -18,8 +18,6 @@ or, where one part is dense, the fused weight dense) and swaps the layers in (`s
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from backend.quant.gguf_blocks import PER_LAYER, TOP, _unpermute
+from backend.quant.gguf_blocks import PER_LAYER, TOP, _unpermute, quant_method, write_converted
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
 from backend.quant.gguf_types import decode
 from kernels.cpu.wg8a8 import GroupedInt8, pack
@@ -84,8 +82,7 @@ def read_gguf_grouped(gguf_path: Path, arch: str, heads: int, kv_heads: int) -> 
 def convert_gguf_grouped(gguf_path: Path, out: Path) -> Path:
     """Write `out`: the tensors above, config.json (marked gguf_grouped), the tokenizer. Seconds: nothing is dequantized
     but the small tensors."""
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig
 
     from backend.model.gguf_header import read_header
 
@@ -98,25 +95,11 @@ def convert_gguf_grouped(gguf_path: Path, out: Path) -> Path:
     if "lm_head.weight" not in state and "lm_head.gq" not in state:
         config.tie_word_embeddings = True  # llama.cpp reads the embedding table as the output when `output` is absent
     config.quantization_config = {"quant_method": QUANT_METHOD}
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(partial / "model.safetensors"),
-              metadata={"format": "pt", "source": gguf_path.name})
-    config.save_pretrained(partial)
-    GenerationConfig.from_model_config(config).save_pretrained(partial)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(partial)
-    shutil.rmtree(out, ignore_errors=True)
-    partial.replace(out)
-    return out
+    return write_converted(gguf_path, out, state, config)
 
 
 def is_gguf_grouped(model_dir: Path) -> bool:
-    path = model_dir / "config.json"
-    if not path.exists():
-        return False
-    q = json.loads(path.read_text()).get("quantization_config") or {}
-    return q.get("quant_method") == QUANT_METHOD
+    return quant_method(model_dir) == QUANT_METHOD
 
 
 def grouped_of(state: dict[str, torch.Tensor], stem: str, pop: bool = True) -> GroupedInt8 | None:

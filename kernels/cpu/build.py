@@ -53,7 +53,7 @@ def c_kernels_unavailable() -> str | None:
     """Why the whole set of C kernels cannot run here (None if it can be built: x86-64 with AVX2 + FMA + F16C). On aarch64
     only the GEMMs can (c_gemms_unavailable), so this names why the rest cannot."""
     if is_arm():
-        return c_gemms_unavailable() or "an aarch64 CPU: only the W4A8 / W8A8 GEMMs have C (NEON) variants there"
+        return c_gemms_unavailable() or "an aarch64 CPU: only the GEMMs (W4A8, W8A8, grouped W8A8) have C (NEON) variants there"
     if platform.machine() not in {"x86_64", "AMD64"}:
         return f"neither an x86-64 nor an aarch64 CPU ({platform.machine()})"
     if not {"avx2", "fma", "f16c"} <= _cpu_flags():  # F16C (fp16 <-> fp32): every AVX2 CPU has it
