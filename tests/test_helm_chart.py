@@ -183,6 +183,8 @@ def test_the_gateway_loads_the_chart_config_and_routes_to_the_headless_service(
         engine_set = r.one("StatefulSet", "engine")
         assert engine_set["spec"]["serviceName"] == service["metadata"]["name"]  # stable pod names under it
         assert cfg.routing.router.redis_url == cfg.cache.redis_url and cfg.routing.router.redis_url.startswith("redis")
+        ledger = values.get("ledger", {})  # the spend ledger: PostgreSQL from the Secret, else each pod's SQLite
+        assert cfg.spend.ledger.url == (ledger["postgresUrl"] if ledger.get("postgres") else "")
         assert gateway["readinessProbe"]["httpGet"]["path"] == "/ready"
         assert args_port(gateway) == gateway["ports"][0]["containerPort"]
 
