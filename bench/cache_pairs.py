@@ -20,18 +20,11 @@ from typing import Any
 
 from gateway.cache.semantic import match
 from gateway.cache.stores import MemoryStore
+from gateway.cache.train import Pair, read_pairs
 
 PAIRS_PATH = Path(__file__).resolve().parents[1] / "tests" / "data" / "semantic_cache_pairs.tsv"
 SPLITS_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "cache_pairs"  # dev.tsv (tune) and test.tsv
 Embed = Callable[[list[str]], Awaitable[list[list[float]]]]
-
-
-@dataclass(frozen=True)
-class Pair:
-    label: str  # paraphrase | negative
-    kind: str
-    cached: str
-    query: str
 
 
 @dataclass(frozen=True)
@@ -55,14 +48,8 @@ class PairScore:
 
 
 def load_pairs(path: Path = PAIRS_PATH) -> list[Pair]:
-    """label, kind, cached, query; or (tests/data/cache_pairs/*.tsv) label, kind, domain, cached, query."""
-    pairs = []
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            fields = line.split("\t")
-            label, kind, cached, query = fields[0], fields[1], fields[-2], fields[-1]
-            pairs.append(Pair(label, kind, cached, query))
-    return pairs
+    """Every pair of a file (gateway/cache/train.py's reader; held-out sets too: this scores, it does not train)."""
+    return read_pairs(path)
 
 
 def _norm(text: str) -> str:

@@ -5,12 +5,10 @@ server, and one whose Redis is down (a port where nothing listens: every call fa
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,8 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
-from gateway_fixtures import API_KEY, gateway_test_config
+from gateway_fixtures import API_KEY, AppServers, gateway_test_config
 
 from gateway.app import build_context, create_app
 from gateway.cache.config import CacheConfig
@@ -95,8 +92,7 @@ class CacheStack:
     urls: dict[str, str] = field(default_factory=dict)
     contexts: dict[str, GatewayContext] = field(default_factory=dict)
     memory_store: RecordingStore | None = None
-    _servers: list[uvicorn.Server] = field(default_factory=list)
-    _thread: threading.Thread | None = None
+    _servers: AppServers = field(default_factory=AppServers)
 
     def client(self, name: str = "memory", key: str = API_KEY) -> openai.OpenAI:
         if name not in self.urls:
@@ -162,33 +158,10 @@ class CacheStack:
         self._serve(list(configs), apps)
 
     def _serve(self, names: list[str], apps: list[Any]) -> None:
-        sockets = []
-        for _ in apps:
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        self.urls = {n: f"http://127.0.0.1:{s.getsockname()[1]}" for n, s in zip(names, sockets, strict=True)}
-        config = {"log_level": "warning", "access_log": False, "timeout_graceful_shutdown": 2}
-        self._servers = [uvicorn.Server(uvicorn.Config(app, **config)) for app in apps]  # type: ignore[arg-type]
-
-        async def serve() -> None:
-            await asyncio.gather(*(s.serve(sockets=[k]) for s, k in zip(self._servers, sockets, strict=True)))
-
-        self._thread = threading.Thread(target=asyncio.run, args=(serve(),), name="uvicorn-cache", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 120
-        while not all(s.started for s in self._servers):
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the cache test servers did not start")
-            time.sleep(0.05)
+        self.urls = dict(zip(names, self._servers.start(apps, "cache"), strict=True))
 
     def stop(self) -> None:
-        for server in self._servers:
-            server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._servers.stop()
 
 
 @cache

@@ -95,6 +95,39 @@ def _bound_socket() -> socket.socket:
 
 
 @dataclass
+class AppServers:
+    """ASGI apps served by uvicorn on free loopback ports, all in one background thread: the fixtures' real servers."""
+
+    servers: list[uvicorn.Server] = field(default_factory=list)
+    thread: threading.Thread | None = None
+
+    def start(self, apps: list[Any], what: str, timeout: float = 120.0) -> list[str]:
+        """Serve `apps`; their base URLs, in order, once every one has started."""
+        sockets = [_bound_socket() for _ in apps]
+        config = {"log_level": "warning", "access_log": False, "timeout_graceful_shutdown": 2}
+        self.servers = [uvicorn.Server(uvicorn.Config(app, **config)) for app in apps]  # type: ignore[arg-type]
+
+        async def serve() -> None:
+            await asyncio.gather(*(s.serve(sockets=[k]) for s, k in zip(self.servers, sockets, strict=True)))
+
+        self.thread = threading.Thread(target=asyncio.run, args=(serve(),), name=f"uvicorn-{what}", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not all(s.started for s in self.servers):
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"the {what} test servers did not start")
+            time.sleep(0.05)
+        return [f"http://127.0.0.1:{k.getsockname()[1]}" for k in sockets]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+            self.thread = None
+
+
+@dataclass
 class LiveStack:
     """The real engine + embedder behind two live servers: `url` (real) and `fault_url` (faults)."""
 
@@ -103,8 +136,7 @@ class LiveStack:
     log_path: Path
     url: str = ""
     fault_url: str = ""
-    _servers: list[uvicorn.Server] = field(default_factory=list)
-    _thread: threading.Thread | None = None
+    _servers: AppServers = field(default_factory=AppServers)
 
     def client(self, **kw: Any) -> openai.OpenAI:
         kw.setdefault("api_key", API_KEY)
@@ -145,34 +177,10 @@ class LiveStack:
         log = self.log_path.open("a", buffering=1)
         main = create_app(build_context(config, self.engine, embedder, log_sink=log))
         fault = create_app(build_context(config, self.faulty, None, log_sink=log), manage_engine=False)
-        sockets = [_bound_socket(), _bound_socket()]
-        self.url, self.fault_url = (f"http://127.0.0.1:{s.getsockname()[1]}" for s in sockets)
-        self._servers = [
-            uvicorn.Server(
-                uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
-            )
-            for app in (main, fault)
-        ]
-
-        async def serve() -> None:
-            await asyncio.gather(
-                *(s.serve(sockets=[sock]) for s, sock in zip(self._servers, sockets, strict=True))
-            )
-
-        self._thread = threading.Thread(target=asyncio.run, args=(serve(),), name="uvicorn", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 120
-        while not all(s.started for s in self._servers):
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the gateway test servers did not start")
-            time.sleep(0.05)
+        self.url, self.fault_url = self._servers.start([main, fault], "gateway")
 
     def stop(self) -> None:
-        for server in self._servers:
-            server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._servers.stop()
 
 
 @cache

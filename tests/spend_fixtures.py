@@ -4,14 +4,11 @@ real PostgreSQL server (Debian's `postgres`, initdb'd into a temporary directory
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,9 +16,8 @@ from types import MappingProxyType
 from typing import Any
 
 import openai
-import uvicorn
 from cache_fixtures import RedisServer, free_port, start_redis
-from gateway_fixtures import gateway_test_config
+from gateway_fixtures import AppServers, gateway_test_config
 
 from gateway.app import build_context, create_app
 from gateway.batches.config import BatchesConfig
@@ -64,8 +60,7 @@ class SpendStack:
     redis: RedisServer | None
     contexts: dict[str, GatewayContext] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
-    _servers: list[uvicorn.Server] = field(default_factory=list)
-    _thread: threading.Thread | None = None
+    _servers: AppServers = field(default_factory=AppServers)
 
     def client(self, key: str = ALICE, name: str = "main") -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.urls[name]}/v1", api_key=key, max_retries=0, timeout=120)
@@ -105,33 +100,10 @@ class SpendStack:
         self._serve(list(configs), apps)
 
     def _serve(self, names: list[str], apps: list[Any]) -> None:
-        sockets = []
-        for _ in apps:
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        self.urls = {n: f"http://127.0.0.1:{s.getsockname()[1]}" for n, s in zip(names, sockets, strict=True)}
-        config = {"log_level": "warning", "access_log": False, "timeout_graceful_shutdown": 2}
-        self._servers = [uvicorn.Server(uvicorn.Config(app, **config)) for app in apps]  # type: ignore[arg-type]
-
-        async def serve() -> None:
-            await asyncio.gather(*(s.serve(sockets=[k]) for s, k in zip(self._servers, sockets, strict=True)))
-
-        self._thread = threading.Thread(target=asyncio.run, args=(serve(),), name="uvicorn-spend", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 180
-        while not all(s.started for s in self._servers):
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the spend test servers did not start")
-            time.sleep(0.05)
+        self.urls = dict(zip(names, self._servers.start(apps, "spend", timeout=180.0), strict=True))
 
     def stop(self) -> None:
-        for server in self._servers:
-            server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._servers.stop()
         if self.redis is not None:
             self.redis.stop()
 

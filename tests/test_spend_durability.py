@@ -11,7 +11,6 @@ from __future__ import annotations
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,6 @@ from bench.server import SMALL_SERVER_ENV, GatewayProcess
 KEY, ADMIN = "sk-durable-client", "sk-durable-admin"
 MODEL = "SmolLM2-135M-Instruct"
 REQUESTS = 12
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = start_postgres()
-    if server is None:
-        pytest.skip(POSTGRES_SKIP)
-    yield server
-    server.stop()
 
 
 def _start(root: Path, url: str) -> GatewayProcess:

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 from routing_fixtures import FakeUpstream, Servers
-from spend_fixtures import POSTGRES_SKIP, PostgresServer, start_postgres
+from spend_fixtures import PostgresServer
 
 from gateway.app import build_context, create_app
 from gateway.config import from_mapping
@@ -119,15 +119,6 @@ def test_in_process_budgets_start_from_the_ledger(tmp_path: Path) -> None:
     assert caught.value.what == "daily budget of key 'seeded'"
     asyncio.run(reserve(0.04))  # 0.49: fits
     second.spend.close()
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = start_postgres()
-    if server is None:
-        pytest.skip(POSTGRES_SKIP)
-    yield server
-    server.stop()
 
 
 def test_two_replicas_share_a_budget_through_postgresql(postgres: PostgresServer, tmp_path: Path) -> None:

@@ -77,15 +77,22 @@ def norm(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
 
 
-def load_pairs(path: Path) -> list[Pair]:
-    if path.stem in HELD_OUT:
-        raise ValueError(f"{path.name} is a held-out set: never trained or tuned on")
+def read_pairs(path: Path) -> list[Pair]:
+    """A pair file's rows: label, kind, cached, query; or (tests/data/cache_pairs/*.tsv) label, kind, domain, cached,
+    query. `#` lines and blank lines are skipped."""
     out = []
     for line in path.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             f = line.split("\t")
             out.append(Pair(f[0], f[1], f[-2], f[-1]))
     return out
+
+
+def load_pairs(path: Path) -> list[Pair]:
+    """A tuning set's pairs; a held-out set is refused by name."""
+    if path.stem in HELD_OUT:
+        raise ValueError(f"{path.name} is a held-out set: never trained or tuned on")
+    return read_pairs(path)
 
 
 def side(cached: str) -> str:
