@@ -9,6 +9,7 @@ then per tensor: name, n_dims u32, dims u64 x n_dims, type u32, offset u64.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 from collections import Counter
@@ -95,11 +96,19 @@ class _Cursor:
 
 
 def read_header(path: Path) -> GgufHeader:
-    """The header of `path`; GgufError (naming the path) when it is missing, not GGUF, or truncated."""
-    from gguf import GGMLQuantizationType
-
+    """The header of `path`; GgufError (naming the path) when it is missing, not GGUF, or truncated. Read once per
+    file version (path, size, mtime): the preflight, the loader's choice of form and the conversion all ask for it,
+    and a large vocabulary makes a read cost tenths of a second."""
     if not path.is_file():
         raise GgufError(f"{path}: no such file")
+    st = path.stat()
+    return _read_header(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_header(path: Path, size: int, mtime_ns: int) -> GgufHeader:
+    from gguf import GGMLQuantizationType
+
     with path.open("rb") as f:
         if path.stat().st_size < 24:
             raise GgufError(f"{path}: not a GGUF file (too short)")
