@@ -200,6 +200,23 @@ GATEWAY_LAYERS: list[set[str]] = [
 ]
 
 
+# The engine's layers, lowest first (kernels/ is below them all, gateway/ above). quant/ holds the linear layers and
+# their weight formats (dense prepacked GEMMs, INT4/INT8, GGUF); model/ the network, its weights and how it splits over
+# ranks; the engine's parts (requests, scheduler, KV cache, sampler, model runner) sit under spec/, whose drafters
+# work on them; the engine's loop (llm_engine, async_engine) drives spec/; parallel/ drives the engine over processes.
+BACKEND_LAYERS: list[set[str]] = [
+    {"backend.errors", "backend.config"},
+    {"backend.quant"},
+    {"backend.model"},
+    {"backend.engine"},  # the engine's parts
+    {"backend.spec"},
+    {"backend.engine.llm_engine", "backend.engine.async_engine", "backend.embed"},  # the two engines
+    # the drivers and command lines: one engine over processes, fetching models, training Medusa heads (on the
+    # engine's own answers)
+    {"backend.parallel", "backend.fetch", "backend.spec.medusa_data", "backend.spec.medusa_train"},
+]
+
+
 def layer_of(module: str, layers: list[set[str]]) -> int | None:
     """The index of the layer whose longest name covers `module` (the name itself or a package above it)."""
     best: tuple[int, int] | None = None
@@ -248,6 +265,22 @@ def _check_layers(root: str, layers: list[set[str]]) -> None:
 
 def test_gateway_imports_point_down() -> None:
     _check_layers("gateway", GATEWAY_LAYERS)
+
+
+def test_backend_imports_point_down() -> None:
+    _check_layers("backend", BACKEND_LAYERS)
+
+
+def test_kernels_never_import_backend() -> None:
+    graph = import_graph()
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module.split(".")[0] == "kernels"
+        for target in targets
+        if target.split(".")[0] in {"backend", "gateway"}
+    )
+    assert not wrong, "kernels/ imports the layers above it:\n" + "\n".join(wrong)
 
 
 def test_gateway_never_imports_torch() -> None:
