@@ -11,8 +11,14 @@ import pytest
 from backend.errors import InvalidRequestError
 from gateway.errors import InvalidRequest
 from gateway.protocol.declared import Declared, Hint, Refused, param_path, policy_of
-from gateway.protocol.requests import ChatBody, CompletionBody, EmbeddingBody, parse_chat, parse_completion, \
-    parse_embedding  # fmt: skip
+from gateway.protocol.requests import (
+    ChatBody,
+    CompletionBody,
+    EmbeddingBody,
+    parse_chat,
+    parse_completion,
+    parse_embedding,  # fmt: skip
+)
 
 MSG = [{"role": "user", "content": "hi"}]
 BASE: dict[type[Declared], dict[str, Any]] = {
@@ -84,12 +90,24 @@ def test_policies_are_declared_with_the_fields() -> None:
     with pytest.raises(InvalidRequest) as err:
         parse_chat(hinted, strict_params=True)
     assert err.value.param in {"metadata", "service_tier"} and "strict_params" in str(err.value)
-    with pytest.raises(InvalidRequest) as err:  # a hint nested in a declared object, under strict_params
-        parse_chat({**BASE[ChatBody], "stream": True, "stream_options": {"include_obfuscation": True}},
-                   strict_params=True)  # fmt: skip
-    assert err.value.param == "stream_options.include_obfuscation"
-    assert ChatBody.hints()["stream_options.include_obfuscation"]
-    assert set(ChatBody.hints()) == {"metadata", "safety_identifier", "service_tier", "stream_options.include_obfuscation"}
+    assert set(ChatBody.hints()) == {"metadata", "safety_identifier", "service_tier"}
+
+
+def test_nested_declared_objects_carry_their_policies() -> None:
+    """A hint inside a declared object (Messages' output_config.effort, each turn's too) is refused under
+    strict_params with its full path, and listed by hints() with it."""
+    from gateway.anthropic.request import MessagesBody
+
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    MessagesBody.parse({**body, "output_config": {"effort": "high"}})
+    with pytest.raises(InvalidRequest) as err:
+        MessagesBody.parse({**body, "output_config": {"effort": "high"}}, strict_params=True)
+    assert err.value.param == "output_config.effort"
+    turn = {"role": "user", "content": "hi", "output_config": {"effort": "low"}}
+    with pytest.raises(InvalidRequest) as err:
+        MessagesBody.parse({**body, "messages": [turn]}, strict_params=True)
+    assert err.value.param == "messages[0].output_config.effort"
+    assert {"output_config.effort", "messages[].output_config.effort", "thinking"} <= set(MessagesBody.hints())
 
 
 def test_values_the_server_cannot_honour_say_why() -> None:

@@ -21,13 +21,41 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, GetCoreSchemaHandler, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
 from gateway.errors import InvalidRequest
-from gateway.protocol.params import OPENAI, STRICT_WHY, Wording
+
+
+@dataclass(frozen=True)
+class Wording:
+    """An API's words for a field it does not know, for one this server does not honour, and (where the API has
+    its own) for a value of the wrong type or out of bounds."""
+
+    unknown: Callable[[str], str]
+    unsupported: Callable[[str, str], str]
+    invalid: Callable[[str, str], str] | None = None  # (path, pydantic's message): None for OpenAI's own sentences
+
+
+OPENAI = Wording(
+    unknown=lambda name: f"Unrecognized request argument supplied: {name}",
+    unsupported=lambda name, why: f"'{name}' is not supported by this server: {why}",
+)
+# Anthropic's API speaks pydantic's sentences ("max_tokens: Input should be greater than or equal to 1")
+ANTHROPIC = Wording(
+    unknown=lambda name: f"{name}: Extra inputs are not permitted.",
+    unsupported=lambda name, why: f"'{name}' is not supported: {why}",
+    invalid=lambda name, message: f"{name}: {message}",
+)
+STRICT_WHY = "strict_params is on, and here it would have no effect"
+
+
+def left_out(strict: bool, wording: Wording, name: str, why: str) -> None:
+    """A tool the server cannot run is left out of what the model sees; under strict_params, refused."""
+    if strict:
+        raise InvalidRequest(wording.unsupported(name, why), param=name)
 
 
 @dataclass(frozen=True)
@@ -59,7 +87,7 @@ class Expect:
             try:
                 return inner(value)
             except ValidationError:
-                raise PydanticCustomError("expected", "{what}", {"what": what}) from None
+                raise PydanticCustomError("expected", "expected {what}", {"what": what}) from None
 
         return core_schema.no_info_wrap_validator_function(wrap, handler(source))
 
@@ -87,21 +115,24 @@ def integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+Int = Annotated[int, BeforeValidator(integral)]  # a JSON integer
+
+
 class Declared(BaseModel):
     """A request object. Subclasses declare fields; `wording` is the API's words for an unknown field."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, protected_namespaces=())
     wording: ClassVar[Wording] = OPENAI
     _policies: ClassVar[dict[str, Hint | Refused]] = {}  # the fields that are not simply used
-    _watched: ClassVar[frozenset[str]] = frozenset()  # those, and the declared objects that hold some
+    _watched: ClassVar[tuple[str, ...]] = ()  # those, then the declared objects that hold some (arrays of them last)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         cls._policies = {name: p for name in cls.model_fields if (p := policy_of(cls, name)) is not None}
-        nested = {name for name, info in cls.model_fields.items()  # objects with something to check inside
-                  if any(sub._watched for sub, _ in _declared_types(info.annotation))}
-        cls._watched = frozenset(cls._policies) | nested
+        nested = [(many, name) for name, info in cls.model_fields.items()  # objects with something to check inside
+                  for sub, many in _declared_types(info.annotation) if sub._watched]
+        cls._watched = (*cls._policies, *dict.fromkeys(name for _, name in sorted(nested, key=lambda n: n[0])))
 
     @classmethod
     def parse(cls, body: Mapping[str, Any], *, strict_params: bool = False) -> Self:
@@ -116,9 +147,9 @@ class Declared(BaseModel):
     def check_policy(self, strict_params: bool, at: str) -> None:
         """Refused fields, and hints under strict_params, among the fields given; nested objects too."""
         cls = type(self)
-        for name in self.model_fields_set & cls._watched:
+        for name in cls._watched:  # in a fixed order: the first problem is the same on every run
             value = getattr(self, name)
-            if value is None:
+            if value is None or name not in self.model_fields_set:
                 continue
             path = f"{at}.{name}" if at else name
             policy = cls._policies.get(name)
@@ -213,10 +244,13 @@ def _translate(error: Any, wording: Wording) -> InvalidRequest:
     ctx = error.get("ctx") or {}
     if kind == "extra_forbidden":
         return InvalidRequest(wording.unknown(name), param=name)
-    if kind == "missing":
-        return InvalidRequest(f"Missing required parameter: '{name}'.", param=name)
     if kind == "unsupported_value":
         return InvalidRequest(f"'{name}' value {value!r} is not supported: {ctx['why']}", param=name)
+    if wording.invalid is not None:
+        message = "Input should be an object" if kind in ("model_type", "model_attributes_type") else error["msg"]
+        return InvalidRequest(wording.invalid(name, message), param=name)
+    if kind == "missing":
+        return InvalidRequest(f"Missing required parameter: '{name}'.", param=name)
     expected = ctx["what"] if kind == "expected" else _EXPECTED.get(kind)
     if expected is not None:
         return InvalidRequest(

@@ -12,18 +12,17 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BeforeValidator, Field
+from pydantic import Field
 
 from backend.engine.sampling_params import SamplingParams
 from gateway.errors import InvalidRequest
-from gateway.protocol.declared import Declared, Expect, Hint, Only, Refused, integral
+from gateway.protocol.declared import Declared, Expect, Hint, Int, Only, Refused
 from gateway.protocol.messages import template_messages
 from gateway.protocol.structured import Guided, constrain, json_schema_text
 from gateway.protocol.tool_messages import with_system_text
 from gateway.protocol.tools import Tool, ToolConfig, tool_config, tool_prompt
 
 T = TypeVar("T")
-Int = Annotated[int, BeforeValidator(integral)]
 NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 _Stop = Annotated[str | list[str], Expect("a string or an array of strings")]
 _TokenIds = Annotated[list[Int], Expect("an array of integers")]
@@ -32,7 +31,7 @@ _FREE = Hint("bookkeeping: stored nowhere, no effect on the answer")
 
 class StreamOptions(Declared):
     include_usage: bool | None = None
-    include_obfuscation: Annotated[bool | None, Hint("no obfuscation padding is added")] = None
+    include_obfuscation: bool | None = None  # no obfuscation padding is ever added
 
 
 class SamplingBody(Declared):
