@@ -4,12 +4,16 @@ come out in the API's words."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from backend.errors import InvalidRequestError
+from gateway.anthropic.request import MessagesBody, translate
+from gateway.batches.endpoints import BatchCreateBody
 from gateway.errors import InvalidRequest
+from gateway.openai_responses.request import ResponsesBody, parse_request
 from gateway.protocol.declared import Declared, Hint, Refused, param_path, policy_of
 from gateway.protocol.requests import (
     ChatBody,
@@ -26,7 +30,15 @@ BASE: dict[type[Declared], dict[str, Any]] = {
     CompletionBody: {"model": "m", "prompt": "hi"},
     EmbeddingBody: {"model": "m", "input": "hi"},
 }
-PARSE = {ChatBody: parse_chat, CompletionBody: parse_completion, EmbeddingBody: parse_embedding}
+BASE.update({
+    MessagesBody: {"model": "m", "max_tokens": 5, "messages": MSG},
+    ResponsesBody: {"model": "m", "input": "hi"},
+    BatchCreateBody: {"input_file_id": "file-1", "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+})
+PARSE: dict[type[Declared], Callable[[dict[str, Any]], object]] = {
+    ChatBody: parse_chat, CompletionBody: parse_completion, EmbeddingBody: parse_embedding, MessagesBody: translate,
+    ResponsesBody: lambda body: parse_request(body, lambda kind: f"{kind}_1"), BatchCreateBody: BatchCreateBody.parse,
+}  # fmt: skip
 JSON_VALUES: list[Any] = ["text", 3, 2.5, True, [1, "a"], {"k": [1]}, [], {}, -1]
 
 
@@ -37,7 +49,8 @@ def _fields() -> list[tuple[type[Declared], str]]:
 @pytest.mark.parametrize(("cls", "name"), _fields(), ids=lambda v: v if isinstance(v, str) else v.__name__)
 def test_any_json_in_any_field_is_a_400_naming_it_or_accepted(cls: type[Declared], name: str) -> None:
     """The class of the batch-create 500 found by fuzzing: wrong JSON types in declared fields. Each value is
-    either served (parsed into a request) or refused with a 400 whose param starts with the field's name."""
+    either served (parsed into a request) or refused with a 400 whose param starts with the field's name, on
+    every declared body (chat, completions, embeddings, Messages, Responses, batches)."""
     alias = cls.model_fields[name].alias or name
     for value in JSON_VALUES:
         try:
