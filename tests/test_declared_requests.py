@@ -4,6 +4,7 @@ come out in the API's words."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ from gateway.anthropic.request import MessagesBody, translate
 from gateway.batches.endpoints import BatchCreateBody
 from gateway.errors import InvalidRequest
 from gateway.openai_responses.request import ResponsesBody, parse_request
-from gateway.protocol.declared import Declared, Hint, Refused, param_path, policy_of
+from gateway.protocol.declared import Declared, Hint, Refused, _is_tag, param_path, policy_of
 from gateway.protocol.requests import (
     ChatBody,
     CompletionBody,
@@ -57,6 +58,7 @@ def test_any_json_in_any_field_is_a_400_naming_it_or_accepted(cls: type[Declared
             PARSE[cls]({**BASE[cls], alias: value})
         except (InvalidRequest, InvalidRequestError) as exc:  # the engine's checks: a 400 too (gateway/errors.py)
             assert exc.param is not None and exc.param.split(".")[0].split("[")[0] == alias, (alias, value, exc.param)
+            assert not any(_is_tag(part) for part in re.split(r"[.\[\]]", exc.param)), exc.param  # API paths only
 
 
 def test_wrong_types_and_bounds_in_the_apis_words() -> None:
@@ -137,3 +139,13 @@ def test_param_paths() -> None:
     assert param_path(("messages", 0, "content")) == "messages[0].content"
     assert param_path(("tools", 2, "function", "name")) == "tools[2].function.name"
     assert param_path(("stop",)) == "stop"
+
+
+def test_a_unions_errors_fold_into_one_at_its_path() -> None:
+    with pytest.raises(InvalidRequest) as err:
+        parse_request({"model": "m", "input": 42}, lambda kind: f"{kind}_1")
+    assert err.value.param == "input"
+    assert str(err.value) == "Invalid type for 'input': expected a string or an array, but got an integer instead."
+    with pytest.raises(InvalidRequest) as err:
+        parse_chat({**BASE[ChatBody], "stop": ["a", 3]})  # a member that fails deeper in: still the union's path
+    assert err.value.param == "stop"

@@ -140,7 +140,7 @@ class Declared(BaseModel):
         try:
             obj = cls.model_validate(body)
         except ValidationError as exc:
-            raise _translate(exc.errors()[0], cls.wording) from None
+            raise _translate(_first(exc.errors()), cls.wording) from None
         obj.check_policy(strict_params, "")
         return obj
 
@@ -237,6 +237,41 @@ def json_type(value: object) -> str:
     if isinstance(value, list):
         return "an array"
     return "an object"
+
+
+_TYPE_TAGS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean", "none": "null"}
+
+
+def _is_tag(part: int | str) -> bool:
+    """pydantic names each member of a union in an error's location (`('input', 'str')`, `'list[any]'`,
+    `'NamedToolChoice'`); field names are snake_case words, so these never collide with one."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "-" in part or part[:1].isupper())
+
+
+def _tag_phrase(tag: str) -> str:
+    if tag in _TYPE_TAGS:
+        return _TYPE_TAGS[tag]
+    if tag.startswith(("list[", "tuple[")):
+        return "an array"
+    if tag.startswith("literal["):
+        return tag[len("literal["):-1].replace("'", "")
+    return "an object"  # dict[...] or a declared class
+
+
+def _first(errors: list[Any]) -> Any:
+    """The first error, with a union's per-member errors folded into one type error at the union's own path:
+    `expected a string or an array` for `input`, not `input.str`."""
+    first = errors[0]
+    loc = first["loc"]
+    cut = next((i for i, part in enumerate(loc) if _is_tag(part)), None)
+    if cut is None:
+        return first
+    prefix = loc[:cut]
+    tags = dict.fromkeys(e["loc"][cut] for e in errors if e["loc"][:cut] == prefix and len(e["loc"]) > cut)
+    what = " or ".join(dict.fromkeys(_tag_phrase(str(t)) for t in tags))
+    # the union's own value is in the errors of members that failed on it, not deeper inside it
+    value = next((e["input"] for e in errors if e["loc"][:cut] == prefix and len(e["loc"]) == cut + 1), first["input"])
+    return {"type": "expected", "loc": prefix, "input": value, "msg": f"Input should be {what}", "ctx": {"what": what}}
 
 
 def _translate(error: Any, wording: Wording) -> InvalidRequest:
