@@ -105,7 +105,7 @@ class ChatCompletions:
         if defaults:  # before the cache's key: a default is part of what the request asks for
             raw = {**raw, **{k: v for k, v in defaults.items() if raw.get(k) is None}}
         ticket = self.ctx.cache.ticket("chat", request.headers, raw)  # takes the `cache` extension out
-        req = parse_chat(raw)
+        req = parse_chat(raw, strict_params=self.ctx.config.strict_params)
         req = replace(req, params=with_key_priority(req.params, raw, rec.policy))
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream

@@ -30,7 +30,7 @@ from gateway.ids import IdGenerator
 from gateway.ops.record import RequestRecord
 from gateway.protocol.generation import Generation
 from gateway.protocol.jsonio import json_response
-from gateway.protocol.requests import StreamOptions
+from gateway.protocol.requests import StreamMode
 from gateway.protocol.sse import SSEStream, StreamLimits
 from gateway.tracing import spans
 
@@ -82,7 +82,7 @@ class Ticket:
         params: SamplingParams,
         prompt: object,
         prompt_ids: Sequence[int] | None,
-        stream: StreamOptions,
+        stream: StreamMode,
         messages: list[dict[str, Any]] | None = None,
     ) -> Response | None:
         """A replayed response on a hit; None on a miss (generate, then `store` or `tap`)."""
@@ -102,7 +102,7 @@ class Ticket:
         params: SamplingParams,
         prompt: object,
         prompt_ids: Sequence[int] | None,
-        stream: StreamOptions,
+        stream: StreamMode,
         messages: list[dict[str, Any]] | None,
     ) -> Response | None:
         cfg, fp = self.cache.cfg, self.cache.fingerprint
@@ -235,7 +235,7 @@ class Ticket:
             self.cache.metrics.lookup(self.endpoint, self.status)
         return None
 
-    def _hit(self, rec: RequestRecord, status: str, entry: bytes, stream: StreamOptions) -> Response:
+    def _hit(self, rec: RequestRecord, status: str, entry: bytes, stream: StreamMode) -> Response:
         self.status = rec.cache = status
         self.cache.metrics.lookup(self.endpoint, status)
         stored = orjson.loads(entry)["body"]
