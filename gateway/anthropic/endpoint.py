@@ -4,13 +4,15 @@ A Messages request is translated (request.py) and handed to the chat handler —
 or the router, whichever serves /v1/chat/completions — as a sub-request carrying the chat body (same
 scope: same request record, API key, cache headers). So keys, model allow-lists, rpm/tpm, priorities,
 the response cache (per-key namespace, replay), routing, metrics and the access log are the chat
-endpoint's, with no second pipeline. What the chat handler sends is rewritten on its way out (Relay):
-a chat.completion into a Message, chunks into Anthropic events; failures become Anthropic errors.
+endpoint's, with no second pipeline. A chat.completion is rewritten into a Message on its way out (Relay); a
+streamed answer's typed steps (gateway/protocol/events.py) become Anthropic events (stream.py); failures become
+Anthropic errors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -21,13 +23,15 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.anthropic import response as out
 from gateway.anthropic.errors import error_body, error_response, from_openai_body, status_of
 from gateway.anthropic.request import translate, translate_count
-from gateway.anthropic.stream import EventStream
+from gateway.anthropic.stream import EventStream, ping
 from gateway.client import NoEngine
 from gateway.context import GatewayContext
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, to_gateway_error
 from gateway.ops.record import RequestRecord, record_of
+from gateway.protocol.events import Steps, steps_of
 from gateway.protocol.jsonio import read_json
 from gateway.protocol.requests import parse_chat
+from gateway.protocol.sse import SSEStream, StreamLimits
 from gateway.routing.token_count import load_counter, prompt_tokens
 
 if TYPE_CHECKING:
@@ -52,17 +56,17 @@ def sub_request(request: Request, body: dict[str, Any]) -> Request:
 
 
 class Relay:
-    """Runs the chat handler's response (JSON, SSE, or the router's tracked response), rewriting it."""
+    """Runs the chat handler's JSON response (the embedded pipeline's, or the router's tracked one), rewriting it
+    into a Message (or an Anthropic error)."""
 
     def __init__(
         self,
         inner: Any,
-        stream: EventStream | None,
         to_message: Callable[[dict[str, Any]], dict[str, Any]],
         rec: RequestRecord,
         headers: list[tuple[bytes, bytes]] | None = None,  # added to the response's (what was left out...)
     ):
-        self.inner, self.stream, self.to_message, self.rec = inner, stream, to_message, rec
+        self.inner, self.to_message, self.rec = inner, to_message, rec
         self.extra = headers or []
         self.headers = inner.headers
 
@@ -70,26 +74,17 @@ class Relay:
         extra = [(b"request-id", self.rec.request_id.encode()), *self.extra]
         start: Message = {}
         chunks: list[bytes] = []
-        stream = self.stream
 
         async def rewrite(message: Message) -> None:
             nonlocal start
             if message["type"] == "http.response.start":
                 start = {**message, "headers": [*message.get("headers", ()), *extra]}
-                if stream is not None:
-                    await send(start)
                 return
             if message["type"] != "http.response.body":
                 await send(message)
                 return
-            more = message.get("more_body", False)
-            if stream is not None:
-                data = stream.feed(message.get("body", b""))
-                if data or not more:
-                    await send({"type": "http.response.body", "body": data, "more_body": more})
-                return
             chunks.append(message.get("body", b""))
-            if not more:
+            if not message.get("more_body", False):
                 status, body = self._json(start.get("status", 200), b"".join(chunks))
                 headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
                 await send({**start, "status": status, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
@@ -111,6 +106,18 @@ class Relay:
         except GatewayError as err:
             self.rec.error_type = err.error_type
             return status_of(err), orjson.dumps(error_body(err, self.rec.request_id))
+
+
+async def _anthropic(events: EventStream, steps: Steps) -> AsyncIterator[bytes]:
+    """The chat answer's steps as Anthropic events, one write per step."""
+    async with aclosing(steps):
+        async for step in steps:
+            data = events.feed(step)
+            if data:
+                yield data
+    end = events.done()
+    if end:
+        yield end
 
 
 class Messages:
@@ -147,15 +154,22 @@ class Messages:
             cap = (rec.policy if rec.policy is not None else self.ctx.guard.anonymous).max_tokens
             if cap and chat["max_tokens"] > cap:  # a cap too, then the key's (Claude Code asks for 32,000 or more)
                 chat, window = {**chat, "max_tokens": cap}, False
-            stream = None
-            if req.stream:  # message_start carries the prompt's size; message_delta the engine's own count
-                stream = EventStream(message_id, req.model, prompt, stops, rec.request_id, window)
             inner = await self.chat(sub_request(request, chat))
+            steps = steps_of(inner) if req.stream else None
         except Exception as exc:
             return self._error(rec, exc)
-        to_message = lambda body: out.message(body, message_id, req.model, stops, window)  # noqa: E731
-        notes = [(b"smolgate-tools-left-out", ",".join(req.left_out).encode())] if req.left_out else []
-        return Relay(inner, stream, to_message, rec, notes)  # type: ignore[return-value]
+        notes = {"smolgate-tools-left-out": ",".join(req.left_out)} if req.left_out else {}
+        if steps is None:
+            to_message = lambda body: out.message(body, message_id, req.model, stops, window)  # noqa: E731
+            return Relay(inner, to_message, rec, [(k.encode(), v.encode()) for k, v in notes.items()])  # type: ignore[return-value]
+        # message_start carries the prompt's size; message_delta the engine's own count
+        events = EventStream(message_id, req.model, prompt, stops, rec.request_id, window)
+        response = SSEStream(_anthropic(events, steps), [steps], StreamLimits.of(self.ctx.config), rec.client_disconnected, ping)
+        for name, value in inner.headers.items():  # the chat answer's (x-cache, x-smolgate-...)
+            if name not in response.headers:
+                response.headers[name] = value
+        response.headers.update({"request-id": rec.request_id, **notes})
+        return response
 
     async def count_tokens(self, request: Request) -> Response:
         rec = record_of(request)

@@ -1,14 +1,13 @@
-"""Running the chat pipeline's response in process and reading it back: a chat.completion JSON body, or
-its stream of chat chunks (SSE), whatever produced it (the embedded engine, a cache replay, an upstream
-through the router). The inner response runs as the ASGI app it is, so everything it does when it ends
-(abort the engine request, close an upstream attempt, spend rate-limit tokens) still happens.
+"""Running the chat pipeline's JSON response in process and reading it back: a chat.completion body, whatever
+produced it (the embedded engine, a cache replay, an upstream through the router). The inner response runs as
+the ASGI app it is, so everything it does when it ends (close an upstream attempt, spend rate-limit tokens) still
+happens. A streamed answer is not read back: its typed steps are taken (gateway/protocol/events.py, steps_of).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import suppress
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +26,9 @@ class Captured:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def passed_headers(captured: Captured) -> dict[str, str]:
+def passed_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The inner response's cache and routing headers, for the outer one."""
-    return {k: v for k, v in captured.headers.items() if k.startswith(_PASSED_HEADERS)}
+    return {k: v for k, v in headers.items() if k.startswith(_PASSED_HEADERS)}
 
 
 async def _never() -> Message:
@@ -70,79 +69,10 @@ def _inner_error(body: Any) -> GatewayError:
 
 
 class StreamBroke(GatewayError):
-    """The chat stream ended with an error event (its OpenAI error body is kept)."""
+    """The chat stream failed (its OpenAI error body is kept)."""
 
     def __init__(self, body: dict[str, Any]) -> None:
         err = body.get("error") if isinstance(body.get("error"), dict) else {}
         super().__init__(str(err.get("message") or "The stream failed."), param=err.get("param"), code=err.get("code"))
         self.error_type = str(err.get("type") or "server_error")  # type: ignore[misc]
         self.status = 429 if self.error_type == "rate_limit_error" else 500  # type: ignore[misc]
-
-
-async def run_stream(response: Response, scope: Scope) -> tuple[Captured, AsyncIterator[dict[str, Any]]]:
-    """Start a streaming response; its headers and the chat chunks it sends (an error event raises StreamBroke).
-
-    Closing the chunk iterator (the client left, or the stream ended) cancels the inner response."""
-    captured = Captured()
-    queue: asyncio.Queue[Message | None] = asyncio.Queue()
-
-    async def send(message: Message) -> None:
-        queue.put_nowait(message)
-
-    async def run() -> None:
-        try:
-            await response(scope, _never, send)
-        finally:
-            queue.put_nowait(None)
-
-    task = asyncio.ensure_future(run())
-    first = await queue.get()
-    if first is None or first["type"] != "http.response.start":
-        await _stop(task)
-        raise InternalError("The chat pipeline ended its stream before it started.")
-    _start(captured, first)
-    return captured, _chunks(task, queue)
-
-
-async def _stop(task: asyncio.Future[None]) -> None:
-    if not task.done():
-        task.cancel()
-    with suppress(asyncio.CancelledError, Exception):
-        await task
-
-
-async def _chunks(task: asyncio.Future[None], queue: asyncio.Queue[Message | None]) -> AsyncIterator[dict[str, Any]]:
-    buf = b""
-    try:
-        while True:
-            message = await queue.get()
-            if message is None:
-                if not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-                return
-            buf += message.get("body", b"")
-            buf = buf.replace(b"\r\n", b"\n")
-            while b"\n\n" in buf:
-                block, buf = buf.split(b"\n\n", 1)
-                event = _parse_event(block)
-                if event is not None:
-                    yield event
-            if not message.get("more_body", False):
-                return
-    finally:
-        await _stop(task)
-
-
-def _parse_event(block: bytes) -> dict[str, Any] | None:
-    name, data = b"", []
-    for line in block.split(b"\n"):
-        if line.startswith(b"event:"):
-            name = line[6:].strip()
-        elif line.startswith(b"data:"):
-            data.append(line[5:].strip())
-    if not data or data == [b"[DONE]"]:
-        return None
-    payload = orjson.loads(b"\n".join(data))
-    if name == b"error" or (isinstance(payload, dict) and isinstance(payload.get("error"), dict) and "choices" not in payload):
-        raise StreamBroke(payload if isinstance(payload, dict) else {})
-    return payload if isinstance(payload, dict) else None
