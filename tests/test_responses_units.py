@@ -1,6 +1,6 @@
 """gateway/openai_responses without a model: request translation, items, the event builder (checked against
 the OpenAPI spec), the chat pipeline's streamed answer read as typed steps (a stream that breaks ends in
-`error` + response.failed), the bridge over a real chat JSON response, and the store's TTL, LRU and tenant keys."""
+`error` + response.failed), a chat JSON response run in process (run_json), and the store's TTL, LRU and tenant keys."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ from typing import Any
 
 import pytest
 from gateway_fixtures import assert_schema
+from starlette.responses import Response
 
 from gateway.errors import GatewayError, InternalError, InvalidRequest, error_body
-from gateway.openai_responses.bridge import StreamBroke, run_json
+from gateway.openai_responses.api import StreamBroke
 from gateway.openai_responses.builder import ResponseBuilder, feed_completion, feed_events
 from gateway.openai_responses.items import chat_messages, parse_input
 from gateway.openai_responses.request import chat_body, echo_fields, parse_request
 from gateway.openai_responses.store import MemoryResponseStore, StoredResponses
+from gateway.protocol.answer import InnerError, run_json
 from gateway.protocol.events import Failed, Opened, Step, chunk_events, steps_of
 from gateway.protocol.jsonio import json_response
 from gateway.protocol.sse import DONE, ChatStream, StreamLimits, sse_data, sse_error
@@ -237,8 +239,13 @@ async def test_a_broken_chat_stream_fails_the_response_and_its_wire_ends_with_th
 async def test_bridge_json_and_inner_errors() -> None:
     _, body = await run_json(json_response({"object": "chat.completion", "choices": []}), SCOPE)
     assert body["object"] == "chat.completion"
-    with pytest.raises(GatewayError):
+    with pytest.raises(GatewayError) as err:
         await run_json(json_response({"error": {"message": "nope", "type": "invalid_request_error"}}, status=400), SCOPE)
+    assert isinstance(err.value, InnerError) and err.value.answer_status == 400 and err.value.message == "nope"
+    assert err.value.error_type == "invalid_request_error"
+    with pytest.raises(InnerError) as err:
+        await run_json(Response(b"not json", media_type="application/json"), SCOPE)
+    assert err.value.answer_status == 200 and err.value.error_type == "server_error"
 
 
 # ---- the store ---------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ metrics and the access log treat it like any chat request. Its output becomes th
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -19,19 +19,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.context import GatewayContext
-from gateway.errors import InvalidRequest, NotFound, error_body, to_gateway_error
-from gateway.openai_responses.bridge import StreamBroke, passed_headers, run_json
+from gateway.errors import GatewayError, InvalidRequest, NotFound, error_body, to_gateway_error
 from gateway.openai_responses.builder import ResponseBuilder, feed_completion, feed_events, replay_events
 from gateway.openai_responses.items import chat_messages
 from gateway.openai_responses.request import ResponsesRequest, chat_body, echo_fields, parse_request
 from gateway.openai_responses.store import StoredResponses, build_store
 from gateway.openai_responses.tokens import TokenCounter
 from gateway.ops.record import RequestRecord, record_of
+from gateway.protocol.answer import run_json
 from gateway.protocol.events import Failed, Steps, steps_of
 from gateway.protocol.jsonio import json_response, read_json
 from gateway.protocol.sse import SSEStream, StreamLimits
 
 ChatHandler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
+_PASSED_HEADERS = ("x-cache", "x-cache-similarity", "x-smolgate-")
 _PARAMS = (
     (re.compile(r"^messages.*"), "input"),
     (re.compile(r"^response_format"), "text.format"),
@@ -42,6 +43,21 @@ _PARAMS = (
 
 def _event_bytes(event: dict[str, Any]) -> bytes:
     return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+class StreamBroke(GatewayError):
+    """The chat stream failed (its OpenAI error body is kept)."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        err = body.get("error") if isinstance(body.get("error"), dict) else {}
+        super().__init__(str(err.get("message") or "The stream failed."), param=err.get("param"), code=err.get("code"))
+        self.error_type = str(err.get("type") or "server_error")  # type: ignore[misc]
+        self.status = 429 if self.error_type == "rate_limit_error" else 500  # type: ignore[misc]
+
+
+def passed_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The chat answer's cache and routing headers, for the Response."""
+    return {k: v for k, v in headers.items() if k.startswith(_PASSED_HEADERS)}
 
 
 def _notes(req: ResponsesRequest) -> dict[str, str]:
