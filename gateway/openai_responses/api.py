@@ -49,7 +49,8 @@ class StreamBroke(GatewayError):
     """The chat stream failed (its OpenAI error body is kept)."""
 
     def __init__(self, body: dict[str, Any]) -> None:
-        err = body.get("error") if isinstance(body.get("error"), dict) else {}
+        found = body.get("error")
+        err: dict[str, Any] = found if isinstance(found, dict) else {}
         super().__init__(str(err.get("message") or "The stream failed."), param=err.get("param"), code=err.get("code"))
         self.error_type = str(err.get("type") or "server_error")  # type: ignore[misc]
         self.status = 429 if self.error_type == "rate_limit_error" else 500  # type: ignore[misc]
