@@ -105,6 +105,11 @@ def gateway_overhead(r: Result) -> Figures:
     return rows
 
 
+def request_types(r: Result) -> Figures:
+    return [(f"declaring a chat body ({body}): pydantic / msgspec", f"{num(r[f'pydantic_{body}_us'])} / "
+             f"{num(r[f'msgspec_{body}_us'])} us") for body in ("small", "agent", "bad")]  # fmt: skip
+
+
 def stream_http(r: Result) -> Figures:
     rows: Figures = []
     for level in r["levels"]:
@@ -293,7 +298,7 @@ SUMMARIES: dict[str, Callable[[Result], Figures]] = {
     "prefill": prefill, "prefill_attention": prefill_attention, "kv_dtype": kv_dtype, "cpu_kernels": cpu_kernels,
     "profile_step": profile_step, "gemm": gemm, "structured": structured, "awq": awq, "quant": quant,
     "speculative": speculative, "pipeline": pipeline, "routing": routing, "overload": overload, "soak": soak,
-    "kernels": kernels,
+    "kernels": kernels, "request_types": request_types,
 }  # fmt: skip
 
 

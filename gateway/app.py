@@ -190,15 +190,21 @@ def checked(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Callab
     return handle
 
 
-def responses_api(ctx: GatewayContext, router: Router | None = None) -> ResponsesAPI:
-    """/v1/responses, translated into chat-completions requests run by the chat handler (or the router)."""
-    chat: Callable[[Request, dict[str, Any]], Awaitable[Response]] = guarded(ctx, "chat", ChatCompletions(ctx).handle)
+def chat_handler(ctx: GatewayContext, router: Router | None = None) -> Handler:
+    """What serves a chat body that another endpoint (/v1/responses, /v1/messages) translated its request into:
+    the chat handler behind the key's policy, or the router."""
+    chat: Handler = guarded(ctx, "chat", ChatCompletions(ctx).handle)
     if router is not None:
 
         async def chat(request: Request, raw: dict[str, Any]) -> Response:
             return await router.handle("chat", request, raw)
 
-    return ResponsesAPI(ctx, chat)
+    return chat
+
+
+def responses_api(ctx: GatewayContext, router: Router | None = None) -> ResponsesAPI:
+    """/v1/responses, translated into chat-completions requests run by the chat handler (or the router)."""
+    return ResponsesAPI(ctx, chat_handler(ctx, router))
 
 
 def routes(ctx: GatewayContext, router: Router | None = None, responses: ResponsesAPI | None = None) -> list[Route]:
@@ -214,7 +220,7 @@ def routes(ctx: GatewayContext, router: Router | None = None, responses: Respons
             return await router.handle("completions", request)
 
     dashboard = Dashboard(ctx)
-    messages = Messages(ctx, chat, router)  # Anthropic's Messages API, served by the chat handler
+    messages = Messages(ctx, chat_handler(ctx, router), router)  # Anthropic's Messages API, served by the chat handler
     usage = UsageAPI(ctx.spend.ledger, ctx.config.spend.currency)  # OpenAI's Usage and Costs APIs (an admin key)
     tokens = Tokenizer(ctx)
     return [

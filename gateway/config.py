@@ -85,7 +85,7 @@ class GatewayConfig:
     # Idle keep-alive connections are closed after this long. Longer than clients' own idle expiry (httpx and
     # so the OpenAI SDK: 5 s), so a client never sends a request on a connection the server is closing.
     keep_alive_s: float = 65.0
-    # Refuse every request field this server does not act on, hints included (gateway/protocol/params.py); off:
+    # Refuse every request field this server does not act on, hints included (gateway/protocol/declared.py); off:
     # hints that change nothing in the answer (metadata, effort, context management...) are accepted and ignored
     strict_params: bool = False
     # Sampling values for chat requests that set none, like vLLM's --override-generation-config: clients such as

@@ -1,6 +1,6 @@
 """gateway/anthropic/ without a server: the request translation (what each field becomes; malformed bodies are
-always a 400, never a crash), the stream translator (events split anywhere, stop sequences held back, tool
-calls, errors, keep-alives), x-api-key in the middleware, and a key's priority reaching the engine."""
+always a 400, never a crash), the stream translator (a chat answer's events in steps of any size, stop sequences
+held back, tool calls, failures, keep-alives), x-api-key in the middleware, and a key's priority reaching the engine."""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ from gateway_fixtures import API_KEY, LiveStack, gateway_test_config
 from backend.errors import InvalidRequestError
 from gateway.anthropic.request import translate, translate_count
 from gateway.anthropic.response import message, split_stop
-from gateway.anthropic.stream import EventStream, held_back
+from gateway.anthropic.stream import PING, EventStream, held_back, ping
 from gateway.app import build_context, create_app
 from gateway.cache.config import CacheConfig
-from gateway.errors import InvalidRequest
+from gateway.errors import GatewayError, InternalError, InvalidRequest, ServiceUnavailable
 from gateway.middleware import _with_api_key
+from gateway.protocol.events import ChatEvent, Failed, Opened, Step, chunk_events
 from gateway.protocol.requests import parse_chat
 
 live = gateway_fixtures.live
@@ -134,17 +135,13 @@ def test_malformed_bodies_are_400s_never_crashes() -> None:
     assert rejected > 1000
 
 
-def _sse(obj: Any) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-def _chunk(content: str | None = None, finish: str | None = None, tool: dict[str, Any] | None = None) -> bytes:
+def _chunk(content: str | None = None, finish: str | None = None, tool: dict[str, Any] | None = None) -> dict[str, Any]:
     delta: dict[str, Any] = {}
     if content is not None:
         delta["content"] = content
     if tool is not None:
         delta["tool_calls"] = [tool]
-    return _sse({"model": "served", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    return {"model": "served", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
 def _events(raw: bytes) -> list[dict[str, Any]]:
@@ -158,32 +155,34 @@ def _events(raw: bytes) -> list[dict[str, Any]]:
     return out
 
 
-def _run(stream: EventStream, parts: list[bytes], split: int) -> list[dict[str, Any]]:
-    raw = b"".join(parts)
-    return _events(b"".join(stream.feed(raw[i : i + split]) for i in range(0, len(raw), split)))
+def _run(
+    stream: EventStream, chunks: list[dict[str, Any]], per_step: int, failure: GatewayError | None = None
+) -> list[dict[str, Any]]:
+    """The chunks' events (as an upstream's are read), `per_step` of them to a step; then the end, or `failure`."""
+    events: list[ChatEvent] = [Opened(str(chunks[0]["model"]))] + [e for chunk in chunks for e in chunk_events(chunk)]
+    steps = [Step(tuple(events[i : i + per_step])) for i in range(0, len(events), per_step)]
+    if failure is not None:
+        steps.append(Step((Failed(failure),)))
+    return _events(b"".join(stream.feed(step) for step in steps) + stream.done())
 
 
 def _text(events: list[dict[str, Any]]) -> str:
     return "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
 
 
-@pytest.mark.parametrize("split", [1, 7, 10_000])
-def test_stream_text_with_a_stop_sequence_split_anywhere(split: int) -> None:
+@pytest.mark.parametrize("per_step", [1, 2, 100])
+def test_stream_text_with_a_stop_sequence_split_anywhere(per_step: int) -> None:
     chat_usage = {"prompt_tokens": 9, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 5}}
-    usage = _sse({"model": "served", "choices": [], "usage": chat_usage})
-    parts = [
+    chunks = [
         _chunk(""),
         _chunk("Hello E"),
-        b": ping - now\n\n",
         _chunk("NDING E"),
         _chunk("ND", "stop"),
-        usage,
-        b"data: [DONE]\n\n",
+        {"model": "served", "choices": [], "usage": chat_usage},
     ]
-    events = _run(EventStream("msg_1", "asked", 9, ("END",), "rid"), parts, split)
+    events = _run(EventStream("msg_1", "asked", 9, ("END",), "rid"), chunks, per_step)
     kinds = [e["type"] for e in events]
     assert kinds[:3] == ["message_start", "ping", "content_block_start"] and kinds[-2:] == ["message_delta", "message_stop"]
-    assert "ping" in kinds[3:]  # the keep-alive comment
     assert events[0]["message"]["model"] == "served" and events[0]["message"]["usage"] == {"input_tokens": 9, "output_tokens": 0}
     assert _text(events) == "Hello ENDING "
     assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
@@ -194,23 +193,21 @@ def test_stream_text_with_a_stop_sequence_split_anywhere(split: int) -> None:
 
 
 def test_stream_held_back_text_is_sent_when_no_stop_sequence_ends_it() -> None:
-    parts = [_chunk("It is EN"), _chunk(None, "length"), b"data: [DONE]\n\n"]
-    events = _run(EventStream("m", "asked", 1, ("END",), "rid"), parts, 10_000)
+    events = _run(EventStream("m", "asked", 1, ("END",), "rid"), [_chunk("It is EN"), _chunk(None, "length")], 100)
     assert _text(events) == "It is EN" and events[-2]["delta"]["stop_reason"] == "max_tokens"
     assert held_back("It is EN", ("END", "NOPE")) == 2 and held_back("xyz", ("END",)) == 0
 
 
 def test_stream_tool_calls_become_tool_use_blocks() -> None:
-    parts = [
+    chunks = [
         _chunk(""),
         _chunk(tool={"index": 0, "id": "call_abc", "type": "function", "function": {"name": "get", "arguments": ""}}),
         _chunk(tool={"index": 0, "function": {"arguments": '{"city":'}}),
         _chunk(tool={"index": 0, "function": {"arguments": '"Paris"}'}}),
         _chunk(tool={"index": 1, "id": "call_def", "type": "function", "function": {"name": "add", "arguments": "{}"}}),
         _chunk(None, "tool_calls"),
-        b"data: [DONE]\n\n",
     ]
-    events = _run(EventStream("m", "asked", 1, (), "rid"), parts, 5)
+    events = _run(EventStream("m", "asked", 1, (), "rid"), chunks, 2)
     starts = [e for e in events if e["type"] == "content_block_start"]
     assert [s["content_block"] for s in starts] == [
         {"type": "tool_use", "id": "toolu_abc", "name": "get", "input": {}},
@@ -222,11 +219,18 @@ def test_stream_tool_calls_become_tool_use_blocks() -> None:
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
 
 
-def test_stream_error_event_ends_the_stream() -> None:
-    error = b'event: error\ndata: {"error":{"message":"boom","type":"server_error","code":"internal_error"}}\n\n'
-    events = _run(EventStream("m", "asked", 1, (), "rid"), [_chunk("Hi"), error, _chunk("late")], 10_000)
+def test_stream_failure_ends_the_stream_with_an_error_event() -> None:
+    stream = EventStream("m", "asked", 1, (), "rid")
+    events = _run(stream, [_chunk("Hi")], 100, InternalError("boom"))
     assert events[-1] == {"type": "error", "error": {"type": "api_error", "message": "boom"}, "request_id": "rid"}
     assert "message_stop" not in [e["type"] for e in events] and _text(events) == "Hi"
+    assert stream.feed(Step(tuple(chunk_events(_chunk("late"))))) == b""  # nothing after the error
+    busy = _events(EventStream("m", "asked", 1, (), "rid").feed(Step((Failed(ServiceUnavailable("later")),))))
+    assert busy[-1]["error"]["type"] == "overloaded_error"
+
+
+def test_stream_keep_alive_is_a_ping_event() -> None:
+    assert ping().encode() == PING == b'event: ping\ndata: {"type":"ping"}\n\n'
 
 
 def test_non_streamed_message() -> None:

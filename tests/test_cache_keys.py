@@ -20,7 +20,8 @@ import pytest
 from backend.config import EngineConfig
 from gateway.cache.keys import NON_OUTPUT_ENGINE_FIELDS, OUTPUT_ENGINE_FIELDS, exact_key, model_fingerprint, semantic_scope
 from gateway.errors import InvalidRequest
-from gateway.protocol.requests import _CHAT_KEYS, _CHAT_UNSUPPORTED, _COMPLETION_KEYS, parse_chat, parse_completion
+from gateway.protocol.declared import Refused, policy_of
+from gateway.protocol.requests import ChatBody, CompletionBody, parse_chat, parse_completion
 
 # A changed value for each string setting (others: a bool flips, a number moves).
 _ENGINE_ALTERNATIVES: dict[str, Any] = {
@@ -158,10 +159,12 @@ def _chat_base(**extra: Any) -> dict[str, Any]:
 
 
 def test_every_request_field_is_classified() -> None:
-    classified = set(CHAT_CHANGES) | set(SAME_KEY) | DEFAULT_ONLY | set(_CHAT_UNSUPPORTED)
-    assert _CHAT_KEYS - classified == set(), "classify these chat fields in tests/test_cache_keys.py"
-    assert _COMPLETION_KEYS - set(COMPLETION_CHANGES) - set(SAME_KEY) - DEFAULT_ONLY == set()
-    for field in _CHAT_UNSUPPORTED:  # refused whatever their value: they never reach a key
+    refused = {name for name in ChatBody.model_fields if isinstance(policy_of(ChatBody, name), Refused)}
+    classified = set(CHAT_CHANGES) | set(SAME_KEY) | DEFAULT_ONLY | refused
+    assert set(ChatBody.model_fields) - classified == set(), "classify these chat fields in tests/test_cache_keys.py"
+    assert set(CompletionBody.model_fields) - set(COMPLETION_CHANGES) - set(SAME_KEY) - DEFAULT_ONLY == set()
+    assert refused, "ChatBody declares the fields it refuses"
+    for field in refused:  # refused whatever their value: they never reach a key
         with pytest.raises(InvalidRequest):
             parse_chat(_chat_base(**{field: "x"}))
 

@@ -14,11 +14,12 @@ from client_requests import CLAUDE_CODE, CLAUDE_CODE_LEFT_OUT, CODEX, CODEX_LEFT
 from backend.config import EngineConfig
 from gateway.aliases import Aliases
 from gateway.anthropic.models import model_list
-from gateway.anthropic.request import MESSAGE_PARAMS, MESSAGES_PARAMS, translate, translate_count
+from gateway.anthropic.request import MessagesBody, translate, translate_count
 from gateway.config import ConfigError, from_mapping
 from gateway.errors import InvalidRequest
-from gateway.openai_responses.request import RESPONSES_PARAMS, chat_body, parse_request
-from gateway.protocol.requests import parse_chat
+from gateway.openai_responses.request import ResponsesBody, chat_body, parse_request
+from gateway.protocol.declared import Refused, policy_of
+from gateway.protocol.requests import ChatBody, CompletionBody, EmbeddingBody, parse_chat
 
 ROOT = Path(__file__).resolve().parents[1]
 READ = CLAUDE_CODE["tools"][0]
@@ -87,9 +88,9 @@ def test_codex_request_opens_the_namespace_and_leaves_hosted_tools_out() -> None
 @pytest.mark.parametrize(
     ("change", "param"),
     [
-        ({}, "reasoning"),
-        ({"reasoning": None}, "text.verbosity"),
-        ({"reasoning": None, "text": None}, "client_metadata"),
+        ({}, "reasoning"),  # a body's own hints first, in declared order, then those inside its objects
+        ({"reasoning": None}, "client_metadata"),
+        ({"reasoning": None, "client_metadata": None}, "text.verbosity"),
         ({"reasoning": None, "text": None, "client_metadata": None}, "include"),
         ({"reasoning": None, "text": None, "client_metadata": None, "include": None}, "tools[1].type"),
     ],
@@ -156,8 +157,13 @@ def test_long_context_needs_its_switch() -> None:
 
 def test_every_declared_hint_is_in_the_docs_table() -> None:
     text = (ROOT / "docs" / "clients" / "fields.md").read_text()
-    messages, responses = text.split("## Responses", 1)  # each endpoint's hints in its own section
-    for params, part in ((MESSAGES_PARAMS, messages), (MESSAGE_PARAMS, messages), (RESPONSES_PARAMS, responses)):
+    messages, rest = text.split("## Responses", 1)  # each endpoint's hints in its own section
+    responses, chat = rest.split("## Chat Completions", 1)
+    for params, part in ((MessagesBody, messages), (ResponsesBody, responses),
+                         (ChatBody, chat), (CompletionBody, chat), (EmbeddingBody, chat)):  # fmt: skip
         listed = set(re.findall(r"`([\w.\[\]]+)`", part))
         missing = [path for path in params.hints() if path not in listed]
-        assert params.hints() and not missing, f"docs/clients/fields.md does not list {missing}"
+        assert not missing, f"docs/clients/fields.md does not list {missing}"
+    assert ChatBody.hints() and MessagesBody.hints() and ResponsesBody.hints()
+    refused = [name for name in ChatBody.model_fields if isinstance(policy_of(ChatBody, name), Refused)]
+    assert refused and all(f"`{name}`" in chat for name in refused), "the chat section lists every refused field"

@@ -1,24 +1,28 @@
 """gateway/openai_responses without a model: request translation, items, the event builder (checked against
-the OpenAPI spec), the in-process bridge over a real chat SSE response (a stream that breaks ends in
-`error` + response.failed), and the store's TTL, LRU and tenant keys."""
+the OpenAPI spec), the chat pipeline's streamed answer read as typed steps (a stream that breaks ends in
+`error` + response.failed), a chat JSON response run in process (run_json), and the store's TTL, LRU and tenant keys."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from gateway_fixtures import assert_schema
+from starlette.responses import Response
 
-from gateway.errors import GatewayError, InternalError, InvalidRequest
-from gateway.openai_responses.bridge import StreamBroke, run_json, run_stream
-from gateway.openai_responses.builder import ResponseBuilder, feed_chunk, feed_completion
+from gateway.errors import GatewayError, InternalError, InvalidRequest, error_body
+from gateway.openai_responses.api import StreamBroke
+from gateway.openai_responses.builder import ResponseBuilder, feed_completion, feed_events
 from gateway.openai_responses.items import chat_messages, parse_input
 from gateway.openai_responses.request import chat_body, echo_fields, parse_request
 from gateway.openai_responses.store import MemoryResponseStore, StoredResponses
+from gateway.protocol.answer import InnerError, run_json
+from gateway.protocol.events import Failed, Opened, Step, chunk_events, steps_of
 from gateway.protocol.jsonio import json_response
-from gateway.protocol.sse import SSEStream, StreamLimits, sse_data, sse_error
+from gateway.protocol.sse import DONE, ChatStream, StreamLimits, sse_data, sse_error
 
 _counter = itertools.count()
 
@@ -35,6 +39,12 @@ def _builder(**body: Any) -> ResponseBuilder:
 def _chunk(delta: dict[str, Any] | None = None, finish: str | None = None, usage: dict[str, Any] | None = None) -> dict[str, Any]:
     choices = [] if delta is None and finish is None else [{"index": 0, "delta": delta or {}, "finish_reason": finish}]
     return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m", "choices": choices, "usage": usage}
+
+
+def feed_chunk(b: ResponseBuilder, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat chunk as an upstream sends it, read into events (the first opens the answer) and fed to the builder."""
+    opened = [] if b.started else [Opened(str(chunk["model"]))]
+    return feed_events(b, [*opened, *chunk_events(chunk)])
 
 
 USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "prompt_tokens_details": {"cached_tokens": 2}}
@@ -157,7 +167,7 @@ def test_non_streaming_equals_the_streamed_final_object() -> None:
     assert_schema("Response", final)
 
 
-# ---- the bridge over a real chat SSE response -----------------------------------------------------------------
+# ---- the chat pipeline's streamed answer, read as steps ------------------------------------------------------
 
 SCOPE = {
     "type": "http",
@@ -168,40 +178,74 @@ SCOPE = {
     "asgi": {"version": "3.0"},
 }
 LIMITS = StreamLimits(ping_s=15, send_timeout_s=5, drain_s=1)
+INTERNAL = InternalError("The server had an internal error while processing the request.")  # what a crash becomes
 
 
-def _sse(parts: list[bytes]) -> SSEStream:
-    async def events() -> AsyncIterator[bytes]:
-        for part in parts:
-            yield part
+def _chat_stream(chunks: list[dict[str, Any]], closed: list[str]) -> ChatStream:
+    """A ChatStream over steps made from chat chunks, which breaks after them (as an engine that fails would)."""
 
-    return SSEStream(events(), [], LIMITS, lambda: None)
+    async def steps() -> AsyncIterator[Step]:
+        yield Step((Opened("m"), *chunk_events(chunks[0])), sse_data(chunks[0]))
+        for chunk in chunks[1:]:
+            yield Step(tuple(chunk_events(chunk)), sse_data(chunk))
+        raise RuntimeError("the engine failed")
+
+    class Engine:  # an engine request's stream: closing it aborts the request
+        async def aclose(self) -> None:
+            closed.append("engine")
+
+    return ChatStream(steps(), lambda step: b"", lambda exc, err: None, 1, [Engine()], LIMITS, lambda: None)  # type: ignore[list-item]
 
 
-async def test_bridge_reads_chunks_and_a_broken_stream_fails_the_response() -> None:
-    broken = _sse([sse_data(_chunk({"role": "assistant", "content": ""})), sse_data(_chunk({"content": "Hi"})),
-                   sse_error(InternalError("The engine failed."))])  # fmt: skip
-    _, chunks = await run_stream(broken, SCOPE)
-    got = []
-    with pytest.raises(StreamBroke) as err:
-        async for chunk in chunks:
-            got.append(chunk)
-    assert len(got) == 2 and err.value.message == "The engine failed."
+async def _sent(response: ChatStream) -> bytes:
+    body: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {}
+
+    async def send(message: dict[str, Any]) -> None:
+        body.append(message.get("body", b""))
+
+    await response(SCOPE, receive, send)
+    return b"".join(body)
+
+
+async def test_a_broken_chat_stream_fails_the_response_and_its_wire_ends_with_the_error_event() -> None:
+    chunks = [_chunk({"role": "assistant", "content": ""}), _chunk({"content": "Hi"})]
+    closed: list[str] = []
+    steps = steps_of(_chat_stream(chunks, closed))
+    got = [step async for step in steps]
+    await steps.aclose()
+    assert closed == ["engine"]  # closing the steps closes what produces them
+    failure = got[-1].events[0]
+    assert isinstance(failure, Failed) and failure.error.message == INTERNAL.message
     b = _builder()
-    events = feed_chunk(b, got[0]) + feed_chunk(b, got[1]) + b.fail(err.value)
+    events = [e for step in got[:-1] for e in feed_events(b, step.events)]
+    events += b.fail(StreamBroke(error_body(failure.error)))
     assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
     for event in events:
         assert_schema("ResponseStreamEvent", event)
     failed = events[-1]["response"]
     assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
-    assert failed["output"][0]["status"] == "incomplete"
+    assert failed["output"][0]["status"] == "incomplete" and failed["output"][0]["content"][0]["text"] == "Hi"
+    # sent as chat chunks instead: the steps' own bytes, then the error event, no [DONE]
+    wire = await _sent(_chat_stream(chunks, []))
+    assert wire.startswith(sse_data(chunks[0]) + sse_data(chunks[1]))
+    assert wire.endswith(sse_error(INTERNAL))
+    assert DONE not in wire
 
 
 async def test_bridge_json_and_inner_errors() -> None:
     _, body = await run_json(json_response({"object": "chat.completion", "choices": []}), SCOPE)
     assert body["object"] == "chat.completion"
-    with pytest.raises(GatewayError):
+    with pytest.raises(GatewayError) as err:
         await run_json(json_response({"error": {"message": "nope", "type": "invalid_request_error"}}, status=400), SCOPE)
+    assert isinstance(err.value, InnerError) and err.value.answer_status == 400 and err.value.message == "nope"
+    assert err.value.error_type == "invalid_request_error"
+    with pytest.raises(InnerError) as err:
+        await run_json(Response(b"not json", media_type="application/json"), SCOPE)
+    assert err.value.answer_status == 200 and err.value.error_type == "server_error"
 
 
 # ---- the store ---------------------------------------------------------------------------------------------------

@@ -1,116 +1,60 @@
 """POST /v1/messages and /v1/messages/count_tokens.
 
-A Messages request is translated (request.py) and handed to the chat handler — the embedded pipeline
-or the router, whichever serves /v1/chat/completions — as a sub-request carrying the chat body (same
-scope: same request record, API key, cache headers). So keys, model allow-lists, rpm/tpm, priorities,
-the response cache (per-key namespace, replay), routing, metrics and the access log are the chat
-endpoint's, with no second pipeline. What the chat handler sends is rewritten on its way out (Relay):
-a chat.completion into a Message, chunks into Anthropic events; failures become Anthropic errors.
+A Messages request is translated (request.py) and its chat body handed to the chat handler — the embedded
+pipeline or the router, whichever serves /v1/chat/completions — with the same request (same record, API key,
+cache headers), as /v1/responses does. So keys, model allow-lists, rpm/tpm, priorities, the response cache
+(per-key namespace, replay), routing, metrics and the access log are the chat endpoint's, with no second
+pipeline. A chat.completion (gateway/protocol/answer.py) becomes a Message; a streamed answer's typed steps
+(gateway/protocol/events.py) become Anthropic events (stream.py); failures become Anthropic errors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Message, Receive, Scope, Send
 
 from gateway.anthropic import response as out
-from gateway.anthropic.errors import error_body, error_response, from_openai_body, status_of
+from gateway.anthropic.errors import error_response, from_openai_body
 from gateway.anthropic.request import translate, translate_count
-from gateway.anthropic.stream import EventStream
+from gateway.anthropic.stream import EventStream, ping
 from gateway.client import NoEngine
 from gateway.context import GatewayContext
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, to_gateway_error
+from gateway.errors import InvalidRequest, ModelNotFound, to_gateway_error
 from gateway.ops.record import RequestRecord, record_of
+from gateway.protocol.answer import InnerError, run_json
+from gateway.protocol.events import Steps, steps_of
 from gateway.protocol.jsonio import read_json
 from gateway.protocol.requests import parse_chat
+from gateway.protocol.sse import SSEStream, StreamLimits
 from gateway.routing.token_count import load_counter, prompt_tokens
 
 if TYPE_CHECKING:
     from gateway.routing.router import Router
 
-Handler = Callable[[Request], Awaitable[Any]]
+Handler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
+_BODY_HEADERS = {"content-length", "content-type", "cache-control", "connection", "x-accel-buffering", "transfer-encoding"}
 
 
-def sub_request(request: Request, body: dict[str, Any]) -> Request:
-    """The same request (scope, headers, record) with `body` in place of the one already read."""
-    payload = orjson.dumps(body)
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": payload, "more_body": False}
-        return await request.receive()  # after the body: the client's disconnect, as the pipeline expects
-
-    return Request(request.scope, receive)
+def _passed(headers: Mapping[str, str]) -> dict[str, str]:
+    """The chat answer's own headers (x-cache, x-smolgate-...), not those that describe its body."""
+    return {k: v for k, v in headers.items() if k.lower() not in _BODY_HEADERS}
 
 
-class Relay:
-    """Runs the chat handler's response (JSON, SSE, or the router's tracked response), rewriting it."""
-
-    def __init__(
-        self,
-        inner: Any,
-        stream: EventStream | None,
-        to_message: Callable[[dict[str, Any]], dict[str, Any]],
-        rec: RequestRecord,
-        headers: list[tuple[bytes, bytes]] | None = None,  # added to the response's (what was left out...)
-    ):
-        self.inner, self.stream, self.to_message, self.rec = inner, stream, to_message, rec
-        self.extra = headers or []
-        self.headers = inner.headers
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        extra = [(b"request-id", self.rec.request_id.encode()), *self.extra]
-        start: Message = {}
-        chunks: list[bytes] = []
-        stream = self.stream
-
-        async def rewrite(message: Message) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start":
-                start = {**message, "headers": [*message.get("headers", ()), *extra]}
-                if stream is not None:
-                    await send(start)
-                return
-            if message["type"] != "http.response.body":
-                await send(message)
-                return
-            more = message.get("more_body", False)
-            if stream is not None:
-                data = stream.feed(message.get("body", b""))
-                if data or not more:
-                    await send({"type": "http.response.body", "body": data, "more_body": more})
-                return
-            chunks.append(message.get("body", b""))
-            if not more:
-                status, body = self._json(start.get("status", 200), b"".join(chunks))
-                headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
-                await send({**start, "status": status, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-                await send({"type": "http.response.body", "body": body})
-
-        await self.inner(scope, receive, rewrite)
-
-    def _json(self, status: int, raw: bytes) -> tuple[int, bytes]:
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
-        if status != 200:
-            return status, orjson.dumps(from_openai_body(body, self.rec.request_id))
-        try:
-            if not isinstance(body, dict):
-                raise out.BadUpstreamShape("The model's answer came back in an unexpected shape.")
-            return 200, orjson.dumps(self.to_message(body))
-        except GatewayError as err:
-            self.rec.error_type = err.error_type
-            return status_of(err), orjson.dumps(error_body(err, self.rec.request_id))
+async def _anthropic(events: EventStream, steps: Steps) -> AsyncIterator[bytes]:
+    """The chat answer's steps as Anthropic events, one write per step."""
+    async with aclosing(steps):
+        async for step in steps:
+            data = events.feed(step)
+            if data:
+                yield data
+    end = events.done()
+    if end:
+        yield end
 
 
 class Messages:
@@ -131,6 +75,7 @@ class Messages:
                     param=f"messages[{len(raw['messages']) - 1}]",
                 )
             message_id = f"msg_{self.ctx.ids.new()}"
+            notes = {"smolgate-tools-left-out": ",".join(req.left_out)} if req.left_out else {}
             chat, window, stops = req.chat, False, req.stop_sequences
             if self.router is not None and "include_stop_str_in_output" in chat:
                 # a vLLM extension an OpenAI upstream would refuse: upstream, a stop sequence ends the text unnamed
@@ -147,15 +92,33 @@ class Messages:
             cap = (rec.policy if rec.policy is not None else self.ctx.guard.anonymous).max_tokens
             if cap and chat["max_tokens"] > cap:  # a cap too, then the key's (Claude Code asks for 32,000 or more)
                 chat, window = {**chat, "max_tokens": cap}, False
-            stream = None
-            if req.stream:  # message_start carries the prompt's size; message_delta the engine's own count
-                stream = EventStream(message_id, req.model, prompt, stops, rec.request_id, window)
-            inner = await self.chat(sub_request(request, chat))
+            inner = await self.chat(request, chat)
+            if not req.stream:
+                return await self._message(request, inner, out.Shape(message_id, req.model, stops, window), notes)
+            steps = steps_of(inner)
+        except InnerError as exc:  # the chat pipeline answered with an error body: its status, in Anthropic's shape
+            body = orjson.dumps(from_openai_body(exc.body, rec.request_id))
+            return Response(body, exc.answer_status, {"request-id": rec.request_id}, media_type="application/json")
         except Exception as exc:
             return self._error(rec, exc)
-        to_message = lambda body: out.message(body, message_id, req.model, stops, window)  # noqa: E731
-        notes = [(b"smolgate-tools-left-out", ",".join(req.left_out).encode())] if req.left_out else []
-        return Relay(inner, stream, to_message, rec, notes)  # type: ignore[return-value]
+        # message_start carries the prompt's size; message_delta the engine's own count
+        events = EventStream(message_id, req.model, prompt, stops, rec.request_id, window)
+        response = SSEStream(_anthropic(events, steps), [steps], StreamLimits.of(self.ctx.config), rec.client_disconnected, ping)
+        response.headers.update({**_passed(inner.headers), "request-id": rec.request_id, **notes})
+        return response
+
+    async def _message(self, request: Request, inner: Response, shape: out.Shape, notes: dict[str, str]) -> Response:
+        """The chat.completion, run to its end in process, as a Message."""
+        rec = record_of(request)
+        try:
+            captured, body = await run_json(inner, request.scope)
+        except InnerError as exc:
+            if exc.answer_status != 200:
+                raise
+            raise out.BadUpstreamShape("The model's answer came back in an unexpected shape.") from None
+        message = out.message(body, shape.message_id, shape.model, shape.stops, shape.window)
+        headers = {**_passed(captured.headers), "request-id": rec.request_id, **notes}
+        return Response(orjson.dumps(message), media_type="application/json", headers=headers)
 
     async def count_tokens(self, request: Request) -> Response:
         rec = record_of(request)

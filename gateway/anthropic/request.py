@@ -18,51 +18,86 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
+from pydantic import Field
 
 from gateway.errors import InvalidRequest
 from gateway.protocol import fields as f
+from gateway.protocol.declared import ANTHROPIC, Declared, Hint, Int, Only, Refused, left_out
 from gateway.protocol.fields import Body
-from gateway.protocol.params import ANTHROPIC, USED, Param, Params, hint, left_out, refused
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # the chat pipeline's limit (gateway/protocol/tools.py)
 MAX_STOP_SEQUENCES = 16  # the engine's limit (SamplingParams)
 _NO_THINKING = "this model has no extended thinking: it answers without thinking, as with thinking off"
-# The Messages request, field by field (gateway/protocol/params.py): used, a hint with no effect here, or refused.
-_FIELDS: dict[str, Param] = {
-    "model": USED, "max_tokens": USED, "messages": USED, "system": USED, "stop_sequences": USED, "stream": USED,
-    "temperature": USED, "top_p": USED, "top_k": USED, "tools": USED, "tool_choice": USED, "metadata": USED,
-    "output_config": USED, "speed": USED,
-    "cache": USED,  # smolgate's response-cache control, as on chat
-    "thinking": hint(_NO_THINKING, neutral=lambda v: isinstance(v, dict) and v.get("type") == "disabled"),
-    "context_management": hint("nothing to clear: no thinking or tool results are kept between requests"),
-    "cache_control": hint("the prefix cache reuses every shared prompt prefix by itself (no breakpoints needed)"),
-    "service_tier": hint("one tier here"),
-    "inference_geo": hint("one place here"),
-    "diagnostics": hint("no diagnostics are collected"),
-    "user_profile_id": hint("no profiles here"),
-    "workspace_id": hint("no workspaces here"),
-    "container": refused("code execution containers are not available on this server."),
-    "mcp_servers": refused("MCP connectors are not available on this server."),
-}  # fmt: skip
-_EFFORT = hint("this model has no effort levels: every answer is generated alike")
-_OUTPUT_CONFIG = Params({"format": USED, "effort": _EFFORT}, ANTHROPIC, "output_config")
-# a turn's own settings (Claude Code's per-turn control): its effort, a hint like the request's
-_MESSAGE = Params(
-    {"role": USED, "content": USED, "output_config": USED}, ANTHROPIC, "messages[]",
-    nested={"output_config": Params({"effort": _EFFORT}, ANTHROPIC, "messages[].output_config")},
-)
-_METADATA = Params({"user_id": USED}, ANTHROPIC, "metadata")
-_CREATE = Params(_FIELDS, ANTHROPIC, nested={"output_config": _OUTPUT_CONFIG, "metadata": _METADATA})
-MESSAGE_PARAMS = _MESSAGE  # docs/clients/fields.md lists its hints too
-_COUNT = Params(
-    {k: v for k, v in _FIELDS.items() if k not in {"max_tokens", "stop_sequences", "stream", "temperature", "top_p",
-                                                    "top_k", "metadata", "cache"}},
-    ANTHROPIC, nested={"output_config": _OUTPUT_CONFIG},
-)  # fmt: skip
-MESSAGES_PARAMS = _CREATE  # docs/clients/fields.md lists its hints (tests/test_docs.py checks)
+_EFFORT = Hint("this model has no effort levels: every answer is generated alike")
+
+
+class _Anthropic(Declared):
+    wording = ANTHROPIC
+
+
+class OutputConfig(_Anthropic):
+    format: dict[str, Any] | None = None  # a JSON schema for the answer (constrained decoding): _output_config
+    effort: Annotated[Any, _EFFORT] = None
+
+
+class TurnOutputConfig(_Anthropic):
+    effort: Annotated[Any, _EFFORT] = None
+
+
+class MessageParam(_Anthropic):
+    """One turn; its content blocks are read by _user / _assistant / _system."""
+
+    role: Literal["user", "assistant", "system"]  # system: Claude Code's per-turn system text
+    content: str | list[Any]
+    output_config: TurnOutputConfig | None = None  # a turn's own settings (Claude Code's per-turn control)
+
+
+class Metadata(_Anthropic):
+    user_id: str | None = None  # the access log's and the spend ledger's end user
+
+
+class CountTokensBody(_Anthropic):
+    """POST /v1/messages/count_tokens: every field a client may send (the prompt's fields)."""
+
+    model: str
+    messages: Annotated[list[MessageParam], Field(min_length=1)]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None  # client tools; server tools are left out (_tool)
+    tool_choice: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
+    speed: Annotated[Literal["standard"] | None, Only("only the standard speed is served here.")] = None
+    thinking: Annotated[Any, Hint(_NO_THINKING, neutral=lambda v: isinstance(v, dict) and v.get("type") == "disabled")] = None
+    context_management: Annotated[Any, Hint("nothing to clear: no thinking or tool results are kept between requests")] = None
+    cache_control: Annotated[Any, Hint("the prefix cache reuses every shared prompt prefix by itself "
+                                       "(no breakpoints needed)")] = None
+    service_tier: Annotated[Any, Hint("one tier here")] = None
+    inference_geo: Annotated[Any, Hint("one place here")] = None
+    diagnostics: Annotated[Any, Hint("no diagnostics are collected")] = None
+    user_profile_id: Annotated[Any, Hint("no profiles here")] = None
+    workspace_id: Annotated[Any, Hint("no workspaces here")] = None
+    container: Annotated[Any, Refused("code execution containers are not available on this server.")] = None
+    mcp_servers: Annotated[Any, Refused("MCP connectors are not available on this server.")] = None
+
+
+_Body = TypeVar("_Body", bound=CountTokensBody)
+
+
+class MessagesBody(CountTokensBody):
+    """POST /v1/messages: every field a client may send."""
+
+    max_tokens: Annotated[Int, Field(ge=1)]  # a cap here: the context left, or the key's max_tokens (endpoint.py)
+    stop_sequences: Annotated[list[Annotated[str, Field(min_length=1)]] | None, Field(max_length=MAX_STOP_SEQUENCES)] = None
+    stream: bool | None = None
+    temperature: Annotated[float | None, Field(ge=0, le=1)] = None
+    top_p: Annotated[float | None, Field(ge=0, le=1)] = None
+    top_k: Annotated[Int | None, Field(ge=0)] = None
+    metadata: Metadata | None = None
+    cache: Any = None  # smolgate's response-cache control, as on chat
+
+
 _BLOCK_WHY = {
     "image": "this model reads text only.",
     "document": "documents (PDF, plain-text sources) are not supported: send their text in a text block.",
@@ -233,16 +268,11 @@ def _assistant(content: object, where: str) -> dict[str, Any]:
     return message
 
 
-def _messages(raw: object, system: str | None, strict: bool) -> list[dict[str, Any]]:
-    if not isinstance(raw, list) or not raw:
-        raise _bad("'messages' must be a non-empty array of message objects.", "messages")
+def _messages(raw: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
+    """The turns (their fields checked by MessageParam) as chat messages."""
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for i, msg in enumerate(raw):
         where = f"messages[{i}]"
-        msg = _object(msg, where)
-        _MESSAGE.check(msg, strict, where)
-        if "content" not in msg:
-            raise _bad(f"Missing required parameter: '{where}.content'.", f"{where}.content")
         role = msg.get("role")
         if role == "user":
             out.extend(_user(msg["content"], where))
@@ -388,35 +418,16 @@ def _output_config(raw: object, chat: dict[str, Any]) -> None:
     chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
 
 
-def _stop_sequences(body: Body) -> tuple[str, ...]:
-    raw = body.get("stop_sequences")
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or not all(isinstance(s, str) and s for s in raw):
-        raise _bad("'stop_sequences' must be an array of non-empty strings.", "stop_sequences")
-    if len(raw) > MAX_STOP_SEQUENCES:
-        raise _bad(f"'stop_sequences' may hold at most {MAX_STOP_SEQUENCES} sequences on this server.", "stop_sequences")
-    return tuple(dict.fromkeys(raw))
-
-
-def _number(body: Body, key: str, lo: float, hi: float) -> float | None:
-    value = f.opt_float(body, key)
-    if value is not None and not lo <= value <= hi:
-        raise _bad(f"'{key}': {value:g} is outside [{lo:g}, {hi:g}].", key)
-    return value
-
-
-def _common(body: Body, chat: dict[str, Any], params: Params, strict: bool) -> tuple[str, tuple[str, ...]]:
+def _common(body: Body, chat: dict[str, Any], declared: type[_Body], strict: bool) -> tuple[_Body, str, tuple[str, ...]]:
     """What a create and a count_tokens request share: the prompt, tools, output format.
 
-    Returns the prefill (a final assistant message's text, "" without one) and the tools left out."""
+    Returns the declared request, the prefill (a final assistant message's text, "" without one) and the tools
+    left out."""
     if not isinstance(body, dict):
         raise _bad("The request body must be a JSON object.", "")
-    params.check(body, strict)
+    req = declared.parse(body, strict_params=strict)
     _thinking(body.get("thinking"))
-    if body.get("speed") not in (None, "standard"):
-        raise _bad("'speed' other than 'standard' is not supported by this server.", "speed")
-    chat["messages"] = _messages(body.get("messages"), _system(body.get("system")), strict)
+    chat["messages"] = _messages(body["messages"], _system(body.get("system")))
     last = chat["messages"][-1]
     prefill = last["content"] if last["role"] == "assistant" and not last.get("tool_calls") else ""
     if last["role"] == "assistant" and not prefill:
@@ -426,47 +437,33 @@ def _common(body: Body, chat: dict[str, Any], params: Params, strict: bool) -> t
         chat["continue_final_message"] = True  # the vLLM extension: the template leaves the turn open
     dropped = _tools(body, chat, strict)
     _output_config(body.get("output_config"), chat)
-    return prefill, dropped
+    return req, prefill, dropped
 
 
 def translate(body: Body, strict: bool = False) -> MessagesRequest:
     """POST /v1/messages body -> the chat body to serve (400 for anything this server cannot honour)."""
     chat: dict[str, Any] = {}
-    prefill, dropped = _common(body, chat, _CREATE, strict)
-    model = f.req_str(body, "model")
-    if body.get("max_tokens") is None:
-        raise _bad("Missing required parameter: 'max_tokens'.", "max_tokens")
-    max_tokens = f.opt_int(body, "max_tokens")
-    if max_tokens is None or max_tokens < 1:
-        raise _bad("'max_tokens' must be at least 1 on this server (it has no prompt cache to pre-warm).", "max_tokens")
-    stream = bool(f.opt_bool(body, "stream"))
-    chat = {"model": model, **chat, "max_tokens": max_tokens}
-    for key, hi in (("temperature", 1.0), ("top_p", 1.0)):
-        value = _number(body, key, 0.0, hi)
-        if value is not None:
-            chat[key] = value
-    top_k = f.opt_int(body, "top_k", lo=0)
-    if top_k is not None:
-        chat["top_k"] = top_k
-    stops = _stop_sequences(body)
+    req, prefill, dropped = _common(body, chat, MessagesBody, strict)
+    chat = {"model": req.model, **chat, "max_tokens": req.max_tokens}
+    for key in ("temperature", "top_p", "top_k"):
+        if req.given(key):
+            chat[key] = getattr(req, key)
+    stops = tuple(dict.fromkeys(req.stop_sequences or ()))
     if stops:
         chat["stop"] = list(stops)
         chat["include_stop_str_in_output"] = True  # so the answer can say which sequence stopped it
-    metadata = f.opt_object(body, "metadata")
-    if metadata is not None:
-        user = f.opt_str(metadata, "user_id", param="metadata.user_id")
-        if user is not None:
-            chat["user"] = user
-    if body.get("cache") is not None:
-        chat["cache"] = body["cache"]
-    if stream:
+    if req.metadata is not None and req.metadata.user_id is not None:
+        chat["user"] = req.metadata.user_id
+    if req.cache is not None:
+        chat["cache"] = req.cache
+    if req.stream:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
-    return MessagesRequest(model, chat, stream, stops, prefill, dropped)
+    return MessagesRequest(req.model, chat, bool(req.stream), stops, prefill, dropped)
 
 
 def translate_count(body: Body, strict: bool = False) -> tuple[str, dict[str, Any]]:
     """POST /v1/messages/count_tokens body -> (model, a chat body whose prompt is the one to count)."""
     chat: dict[str, Any] = {}
-    _common(body, chat, _COUNT, strict)
-    return f.req_str(body, "model"), {"model": body["model"], **chat}
+    req, _, _ = _common(body, chat, CountTokensBody, strict)
+    return req.model, {"model": req.model, **chat}

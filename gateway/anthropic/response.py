@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -78,6 +79,17 @@ def tool_input(arguments: object) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadUpstreamShape("The model's tool call arguments are not a JSON object.")
     return value
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a Message says beyond the chat answer: its id, the model asked for, the request's stop sequences, and
+    whether max_tokens was lowered to fit the context window."""
+
+    message_id: str
+    model: str
+    stops: tuple[str, ...]
+    window: bool = False
 
 
 def message(chat: dict[str, Any], message_id: str, model: str, stops: tuple[str, ...], window: bool = False) -> dict[str, Any]:

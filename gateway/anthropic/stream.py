@@ -1,11 +1,11 @@
-"""The chat pipeline's SSE stream (chat.completion.chunk `data:` lines) -> Anthropic's stream events.
+"""The chat pipeline's streamed answer (its typed steps, gateway/protocol/events.py) -> Anthropic's stream events.
 
     message_start, ping, (content_block_start, content_block_delta..., content_block_stop)...,
     message_delta (stop_reason, stop_sequence, usage), message_stop
 
 Text becomes a `text` block of `text_delta`s; each tool call a `tool_use` block whose arguments arrive
-as `input_json_delta` fragments. The chat stream's keep-alive comments become `ping` events and its
-`error` event an Anthropic `error` event. With stop_sequences, text that may be the start of one is
+as `input_json_delta` fragments. Keep-alives are `ping` events (the response's own, PING) and a failed
+answer ends with an Anthropic `error` event. With stop_sequences, text that may be the start of one is
 held back until it is known not to be (the one that ended the answer is never sent), so the text
 deltas add up to exactly the non-streamed answer's text.
 """
@@ -14,12 +14,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
+from sse_starlette import ServerSentEvent
 
 from gateway.anthropic.errors import from_openai_body, sse_event
 from gateway.anthropic.response import split_stop, stop_reason, tool_use_id, usage
+from gateway.errors import error_body
+from gateway.protocol.events import ChatEvent, Failed, Opened, Step, TextDelta, ToolCallDelta, ToolCallStart, UsageReport
 
 PING = sse_event("ping", {"type": "ping"})
+
+
+def ping() -> ServerSentEvent:
+    """The keep-alive of a Messages stream: PING, as an event (Anthropic's clients read it)."""
+    return ServerSentEvent(data='{"type":"ping"}', event="ping", sep="\n")
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -34,7 +41,7 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
 
 
 class EventStream:
-    """Feed it the chat stream's bytes as they come; it returns the Anthropic events to send."""
+    """Feed it the chat answer's steps as they come; it returns the Anthropic events to send."""
 
     def __init__(
         self, message_id: str, model: str, input_tokens: int, stops: tuple[str, ...], request_id: str, window: bool = False
@@ -45,7 +52,6 @@ class EventStream:
         self.input_tokens = input_tokens
         self.stops = stops
         self.request_id = request_id
-        self.buffer = b""
         self.started = False
         self.ended = False
         self.block = -1  # the index of the last block opened
@@ -57,39 +63,43 @@ class EventStream:
         self.stop: str | None = None
         self.usage: dict[str, Any] | None = None
 
-    def feed(self, data: bytes) -> bytes:
-        self.buffer += data
+    def feed(self, step: Step) -> bytes:
+        """The Anthropic events one step of the chat answer makes (nothing once the stream has ended)."""
         out: list[bytes] = []
-        while not self.ended:
-            end = self.buffer.find(b"\n\n")
-            if end < 0:
+        for e in step.events:
+            if self.ended:
                 break
-            block, self.buffer = self.buffer[:end], self.buffer[end + 2 :]
-            out.extend(self._event(block))
+            out.extend(self._event(e))
         return b"".join(out)
 
-    def _event(self, block: bytes) -> list[bytes]:
-        name, data, comment = b"", [], False
-        for line in block.replace(b"\r", b"").split(b"\n"):
-            if line.startswith(b":"):
-                comment = True
-            elif line.startswith(b"event:"):
-                name = line[6:].strip()
-            elif line.startswith(b"data:"):
-                data.append(line[5:].strip())
-        if not data:
-            return [PING] if comment else []
-        payload = b"\n".join(data)
-        if payload == b"[DONE]":
-            return self._done()
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            obj = {"error": {"message": "The model's stream could not be read."}}
-        if name == b"error" or not isinstance(obj, dict) or "error" in obj:
+    def _event(self, e: ChatEvent) -> list[bytes]:
+        if isinstance(e, Failed):
             self.ended = True
-            return [sse_event("error", from_openai_body(obj, self.request_id))]
-        return self._chunk(obj)
+            return [sse_event("error", from_openai_body(error_body(e.error), self.request_id))]
+        if isinstance(e, Opened):
+            return self._start(e.model)
+        out = self._start(None)
+        if isinstance(e, UsageReport):
+            self.usage = dict(e.usage)
+        elif e.choice != 0:
+            pass
+        elif isinstance(e, TextDelta):
+            out += self._text(e.text)
+        elif isinstance(e, ToolCallStart):
+            if e.call not in self.calls:  # some upstreams repeat a call's id on each of its chunks
+                block = {"type": "tool_use", "id": tool_use_id(e.id), "name": e.name, "input": {}}
+                out += self._flush(final=False) + self._open("tool_use", block)
+                self.calls[e.call] = self.block
+        elif isinstance(e, ToolCallDelta):
+            out += self._arguments(e.call, e.arguments)
+        else:
+            self.finish = e.reason
+            out += self._flush(final=True) + self._close()
+        return out
+
+    def done(self) -> bytes:
+        """The end of the answer (unless it failed): message_delta and message_stop."""
+        return b"" if self.ended else b"".join(self._done())
 
     def _start(self, model: object) -> list[bytes]:
         if self.started:
@@ -106,23 +116,6 @@ class EventStream:
             "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
         }
         return [sse_event("message_start", {"type": "message_start", "message": message}), PING]
-
-    def _chunk(self, chunk: dict[str, Any]) -> list[bytes]:
-        out = self._start(chunk.get("model"))
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                out += self._text(delta["content"])
-            for call in delta.get("tool_calls") or ():
-                out += self._tool(call)
-            if choice.get("finish_reason"):
-                self.finish = choice["finish_reason"]
-                out += self._flush(final=True) + self._close()
-        return out
 
     def _open(self, kind: str, block: dict[str, Any]) -> list[bytes]:
         out = self._close()
@@ -158,20 +151,11 @@ class EventStream:
             text, self.stop = split_stop(text, self.finish, self.stops)
         return self._emit_text(text)
 
-    def _tool(self, call: dict[str, Any]) -> list[bytes]:
-        index = call.get("index", 0)
-        fn = call.get("function") or {}
-        out: list[bytes] = []
-        if index not in self.calls:
-            block = {"type": "tool_use", "id": tool_use_id(call.get("id")), "name": fn.get("name"), "input": {}}
-            out = self._flush(final=False) + self._open("tool_use", block)
-            self.calls[index] = self.block
-        if fn.get("arguments"):
-            delta = {"type": "input_json_delta", "partial_json": fn["arguments"]}
-            out.append(
-                sse_event("content_block_delta", {"type": "content_block_delta", "index": self.calls[index], "delta": delta})
-            )
-        return out
+    def _arguments(self, call: int, fragment: str) -> list[bytes]:
+        if call not in self.calls or not fragment:
+            return []
+        delta = {"type": "input_json_delta", "partial_json": fragment}
+        return [sse_event("content_block_delta", {"type": "content_block_delta", "index": self.calls[call], "delta": delta})]
 
     def _done(self) -> list[bytes]:
         self.ended = True

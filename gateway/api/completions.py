@@ -133,7 +133,7 @@ class Completions:
         rec = record_of(request)
         raw = raw if raw is not None else await read_json(request, self.ctx.config.max_body_bytes)
         ticket = self.ctx.cache.ticket("completions", request.headers, raw)  # takes the `cache` extension out
-        req = parse_completion(raw)
+        req = parse_completion(raw, strict_params=self.ctx.config.strict_params)
         req = replace(req, params=with_key_priority(req.params, raw, rec.policy))
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream

@@ -25,7 +25,8 @@ class Embeddings:
     async def handle(self, request: Request, raw: dict[str, Any] | None = None) -> Response:
         """`raw`: the body, when it has been read already (the API key's checks read it: gateway/app.py)."""
         rec = record_of(request)
-        req = parse_embedding(raw if raw is not None else await read_json(request, self.ctx.config.max_body_bytes))
+        raw = raw if raw is not None else await read_json(request, self.ctx.config.max_body_bytes)
+        req = parse_embedding(raw, strict_params=self.ctx.config.strict_params)
         embedder = self.ctx.embedder
         if embedder is None:
             raise ModelNotFound("Embeddings are not enabled on this server.", param="model")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -19,10 +19,21 @@ from gateway.batches.storage import new_id, tenant_of
 from gateway.batches.store import BatchStore
 from gateway.batches.validate import ENDPOINTS
 from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, ServiceUnavailable
+from gateway.protocol.declared import Declared
 from gateway.protocol.generation import ClientDisconnected
 from gateway.protocol.jsonio import json_response, read_json
 
 COMPLETION_WINDOW_S = {"24h": 24 * 3600}
+
+
+class BatchCreateBody(Declared):
+    """POST /v1/batches: every field a client may send."""
+
+    input_file_id: str  # an uploaded file of purpose "batch"
+    endpoint: Literal[ENDPOINTS]  # type: ignore[valid-type]  # a tuple of strings: one Literal of each
+    completion_window: Literal["24h"]
+    metadata: dict[str, Any] | None = None  # at most 16 keys (64 chars) to strings (512 chars): _valid_metadata
+    output_expires_after: dict[str, Any] | None = None  # {"anchor": "created_at", "seconds": N}: expiry_seconds
 
 
 class Conflict(GatewayError):
@@ -170,27 +181,18 @@ class BatchEndpoints:
 
     async def create_batch(self, request: Request) -> Response:
         tenant = self.tenant(request)
-        body = await read_json(request, self.body_limit)
-        endpoint = body.get("endpoint")
-        if endpoint not in ENDPOINTS:
-            raise InvalidRequest(f"'endpoint' must be one of {list(ENDPOINTS)}, got {endpoint!r}.", param="endpoint")
-        window = body.get("completion_window")
-        if window not in COMPLETION_WINDOW_S:
-            raise InvalidRequest("'completion_window' must be '24h'.", param="completion_window")
-        metadata = body.get("metadata")
+        body = BatchCreateBody.parse(await read_json(request, self.body_limit))
+        endpoint, window, metadata, file_id = body.endpoint, body.completion_window, body.metadata, body.input_file_id
         if metadata is not None and not _valid_metadata(metadata):
             raise InvalidRequest("'metadata' must map at most 16 keys (64 chars) to strings (512 chars).", param="metadata")
-        file_id = body.get("input_file_id")
-        if not isinstance(file_id, str):
-            raise InvalidRequest("'input_file_id' must be the id of an uploaded file.", param="input_file_id")
         meta = self.files.get(tenant, file_id)
         if meta["purpose"] != "batch":
             raise InvalidRequest(
                 f"The file {file_id} has purpose {meta['purpose']!r}: a batch input needs 'batch'.", param="input_file_id"
             )
-        output_expiry = body.get("output_expires_after")
-        if output_expiry is not None:
-            output_expiry = expiry_seconds(output_expiry, "output_expires_after", self.cfg.min_expiry_s)
+        output_expiry = None
+        if body.output_expires_after is not None:
+            output_expiry = expiry_seconds(body.output_expires_after, "output_expires_after", self.cfg.min_expiry_s)
         now = int(time.time())
         obj: dict[str, Any] = {
             "id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "model": None, "errors": None,

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.protocol.events import Step, completion_events
 from gateway.protocol.sse import DONE, sse_data
 
 _CHAT_MESSAGE_KEYS = {"role", "content", "refusal"}
@@ -63,6 +64,11 @@ def completion_chunks(body: dict[str, Any], include_usage: bool) -> list[bytes]:
     if include_usage:
         out.append(sse_data({**head, "choices": [], "usage": body["usage"]}))
     return out
+
+
+async def chat_steps(body: dict[str, Any], include_usage: bool) -> AsyncIterator[Step]:
+    """The whole answer as one step: its events, and its chunks' bytes in one write."""
+    yield Step(tuple(completion_events(body)), b"".join(chat_chunks(body, include_usage)))
 
 
 async def events(chunks: list[bytes]) -> AsyncIterator[bytes]:

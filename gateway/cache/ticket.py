@@ -26,12 +26,14 @@ from gateway.cache.stores import CacheStore
 from gateway.cache.thresholds import EntryThresholds
 from gateway.cache.verify import Answer, EngineVerifier
 from gateway.client import EmbeddingClient
+from gateway.errors import GatewayError
 from gateway.ids import IdGenerator
 from gateway.ops.record import RequestRecord
+from gateway.protocol.events import Step
 from gateway.protocol.generation import Generation
 from gateway.protocol.jsonio import json_response
-from gateway.protocol.requests import StreamOptions
-from gateway.protocol.sse import SSEStream, StreamLimits
+from gateway.protocol.requests import StreamMode
+from gateway.protocol.sse import ChatStream, SSEStream, StreamLimits
 from gateway.tracing import spans
 
 _ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-"}
@@ -82,7 +84,7 @@ class Ticket:
         params: SamplingParams,
         prompt: object,
         prompt_ids: Sequence[int] | None,
-        stream: StreamOptions,
+        stream: StreamMode,
         messages: list[dict[str, Any]] | None = None,
     ) -> Response | None:
         """A replayed response on a hit; None on a miss (generate, then `store` or `tap`)."""
@@ -102,7 +104,7 @@ class Ticket:
         params: SamplingParams,
         prompt: object,
         prompt_ids: Sequence[int] | None,
-        stream: StreamOptions,
+        stream: StreamMode,
         messages: list[dict[str, Any]] | None,
     ) -> Response | None:
         cfg, fp = self.cache.cfg, self.cache.fingerprint
@@ -235,7 +237,7 @@ class Ticket:
             self.cache.metrics.lookup(self.endpoint, self.status)
         return None
 
-    def _hit(self, rec: RequestRecord, status: str, entry: bytes, stream: StreamOptions) -> Response:
+    def _hit(self, rec: RequestRecord, status: str, entry: bytes, stream: StreamMode) -> Response:
         self.status = rec.cache = status
         self.cache.metrics.lookup(self.endpoint, status)
         stored = orjson.loads(entry)["body"]
@@ -246,9 +248,11 @@ class Ticket:
         rec.first_token()
         if not stream.stream:
             return self.mark(json_response(body))
-        chunker = replay.chat_chunks if self.endpoint == "chat" else replay.completion_chunks
-        events = replay.events(chunker(body, stream.include_usage))
-        return self.mark(SSEStream(events, [], self.cache.stream_limits, rec.client_disconnected))
+        if self.endpoint != "chat":
+            events = replay.events(replay.completion_chunks(body, stream.include_usage))
+            return self.mark(SSEStream(events, [], self.cache.stream_limits, rec.client_disconnected))
+        steps = replay.chat_steps(body, stream.include_usage)
+        return self.mark(ChatStream(steps, _unrendered, _never_fails, 1, [], self.cache.stream_limits, rec.client_disconnected))
 
     def mark(self, response: Response) -> Response:
         """x-cache (hit | semantic-hit | miss) and, for semantic hits, x-cache-similarity."""
@@ -303,6 +307,14 @@ class Ticket:
                 yield out
         if finished and not aborted:
             await self.store(build(gen), gen)
+
+
+def _unrendered(step: Step) -> bytes:
+    return b""  # a replay's steps carry their chunks' bytes
+
+
+def _never_fails(exc: BaseException, err: GatewayError) -> None:
+    return None
 
 
 def _answer_of(gen: Generation | None) -> Answer | None:

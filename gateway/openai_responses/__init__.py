@@ -2,8 +2,8 @@
 
 - request.py: the request body -> a validated ResponsesRequest (400s naming the field) -> a chat body
 - items.py: input items (messages, function calls, their outputs) <-> stored items and chat messages
-- bridge.py: runs the chat handler's response in process and reads back its JSON or its chunk stream
-- builder.py: chat output -> the Response object and its stream events (one state machine for both)
+- builder.py: the chat answer's events (gateway/protocol/events.py) -> the Response object and its stream events
+  (one state machine for both)
 - store.py: stored responses per API key, in process or in the gateway's Redis, with a TTL
 - tokens.py: input token counts and `truncation: "auto"`
 - api.py: the routes

@@ -9,7 +9,7 @@ metrics and the access log treat it like any chat request. Its output becomes th
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -19,18 +19,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.context import GatewayContext
-from gateway.errors import InvalidRequest, NotFound, to_gateway_error
-from gateway.openai_responses.bridge import StreamBroke, passed_headers, run_json, run_stream
-from gateway.openai_responses.builder import ResponseBuilder, feed_chunk, feed_completion, replay_events
+from gateway.errors import GatewayError, InvalidRequest, NotFound, error_body, to_gateway_error
+from gateway.openai_responses.builder import ResponseBuilder, feed_completion, feed_events, replay_events
 from gateway.openai_responses.items import chat_messages
 from gateway.openai_responses.request import ResponsesRequest, chat_body, echo_fields, parse_request
 from gateway.openai_responses.store import StoredResponses, build_store
 from gateway.openai_responses.tokens import TokenCounter
 from gateway.ops.record import RequestRecord, record_of
+from gateway.protocol.answer import run_json
+from gateway.protocol.events import Failed, Steps, steps_of
 from gateway.protocol.jsonio import json_response, read_json
 from gateway.protocol.sse import SSEStream, StreamLimits
 
 ChatHandler = Callable[[Request, dict[str, Any]], Awaitable[Response]]
+_PASSED_HEADERS = ("x-cache", "x-cache-similarity", "x-smolgate-")
 _PARAMS = (
     (re.compile(r"^messages.*"), "input"),
     (re.compile(r"^response_format"), "text.format"),
@@ -41,6 +43,22 @@ _PARAMS = (
 
 def _event_bytes(event: dict[str, Any]) -> bytes:
     return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+class StreamBroke(GatewayError):
+    """The chat stream failed (its OpenAI error body is kept)."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        found = body.get("error")
+        err: dict[str, Any] = found if isinstance(found, dict) else {}
+        super().__init__(str(err.get("message") or "The stream failed."), param=err.get("param"), code=err.get("code"))
+        self.error_type = str(err.get("type") or "server_error")  # type: ignore[misc]
+        self.status = 429 if self.error_type == "rate_limit_error" else 500  # type: ignore[misc]
+
+
+def passed_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The chat answer's cache and routing headers, for the Response."""
+    return {k: v for k, v in headers.items() if k.startswith(_PASSED_HEADERS)}
 
 
 def _notes(req: ResponsesRequest) -> dict[str, str]:
@@ -131,37 +149,39 @@ class ResponsesAPI:
             if req.store:
                 await self.store.put(auth, builder.id, {**record, "response": out})
             response = json_response(out)
-            response.headers.update({**passed_headers(captured), **_notes(req)})
+            response.headers.update({**passed_headers(captured.headers), **_notes(req)})
             return response
-        captured, chunks = await run_stream(inner, request.scope)
+        steps = steps_of(inner)
 
         async def save(out: dict[str, Any]) -> None:
             if req.store:
                 await self.store.put(auth, builder.id, {**record, "response": out})
 
-        events = self._events(builder, chunks, save, rec)
-        stream = SSEStream(events, [], StreamLimits.of(self.ctx.config), rec.client_disconnected)
-        stream.headers.update({**passed_headers(captured), **_notes(req)})
+        events = self._events(builder, steps, save, rec)
+        stream = SSEStream(events, [steps], StreamLimits.of(self.ctx.config), rec.client_disconnected)
+        stream.headers.update({**passed_headers(inner.headers), **_notes(req)})
         return stream
 
     async def _events(
-        self,
-        builder: ResponseBuilder,
-        chunks: AsyncIterator[dict[str, Any]],
-        save: Callable[[dict[str, Any]], Awaitable[None]],
-        rec: RequestRecord,
+        self, builder: ResponseBuilder, steps: Steps, save: Callable[[dict[str, Any]], Awaitable[None]], rec: RequestRecord
     ) -> AsyncIterator[bytes]:
-        """Chat chunks in, Responses events out; one write per chat chunk. A failure ends the stream with
-        an `error` event and response.failed."""
-        async with aclosing(chunks):  # type: ignore[type-var]
+        """The chat answer's steps in, Responses events out; one write per step. A failure ends the stream with an
+        `error` event and response.failed."""
+        async with aclosing(steps):
             try:
-                async for chunk in chunks:
-                    events = feed_chunk(builder, chunk)
-                    if events:
-                        yield b"".join(_event_bytes(e) for e in events)
-                if builder.finish_reason is None:
-                    raise StreamBroke({"error": {"message": "The stream ended before the response was complete."}})
-                events = builder.complete()
+                events: list[dict[str, Any]] | None = None
+                async for step in steps:
+                    failed = next((e for e in step.events if isinstance(e, Failed)), None)
+                    if failed is not None:  # reported where it happened; its OpenAI body is what the client reads
+                        events = builder.start("") + builder.fail(StreamBroke(error_body(failed.error)))
+                        break
+                    made = feed_events(builder, step.events)
+                    if made:
+                        yield b"".join(_event_bytes(e) for e in made)
+                if events is None:
+                    if builder.finish_reason is None:
+                        raise StreamBroke({"error": {"message": "The stream ended before the response was complete."}})
+                    events = builder.complete()
             except Exception as exc:
                 err = to_gateway_error(exc, retry_after_s=self.ctx.config.retry_after_s)
                 self.ctx.report_error(rec, exc, err)

@@ -1,7 +1,8 @@
 """ResponseBuilder: the Response object and its stream events, built from what the chat pipeline produced.
 
-One state machine serves both shapes: a streamed chat chunk or a whole chat.completion is fed in as
-text deltas, tool-call starts and argument fragments, a finish reason and usage; the builder keeps the
+One state machine serves both shapes: the chat answer's events (gateway/protocol/events.py), streamed or
+made from a whole chat.completion, are fed in: text deltas, tool-call starts and argument fragments, a
+finish reason and usage; the builder keeps the
 output items and returns the Responses events each step produces (`sequence_number` counts up from 0).
 A non-streaming request drops the events and keeps the final object, so both paths answer the same.
 """
@@ -9,10 +10,20 @@ A non-streaming request drops the events and keeps the final object, so both pat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gateway.errors import GatewayError
+from gateway.protocol.events import (
+    ChatEvent,
+    Failed,
+    Opened,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallStart,
+    UsageReport,
+    completion_events,
+)
 
 Event = dict[str, Any]
 
@@ -233,42 +244,31 @@ def _copy(item: dict[str, Any]) -> dict[str, Any]:
 # ---- feeding chat output in -------------------------------------------------------------------------------
 
 
-def feed_chunk(builder: ResponseBuilder, chunk: Mapping[str, Any]) -> list[Event]:
-    """One chat.completion.chunk (choice 0) -> the Responses events it makes."""
-    events = builder.start(str(chunk.get("model") or ""))
-    if isinstance(chunk.get("usage"), dict):
-        builder.set_usage(chunk["usage"])
-    for choice in chunk.get("choices") or ():
-        if choice.get("index", 0) != 0:
+def feed_events(builder: ResponseBuilder, events: Iterable[ChatEvent]) -> list[Event]:
+    """The chat answer's events (choice 0: Responses has no `n`) -> the Responses events they make."""
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, Opened):
+            out += builder.start(e.model)
+        elif isinstance(e, UsageReport):
+            builder.set_usage(e.usage)
+        elif isinstance(e, Failed) or e.choice != 0:
             continue
-        delta = choice.get("delta") or {}
-        content = delta.get("content")
-        logprobs = response_logprobs(choice.get("logprobs")) if choice.get("logprobs") else None
-        if content or logprobs:
-            events += builder.text(content or "", logprobs)
-        for call in delta.get("tool_calls") or ():
-            index = int(call.get("index", 0))
-            fn = call.get("function") or {}
-            if call.get("id"):
-                events += builder.call_start(index, call["id"], fn.get("name") or "")
-            events += builder.call_arguments(index, fn.get("arguments") or "")
-        if choice.get("finish_reason"):
-            builder.finish(choice["finish_reason"])
-    return events
+        elif isinstance(e, TextDelta):
+            out += builder.text(e.text, response_logprobs(e.logprobs) if e.logprobs else None)
+        elif isinstance(e, ToolCallStart):
+            out += builder.call_start(e.call, e.id, e.name)
+        elif isinstance(e, ToolCallDelta):
+            out += builder.call_arguments(e.call, e.arguments)
+        else:
+            builder.finish(e.reason)
+    return out
 
 
 def feed_completion(builder: ResponseBuilder, body: Mapping[str, Any]) -> dict[str, Any]:
     """A whole chat.completion -> the final Response object."""
-    builder.start(str(body.get("model") or ""))
-    builder.set_usage(body.get("usage"))
-    choice = (body.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
-    builder.text(message.get("content") or "", response_logprobs(choice.get("logprobs")) if choice.get("logprobs") else None)
-    for i, call in enumerate(message.get("tool_calls") or ()):
-        fn = call.get("function") or {}
-        builder.call_start(i, call.get("id") or "", fn.get("name") or "")
-        builder.call_arguments(i, fn.get("arguments") or "")
-    builder.finish(choice.get("finish_reason"))
+    first = [{**choice, "index": 0} for choice in (body.get("choices") or [{}])[:1]]
+    feed_events(builder, completion_events({**body, "choices": first}))
     builder.complete()
     return builder.response()
 

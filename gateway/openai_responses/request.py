@@ -10,39 +10,77 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from gateway.errors import InvalidRequest
 from gateway.openai_responses.items import NewId, parse_input
 from gateway.protocol import fields as f
+from gateway.protocol.declared import OPENAI, Declared, Hint, Int, Only, Refused, left_out
 from gateway.protocol.fields import Body
-from gateway.protocol.params import OPENAI, USED, Param, Params, hint, left_out, refused
 
 _NO_REASONING = "this model is not a reasoning model: it answers without reasoning, and returns no reasoning items"
-# The Responses request, field by field (gateway/protocol/params.py): used, a hint with no effect here, or refused.
-_FIELDS: dict[str, Param] = {
-    "model": USED, "input": USED, "instructions": USED, "max_output_tokens": USED, "temperature": USED, "top_p": USED,
-    "text": USED, "tools": USED, "tool_choice": USED, "parallel_tool_calls": USED, "metadata": USED, "user": USED,
-    "store": USED, "previous_response_id": USED, "truncation": USED, "stream": USED, "stream_options": USED,
-    "include": USED, "top_logprobs": USED, "service_tier": USED, "safety_identifier": USED, "max_tool_calls": USED,
-    "background": USED,
-    "prompt_cache_key": USED,  # the prefix-affinity key across replicas (gateway/routing/router.py)
-    "reasoning": hint(_NO_REASONING, neutral=lambda v: isinstance(v, dict) and v.get("effort") in (None, "none")
-                      and v.get("summary") is None and v.get("generate_summary") is None),
-    "client_metadata": hint("not stored or logged: `metadata` is what a response keeps"),
-    "prompt_cache_retention": hint("the prefix cache keeps prefixes while memory allows, whatever the retention"),
-    "prompt_cache_options": hint("the prefix cache needs no options"),
+
+
+def _no_reasoning_asked(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("effort") in (None, "none") and value.get("summary") is None \
+        and value.get("generate_summary") is None  # fmt: skip
+
+
+class TextParam(Declared):
+    format: dict[str, Any] | None = None  # text, json_object or json_schema (_format)
+    verbosity: Annotated[Any, Hint("this model has no verbosity control", neutral=lambda v: v == "medium")] = None
+
+
+class StreamOptionsParam(Declared):
+    include_obfuscation: bool | None = None  # no obfuscation padding is ever added
+
+
+class ResponsesBody(Declared):
+    """POST /v1/responses (and /v1/responses/input_tokens): every field a client may send. The items of `input`,
+    `tools` and `tool_choice` are read by gateway/openai_responses/items.py and the functions below."""
+
+    model: str | None = None  # required to create a response (parse_request), not to count its tokens
+    input: str | list[Any] | None = None
+    instructions: str | None = None
+    max_output_tokens: Int | None = None  # at least 16, as OpenAI's (parse_request)
+    temperature: Annotated[float | None, Field(ge=0, le=2)] = None
+    top_p: Annotated[float | None, Field(gt=0, le=1)] = None
+    text: TextParam | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: Any = None  # at most 16 string pairs (_metadata)
+    user: str | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptionsParam | None = None
+    include: list[str] | None = None
+    top_logprobs: Annotated[Int | None, Field(ge=0, le=20)] = None
+    service_tier: str | None = None  # echoed; only "auto" and "default" (_service_tier)
+    safety_identifier: str | None = None  # echoed
+    max_tool_calls: Annotated[Int | None, Field(ge=1)] = None  # echoed
+    background: Annotated[Literal[False] | None, Only("responses are generated while the request waits.")] = None
+    prompt_cache_key: str | None = None  # the prefix-affinity key across replicas (gateway/routing/router.py)
+    reasoning: Annotated[Any, Hint(_NO_REASONING, neutral=_no_reasoning_asked)] = None
+    client_metadata: Annotated[Any, Hint("not stored or logged: `metadata` is what a response keeps")] = None
+    prompt_cache_retention: Annotated[Any, Hint("the prefix cache keeps prefixes while memory allows, whatever the "
+                                                "retention")] = None  # fmt: skip
+    prompt_cache_options: Annotated[Any, Hint("the prefix cache needs no options")] = None
     # the gateway's extensions, as on /v1/chat/completions
-    "seed": USED, "priority": USED, "cache": USED,
-    "conversation": refused("conversations are not available: continue with previous_response_id."),
-    "prompt": refused("stored prompt templates are not available: send instructions and input."),
-    "context_management": refused("context management (compaction) is not available."),
-    "moderation": refused("moderation is not available."),
-    "personality": refused("this model has no personality presets."),
-}  # fmt: skip
-_TEXT = Params({"format": USED, "verbosity": hint("this model has no verbosity control", neutral=lambda v: v == "medium")},
-               OPENAI, "text")  # fmt: skip
-RESPONSES_PARAMS = Params(_FIELDS, OPENAI, nested={"text": _TEXT})  # docs/clients/fields.md lists its hints
+    seed: Int | None = None
+    priority: Int | None = None
+    cache: Any = None
+    conversation: Annotated[Any, Refused("conversations are not available: continue with previous_response_id.")] = None
+    prompt: Annotated[Any, Refused("stored prompt templates are not available: send instructions and input.")] = None
+    context_management: Annotated[Any, Refused("context management (compaction) is not available.")] = None
+    moderation: Annotated[Any, Refused("moderation is not available.")] = None
+    personality: Annotated[Any, Refused("this model has no personality presets.")] = None
+
+
 # Tools this server cannot run: left out of what the model sees (under strict_params, refused)
 _BUILTIN_TOOLS = {
     "web_search": "web search", "web_search_preview": "web search", "web_search_preview_2025_03_11": "web search",
@@ -83,11 +121,7 @@ class ResponsesRequest:
 
 def parse_request(body: Body, new_id: NewId, *, counting: bool = False, strict: bool = False) -> ResponsesRequest:
     """`counting`: POST /v1/responses/input_tokens (no model needed, nothing generated). `strict`: strict_params."""
-    RESPONSES_PARAMS.check(body, strict)
-    if f.opt_bool(body, "background"):
-        raise InvalidRequest(
-            "'background' is not supported: responses are generated while the request waits.", param="background"
-        )
+    ResponsesBody.parse(body, strict_params=strict)
     _check_reasoning(body.get("reasoning"))
     top_logprobs = _logprobs(body, strict)
     stream = bool(f.opt_bool(body, "stream"))
@@ -274,7 +308,7 @@ def _tool_choice(raw: object, tools: list[dict[str, Any]]) -> str | dict[str, An
 
 
 def _text(raw: object) -> dict[str, Any]:
-    """`text`; its fields were checked against RESPONSES_PARAMS (verbosity is a hint, echoed as sent)."""
+    """`text`; its fields were checked by TextParam (verbosity is a hint, echoed as sent)."""
     if raw is None:
         return {"format": {"type": "text"}, "verbosity": "medium"}
     if not isinstance(raw, dict):

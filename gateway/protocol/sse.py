@@ -1,5 +1,8 @@
 """Server-sent events: orjson-encoded `data:` lines, the error event, and a response that
-always aborts its engine requests when it ends (finished, failed, or client gone)."""
+always aborts its engine requests when it ends (finished, failed, or client gone).
+
+ChatStream is the chat pipeline's streamed answer: typed steps (gateway/protocol/events.py) sent as chat
+chunks, or taken as they are (`steps()`) by an endpoint that renders them in its own shape."""
 
 from __future__ import annotations
 
@@ -9,11 +12,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_bytes, to_gateway_error
+from gateway.protocol.events import Failed, Step, Steps
 
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
@@ -74,7 +78,9 @@ class SSEStream(EventSourceResponse):
         engine_streams: Sequence[AsyncIterator[Any]],
         limits: StreamLimits,
         on_disconnect: Callable[[], None],
+        ping: Callable[[], ServerSentEvent] | None = None,
     ) -> None:
+        """`ping`: the keep-alive event (a comment line when None)."""
         self._complete = False
 
         async def client_closed(message: Message) -> None:
@@ -86,6 +92,7 @@ class SSEStream(EventSourceResponse):
         super().__init__(
             self._events,
             ping=limits.ping_s,
+            ping_message_factory=ping,
             sep="\n",
             client_close_handler_callable=client_closed,
             send_timeout=limits.send_timeout_s,
@@ -106,6 +113,60 @@ class SSEStream(EventSourceResponse):
             await _close(self._events)
             for stream in self._engine_streams:
                 await _close(stream)
+
+
+async def guarded_steps(
+    steps: AsyncIterator[Step], on_error: Callable[[BaseException, GatewayError], None], retry_after_s: int
+) -> AsyncIterator[Step]:
+    """Pass steps through; an exception becomes one Failed step, then the end."""
+    async with aclosing(steps):  # type: ignore[type-var]
+        try:
+            async for step in steps:
+                yield step
+        except Exception as exc:
+            err = to_gateway_error(exc, retry_after_s=retry_after_s)
+            on_error(exc, err)
+            yield Step((Failed(err),))
+
+
+async def chat_wire(steps: AsyncIterator[Step], render: Callable[[Step], bytes]) -> AsyncIterator[bytes]:
+    """Steps as chat chunks (a step's own `wire` bytes when it has them), then [DONE]; Failed: the error event."""
+    async with aclosing(steps):  # type: ignore[type-var]
+        async for step in steps:
+            failed = next((e for e in step.events if isinstance(e, Failed)), None)
+            if failed is not None:
+                yield sse_error(failed.error)
+                return
+            data = step.wire if step.wire is not None else render(step)
+            if data:
+                yield data
+    yield DONE
+
+
+class ChatStream(SSEStream):
+    """The chat pipeline's streamed answer. Sent, it is chat chunks; `steps()` hands its typed steps to an
+    endpoint that renders them itself (/v1/responses, /v1/messages), which then sends its own response."""
+
+    def __init__(
+        self,
+        steps: AsyncIterator[Step],
+        render: Callable[[Step], bytes],
+        on_error: Callable[[BaseException, GatewayError], None],
+        retry_after_s: int,
+        engine_streams: Sequence[AsyncIterator[Any]],
+        limits: StreamLimits,
+        on_disconnect: Callable[[], None],
+    ) -> None:
+        async def close_engine() -> None:
+            for stream in engine_streams:
+                await _close(stream)
+
+        self._steps = Steps(guarded_steps(steps, on_error, retry_after_s), close_engine)
+        super().__init__(chat_wire(self._steps, render), engine_streams, limits, on_disconnect)
+
+    def steps(self) -> Steps:
+        """The answer's steps (the caller closes them: that aborts what is still running)."""
+        return self._steps
 
 
 async def _close(stream: AsyncIterator[Any]) -> None:

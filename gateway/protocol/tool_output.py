@@ -1,9 +1,10 @@
 """Tool calls in OpenAI's response shapes: the chat.completion message and the streamed deltas.
 
 Non-streaming: the choice's text is parsed whole into `content` and `tool_calls`. Streaming: each
-choice has its own incremental parser; a call starts with a delta carrying `id`, `type` and
-`function.name` (arguments ""), then `function.arguments` arrives as string fragments, all with the
-call's `index`. A choice that called a tool and stopped ends with `finish_reason: "tool_calls"`.
+choice has its own incremental parser, whose output becomes events (gateway/protocol/events.py): a call
+starts with ToolCallStart (its id and name), then its arguments arrive as ToolCallDelta fragments, all
+with the call's index; the chat chunks carry them as `tool_calls` deltas. A choice that called a tool
+and stopped ends with `finish_reason: "tool_calls"`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.engine.outputs import CompletionDelta
+from gateway.protocol.events import ChatEvent, Finish, TextDelta, ToolCallDelta, ToolCallStart
 from gateway.protocol.generation import finish_reason
 from gateway.protocol.tool_parser import Arguments, CallStart, Content, Event, ToolCallParser, parse_all
 
@@ -37,13 +39,12 @@ def with_tool_calls(body: dict[str, Any], new_id: Callable[[], str]) -> dict[str
     return body
 
 
-def _delta(event: Event, new_id: Callable[[], str]) -> dict[str, Any]:
+def _event(choice: int, event: Event, new_id: Callable[[], str]) -> ChatEvent:
     if isinstance(event, Content):
-        return {"content": event.text}
+        return TextDelta(choice, event.text)
     if isinstance(event, CallStart):
-        call = {"index": event.index, "id": new_id(), "type": "function", "function": {"name": event.name, "arguments": ""}}
-        return {"tool_calls": [call]}
-    return {"tool_calls": [{"index": event.index, "function": {"arguments": event.fragment}}]}
+        return ToolCallStart(choice, event.index, new_id(), event.name)
+    return ToolCallDelta(choice, event.index, event.fragment)
 
 
 def _coalesce(events: list[Event]) -> list[Event]:
@@ -60,21 +61,17 @@ def _coalesce(events: list[Event]) -> list[Event]:
 
 @dataclass
 class ToolStream:
-    """Per-choice parsers turning streamed text deltas into content / tool_calls chunk choices."""
+    """Per-choice parsers turning streamed text deltas into content and tool-call events."""
 
     new_id: Callable[[], str]
     parsers: dict[int, ToolCallParser] = field(default_factory=dict)
 
-    def choices(self, d: CompletionDelta) -> list[dict[str, Any]]:
+    def events(self, d: CompletionDelta) -> list[ChatEvent]:
         parser = self.parsers.setdefault(d.index, ToolCallParser())
         events = parser.feed(d.text)
         if d.finish_reason is not None:
             events += parser.finish()
-        out = [
-            {"index": d.index, "delta": _delta(e, self.new_id), "logprobs": None, "finish_reason": None}
-            for e in _coalesce(events)
-        ]
+        out = [_event(d.index, e, self.new_id) for e in _coalesce(events)]
         if d.finish_reason is not None:
-            reason = _reason(d.finish_reason, parser.calls > 0)
-            out.append({"index": d.index, "delta": {}, "logprobs": None, "finish_reason": reason})
+            out.append(Finish(d.index, _reason(d.finish_reason, parser.calls > 0) or "stop"))
         return out

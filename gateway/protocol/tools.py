@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.errors import InvalidRequest
-from gateway.protocol.fields import Body
 from gateway.protocol.json_schema import close_objects
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -41,61 +40,23 @@ class ToolConfig:
     parallel: bool
 
 
-def parse_tools(body: Body) -> ToolConfig | None:
-    """None when the request has no tools or tool_choice is "none"."""
-    raw = body.get("tools")
-    choice = body.get("tool_choice")
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise InvalidRequest("Invalid type for 'parallel_tool_calls': expected a boolean.", param="parallel_tool_calls")
-    if raw is None:
+def tool_config(tools: tuple[Tool, ...], choice: str | None, parallel: bool) -> ToolConfig | None:
+    """None when the request has no tools or tool_choice is "none". `choice`: none, auto, required, or the name
+    a named tool_choice forces."""
+    if not tools:
         if choice not in (None, "none"):
             raise InvalidRequest("'tool_choice' is only allowed when 'tools' are specified.", param="tool_choice")
         return None
-    if not isinstance(raw, list) or not raw:
-        raise InvalidRequest("'tools' must be a non-empty array of tool objects.", param="tools")
-    tools = tuple(_tool(i, t) for i, t in enumerate(raw))
-    if len({t.name for t in tools}) != len(tools):
+    names = {t.name for t in tools}
+    if len(names) != len(tools):
         raise InvalidRequest("Tool names in 'tools' must be unique.", param="tools")
-    mode, forced = _choice(choice, {t.name for t in tools})
-    if mode == "none":
+    if choice == "none":
         return None
-    return ToolConfig(tools, mode, forced, parallel is not False)
-
-
-def _tool(i: int, tool: object) -> Tool:
-    where = f"tools[{i}]"
-    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-        raise InvalidRequest(f"'{where}' must be {{'type': 'function', 'function': {{...}}}}.", param=where)
-    fn = tool["function"]
-    name = fn.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise InvalidRequest(f"'{where}.function.name' must match ^[a-zA-Z0-9_-]{{1,64}}$.", param=f"{where}.function.name")
-    params = fn.get("parameters")
-    if params is None:
-        params = {"type": "object", "properties": {}}
-    if not isinstance(params, dict):
-        raise InvalidRequest(f"'{where}.function.parameters' must be a JSON schema object.", param=f"{where}.function.parameters")
-    description = fn.get("description") or ""
-    if not isinstance(description, str):
-        raise InvalidRequest(f"'{where}.function.description' must be a string.", param=f"{where}.function.description")
-    return Tool(name, description, params)
-
-
-def _choice(choice: object, names: set[str]) -> tuple[Choice | Literal["none"], str | None]:
-    if choice is None or choice == "auto":
-        return "auto", None
-    if choice in ("none", "required"):
-        return choice, None  # type: ignore[return-value]
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
-        name = choice["function"].get("name")
-        if name not in names:
-            raise InvalidRequest(f"'tool_choice' names {name!r}, which is not in 'tools'.", param="tool_choice")
-        return "named", name
-    raise InvalidRequest(
-        "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}.",
-        param="tool_choice",
-    )
+    if choice in (None, "auto", "required"):
+        return ToolConfig(tools, "required" if choice == "required" else "auto", None, parallel)
+    if choice not in names:
+        raise InvalidRequest(f"'tool_choice' names {choice!r}, which is not in 'tools'.", param="tool_choice")
+    return ToolConfig(tools, "named", choice, parallel)
 
 
 def tool_prompt(config: ToolConfig) -> str:

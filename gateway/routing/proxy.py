@@ -20,8 +20,9 @@ from starlette.responses import Response
 from backend.engine.outputs import Usage
 from gateway.errors import GatewayError
 from gateway.ops.record import RequestRecord
+from gateway.protocol.events import ChatEvent, Opened, Step, UsageReport, chunk_events
 from gateway.protocol.jsonio import json_response
-from gateway.protocol.sse import SSEStream, StreamLimits, guarded
+from gateway.protocol.sse import ChatStream, StreamLimits
 from gateway.routing.token_count import completion_text, delta_text, usage_of
 from gateway.routing.upstream import Upstream, UpstreamError
 
@@ -102,14 +103,19 @@ async def call_stream(
     if "error" in _parse(first):  # an error event in place of the first chunk: nothing sent yet, retry
         await events.aclose()
         raise UpstreamError("upstream streamed an error before any output")
-    answer = _Answer(path.endswith("/chat/completions"), keep) if keep is not None else None
-    relay = _relay(first, events, body, want_usage, rec, count, answer)
+    chat = path.endswith("/chat/completions")
+    answer = _Answer(chat, keep) if keep is not None else None
+    relay = _relay(first, events, body, want_usage, rec, count, answer, chat)
 
     def on_error(exc: BaseException, err: GatewayError) -> None:
         outcome.failed = True
         rec.error_type = err.error_type
 
-    return SSEStream(guarded(relay, on_error, 1), [events], limits, rec.client_disconnected)
+    return ChatStream(relay, _relayed, on_error, 1, [events], limits, rec.client_disconnected)
+
+
+def _relayed(step: Step) -> bytes:
+    return b""  # every step carries the upstream's own bytes (or none: a chunk left out)
 
 
 async def _relay(
@@ -120,10 +126,13 @@ async def _relay(
     rec: RequestRecord,
     count: Callable[[str], int],
     answer: _Answer | None,
-) -> AsyncIterator[bytes]:
+    chat: bool,
+) -> AsyncIterator[Step]:
+    """The upstream's chunks as steps: their events (chat chunks only) and their bytes, relayed as they came."""
     texts: list[str] = []
     usage: dict[str, Any] | None = None
     last: dict[str, Any] = {}
+    opened = False
     async with aclosing(events):  # type: ignore[type-var]
         payload: bytes | None = first
         while payload is not None:
@@ -139,16 +148,19 @@ async def _relay(
             if text:
                 rec.first_token()
                 texts.append(text)
+            found: list[ChatEvent] = chunk_events(chunk) if chat else []
+            if chat and not opened:
+                found, opened = [Opened(str(chunk.get("model") or "")), *found], True
             last = chunk or last
-            if want_usage or chunk.get("choices") or not usage:  # drop the usage-only chunk nobody asked for
-                yield b"data: " + payload + b"\n\n"
+            keep_chunk = want_usage or chunk.get("choices") or not usage  # drop the usage-only chunk nobody asked for
+            yield Step(tuple(found), b"data: " + payload + b"\n\n" if keep_chunk else b"")
             payload = await _next(events)
     if usage is None:
         usage = usage_of(count, body, "".join(texts))
         _set_usage(rec, usage)
-        if want_usage:
-            extra = {k: last.get(k) for k in ("id", "object", "created", "model")}
-            yield b"data: " + orjson.dumps({**extra, "choices": [], "usage": usage}) + b"\n\n"
+        extra = {k: last.get(k) for k in ("id", "object", "created", "model")}
+        wire = b"data: " + orjson.dumps({**extra, "choices": [], "usage": usage}) + b"\n\n" if want_usage else b""
+        yield Step((UsageReport(usage),) if chat else (), wire)
     if answer is not None and (kept := answer.body("".join(texts), usage)) is not None:
         await answer.keep(kept)
 

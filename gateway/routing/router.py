@@ -31,6 +31,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, InvalidRequest, RateLimited
 from gateway.keys.guard import KeyGuard
 from gateway.ops.record import RequestRecord, record_of
+from gateway.protocol.events import Steps, steps_of
 from gateway.protocol.generation import unless_disconnected
 from gateway.protocol.jsonio import read_json
 from gateway.protocol.sse import StreamLimits
@@ -73,11 +74,18 @@ class Tracked:
         try:
             await self.response(scope, receive, send)
         finally:
-            failed = self.outcome.failed or self.rec.error_type not in (None, "client_disconnected")
-            await self.on_done(not failed)
-            if failed:
-                self.span.fail(self.rec.error_type or "upstream_error")
-            self.span.end()
+            await self._done()
+
+    def steps(self) -> Steps:
+        """A streamed answer's steps (gateway/protocol/events.py); closing them closes the attempt."""
+        return Steps(steps_of(self.response), self._done)
+
+    async def _done(self) -> None:
+        failed = self.outcome.failed or self.rec.error_type not in (None, "client_disconnected")
+        await self.on_done(not failed)
+        if failed:
+            self.span.fail(self.rec.error_type or "upstream_error")
+        self.span.end()
 
 
 class Router:
