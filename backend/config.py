@@ -75,7 +75,7 @@ class EngineConfig:
     # off: torch's int4/int8 kernels with dense copies for batches on bf16 CPUs (faster prefill, batch-dependent bits).
     deterministic: bool = True
     # Full-precision weights on CPU: also keep a oneDNN-prepacked copy for calls with 2+ rows (prefill, batches,
-    # speculative verify): 1.15x at 32 streams, ~2x for a 5-row lm_head call (backend/model/cpu_gemm.py); 2x the memory.
+    # speculative verify): 1.15x at 32 streams, ~2x for a 5-row lm_head call (backend/quant/cpu_gemm.py); 2x the memory.
     packed_copy: bool = True
     served_model_name: str = ""  # "" -> the directory name
     # The chat template: "" the model's own; a family's standard one by name (gemma, chatml) or a Jinja file's path, for
@@ -117,8 +117,8 @@ class EngineConfig:
     # per-step token budget while only priority 2147483647 (batch) work is here: a live arrival waits for one such
     # step, so keep it short (0: max_num_batched_tokens)
     background_max_batched_tokens: int = 128
-    tensor_parallel_size: int = 1  # > 1: shard every layer over a torch.distributed group (backend/parallel/tensor_parallel.py)
-    pipeline_parallel_size: int = 1  # > 1: split the layers into stages, one per rank (backend/parallel/pipeline_parallel.py)
+    tensor_parallel_size: int = 1  # > 1: shard every layer over a torch.distributed group (backend/model/tensor_parallel.py)
+    pipeline_parallel_size: int = 1  # > 1: split the layers into stages, one per rank (backend/model/pipeline_parallel.py)
     kernel_backend: str = "auto"  # auto (Triton on CUDA, torch elsewhere) | torch | triton (interpreter on CPU)
     # On CUDA with the Triton ops: pure-decode steps replay CUDA graphs captured at start for padded batch sizes up
     # to max_num_seqs (backend/engine/cuda_graphs.py). A small model's decode step is launch-bound (~8 kernels a layer,

@@ -1,4 +1,4 @@
-"""Prepacked oneDNN GEMM (backend/model/cpu_gemm.py) against F.linear and the int4 kernel, then in the engine.
+"""Prepacked oneDNN GEMM (backend/quant/cpu_gemm.py) against F.linear and the int4 kernel, then in the engine.
 
     python -m bench.gemm [--threads 2] [--batches 1,32] [--steps 12]
     python -m bench.gemm --only-c          # section 3 alone: the C GEMMs, AVX2 vs AVX-512 VNNI
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from backend.config import EngineConfig, cache_dir
 from backend.engine.llm_engine import LLMEngine
-from backend.model.cpu_gemm import PackedLinear
+from backend.quant.cpu_gemm import PackedLinear
 from bench.profile_step import start_requests, time_steps, warm_up
 from bench.report import emit
 from kernels.cpu.build import avx512_available, c_kernels_unavailable

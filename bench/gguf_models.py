@@ -106,7 +106,7 @@ def decode_tok_s(engine: LLMEngine, streams: int, new_tokens: int) -> float:
 
 def cold_start(model: Path) -> dict[str, Any]:
     """Header, conversion and first load with an empty cache folder (the file converted as on a first start)."""
-    from backend.model.gguf_header import read_header
+    from backend.quant.gguf_header import read_header
 
     t0 = time.perf_counter()
     header = read_header(model)

@@ -25,7 +25,7 @@ STARTED = dt.datetime.now(dt.UTC)
 _STARTED_MONOTONIC = time.monotonic()
 _LOAD_AT_START = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
-# The CPU features the kernels choose between (backend/model/cpu_gemm.py, kernels/cpu/*.c): AVX2/FMA for the C kernels,
+# The CPU features the kernels choose between (backend/quant/cpu_gemm.py, kernels/cpu/*.c): AVX2/FMA for the C kernels,
 # AVX-512 F/BW/VL + VNNI for their GEMMs' *_avx512.c variants (machine()'s kernel_isa says which ran), AVX-512 VNNI /
 # BF16 and AMX for oneDNN's int8 and bf16 paths.
 CPU_FLAGS = (

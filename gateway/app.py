@@ -28,6 +28,7 @@ from gateway.anthropic.errors import error_response as anthropic_error_response
 from gateway.anthropic.errors import is_anthropic_path
 from gateway.api.chat import ChatCompletions
 from gateway.api.completions import Completions
+from gateway.api.dashboard import Dashboard
 from gateway.api.embeddings import Embeddings
 from gateway.api.operations import Operations
 from gateway.api.tokenize import Tokenizer
@@ -40,12 +41,11 @@ from gateway.config import DEFAULT_MODELS, GatewayConfig
 from gateway.context import GatewayContext, OwnModel
 from gateway.errors import GatewayError, error_response, to_gateway_error
 from gateway.ids import IdGenerator
-from gateway.keys import Endpoint
+from gateway.keys.guard import Endpoint
 from gateway.middleware import GatewayMiddleware
 from gateway.models import ModelCatalog, ModelKind, ServedModel
 from gateway.openai_responses.api import ResponsesAPI
 from gateway.ops.access_log import make_logger
-from gateway.ops.dashboard import Dashboard
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.record import record_of
 from gateway.protocol.jsonio import read_json
@@ -153,7 +153,7 @@ def build_router(ctx: GatewayContext) -> Router | None:
 
 
 def guarded(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Handler:
-    """`handler` behind the API key's policy (gateway/keys.py): its models, caps, priority and rate limits. The
+    """`handler` behind the API key's policy (gateway/keys/guard.py): its models, caps, priority and rate limits. The
     router applies the same checks itself (after `auto` and before fallbacks)."""
     kind: ModelKind = "embedding" if endpoint == "embeddings" else "chat"
 

@@ -23,9 +23,8 @@ from backend.config import (
 )
 from gateway.batches.config import BatchesConfig
 from gateway.cache.config import CacheConfig
+from gateway.keys.config import KeyLimits, KeyPolicy
 from gateway.routing.config import (
-    KeyLimits,
-    KeyPolicy,
     RoutingConfig,
     RoutingConfigError,
     check_key,

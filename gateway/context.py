@@ -12,7 +12,7 @@ from gateway.client import EmbeddingClient, EngineClient
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, InternalError
 from gateway.ids import IdGenerator
-from gateway.keys import KeyGuard
+from gateway.keys.guard import KeyGuard
 from gateway.models import ModelCatalog
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.record import RequestRecord

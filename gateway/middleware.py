@@ -1,4 +1,4 @@
-"""The gateway's one ASGI middleware: request id, API-key check (gateway/keys.py; an admin key for /metrics and
+"""The gateway's one ASGI middleware: request id, API-key check (gateway/keys/guard.py; an admin key for /metrics and
 /v1/stats), body limit, admission limit, body-read
 deadline, error translation, and — when the response is over — the access-log line, metrics and stats."""
 

@@ -22,7 +22,8 @@ from gateway_fixtures import AppServers, gateway_test_config
 from gateway.app import build_context, create_app
 from gateway.batches.config import BatchesConfig
 from gateway.context import GatewayContext
-from gateway.routing.config import KeyPolicy, RouterConfig
+from gateway.keys.config import KeyPolicy
+from gateway.routing.config import RouterConfig
 from gateway.spend.config import LedgerConfig, Price, SpendConfig, TeamBudget
 from gateway.spend.rows import LedgerRow
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.model.cpu_gemm import DualLinear, HalfWeightLinear, PackedLinear, half_weight_gemm_available, onednn_available
+from backend.quant.cpu_gemm import DualLinear, HalfWeightLinear, PackedLinear, half_weight_gemm_available, onednn_available
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -12,9 +12,9 @@ from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.fetch import fetch_gemma_gguf
-from backend.model.gguf_header import read_header
 from backend.model.tokenizer import apply_chat_template
 from backend.model.weights import resolve_model_dir
+from backend.quant.gguf_header import read_header
 from tests.engine_helpers import assert_no_leaks, run_to_completion, token_ids
 
 TEXTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",

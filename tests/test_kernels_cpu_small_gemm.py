@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from backend.model.cpu_gemm import DualLinear
+from backend.quant.cpu_gemm import DualLinear
 from kernels.cpu.small_gemm import MAX_ROWS, load_small_gemm, small_gemm, small_gemm_ref, supports
 from tests.c_kernels import build, requires_c_kernels
 

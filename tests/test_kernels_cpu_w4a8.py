@@ -9,9 +9,9 @@ from functools import partial
 import pytest
 import torch
 
-from backend.model.cpu_gemm import dense_dtype
 from backend.quant.awq_format import pack, quantize
 from backend.quant.convert import w4a8_kernel
+from backend.quant.cpu_gemm import dense_dtype
 from backend.quant.int4_linear import Int4Linear, dequantized_weight
 from kernels.cpu.w4a8 import (
     BLOCK_SLOTS,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backend.engine.sampling_params import SamplingParams
-from backend.model.cpu_gemm import onednn_available
+from backend.quant.cpu_gemm import onednn_available
 from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, make_engine, run_to_completion, token_ids
 
 PROMPTS = QUESTIONS[:8]

@@ -4,7 +4,9 @@
   TYPE_CHECKING too: a lazy import hides a cycle from Python, not from the reader);
 - backend/ and kernels/ never import gateway/ (the engine is the lower layer; docs/architecture.md);
 - gateway/ never imports torch, anywhere (a routing-only gateway runs without it: the torch imports live in
-  backend/, which gateway/__main__.py reaches lazily and only when it builds the embedded engine).
+  backend/, which gateway/__main__.py reaches lazily and only when it builds the embedded engine);
+- inside gateway/ and inside backend/, every import points down a declared order of layers (GATEWAY_LAYERS,
+  BACKEND_LAYERS: lowest first); a module may import its own layer and the ones below, never one above.
 """
 
 from __future__ import annotations
@@ -165,6 +167,120 @@ def test_backend_and_kernels_never_import_gateway() -> None:
 
 
 HEAVY = {"torch", "triton", "transformers", "kernels"}  # torch, and what imports it
+
+
+# The gateway's layers, lowest first. A name stands for that module and everything under it; a module belongs to the
+# layer of the longest name that covers it (gateway.keys.config is a config piece, the rest of gateway.keys is keys).
+GATEWAY_LAYERS: list[set[str]] = [
+    {"gateway.errors", "gateway.ids"},  # the one exception tree, request ids
+    # the config pieces each package owns: frozen dataclasses and the parsing of their own YAML section
+    {
+        "gateway.keys.config",
+        "gateway.routing.config",
+        "gateway.cache.config",
+        "gateway.batches.config",
+        "gateway.spend.config",
+        "gateway.tracing.config",
+    },
+    {"gateway.config"},  # the assembler: the YAML file and the environment -> GatewayConfig
+    {"gateway.aliases", "gateway.models", "gateway.client", "gateway.ratelimit"},  # shared parts with no policy
+    {"gateway.ops"},  # the request record, metrics, live stats, the access log
+    {"gateway.tracing"},
+    {"gateway.protocol"},
+    {"gateway.spend"},
+    {"gateway.keys"},
+    {"gateway.cache"},
+    {"gateway.routing"},
+    {"gateway.context"},  # the per-app context the handlers share
+    {"gateway.batches"},
+    {"gateway.api", "gateway.openai_responses", "gateway.anthropic"},  # the endpoints
+    {"gateway.middleware"},
+    {"gateway.app"},
+    {"gateway.__main__", "gateway.usage"},  # the command lines
+]
+
+
+# The engine's layers, lowest first (kernels/ is below them all, gateway/ above). quant/ holds the linear layers and
+# their weight formats (dense prepacked GEMMs, INT4/INT8, GGUF); model/ the network, its weights and how it splits over
+# ranks; the engine's parts (requests, scheduler, KV cache, sampler, model runner) sit under spec/, whose drafters
+# work on them; the engine's loop (llm_engine, async_engine) drives spec/; parallel/ drives the engine over processes.
+BACKEND_LAYERS: list[set[str]] = [
+    {"backend.errors", "backend.config"},
+    {"backend.quant"},
+    {"backend.model"},
+    {"backend.engine"},  # the engine's parts
+    {"backend.spec"},
+    {"backend.engine.llm_engine", "backend.engine.async_engine", "backend.embed"},  # the two engines
+    # the drivers and command lines: one engine over processes, fetching models, training Medusa heads (on the
+    # engine's own answers)
+    {"backend.parallel", "backend.fetch", "backend.spec.medusa_data", "backend.spec.medusa_train"},
+]
+
+
+def layer_of(module: str, layers: list[set[str]]) -> int | None:
+    """The index of the layer whose longest name covers `module` (the name itself or a package above it)."""
+    best: tuple[int, int] | None = None
+    for i, names in enumerate(layers):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > best[0]):
+                best = (len(name), i)
+    return None if best is None else best[1]
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    """Every `module -> target` where the target's layer is above the module's (both in some layer)."""
+    out = []
+    for module, targets in sorted(graph.items()):
+        mine = layer_of(module, layers)
+        if mine is None:
+            continue
+        for target in sorted(targets):
+            theirs = layer_of(target, layers)
+            if theirs is not None and theirs > mine:
+                out.append(f"{module} -> {target}")
+    return out
+
+
+def unplaced(graph: dict[str, set[str]], root: str, layers: list[set[str]]) -> list[str]:
+    """The modules under `root` no layer covers (the root package itself, an empty namespace, is not one)."""
+    return sorted(m for m in graph if m.startswith(root + ".") and layer_of(m, layers) is None)
+
+
+def test_upward_imports_are_reported() -> None:
+    layers = [{"p.low"}, {"p.mid", "p.mid2"}, {"p.top"}, {"p.low.up"}]
+    graph = {"p.low": {"p.mid"}, "p.low.up": {"p.top"}, "p.mid": {"p.mid2", "p.low"}, "p.top": {"p.mid.x"}}
+    assert upward_imports(graph, layers) == ["p.low -> p.mid"]
+    assert unplaced({"p.low.a": set(), "p.other": set(), "p": set()}, "p", layers) == ["p.other"]
+
+
+def _check_layers(root: str, layers: list[set[str]]) -> None:
+    graph = import_graph()
+    missing = unplaced(graph, root, layers)
+    assert not missing, f"modules of {root}/ in no layer (add them to its layers):\n" + "\n".join(missing)
+    stale = sorted(n for names in layers for n in names if not any(m == n or m.startswith(n + ".") for m in graph))
+    assert not stale, "layer names that name no module:\n" + "\n".join(stale)
+    up = upward_imports(graph, layers)
+    assert not up, f"{root}/ imports that point up its layers:\n" + "\n".join(up)
+
+
+def test_gateway_imports_point_down() -> None:
+    _check_layers("gateway", GATEWAY_LAYERS)
+
+
+def test_backend_imports_point_down() -> None:
+    _check_layers("backend", BACKEND_LAYERS)
+
+
+def test_kernels_never_import_backend() -> None:
+    graph = import_graph()
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module.split(".")[0] == "kernels"
+        for target in targets
+        if target.split(".")[0] in {"backend", "gateway"}
+    )
+    assert not wrong, "kernels/ imports the layers above it:\n" + "\n".join(wrong)
 
 
 def test_gateway_never_imports_torch() -> None:

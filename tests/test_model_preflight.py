@@ -14,7 +14,7 @@ import pytest
 from backend.errors import ModelLoadError, ModelNotFoundError
 from backend.fetch import fetch_chat_gguf
 from backend.model.arch import UnsupportedArchitecture, preflight
-from backend.model.gguf_header import GgufError, read_header
+from backend.quant.gguf_header import GgufError, read_header
 
 REPO = Path(__file__).resolve().parent.parent
 

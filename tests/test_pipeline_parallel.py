@@ -11,10 +11,10 @@ from backend.config import EngineConfig, parse_args
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.model_runner import kv_cache_shape
 from backend.engine.sampling_params import SamplingParams
+from backend.model.pipeline_parallel import stage_layers
+from backend.model.ranks import parallel_ranks
 from backend.model.weights import load_model
-from backend.parallel.driver import parallel_ranks
 from backend.parallel.local_group import run_ranks
-from backend.parallel.pipeline_parallel import stage_layers
 from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, model_path, run_to_completion, token_ids
 
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.model.cpu_gemm import dense_dtype
 from backend.quant.awq_format import pack, quantize
+from backend.quant.cpu_gemm import dense_dtype
 from backend.quant.int4_linear import DENSE_COPY_ROWS, DENSE_ROWS, Int4Linear, dequantized_weight
 from backend.quant.lm_head import LowBitHead
 

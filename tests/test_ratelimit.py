@@ -1,11 +1,11 @@
-"""gateway/routing/ratelimit.py: rpm/tpm windows in process and shared through a real redis-server."""
+"""gateway/ratelimit.py: rpm/tpm windows in process and shared through a real redis-server."""
 
 from __future__ import annotations
 
 import pytest
 from cache_fixtures import RedisServer, free_port, redis_server  # noqa: F401  (fixture)
 
-from gateway.routing.ratelimit import Limit, MemoryCounters, OverLimit, RateLimiter, RedisCounters
+from gateway.ratelimit import Limit, MemoryCounters, OverLimit, RateLimiter, RedisCounters
 
 
 def clock() -> float:

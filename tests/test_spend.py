@@ -39,7 +39,7 @@ from spend_fixtures import (
 )
 
 from gateway.config import ConfigError, from_mapping
-from gateway.routing.config import KeyPolicy
+from gateway.keys.config import KeyPolicy
 from gateway.spend.config import Price
 from gateway.spend.estimate import estimate_cost
 from gateway.spend.prices import SHIPPED, PriceTable

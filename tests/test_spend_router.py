@@ -22,7 +22,7 @@ from spend_fixtures import PostgresServer
 from gateway.app import build_context, create_app
 from gateway.config import from_mapping
 from gateway.context import GatewayContext
-from gateway.routing.config import KeyPolicy
+from gateway.keys.config import KeyPolicy
 from gateway.spend.budget import OverBudget
 from gateway.spend.prices import SHIPPED
 from gateway.spend.rows import LedgerRow

@@ -15,8 +15,8 @@ from transformers import LlamaConfig, Qwen2Config
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
+from backend.model.tensor_parallel import shard_config
 from backend.parallel.local_group import run_ranks
-from backend.parallel.tensor_parallel import shard_config
 from tests.engine_helpers import assert_no_leaks, run_to_completion, save_random_model, token_ids
 
 SMALL = dict(

@@ -24,7 +24,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 from backend.config import default_embedding_model_path
 from backend.embed.minilm import BertEncoder
 from backend.errors import InvalidRequestError
-from backend.model.cpu_gemm import half_weight_gemm_available, onednn_available
+from backend.quant.cpu_gemm import half_weight_gemm_available, onednn_available
 from kernels.cpu.build import c_kernels_unavailable
 
 MODEL_NAME = "all-MiniLM-L6-v2"

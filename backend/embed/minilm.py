@@ -4,7 +4,7 @@ The semantic cache embeds one short user message per request, on the request's p
 latency is the cache hit's latency. transformers' BertModel spends most of a 10-token forward in
 per-call overhead: separate q/k/v projections, mask building, dropout and head-reshaping modules, and
 F.linear re-laying out every weight for oneDNN. This forward does the same arithmetic with fused QKV,
-weights prepacked once (backend/model/cpu_gemm.py), GELU fused into the up-projection and no mask when the
+weights prepacked once (backend/quant/cpu_gemm.py), GELU fused into the up-projection and no mask when the
 batch has no padding. Where the C kernels build (x86 AVX2), each LayerNorm and the residual add before it are
 one call (kernels/cpu/elementwise.c), and the int8 GEMMs add their bias and GELU in their epilogue; an int8
 encoder then runs its whole layer stack in one C call (kernels/cpu/encoder_layers.c): a 10-token query's
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.config import cache_dir
-from backend.model.cpu_gemm import HalfWeightLinear, Int8ActLinear, PackedLinear
+from backend.quant.cpu_gemm import HalfWeightLinear, Int8ActLinear, PackedLinear
 from kernels.cpu import encoder_layers as stack_kernel
 from kernels.cpu.elementwise import layer_norm_residual, load_elementwise
 from kernels.cpu.encoder_layers import encoder_attention_ref

@@ -26,10 +26,10 @@ from backend.engine.sampling_params import SamplingParams
 from backend.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from backend.errors import ContextLengthError, InvalidRequestError
 from backend.model.ops import select_ops
+from backend.model.ranks import Driver, parallel_ranks
 from backend.model.sliding_window import freeable_window
 from backend.model.tokenizer import load_tokenizer, set_chat_template
 from backend.model.weights import load_model, model_max_len, resolve_model_dir, serving_quantization
-from backend.parallel.driver import Driver, parallel_ranks
 from backend.spec.draft_model import DraftModel, kv_blocks_for_both, load_draft_model
 from backend.spec.medusa import MedusaDrafter, load_medusa_heads
 from backend.spec.speculator import Speculator

@@ -8,9 +8,9 @@ from torch import nn
 from backend.engine.cuda_graphs import DecodeGraphs, GraphStats
 from backend.engine.kv_cache import KVCacheManager
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
-from backend.model.cpu_gemm import onednn_available
 from backend.model.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
 from backend.model.llama import LlamaForCausalLM
+from backend.quant.cpu_gemm import onednn_available
 from backend.quant.gguf_linear import GgufLinear
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear

@@ -26,7 +26,7 @@ from backend.errors import ModelLoadError, ModelNotFoundError
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-    from backend.model.gguf_header import GgufHeader
+    from backend.quant.gguf_header import GgufHeader
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3_text", "phi3")
 
@@ -106,7 +106,7 @@ def preflight(path: Path) -> GgufHeader | None:
         return None
     if path.suffix != ".gguf" or not path.exists():
         raise ModelNotFoundError(f"model not found (need an HF directory or a .gguf file): {path}")
-    from backend.model.gguf_header import ARCHITECTURES, read_header
+    from backend.quant.gguf_header import ARCHITECTURES, read_header
 
     header = read_header(path)
     if header.model_type is None:

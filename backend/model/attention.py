@@ -15,8 +15,8 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from backend.model.cpu_gemm import dense_dtype
 from backend.model.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
+from backend.quant.cpu_gemm import dense_dtype
 from kernels.cpu.paged_decode import paged_decode_cpu, paged_prefill_cpu, store_kv_cpu, supports, supports_store
 
 

@@ -137,7 +137,7 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """layer_ids: the decoder layers this model holds (all by default; a pipeline stage holds a contiguous range,
-    backend/parallel/pipeline_parallel.py). ends: whether it holds the embeddings, the final norm and the lm_head."""
+    backend/model/pipeline_parallel.py). ends: whether it holds the embeddings, the final norm and the lm_head."""
 
     def __init__(
         self, config: PretrainedConfig, max_positions: int, ops: Ops | None = None, layer_ids: range | None = None,

@@ -18,16 +18,16 @@ from transformers import AutoConfig, PretrainedConfig
 
 from backend.config import EngineConfig, cache_dir
 from backend.model.arch import arch_of, context_limit, preflight
-from backend.model.cpu_gemm import add_packed_copies
-from backend.model.gguf_header import read_header
 from backend.model.llama import LlamaForCausalLM
 from backend.model.ops import CpuOps, Ops
 from backend.quant.config import AWQ_TENSORS, AwqConfig, GptqConfig, awq_config_of, gptq_config_of
+from backend.quant.cpu_gemm import add_packed_copies
 from backend.quant.gguf_blocks import ARCHITECTURES as BLOCK_ARCHITECTURES
 from backend.quant.gguf_blocks import BLOCK_TENSORS, NoBlocksError, as_module_tensors, dequantize_mixed_groups, is_gguf_blocks
 from backend.quant.gguf_grouped import ARCHITECTURES as GROUPED_ARCHITECTURES
 from backend.quant.gguf_grouped import TENSORS as GROUPED_TENSORS
 from backend.quant.gguf_grouped import dense_state, harmonize, is_gguf_grouped
+from backend.quant.gguf_header import read_header
 from backend.quant.gguf_types import SERVED
 
 log = logging.getLogger(__name__)
@@ -144,13 +144,13 @@ def _empty_model(
     """The model (or this rank's part of it) on the meta device, INT4 layers swapped in for AWQ/GPTQ."""
     with torch.device("meta"):
         if tp is not None:
-            from backend.parallel.tensor_parallel import shard_config
+            from backend.model.tensor_parallel import shard_config
 
             if awq is not None or quantization == "int8":
                 raise ValueError("tensor parallelism needs full-precision weights (quantization: none)")
             model = LlamaForCausalLM(shard_config(config, tp[1]), max_positions, ops)
         elif pp is not None:
-            from backend.parallel.pipeline_parallel import PipelineStage
+            from backend.model.pipeline_parallel import PipelineStage
 
             model = PipelineStage(config, max_positions, ops, pp)
         else:
@@ -168,7 +168,7 @@ def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | Non
     gguf_grouped checkpoint's weights kept (`kept`) or as float32 (`dense`: no grouped kernel on that path)."""
     keep = None
     if pp is not None:
-        from backend.parallel.pipeline_parallel import keeps_tensor
+        from backend.model.pipeline_parallel import keeps_tensor
 
         ends = model.embed_tokens is not None
         keep = lambda name: keeps_tensor(name, model.layer_ids, ends)  # noqa: E731
@@ -183,7 +183,7 @@ def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | Non
         hf = convert_gptq_tensors(hf, gptq)
     state = to_our_names(hf, model.layer_ids)
     if tp is not None:
-        from backend.parallel.tensor_parallel import shard_state
+        from backend.model.tensor_parallel import shard_state
 
         state = shard_state(state, model.config, *tp)
     return state
@@ -195,12 +195,12 @@ def load_model(
 ) -> LlamaForCausalLM:
     """The model at `path` as `engine` (EngineConfig, passed whole) says to load it: its dtype and device, the INT4
     layers' options (int4_dense_copy, int4_cpu_kernel), packed_copy (full-precision linears on CPU also keep a
-    oneDNN-prepacked copy for multi-row calls: backend/model/cpu_gemm.py) and deterministic (the linears on kernels
+    oneDNN-prepacked copy for multi-row calls: backend/quant/cpu_gemm.py) and deterministic (the linears on kernels
     whose result for a row does not depend on the row count). quantization: the resolved one (`serving_quantization`;
     default engine.quantization): "int8" quantizes a full-precision checkpoint's projections at load time; a quantized
     checkpoint (AWQ, GPTQ, GGUF blocks) always loads as it says. tp = (rank, world): this rank's tensor-parallel shard
-    (backend/parallel/tensor_parallel.py); pp = (rank, world): this rank's pipeline stage
-    (backend/parallel/pipeline_parallel.py)."""
+    (backend/model/tensor_parallel.py); pp = (rank, world): this rank's pipeline stage
+    (backend/model/pipeline_parallel.py)."""
     dtype, device = getattr(torch, engine.dtype), engine.resolved_device()  # float32 | bfloat16 | float16
     quantization = engine.quantization if quantization is None else quantization
     model_dir = resolve_model_dir(path)
@@ -258,7 +258,7 @@ def load_model(
     elif engine.packed_copy:
         add_packed_copies(model, ops.small_gemm if isinstance(ops, CpuOps) else None, engine.deterministic)
     if tp is not None:
-        from backend.parallel.tensor_parallel import make_row_parallel
+        from backend.model.tensor_parallel import make_row_parallel
 
         make_row_parallel(model)
     model.set_rope(max_positions, device)  # angles stay fp32

@@ -1,12 +1,12 @@
 """One engine over several processes with torch.distributed (gloo on CPU, NCCL on CUDA): the machinery that
-tensor parallelism (backend/parallel/tensor_parallel.py) and pipeline parallelism (backend/parallel/pipeline_parallel.py) share.
+tensor parallelism (backend/model/tensor_parallel.py) and pipeline parallelism (backend/model/pipeline_parallel.py) share.
 
 Only rank 0 runs the engine (scheduler, sampler, the HTTP gateway). Once loaded, it tells the workers how many
 KV blocks its pool has (so every rank's cache has the same slots); then every step it broadcasts the
-ForwardBatch, and the other ranks (`worker_loop`) run the same forward with their part of the model: TP takes
-part in the all-reduces of the row-parallel layers, PP receives hidden states from the previous stage and
-passes its own on. The workers throw away what the forward returns. Because every rank sees the same batch,
-nothing else has to agree (priorities, ageing, sampling seeds live on rank 0 only).
+ForwardBatch (its model is a Driver: backend/model/ranks.py), and the other ranks (`worker_loop`) run the same
+forward with their part of the model: TP takes part in the all-reduces of the row-parallel layers, PP receives
+hidden states from the previous stage and passes its own on. The workers throw away what the forward returns.
+Because every rank sees the same batch, nothing else has to agree (priorities, ageing, sampling seeds live on rank 0 only).
 
     torchrun --nproc-per-node 2 -m gateway --parallel tensor|pipeline [gateway args]
 
@@ -26,54 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from backend.config import load_engine_config
-
-STOP = "stop"
-Rank = tuple[int, int]  # (rank, world size)
-
-
-def check_world(name: str, size: int) -> Rank:
-    """(rank, world) of the process group `name` (tensor_parallel_size, pipeline_parallel_size) = size runs on."""
-    if not dist.is_initialized():
-        raise ValueError(f"{name} {size} needs torch.distributed initialised (launch with torchrun)")
-    if dist.get_world_size() != size:
-        raise ValueError(f"{name} {size} but the process group has {dist.get_world_size()} ranks")
-    return dist.get_rank(), size
-
-
-def parallel_ranks(tensor_parallel_size: int, pipeline_parallel_size: int) -> tuple[Rank | None, Rank | None]:
-    """(tp, pp): this process's (rank, world) for the kind of parallelism configured, None for the other one."""
-    tp, pp = tensor_parallel_size, pipeline_parallel_size
-    if tp < 1 or pp < 1:
-        raise ValueError(f"tensor_parallel_size ({tp}) and pipeline_parallel_size ({pp}) must be >= 1")
-    if tp > 1 and pp > 1:
-        raise ValueError(f"tensor_parallel_size {tp} with pipeline_parallel_size {pp}: tp x pp is not supported, "
-                         "use one kind of parallelism")
-    if tp > 1:
-        return check_world("tensor_parallel_size", tp), None
-    if pp > 1:
-        return None, check_world("pipeline_parallel_size", pp)
-    return None, None
-
-
-class Driver(nn.Module):
-    """Rank 0's model: broadcasts each ForwardBatch to the workers, then runs its own part."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.config, self.head_dim, self.layer_windows = model.config, model.head_dim, model.layer_windows
-        self.layer_ids = model.layer_ids  # what kv_cache_shape needs
-
-    def share_num_blocks(self, num_blocks: int) -> None:
-        """The workers size their caches by rank 0's pool: block ids (slots) in every batch are rank 0's."""
-        dist.broadcast_object_list([num_blocks], src=0)
-
-    def forward(self, batch: object, kv_cache: torch.Tensor) -> torch.Tensor:
-        dist.broadcast_object_list([batch], src=0)
-        return self.model(batch, kv_cache)
-
-    def stop_workers(self) -> None:
-        dist.broadcast_object_list([STOP], src=0)
+from backend.model.ranks import STOP, parallel_ranks
 
 
 def _load_worker_model(cfg: Any) -> tuple[nn.Module, torch.dtype, str]:
@@ -95,7 +48,7 @@ def _load_worker_model(cfg: Any) -> tuple[nn.Module, torch.dtype, str]:
 @torch.inference_mode()
 def worker_loop(config: Any) -> None:
     """Ranks > 0: load this rank's part of the model and a KV cache like rank 0's, then run every broadcast batch.
-    `config` is an EngineConfig (typed loosely: the engine imports this module)."""
+    `config` is an EngineConfig."""
     from backend.engine.model_runner import kv_cache_shape
 
     if config.num_threads:

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from backend.model.cpu_gemm import dense_dtype
 from backend.quant.awq_format import fake_quantize
+from backend.quant.cpu_gemm import dense_dtype
 
 N_GRID = 20
 MAX_SHRINK = 0.5  # clipping tries ranges 1.0, 0.95, ... 0.55 of each group's max |w|

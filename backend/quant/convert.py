@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from backend.config import cache_dir
-from backend.model.cpu_gemm import dense_dtype
 from backend.quant.config import AwqConfig
+from backend.quant.cpu_gemm import dense_dtype
 from backend.quant.gguf_blocks import BLOCK
 from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear

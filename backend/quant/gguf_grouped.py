@@ -84,7 +84,7 @@ def convert_gguf_grouped(gguf_path: Path, out: Path) -> Path:
     but the small tensors."""
     from transformers import AutoConfig
 
-    from backend.model.gguf_header import read_header
+    from backend.quant.gguf_header import read_header
 
     print(f"reading {gguf_path.name}'s blocks as they are (one time, seconds) ...", flush=True)
     folder, name = str(gguf_path.parent), gguf_path.name

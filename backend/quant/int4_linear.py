@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.model.cpu_gemm import PackedLinear, dense_dtype
 from backend.quant.awq_format import QuantizedWeight, unpack
+from backend.quant.cpu_gemm import PackedLinear, dense_dtype
 from backend.quant.gguf_blocks import dequantize_blocks, unpack_q4
 from kernels.cpu.w4a8 import GROUP_SIZES as W4A8_GROUP_SIZES
 from kernels.cpu.w4a8 import pack_w4a8, pack_w4a8_blocks, w4a8_linear

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.model.cpu_gemm import dense_dtype
+from backend.quant.cpu_gemm import dense_dtype
 from kernels.cpu.w8a8 import W8A8Weight, w8a8_group, w8a8_linear
 
 DENSE_ROWS = 32  # from this many rows on, dequantize + dense GEMM beats the int8 kernel (measured crossover 32-64)

@@ -5,7 +5,7 @@ a low-bit copy made at load time gets no activation-aware help, and round-to-nea
 SmolLM2's tied 49152 x 576 head raised held-out perplexity by ~8% on its own; int8 with one scale per
 vocabulary row costs ~0.1%. Speed (SmolLM2 shape, one core): torch's int8 weight-only matmul takes ~6 ms
 for one row against ~13 ms in fp32, but it re-reads the weight per row and falls behind from ~4 rows on,
-where the bf16 GEMM (AVX-512 BF16 / AMX, weight prepacked for oneDNN: backend/model/cpu_gemm.py) is ~2.7x fp32
+where the bf16 GEMM (AVX-512 BF16 / AMX, weight prepacked for oneDNN: backend/quant/cpu_gemm.py) is ~2.7x fp32
 at 32 rows. So both copies are kept (1.5 bytes per weight, less than the fp32 head's 4); the full-precision
 embedding table stays for the token lookup. An AVX2-only CPU keeps the dense copy in fp32 (its bf16 GEMM is
 emulated: `cpu_gemm.dense_dtype`), where the int8 kernel wins up to ~8 rows. On CUDA only the bf16 copy is kept.
@@ -26,7 +26,7 @@ import ctypes
 import torch
 from torch import nn
 
-from backend.model.cpu_gemm import PackedLinear, dense_dtype
+from backend.quant.cpu_gemm import PackedLinear, dense_dtype
 from kernels.cpu.w8a8 import has_octets, pack_w8a8, w8a8_group, w8a8_linear
 
 # fewer rows than this: int8 kernel; more: the dense GEMM (measured crossovers, by the dense copy's dtype)

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from backend.config import default_medusa_path, default_model_path
-from backend.model.cpu_gemm import dense_dtype
 from backend.model.tokenizer import apply_chat_template
 from backend.quant.calibration import CALIBRATION, HELDOUT, token_ids
+from backend.quant.cpu_gemm import dense_dtype
 from backend.spec.medusa import MedusaHeads, save_medusa
 from backend.spec.medusa_data import VERSION, cached_answers
 

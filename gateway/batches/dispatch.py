@@ -17,8 +17,8 @@ from starlette.responses import Response
 from starlette.types import Message
 
 from gateway.errors import error_body, to_gateway_error
+from gateway.keys.config import KeyPolicy
 from gateway.ops.record import SCOPE_KEY, RequestRecord
-from gateway.routing.config import KeyPolicy
 
 Handler = Callable[[Request], Awaitable[Response]]
 Spend = Callable[[RequestRecord], Awaitable[None]]  # KeyGuard.spend: a finished request's tokens to its key's tpm

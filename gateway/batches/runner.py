@@ -32,7 +32,7 @@ from gateway.batches.metrics import BatchMetrics
 from gateway.batches.storage import ANONYMOUS
 from gateway.batches.store import TERMINAL, BatchJob, BatchStore
 from gateway.batches.validate import Line, parse_input
-from gateway.routing.config import SHA256_PREFIX, KeyPolicy
+from gateway.keys.config import SHA256_PREFIX, KeyPolicy
 
 _POLL_S = 0.01
 _TPM_POLL_S = 0.25  # how often a line held back by its key's tpm looks again (the counter may live in Redis)

@@ -20,8 +20,8 @@ from gateway.batches.store import BatchStore
 from gateway.batches.validate import ENDPOINTS
 from gateway.context import GatewayContext
 from gateway.errors import ModelNotFound
+from gateway.keys.config import KeyPolicy
 from gateway.ops.record import RequestRecord
-from gateway.routing.config import KeyPolicy
 
 STANDBY_POLL_S = 1.0  # how often a standby gateway tries to take the directory lock over
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from gateway.routing.config import SHA256_PREFIX
+from gateway.keys.config import SHA256_PREFIX
 
 ANONYMOUS = "anonymous"  # the tenant of a gateway without API keys
 

@@ -33,7 +33,7 @@ class RequestRecord:
     error_type: str | None = None
     deployment: str = ""  # the router's deployment that answered ("" without routing)
     cache: str = "none"  # response cache: none (off) | bypass (not cacheable) | miss | hit | semantic-hit
-    policy: Any = None  # the API key's KeyPolicy (gateway/keys.py), set by the middleware on /v1/ requests
+    policy: Any = None  # the API key's KeyPolicy (gateway/keys/config.py), set by the middleware on /v1/ requests
     limit: Any = None  # the key's rate Limit once the request was admitted (its tokens are spent when it ends)
     reservation: Any = None  # what the key's budgets hold for it (gateway/spend/budget.py), settled when it ends
     cost: float = 0.0  # in the spend currency, once charged (gateway/spend/service.py)

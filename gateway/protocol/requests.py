@@ -43,7 +43,7 @@ class SamplingBody(Declared):
     user: str | None = None  # the access log's and the spend ledger's end user
     temperature: Annotated[float | None, Field(ge=0, le=2)] = None
     top_p: Annotated[float | None, Field(gt=0, le=1)] = None
-    n: Annotated[Int | None, Field(ge=1, le=128)] = None  # the key's cap is checked later (gateway/keys.py)
+    n: Annotated[Int | None, Field(ge=1, le=128)] = None  # the key's cap is checked later (gateway/keys/guard.py)
     stop: _Stop | None = None  # at most 16 (the engine's limit, checked by SamplingParams)
     seed: Int | None = None
     presence_penalty: Annotated[float | None, Field(ge=-2, le=2)] = None

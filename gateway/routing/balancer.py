@@ -1,7 +1,7 @@
 """Choosing a deployment: weighted least-outstanding-requests, prefix affinity, cooldown and probing.
 
 State is per gateway process (outstanding requests are local by nature); shared limits live in
-gateway/routing/ratelimit.py.
+gateway/ratelimit.py.
 """
 
 from __future__ import annotations

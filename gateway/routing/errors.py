@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from gateway.errors import GatewayError, InvalidRequest, RateLimited, ServiceUnavailable, to_gateway_error
-from gateway.routing.ratelimit import OverLimit
+from gateway.ratelimit import OverLimit
 from gateway.routing.upstream import UpstreamError
 
 

@@ -1,6 +1,6 @@
 """The router: one client request -> a model (alias, `auto`, fallbacks) -> a deployment, with retries.
 
-Per request: the API key's policy (gateway/keys.py: allowed models, caps, rpm/tpm) is checked against the
+Per request: the API key's policy (gateway/keys/guard.py: allowed models, caps, rpm/tpm) is checked against the
 model that will serve (`auto` and fallbacks choose only among the key's models); the model's deployments are
 tried by gateway/routing/balancer.py's choice, an attempt failing with a connect error, a timeout, a 429 or a
 5xx is retried on another deployment (or the same one later) after an exponential, jittered backoff;
@@ -29,12 +29,13 @@ from gateway.cache.tenancy import forwarded_headers
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, InvalidRequest, RateLimited
-from gateway.keys import KeyGuard
+from gateway.keys.guard import KeyGuard
 from gateway.ops.record import RequestRecord, record_of
 from gateway.protocol.events import Steps, steps_of
 from gateway.protocol.generation import unless_disconnected
 from gateway.protocol.jsonio import read_json
 from gateway.protocol.sse import StreamLimits
+from gateway.ratelimit import Limit, OverLimit, build_limiter
 from gateway.routing.auto import AutoChoice, AutoRouter
 from gateway.routing.balancer import Balancer, Choice, DeploymentState, request_affinity_key
 from gateway.routing.cached import UpstreamCache
@@ -43,7 +44,6 @@ from gateway.routing.discovery import Discovery, Target
 from gateway.routing.errors import Attempted, client_error, final_error, retryable
 from gateway.routing.metrics import RouterMetrics
 from gateway.routing.proxy import Keep, Outcome, call_json, call_stream
-from gateway.routing.ratelimit import Limit, OverLimit, build_limiter
 from gateway.routing.token_count import load_counter
 from gateway.routing.upstream import HttpEmbedder, Upstream, UpstreamError
 from gateway.tracing import spans

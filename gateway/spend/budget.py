@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.routing.config import KeyPolicy
+from gateway.keys.config import KeyPolicy
 from gateway.spend.config import TeamBudget
 
 NANO = 1_000_000_000

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from gateway.routing.config import KeyPolicy
+from gateway.keys.config import KeyPolicy
 from gateway.spend.config import Price
 
 _BYTES_PER_TOKEN = 4

@@ -2,7 +2,7 @@
 
 `charge` runs once per request, when its usage is final and before the response's last bytes leave (the
 middleware calls it there; batch lines when they end): it sets `rec.cost`, which the budgets settle to
-(gateway/keys.py), and journals the row.
+(gateway/keys/guard.py), and journals the row.
 """
 
 from __future__ import annotations

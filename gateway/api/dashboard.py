@@ -23,7 +23,7 @@ _HEADERS = {
 }
 
 
-def _asset(name: str) -> str:
+def _asset(name: str) -> str:  # the page ships with ops/ (its package data), served from here
     return files("gateway.ops").joinpath("static", name).read_text(encoding="utf-8")
 
 

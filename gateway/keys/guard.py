@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from gateway.config import GatewayConfig
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, QuotaExceeded, RateLimited
+from gateway.keys.config import SHA256_PREFIX, KeyPolicy
 from gateway.ops.record import RequestRecord
-from gateway.routing.config import SHA256_PREFIX, KeyPolicy
-from gateway.routing.ratelimit import Limit, OverLimit, build_limiter
+from gateway.ratelimit import Limit, OverLimit, build_limiter
 from gateway.spend.budget import Budgets, OverBudget
 from gateway.spend.estimate import estimate_cost
 from gateway.spend.prices import PriceTable
