@@ -10,7 +10,7 @@ from backend.config import EngineConfig
 from gateway.cache import lexical
 from gateway.cache.config import CacheConfig
 from gateway.cache.keys import model_fingerprint
-from gateway.cache.matcher import LearnedMatcher, MatcherModel
+from gateway.cache.matcher import LearnedMatcher, MatcherModel, TokenEmbedder
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import CacheControl, take_control
 from gateway.cache.sampled import SampledCheck
@@ -170,7 +170,7 @@ def build_matcher(cfg: CacheConfig, embedder: EmbeddingClient | None, logger: An
     """The learned matcher when `cache.semantic_match` is learned and the embedder can hand it token states."""
     if not (cfg.semantic and cfg.semantic_match == "learned" and embedder is not None):
         return None
-    if not hasattr(embedder, "token_states"):
+    if not isinstance(embedder, TokenEmbedder):
         raise ValueError("cache.semantic_match: learned needs an embedder with token states (all-MiniLM-L6-v2 as "
                          "the gateway loads it)")  # fmt: skip
-    return LearnedMatcher(MatcherModel.load(), embedder, cfg.matcher_threshold)  # type: ignore[arg-type]
+    return LearnedMatcher(MatcherModel.load(), embedder, cfg.matcher_threshold)

@@ -40,20 +40,33 @@ _HEADER_VALUE = {"hit": "hit", "semantic-hit": "semantic-hit", "miss": "miss", "
 
 class CacheParts(Protocol):
     """What a ticket uses of its cache (gateway/cache/service.py's ResponseCache): named here, so the service
-    imports the ticket and not the other way round."""
+    imports the ticket and not the other way round. Read-only (properties), so a cache may hold a narrower type
+    (a SafeStore as its store, None as its verifier)."""
 
-    cfg: CacheConfig
-    store: CacheStore | None
-    embedder: EmbeddingClient | None
-    metrics: CacheMetrics
-    logger: Any
-    ids: IdGenerator
-    fingerprint: str
-    stream_limits: StreamLimits
-    verifier: EngineVerifier | None
-    thresholds: EntryThresholds | None
-    sampled: SampledCheck | None  # for a third-party model's entries (the engine cannot verify them)
-    learned: LearnedMatcher | None  # cache.semantic_match: learned
+    @property
+    def cfg(self) -> CacheConfig: ...
+    @property
+    def store(self) -> CacheStore | None: ...
+    @property
+    def embedder(self) -> EmbeddingClient | None: ...
+    @property
+    def metrics(self) -> CacheMetrics: ...
+    @property
+    def logger(self) -> Any: ...
+    @property
+    def ids(self) -> IdGenerator: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def stream_limits(self) -> StreamLimits: ...
+    @property
+    def verifier(self) -> EngineVerifier | None: ...
+    @property
+    def thresholds(self) -> EntryThresholds | None: ...
+    @property
+    def sampled(self) -> SampledCheck | None: ...  # for a third-party model's entries (the engine cannot verify them)
+    @property
+    def learned(self) -> LearnedMatcher | None: ...  # cache.semantic_match: learned
 
 
 class Ticket:
@@ -88,7 +101,8 @@ class Ticket:
         """A replayed response on a hit; None on a miss (generate, then `store` or `tap`)."""
         store, cfg = self.cache.store, self.cache.cfg
         if store is None or not exact_allowed(cfg, params):
-            return self._done(rec)
+            self._done(rec)
+            return None
         with spans.start("cache.lookup", "internal", {"smolgate.cache.endpoint": self.endpoint}) as span:
             response = await self._lookup(store, rec, body, params, prompt, prompt_ids, stream, messages)
             span.set_all({"smolgate.cache.result": self.status, "smolgate.cache.similarity": self.similarity})
@@ -108,13 +122,13 @@ class Ticket:
         cfg, fp = self.cache.cfg, self.cache.fingerprint
         self.key = exact_key(self.namespace, fp, self.endpoint, body, params, prompt, prompt_ids)
         embedder = self.cache.embedder
-        semantic = messages is not None and self.control.semantic and embedder is not None
-        if semantic and messages and semantic_allowed(cfg, body, messages, params):
+        if messages and self.control.semantic and embedder is not None and semantic_allowed(cfg, body, messages, params):
             self.scope = semantic_scope(self.namespace, fp, embedder.identity, self.endpoint, body, params, messages[:-1])
             self.query = messages[-1]["content"]
             self.prompt_ids = tuple(prompt_ids or ())
         if not self.control.lookup:
-            return self._done(rec)
+            self._done(rec)
+            return None
         self.status = "miss"
         entry = await store.get(self.key)
         if entry is not None:
@@ -122,7 +136,8 @@ class Ticket:
         entry = await self._semantic()
         if entry is not None:
             return self._hit(rec, "semantic-hit", entry, stream)
-        return self._done(rec)
+        self._done(rec)
+        return None
 
     async def _semantic(self) -> bytes | None:
         store, cfg, embedder = self.cache.store, self.cache.cfg, self.cache.embedder
