@@ -70,7 +70,7 @@ class ToolStream:
         events = parser.feed(d.text)
         if d.finish_reason is not None:
             events += parser.finish()
-        out = [
+        out: list[dict[str, Any]] = [
             {"index": d.index, "delta": _delta(e, self.new_id), "logprobs": None, "finish_reason": None}
             for e in _coalesce(events)
         ]

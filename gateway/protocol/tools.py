@@ -86,7 +86,7 @@ def _choice(choice: object, names: set[str]) -> tuple[Choice | Literal["none"], 
     if choice is None or choice == "auto":
         return "auto", None
     if choice in ("none", "required"):
-        return choice, None  # type: ignore[return-value]
+        return choice, None
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if name not in names:
