@@ -148,7 +148,7 @@ class Discovery:
                 self.logger.warning("discovery_failed", model=t.model, deployment=t.cfg.label, error=str(exc))
                 continue
             listed.update(addresses)
-            members = {}
+            members: dict[str, DeploymentConfig] = {}
             for address in addresses:
                 member = replica(t.cfg, address, await self.resolver.name_of(address))
                 members.setdefault(member.label, member)

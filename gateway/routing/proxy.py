@@ -9,7 +9,7 @@ back together as the body it stands for.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -114,17 +114,17 @@ async def call_stream(
 
 async def _relay(
     first: bytes,
-    events: AsyncIterator[bytes],
+    events: AsyncGenerator[bytes, None],
     body: dict[str, Any],
     want_usage: bool,
     rec: RequestRecord,
     count: Callable[[str], int],
     answer: _Answer | None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     texts: list[str] = []
     usage: dict[str, Any] | None = None
     last: dict[str, Any] = {}
-    async with aclosing(events):  # type: ignore[type-var]
+    async with aclosing(events):
         payload: bytes | None = first
         while payload is not None:
             chunk = _parse(payload)
@@ -182,7 +182,7 @@ class _Answer:
         return {**self.head, "choices": [{"index": 0, **content, "finish_reason": self.finish}], "usage": usage}
 
 
-async def _next(events: AsyncIterator[bytes]) -> bytes | None:
+async def _next(events: AsyncGenerator[bytes, None]) -> bytes | None:
     try:
         return await anext(events)
     except StopAsyncIteration:

@@ -205,7 +205,7 @@ class Router:
             raise
         response.span = route
         response.headers.update(headers)
-        return ticket.mark(response) if ticket is not None else response  # type: ignore[return-value]
+        return ticket.mark(response) if ticket is not None else response
 
     async def _auto_choice(self, raw: dict[str, Any], allowed: Callable[[str], bool]) -> AutoChoice | None:
         """`auto`'s pick; the other tier when the key may not use the picked model; None when it may use neither."""
