@@ -9,7 +9,7 @@ metrics and the access log treat it like any chat request. Its output becomes th
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -40,7 +40,8 @@ _PARAMS = (
 
 
 def _event_bytes(event: dict[str, Any]) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 def _notes(req: ResponsesRequest) -> dict[str, str]:
@@ -52,9 +53,11 @@ def _renamed(err: InvalidRequest) -> InvalidRequest:
     """A chat-pipeline 400 with its parameter named as the Responses request names it."""
     old = err.param
     if old:
+        new = old
         for pattern, repl in _PARAMS:
-            err.param = pattern.sub(repl, err.param)
-        if err.param != old:
+            new = pattern.sub(repl, new)
+        err.param = new
+        if new != old:
             err.message = err.message.replace(f"'{old}'", f"'{err.param}'")
     return err
 
@@ -147,13 +150,13 @@ class ResponsesAPI:
     async def _events(
         self,
         builder: ResponseBuilder,
-        chunks: AsyncIterator[dict[str, Any]],
+        chunks: AsyncGenerator[dict[str, Any], None],
         save: Callable[[dict[str, Any]], Awaitable[None]],
         rec: RequestRecord,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """Chat chunks in, Responses events out; one write per chat chunk. A failure ends the stream with
         an `error` event and response.failed."""
-        async with aclosing(chunks):  # type: ignore[type-var]
+        async with aclosing(chunks):
             try:
                 async for chunk in chunks:
                     events = feed_chunk(builder, chunk)
@@ -192,7 +195,7 @@ class ResponsesAPI:
         builder.created_at = stored["created_at"]
         events = [e for e in replay_events(builder, stored) if e["sequence_number"] > (after if after is not None else -1)]
 
-        async def send() -> AsyncIterator[bytes]:
+        async def send() -> AsyncGenerator[bytes, None]:
             yield b"".join(_event_bytes(e) for e in events)
 
         rec = record_of(request)

@@ -7,7 +7,7 @@ through the router). The inner response runs as the ASGI app it is, so everythin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +65,7 @@ def _inner_error(body: Any) -> GatewayError:
     if not isinstance(err, dict):
         return InternalError("The chat pipeline answered with an unexpected body.")
     out = InternalError(str(err.get("message") or "error"), param=err.get("param"), code=err.get("code"))
-    out.error_type = str(err.get("type") or "server_error")  # type: ignore[misc]
+    out.error_type = str(err.get("type") or "server_error")
     return out
 
 
@@ -73,13 +73,13 @@ class StreamBroke(GatewayError):
     """The chat stream ended with an error event (its OpenAI error body is kept)."""
 
     def __init__(self, body: dict[str, Any]) -> None:
-        err = body.get("error") if isinstance(body.get("error"), dict) else {}
+        err = given if isinstance(given := body.get("error"), dict) else {}
         super().__init__(str(err.get("message") or "The stream failed."), param=err.get("param"), code=err.get("code"))
-        self.error_type = str(err.get("type") or "server_error")  # type: ignore[misc]
-        self.status = 429 if self.error_type == "rate_limit_error" else 500  # type: ignore[misc]
+        self.error_type = str(err.get("type") or "server_error")
+        self.status = 429 if self.error_type == "rate_limit_error" else 500
 
 
-async def run_stream(response: Response, scope: Scope) -> tuple[Captured, AsyncIterator[dict[str, Any]]]:
+async def run_stream(response: Response, scope: Scope) -> tuple[Captured, AsyncGenerator[dict[str, Any], None]]:
     """Start a streaming response; its headers and the chat chunks it sends (an error event raises StreamBroke).
 
     Closing the chunk iterator (the client left, or the stream ended) cancels the inner response."""
@@ -111,14 +111,14 @@ async def _stop(task: asyncio.Future[None]) -> None:
         await task
 
 
-async def _chunks(task: asyncio.Future[None], queue: asyncio.Queue[Message | None]) -> AsyncIterator[dict[str, Any]]:
+async def _chunks(task: asyncio.Future[None], queue: asyncio.Queue[Message | None]) -> AsyncGenerator[dict[str, Any], None]:
     buf = b""
     try:
         while True:
             message = await queue.get()
             if message is None:
-                if not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+                if not task.cancelled() and (error := task.exception()) is not None:
+                    raise error
                 return
             buf += message.get("body", b"")
             buf = buf.replace(b"\r\n", b"\n")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 
@@ -48,7 +48,7 @@ class RedisResponseStore:
         self.redis = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
 
     async def get(self, key: str) -> bytes | None:
-        value = await self.redis.get(key)
+        value = cast(bytes | None, await self.redis.get(key))  # the client never decodes: replies are bytes
         return bytes(value) if value is not None else None
 
     async def put(self, key: str, value: bytes, ttl_s: int) -> None:
