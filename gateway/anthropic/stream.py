@@ -95,7 +95,7 @@ class EventStream:
         if self.started:
             return []
         self.started = True
-        message = {
+        message: dict[str, Any] = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",
@@ -163,7 +163,7 @@ class EventStream:
         fn = call.get("function") or {}
         out: list[bytes] = []
         if index not in self.calls:
-            block = {"type": "tool_use", "id": tool_use_id(call.get("id")), "name": fn.get("name"), "input": {}}
+            block: dict[str, Any] = {"type": "tool_use", "id": tool_use_id(call.get("id")), "name": fn.get("name"), "input": {}}
             out = self._flush(final=False) + self._open("tool_use", block)
             self.calls[index] = self.block
         if fn.get("arguments"):

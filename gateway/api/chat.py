@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -74,8 +74,8 @@ class ChunkMaker:
 
 
 async def chat_events(
-    maker: ChunkMaker, n: int, outputs: AsyncIterator[RequestOutput], rec: RequestRecord
-) -> AsyncIterator[bytes]:
+    maker: ChunkMaker, n: int, outputs: AsyncGenerator[RequestOutput, None], rec: RequestRecord
+) -> AsyncGenerator[bytes, None]:
     """One write per engine step: all chunks an output produces are sent together."""
     roles = [maker.role(index) for index in range(n)]
     usage = None
@@ -146,7 +146,7 @@ class ChatCompletions:
         request: Request,
         req: ChatRequest,
         maker: ChunkMaker,
-        stream: AsyncIterator[RequestOutput],
+        stream: AsyncGenerator[RequestOutput, None],
         rec: RequestRecord,
     ) -> Response:
         (first,) = await unless_disconnected(request.receive, prime([stream]))

@@ -20,6 +20,7 @@ from gateway.batches.store import BatchStore
 from gateway.batches.validate import ENDPOINTS
 from gateway.context import GatewayContext
 from gateway.errors import ModelNotFound
+from gateway.models import ModelKind
 from gateway.ops.record import RequestRecord
 from gateway.routing.config import KeyPolicy
 
@@ -99,7 +100,7 @@ def build_batches(ctx: GatewayContext, router: Any, routes: list[Route]) -> Batc
         policy = policy if policy is not None else guard.anonymous
         unknown = f"The model `{model}` does not exist or you do not have access to it."
         if router is None or endpoint == "/v1/embeddings":
-            kind = "embedding" if endpoint == "/v1/embeddings" else "chat"
+            kind: ModelKind = "embedding" if endpoint == "/v1/embeddings" else "chat"
             try:
                 served = ctx.catalog.resolve(model, kind).id
             except ModelNotFound as exc:

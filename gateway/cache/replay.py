@@ -5,7 +5,7 @@ include_usage is set). Usage is the original generation's, marked `"cached": tru
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from gateway.protocol.sse import DONE, sse_data
@@ -65,7 +65,7 @@ def completion_chunks(body: dict[str, Any], include_usage: bool) -> list[bytes]:
     return out
 
 
-async def events(chunks: list[bytes]) -> AsyncIterator[bytes]:
+async def events(chunks: list[bytes]) -> AsyncGenerator[bytes, None]:
     """The whole answer in one write, then [DONE]."""
     yield b"".join(chunks)
     yield DONE

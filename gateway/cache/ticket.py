@@ -3,7 +3,7 @@ and on a miss a store of the finished answer (from the JSON body, or tapped from
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -301,16 +301,16 @@ class Ticket:
             await store.add_vector(self.scope, self.key, self.query, self.vector, ttl)
 
     async def tap(
-        self, outputs: AsyncIterator[RequestOutput], build: Callable[[Generation], dict[str, Any]]
-    ) -> AsyncIterator[RequestOutput]:
+        self, outputs: AsyncGenerator[RequestOutput, None], build: Callable[[Generation], dict[str, Any]]
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Pass a live stream through; once it has finished cleanly (no abort), store the answer."""
         if not self.storing:
-            async with aclosing(outputs):  # type: ignore[type-var]
+            async with aclosing(outputs):
                 async for out in outputs:
                     yield out
             return
         gen, aborted, finished = Generation(), False, False
-        async with aclosing(outputs):  # type: ignore[type-var]
+        async with aclosing(outputs):
             async for out in outputs:
                 gen.absorb(out)
                 aborted = aborted or any(d.finish_reason == "abort" for d in out.deltas)
