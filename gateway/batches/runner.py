@@ -283,7 +283,7 @@ class BatchRunner:
         # The key's own header where the configuration holds the key (the line shares its cache namespace); a key
         # configured only as sha256:<hex> has no header to send, so its lines neither read nor write the cache.
         known = policy is not None and not policy.key.startswith(SHA256_PREFIX)
-        authorization = f"Bearer {policy.key}" if known else None  # type: ignore[union-attr]
+        authorization = f"Bearer {policy.key}" if known and policy is not None else None
         unavailable = 0
         while True:
             request_id = self.new_id()

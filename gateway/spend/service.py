@@ -30,9 +30,10 @@ class Spend:
 
     def charge(self, rec: RequestRecord) -> None:
         """The request's cost, into `rec.cost` and (when it used tokens) the ledger."""
-        hit = rec.cache in _HITS and rec.replayed is not None
-        if hit:
-            input_tokens, cached, output = rec.replayed.prompt_tokens, 0, rec.replayed.completion_tokens  # type: ignore[union-attr]
+        replayed = rec.replayed if rec.cache in _HITS else None
+        hit = replayed is not None
+        if replayed is not None:
+            input_tokens, cached, output = replayed.prompt_tokens, 0, replayed.completion_tokens
         else:
             input_tokens, cached, output = rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens
         if not (input_tokens or output):
