@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeGuard, TypeVar
 
 from gateway.config import GatewayConfig
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, QuotaExceeded, RateLimited
+from gateway.ops.access_log import Logger
 from gateway.ops.record import RequestRecord
 from gateway.routing.config import SHA256_PREFIX, KeyPolicy
 from gateway.routing.ratelimit import Limit, OverLimit, build_limiter
@@ -69,7 +70,7 @@ def _scope(policy: KeyPolicy) -> str:
 
 
 class KeyGuard:
-    def __init__(self, config: GatewayConfig, logger: Any) -> None:
+    def __init__(self, config: GatewayConfig, logger: Logger) -> None:
         self.config = config
         self.logger = logger
         policies = config.policies()

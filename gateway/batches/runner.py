@@ -32,6 +32,7 @@ from gateway.batches.metrics import BatchMetrics
 from gateway.batches.storage import ANONYMOUS
 from gateway.batches.store import TERMINAL, BatchJob, BatchStore
 from gateway.batches.validate import Line, parse_input
+from gateway.ops.access_log import Logger
 from gateway.routing.config import SHA256_PREFIX, KeyPolicy
 
 _POLL_S = 0.01
@@ -69,7 +70,7 @@ class BatchRunner:
         model_error: Callable[[str, str, KeyPolicy | None], str | None],
         takes_priority: Callable[[str, str], bool],
         registry: Any,
-        logger: Any,
+        logger: Logger,
         new_id: Callable[[], str],
         tokens_left: Callable[[KeyPolicy], Awaitable[int | None]] | None = None,
         spend: Spend | None = None,

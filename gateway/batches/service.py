@@ -21,6 +21,7 @@ from gateway.batches.validate import ENDPOINTS
 from gateway.context import GatewayContext
 from gateway.errors import ModelNotFound
 from gateway.models import ModelKind
+from gateway.ops.access_log import Logger
 from gateway.ops.record import RequestRecord
 from gateway.routing.config import KeyPolicy
 
@@ -34,7 +35,7 @@ class Batches:
     files: FileStore
     lock: DirLock
     sweep_s: float
-    logger: Any
+    logger: Logger
     _task: asyncio.Task[None] | None = field(default=None, init=False)
 
     def routes(self) -> list[Route]:

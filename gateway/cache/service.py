@@ -22,6 +22,7 @@ from gateway.cache.verify import Criterion, EngineVerifier
 from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
 from gateway.ids import IdGenerator
+from gateway.ops.access_log import Logger
 from gateway.protocol.sse import StreamLimits
 
 _WARN_EVERY_S = 10.0
@@ -35,7 +36,7 @@ class ResponseCache:
         store: CacheStore | None,
         embedder: EmbeddingClient | None,
         metrics: CacheMetrics,
-        logger: Any,
+        logger: Logger,
         ids: IdGenerator,
         fingerprint: str,
         stream_limits: StreamLimits,
@@ -141,7 +142,7 @@ def build_cache(
     model_id: str,
     embedder: EmbeddingClient | None,
     metrics: CacheMetrics,
-    logger: Any,
+    logger: Logger,
     ids: IdGenerator,
     store: CacheStore | None = None,
     resolved: Mapping[str, Any] | None = None,
@@ -166,7 +167,7 @@ def build_cache(
     return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, limits, verifier, learned)
 
 
-def build_matcher(cfg: CacheConfig, embedder: EmbeddingClient | None, logger: Any) -> LearnedMatcher | None:
+def build_matcher(cfg: CacheConfig, embedder: EmbeddingClient | None, logger: Logger) -> LearnedMatcher | None:
     """The learned matcher when `cache.semantic_match` is learned and the embedder can hand it token states."""
     if not (cfg.semantic and cfg.semantic_match == "learned" and embedder is not None):
         return None

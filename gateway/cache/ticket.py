@@ -27,6 +27,7 @@ from gateway.cache.thresholds import EntryThresholds
 from gateway.cache.verify import Answer, EngineVerifier
 from gateway.client import EmbeddingClient
 from gateway.ids import IdGenerator
+from gateway.ops.access_log import Logger
 from gateway.ops.record import RequestRecord
 from gateway.protocol.generation import Generation
 from gateway.protocol.jsonio import json_response
@@ -52,7 +53,7 @@ class CacheParts(Protocol):
     @property
     def metrics(self) -> CacheMetrics: ...
     @property
-    def logger(self) -> Any: ...
+    def logger(self) -> Logger: ...
     @property
     def ids(self) -> IdGenerator: ...
     @property
@@ -330,7 +331,7 @@ def _answer_of(gen: Generation | None) -> Answer | None:
     return Answer(tuple(choice.token_ids), tuple(lp.logprob for lp in choice.logprobs))
 
 
-async def _read_query(learned: LearnedMatcher, query: str, logger: Any) -> QueryScorer | None:
+async def _read_query(learned: LearnedMatcher, query: str, logger: Logger) -> QueryScorer | None:
     try:
         return await learned.query(query)
     except Exception as exc:  # e.g. longer than the embedding model reads: this request is just not matched
@@ -338,7 +339,7 @@ async def _read_query(learned: LearnedMatcher, query: str, logger: Any) -> Query
         return None
 
 
-async def _answer_vector(embedder: EmbeddingClient, body: dict[str, Any], question: list[float], logger: Any
+async def _answer_vector(embedder: EmbeddingClient, body: dict[str, Any], question: list[float], logger: Logger
                          ) -> AnswerVector | None:  # fmt: skip
     """The embedded opening of a single-choice answer with its cosine to the question (gateway/cache/relevance.py)."""
     text = _text_of(body)

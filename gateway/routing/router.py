@@ -30,6 +30,7 @@ from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, InvalidRequest, RateLimited
 from gateway.keys import KeyGuard
+from gateway.ops.access_log import Logger
 from gateway.ops.record import RequestRecord, record_of
 from gateway.protocol.generation import unless_disconnected
 from gateway.protocol.jsonio import read_json
@@ -86,7 +87,7 @@ class Router:
         config: GatewayConfig,
         local: dict[Endpoint, LocalHandler],
         metrics_registry: Any,
-        logger: Any,
+        logger: Logger,
         embedder: EmbeddingClient | None,
         guard: KeyGuard | None = None,
         cache: ResponseCache | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gateway.ops.access_log import Logger
 from gateway.ops.record import RequestRecord
 from gateway.routing.config import RoutingConfig
 from gateway.spend.config import SpendConfig
@@ -21,7 +22,7 @@ _HITS = ("hit", "semantic-hit")
 
 
 class Spend:
-    def __init__(self, cfg: SpendConfig, routing: RoutingConfig, logger: Any, ids: Any) -> None:
+    def __init__(self, cfg: SpendConfig, routing: RoutingConfig, logger: Logger, ids: Any) -> None:
         self.cfg = cfg
         self.prices = PriceTable(cfg, routing)
         self.ledger = Ledger(cfg.ledger, logger) if cfg.ledger.enabled else None
