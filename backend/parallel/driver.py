@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from backend.config import load_engine_config
+
+if TYPE_CHECKING:
+    from backend.model.llama import LlamaForCausalLM
 
 STOP = "stop"
 Rank = tuple[int, int]  # (rank, world size)
@@ -58,7 +61,7 @@ def parallel_ranks(tensor_parallel_size: int, pipeline_parallel_size: int) -> tu
 class Driver(nn.Module):
     """Rank 0's model: broadcasts each ForwardBatch to the workers, then runs its own part."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: LlamaForCausalLM) -> None:
         super().__init__()
         self.model = model
         self.config, self.head_dim, self.layer_windows = model.config, model.head_dim, model.layer_windows
