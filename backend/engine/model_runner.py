@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from backend.quant.int8_linear import Int8Linear
 from kernels.cpu.paged_decode import supports_dims
 
 if TYPE_CHECKING:
-    from backend.parallel.driver import Driver
+    from transformers import PretrainedConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Chunks of at most this many tokens (speculative verifies, a draft model's catch-up) also get per-token decode
@@ -29,7 +29,22 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SHORT_CHUNK = 16
 
 
-def kv_cache_shape(model: LlamaForCausalLM | Driver, num_blocks: int, block_size: int) -> tuple[int, ...]:
+class ServedModel(Protocol):
+    """What the runner runs and sizes the KV cache by: a LlamaForCausalLM, or with > 1 rank the parallel Driver in front
+    of one (backend/parallel/driver.py, which copies these from it; named here, as the driver imports this module)."""
+
+    @property
+    def config(self) -> PretrainedConfig: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def layer_ids(self) -> range: ...
+    @property
+    def layer_windows(self) -> list[int]: ...
+    def __call__(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor: ...
+
+
+def kv_cache_shape(model: ServedModel, num_blocks: int, block_size: int) -> tuple[int, ...]:
     """One slice per layer the model holds (a pipeline stage: only its own), KV heads as sharded (TP)."""
     c = model.config
     return (len(model.layer_ids), 2, num_blocks * block_size, c.num_key_value_heads, model.head_dim)
@@ -75,7 +90,7 @@ def per_token_prefill(model: LlamaForCausalLM, ops_name: str, dtype: torch.dtype
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaForCausalLM | Driver, kv: KVCacheManager, kv_dtype: torch.dtype, device: str, per_token: bool = False,
+        self, model: ServedModel, kv: KVCacheManager, kv_dtype: torch.dtype, device: str, per_token: bool = False,
         cuda_graphs: bool = False, max_num_seqs: int = 1, max_model_len: int = 0,
     ) -> None:
         """per_token: every prefill chunk gets per-token decode metadata (`per_token_prefill`), not only short ones.
