@@ -105,4 +105,4 @@ bench: models
 	$(PY) -m bench.suite $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache $(CLIENTS)
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache $(CLIENTS)
