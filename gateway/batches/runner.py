@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from prometheus_client import CollectorRegistry
 
 from gateway.batches.config import BatchesConfig
 from gateway.batches.dispatch import Handler, Spend, call
@@ -69,7 +70,7 @@ class BatchRunner:
         policy_of: Callable[[str], KeyPolicy | None],
         model_error: Callable[[str, str, KeyPolicy | None], str | None],
         takes_priority: Callable[[str, str], bool],
-        registry: Any,
+        registry: CollectorRegistry,
         logger: Logger,
         new_id: Callable[[], str],
         tokens_left: Callable[[KeyPolicy], Awaitable[int | None]] | None = None,

@@ -19,7 +19,7 @@ from gateway.cache.tenancy import request_namespace
 from gateway.cache.thresholds import EntryThresholds
 from gateway.cache.ticket import CacheParts, Ticket
 from gateway.cache.verify import Criterion, EngineVerifier
-from gateway.client import EmbeddingClient
+from gateway.client import EmbeddingClient, EngineClient
 from gateway.config import GatewayConfig
 from gateway.ids import IdGenerator
 from gateway.ops.access_log import Logger
@@ -146,7 +146,7 @@ def build_cache(
     ids: IdGenerator,
     store: CacheStore | None = None,
     resolved: Mapping[str, Any] | None = None,
-    engine: Any = None,
+    engine: EngineClient | None = None,
     engine_config: EngineConfig | None = None,
 ) -> ResponseCache:
     """`store` overrides the configured backend (tests wrap a real store to inject faults); `resolved`: the engine's

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -86,7 +87,7 @@ class Router:
         self,
         config: GatewayConfig,
         local: dict[Endpoint, LocalHandler],
-        metrics_registry: Any,
+        metrics_registry: CollectorRegistry,
         logger: Logger,
         embedder: EmbeddingClient | None,
         guard: KeyGuard | None = None,

@@ -8,8 +8,8 @@ middleware calls it there; batch lines when they end): it sets `rec.cost`, which
 from __future__ import annotations
 
 import time
-from typing import Any
 
+from gateway.ids import IdGenerator
 from gateway.ops.access_log import Logger
 from gateway.ops.record import RequestRecord
 from gateway.routing.config import RoutingConfig
@@ -22,7 +22,7 @@ _HITS = ("hit", "semantic-hit")
 
 
 class Spend:
-    def __init__(self, cfg: SpendConfig, routing: RoutingConfig, logger: Logger, ids: Any) -> None:
+    def __init__(self, cfg: SpendConfig, routing: RoutingConfig, logger: Logger, ids: IdGenerator) -> None:
         self.cfg = cfg
         self.prices = PriceTable(cfg, routing)
         self.ledger = Ledger(cfg.ledger, logger) if cfg.ledger.enabled else None
