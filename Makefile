@@ -89,6 +89,7 @@ chart: install
 
 test: test-models system-deps clients chart
 	$(PY) -m ruff check gateway backend kernels bench tests deploy
+	$(PY) -m mypy
 	SMOLGATE_QUANTIZATION=none $(PY) -m pytest -q -x --durations=15
 
 # The benchmark suite (bench/suite.py), then the tables in docs/benchmarks.md and README.md and the plots in
@@ -104,4 +105,4 @@ bench: models
 	$(PY) -m bench.suite $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache $(CLIENTS)
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache $(CLIENTS)

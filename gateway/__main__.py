@@ -19,10 +19,10 @@ import sys
 
 import uvicorn
 
-from backend.config import EngineConfig, parse_args
+from backend.config import ConfigError, EngineConfig, parse_args
 from gateway.app import build_context, create_app
 from gateway.client import EmbeddingClient, EngineClient
-from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.config import GatewayConfig, load_config
 from gateway.routing.config import RoutingConfig
 
 
@@ -116,8 +116,9 @@ def serve(args: argparse.Namespace) -> None:
         log_level=cfg.log_level,
         # SIGTERM: uvicorn stops accepting, then waits this long for in-flight requests (streams included:
         # gateway/protocol/sse.py) before it cancels them and the lifespan stops the engine.
-        timeout_graceful_shutdown=cfg.drain_timeout_s,
-        timeout_keep_alive=cfg.keep_alive_s,
+        # uvicorn annotates both as int, but hands them to asyncio as seconds, where a float is what they are
+        timeout_graceful_shutdown=cfg.drain_timeout_s,  # type: ignore[arg-type]
+        timeout_keep_alive=cfg.keep_alive_s,  # type: ignore[arg-type]
     )
 
 

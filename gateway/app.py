@@ -49,7 +49,8 @@ from gateway.ops.access_log import make_logger
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.record import record_of
 from gateway.protocol.jsonio import read_json
-from gateway.routing.router import Router
+from gateway.routing.router import Endpoint as RoutedEndpoint
+from gateway.routing.router import LocalHandler, Router
 from gateway.spend.usage_api import UsageAPI
 
 if TYPE_CHECKING:  # the SDK is imported only when traces are exported
@@ -146,10 +147,12 @@ def build_router(ctx: GatewayContext) -> Router | None:
     """The router over config.routing.models; None without a `models` section (embedded engine only)."""
     if not ctx.config.routing.enabled:
         return None
-    local = {"chat": ChatCompletions(ctx).handle, "completions": Completions(ctx).handle}
-    own = {m: {"chat": ChatCompletions(c).handle, "completions": Completions(c).handle}
-           for m, c in ((m, ctx.of_model(m)) for m in ctx.own_models)}  # fmt: skip
-    return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder, ctx.guard, ctx.cache, own)  # type: ignore[arg-type]
+    local: dict[RoutedEndpoint, LocalHandler] = {"chat": ChatCompletions(ctx).handle, "completions": Completions(ctx).handle}
+    own: dict[str, dict[RoutedEndpoint, LocalHandler]] = {
+        m: {"chat": ChatCompletions(c).handle, "completions": Completions(c).handle}
+        for m, c in ((m, ctx.of_model(m)) for m in ctx.own_models)
+    }
+    return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder, ctx.guard, ctx.cache, own)
 
 
 def guarded(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Handler:

@@ -7,7 +7,7 @@ structurally; the gateway never imports it (the composition root in
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 from backend.engine.outputs import EngineStats, RequestOutput
@@ -33,7 +33,7 @@ class EngineClient(Protocol):
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, continue_final_message: bool = False
     ) -> list[int]: ...
 
-    def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+    def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncGenerator[RequestOutput, None]:
         """Deltas for every choice; raises EngineError subclasses on first iteration.
 
         Stopping the iteration (aclose or cancellation) aborts the request.
@@ -50,7 +50,12 @@ class EmbeddingClient(Protocol):
 
     model_name: str
     dimensions: int
-    identity: str  # what produces the vectors (model, precision): vectors are comparable only within one identity
+
+    @property
+    def identity(self) -> str:
+        """What produces the vectors (model, precision): vectors are comparable only within one identity. Read-only, so
+        an embedder may compute it (HttpEmbedder)."""
+        ...
 
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         """L2-normalised vectors, one per text, and the number of prompt tokens."""
@@ -78,7 +83,9 @@ class NoEngine:
     ) -> list[int]:
         raise ServiceUnavailable("This gateway has no embedded engine.")
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str
+    ) -> AsyncGenerator[RequestOutput, None]:
         raise ServiceUnavailable("This gateway has no embedded engine.")
         yield  # an async generator, like the real engine's
 

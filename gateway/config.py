@@ -399,12 +399,11 @@ def _sampling_defaults(value: object) -> Mapping[str, float]:
 
 
 def _int_mapping(name: str, value: object) -> Mapping[str, int]:
-    ok = isinstance(value, dict) and all(
+    if not isinstance(value, dict) or not all(
         isinstance(k, str) and k and isinstance(v, int) and not isinstance(v, bool) for k, v in value.items()
-    )
-    if not ok:
+    ):
         raise ConfigError(f"{name} must map API keys to integer priorities")
-    return MappingProxyType(dict(value))  # type: ignore[arg-type]
+    return MappingProxyType(dict(value))
 
 
 def _parse_priorities(raw: str) -> Mapping[str, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gateway.cache.service import ResponseCache
 from gateway.client import EmbeddingClient, EngineClient
@@ -14,6 +14,7 @@ from gateway.errors import GatewayError, InternalError
 from gateway.ids import IdGenerator
 from gateway.keys.guard import KeyGuard
 from gateway.models import ModelCatalog
+from gateway.ops.access_log import Logger
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.record import RequestRecord
 from gateway.ops.stats import LiveStats
@@ -46,7 +47,7 @@ class GatewayContext:
     embedder: EmbeddingClient | None
     catalog: ModelCatalog
     metrics: GatewayMetrics
-    logger: Any
+    logger: Logger
     cache: ResponseCache
     readiness: Readiness = field(default_factory=Readiness)
     ids: IdGenerator = field(default_factory=IdGenerator)

@@ -20,8 +20,9 @@ from backend.errors import ContextLengthError, EngineDeadError, InvalidRequestEr
 class GatewayError(Exception):
     """Base class: an error with an HTTP status and an OpenAI error body."""
 
-    status: ClassVar[int] = 500
-    error_type: ClassVar[str] = "server_error"
+    # class defaults a subclass sets, and an instance may too (a relayed error keeps its upstream's type and status)
+    status: int = 500
+    error_type: str = "server_error"
     default_code: ClassVar[str | None] = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:

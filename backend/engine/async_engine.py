@@ -21,7 +21,7 @@ import gc
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +36,16 @@ from backend.model.tokenizer import apply_chat_template
 
 log = logging.getLogger(__name__)
 
+# A request's outputs, or the error that ended it, on its caller's event loop
+_Sink = asyncio.Queue[RequestOutput | BaseException]
+
 
 @dataclass(frozen=True)
 class _Add:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    sink: asyncio.Queue
+    sink: _Sink
     loop: asyncio.AbstractEventLoop
 
 
@@ -56,15 +59,15 @@ class _Call:
     """Torch work from elsewhere in the process, run on the loop thread between steps."""
 
     fn: Callable[..., Any]
-    args: tuple
-    future: Future
+    args: tuple[Any, ...]
+    future: Future[Any]
 
 
 class AsyncEngine:
     def __init__(self, build: Callable[[], LLMEngine]) -> None:
         """`build` makes the LLMEngine; it runs on the loop thread, which starts now (see the module docstring)."""
         self._inbox: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
-        self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
+        self._sinks: dict[str, tuple[_Sink, asyncio.AbstractEventLoop]] = {}
         self._dead: BaseException | None = None
         self._pending = 0  # submitted but not yet seen by the loop thread
         self.step_failures = 0
@@ -80,9 +83,9 @@ class AsyncEngine:
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
         return cls(lambda: LLMEngine(config))
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         """Run fn(*args) on the loop thread between steps (concurrent.futures.Executor's submit)."""
-        future: Future = Future()
+        future: Future[Any] = Future()
         if self._thread is None or self._dead is not None:
             future.set_exception(EngineDeadError("the engine loop is not running"))
         else:
@@ -90,7 +93,7 @@ class AsyncEngine:
         return future
 
     # ---- lifecycle -------------------------------------------------------------------------------
-    def _start_loop(self, build: Callable[[], LLMEngine], built: Future) -> threading.Thread:
+    def _start_loop(self, build: Callable[[], LLMEngine], built: Future[LLMEngine]) -> threading.Thread:
         thread = threading.Thread(target=self._run, args=(build, built), name="engine-loop", daemon=True)
         thread.start()
         return thread
@@ -116,15 +119,18 @@ class AsyncEngine:
         return list(self.engine.tokenizer.encode(text, add_special_tokens=True))
 
     def detokenize(self, token_ids: list[int]) -> str:
-        return self.engine.tokenizer.decode(token_ids, skip_special_tokens=False)
+        text: str = self.engine.tokenizer.decode(token_ids, skip_special_tokens=False)
+        return text
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, continue_final_message: bool = False
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, continue_final_message: bool = False
     ) -> list[int]:
         return apply_chat_template(self.engine.tokenizer, messages, add_generation_prompt, continue_final_message)
 
     # ---- requests --------------------------------------------------------------------------------
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Yield this request's outputs as they come; stopping early aborts the request."""
         if self._dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self._dead}")
@@ -133,7 +139,7 @@ class AsyncEngine:
         if stats.num_waiting + self._pending >= self.engine.config.max_waiting:
             raise QueueFullError(f"the engine queue is full ({self.engine.config.max_waiting} waiting)")
         self.engine._validate(request_id, ids, params)  # fail fast on this task, not in the loop
-        sink: asyncio.Queue = asyncio.Queue()
+        sink: _Sink = asyncio.Queue()
         self._pending += 1
         self._inbox.put(_Add(request_id, ids, params, sink, asyncio.get_running_loop()))
         finished = False
@@ -155,7 +161,7 @@ class AsyncEngine:
         return self._stats
 
     # ---- the loop thread -------------------------------------------------------------------------
-    def _run(self, build: Callable[[], LLMEngine], built: Future) -> None:
+    def _run(self, build: Callable[[], LLMEngine], built: Future[LLMEngine]) -> None:
         try:
             self.engine = build()
         except BaseException as exc:
@@ -193,7 +199,7 @@ class AsyncEngine:
     def _deliver_all(self, outputs: list[RequestOutput]) -> None:
         """A step's outputs, one wake-up per event loop: each call_soon_threadsafe writes the loop's self-pipe and
         is a callback of its own there, so at 32 streams one call per output made 32 wake-ups a step."""
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Sink, RequestOutput]]] = {}
         for out in outputs:
             target = self._sinks.pop(out.request_id, None) if out.finished else self._sinks.get(out.request_id)
             if target is not None:
@@ -254,7 +260,7 @@ class AsyncEngine:
             loop.call_soon_threadsafe(sink.put_nowait, item)
 
 
-def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+def _put_all(items: list[tuple[_Sink, RequestOutput]]) -> None:
     for sink, item in items:
         sink.put_nowait(item)
 

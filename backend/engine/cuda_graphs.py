@@ -33,6 +33,8 @@ import bisect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,6 +42,9 @@ from backend.engine.kv_cache import KVCacheManager
 from backend.engine.scheduler import SchedulerOutput
 from backend.model.forward_batch import DecodeMetadata, ForwardBatch
 from backend.model.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +57,7 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sorted({s for s in (1, 2, 4, 8, *range(16, cap, 16)) if s < cap} | {cap})
 
 
-def capture_graph(forward: Callable[[], torch.Tensor], pool: object) -> tuple[Callable[[], None], torch.Tensor]:
+def capture_graph(forward: Callable[[], torch.Tensor], pool: _POOL_HANDLE | None) -> tuple[Callable[[], None], torch.Tensor]:
     """Record `forward` in a CUDA graph: (replay, its static output). Tests on a CPU substitute an eager stand-in."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
@@ -106,7 +111,7 @@ class DecodeGraphs:
                 self.model(batch, self.kv_cache)  # warm-up: compiles the kernels; padding rows write no KV
                 if pool is not None:
                     torch.cuda.synchronize()
-                replay, logits = capture_graph(lambda b=batch: self.model(b, self.kv_cache), pool)
+                replay, logits = capture_graph(partial(self.model, batch, self.kv_cache), pool)
                 self.graphs[size] = _Graph(replay, logits, batch)
         except Exception as exc:  # whatever failed: run eagerly, and say why
             self.graphs.clear()

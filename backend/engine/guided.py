@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
@@ -28,9 +28,12 @@ from backend.engine.request import Sequence
 from backend.engine.sampling_params import SamplingParams
 from backend.errors import InvalidRequestError
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 CACHE_SIZE = 256
 # Compact JSON: no whitespace between tokens, so a small model cannot wander into endless blanks.
-JSON_DEFAULTS = {"whitespace_flexible": False}
+JSON_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False}
 
 
 def grammar_text(params: SamplingParams) -> str | None:
@@ -101,7 +104,8 @@ class GrammarCache:
 def forbidden_tokens(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
     """(rows, words) int32 bitmask (bit i of word w: token 32w+i allowed) -> (rows, vocab) bool, True where forbidden."""
     bits = np.unpackbits(bitmask.view(np.uint8), axis=-1, count=vocab_size, bitorder="little")
-    return bits == 0
+    forbidden: np.ndarray = bits == 0
+    return forbidden
 
 
 @cache

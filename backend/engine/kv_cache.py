@@ -11,6 +11,8 @@ slots the attention masks out (backend/model/sliding_window.py).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from backend.engine.block_pool import BlockPool, KVBlock
 from backend.engine.request import Sequence
 from backend.model.sliding_window import blocks_out_of_window
@@ -54,7 +56,7 @@ class KVCacheManager:
         self.hits += len(hits) * self.block_size
         return hits
 
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int, cached: list[KVBlock] = ()) -> bool:  # type: ignore[assignment]
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, cached: Collection[KVBlock] = ()) -> bool:
         """Give seq blocks for `num_new_tokens` more tokens (after `cached` hits). False if the pool is short."""
         total = seq.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
         need = -(-total // self.block_size) - len(seq.block_table) - len(cached)

@@ -81,17 +81,18 @@ class LLMEngine:
             "per_token_prefill": per_token, "layers": kernel_modes(model), "threads": torch.get_num_threads(),
             "torch": torch.__version__,
         }  # fmt: skip
-        if not single:
-            model = Driver(model)
+        # what the runner calls: the model, or with > 1 rank the Driver that hands each batch to the workers too (it
+        # reads the same shapes: the KV budget is the model's)
+        served = model if single else Driver(model)
         blocks = num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, kv_dtype) if draft is None else \
             kv_blocks_for_both(model, draft, config.block_size, config.kv_cache_memory_mb, kv_dtype)
-        if isinstance(model, Driver):
-            model.share_num_blocks(blocks)
+        if isinstance(served, Driver):
+            served.share_num_blocks(blocks)
         pool = BlockPool(blocks, config.enable_prefix_caching)
         self.kv = KVCacheManager(pool, config.block_size, freeable_window(model.config))
         self.scheduler = Scheduler(self.kv, config)
         self.runner = ModelRunner(
-            model, self.kv, kv_dtype, self.device, per_token, config.cuda_graphs and single, config.max_num_seqs,
+            served, self.kv, kv_dtype, self.device, per_token, config.cuda_graphs and single, config.max_num_seqs,
             self.max_model_len,
         )
         self.eos_token_id = self.tokenizer.eos_token_id
@@ -198,8 +199,9 @@ class LLMEngine:
             for chunk, rows, _ in plan:
                 if chunk.seq.num_draft:
                     self._verify_draft(chunk.seq, logits[rows], None if hidden is None else hidden[rows])
-            for seq, row in sampled if hidden is not None else ():
-                self.speculator.remember(seq, hidden[row])
+            if hidden is not None:
+                for seq, row in sampled:
+                    self.speculator.remember(seq, hidden[row])
         for chunk, _, _ in plan:
             if not chunk.seq.is_finished:
                 self.kv.cache_full_blocks(chunk.seq)

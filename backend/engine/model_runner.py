@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 import torch
 from torch import nn
 
 from backend.engine.cuda_graphs import DecodeGraphs, GraphStats
 from backend.engine.kv_cache import KVCacheManager
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
+from backend.errors import EngineError
 from backend.model.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
 from backend.model.llama import LlamaForCausalLM
 from backend.quant.cpu_gemm import onednn_available
@@ -16,6 +19,9 @@ from backend.quant.int4_linear import Int4Linear
 from backend.quant.int8_linear import Int8Linear
 from kernels.cpu.paged_decode import supports_dims
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Chunks of at most this many tokens (speculative verifies, a draft model's catch-up) also get per-token decode
 # metadata: the paged decode kernel attends them row by row, as the plain decode steps would (bench/README,
@@ -23,7 +29,22 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SHORT_CHUNK = 16
 
 
-def kv_cache_shape(model: LlamaForCausalLM, num_blocks: int, block_size: int) -> tuple[int, ...]:
+class ServedModel(Protocol):
+    """What the runner runs and sizes the KV cache by: a LlamaForCausalLM, or with > 1 rank the parallel Driver in front
+    of one (backend/parallel/driver.py, which copies these from it; named here, as the driver imports this module)."""
+
+    @property
+    def config(self) -> PretrainedConfig: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def layer_ids(self) -> range: ...
+    @property
+    def layer_windows(self) -> list[int]: ...
+    def __call__(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor: ...
+
+
+def kv_cache_shape(model: ServedModel, num_blocks: int, block_size: int) -> tuple[int, ...]:
     """One slice per layer the model holds (a pipeline stage: only its own), KV heads as sharded (TP)."""
     c = model.config
     return (len(model.layer_ids), 2, num_blocks * block_size, c.num_key_value_heads, model.head_dim)
@@ -69,7 +90,7 @@ def per_token_prefill(model: LlamaForCausalLM, ops_name: str, dtype: torch.dtype
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaForCausalLM, kv: KVCacheManager, kv_dtype: torch.dtype, device: str, per_token: bool = False,
+        self, model: ServedModel, kv: KVCacheManager, kv_dtype: torch.dtype, device: str, per_token: bool = False,
         cuda_graphs: bool = False, max_num_seqs: int = 1, max_model_len: int = 0,
     ) -> None:
         """per_token: every prefill chunk gets per-token decode metadata (`per_token_prefill`), not only short ones.
@@ -91,7 +112,7 @@ class ModelRunner:
         """Captured sizes and replays per size (empty without graphs)."""
         return self.graphs.stats if self.graphs is not None else GraphStats()
 
-    def _tensor(self, data: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    def _tensor(self, data: list[int] | list[list[int]], dtype: torch.dtype = torch.long) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
 
     def _block_tables(self, chunks: list[ScheduledSeq]) -> torch.Tensor:
@@ -156,7 +177,10 @@ class ModelRunner:
         )
 
     def prepare(self, out: SchedulerOutput) -> ForwardBatch:
-        ids, positions, slots, logits_rows = [], [], [], []
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_rows: list[int] = []
         for chunk in out.scheduled:
             seq, start = chunk.seq, chunk.seq.num_computed_tokens
             span = range(start, start + chunk.num_new_tokens)
@@ -186,5 +210,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run_with_hidden(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
         """As run, plus the final hidden state of every logits row (num_logit_rows, hidden), for Medusa heads."""
-        hidden = self.model.hidden_states(self.prepare(out), self.kv_cache)
-        return self.model.lm_head(hidden).float(), hidden
+        model = self.model
+        if not isinstance(model, LlamaForCausalLM) or model.lm_head is None:  # was an AttributeError / TypeError
+            raise EngineError("Medusa heads need the whole model in one process (no tensor or pipeline parallelism)")
+        hidden = model.hidden_states(self.prepare(out), self.kv_cache)
+        return model.lm_head(hidden).float(), hidden

@@ -104,7 +104,8 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
     single-threaded pass, ~10 us a 49,152-wide row, where torch's argmax wakes its OpenMP pool (~30 us idle, over
     100 us when other processes hold the cores: 20 ms for 32 rows, measured on the 2-core dev machine)."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
-        return logits.detach().numpy().argmax(axis=-1).tolist()
+        tokens: list[int] = logits.detach().numpy().argmax(axis=-1).tolist()
+        return tokens
     return logits.argmax(dim=-1).tolist()
 
 

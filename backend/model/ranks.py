@@ -7,9 +7,14 @@ loop that receives the batches (`worker_loop`) and the launch under torchrun liv
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 from torch import nn
+
+if TYPE_CHECKING:
+    from backend.model.llama import LlamaForCausalLM
 
 STOP = "stop"
 Rank = tuple[int, int]  # (rank, world size)
@@ -42,7 +47,7 @@ def parallel_ranks(tensor_parallel_size: int, pipeline_parallel_size: int) -> tu
 class Driver(nn.Module):
     """Rank 0's model: broadcasts each ForwardBatch to the workers, then runs its own part."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: LlamaForCausalLM) -> None:
         super().__init__()
         self.model = model
         self.config, self.head_dim, self.layer_windows = model.config, model.head_dim, model.layer_windows

@@ -10,7 +10,7 @@ pipeline. A chat.completion (gateway/protocol/answer.py) becomes a Message; a st
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ def _passed(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _BODY_HEADERS}
 
 
-async def _anthropic(events: EventStream, steps: Steps) -> AsyncIterator[bytes]:
+async def _anthropic(events: EventStream, steps: Steps) -> AsyncGenerator[bytes, None]:
     """The chat answer's steps as Anthropic events, one write per step."""
     async with aclosing(steps):
         async for step in steps:

@@ -105,7 +105,7 @@ class EventStream:
         if self.started:
             return []
         self.started = True
-        message = {
+        message: dict[str, Any] = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",

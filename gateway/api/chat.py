@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -110,8 +110,8 @@ class DeltaEvents:
 
 
 async def chat_steps(
-    model: str, deltas: DeltaEvents, outputs: AsyncIterator[RequestOutput], rec: RequestRecord
-) -> AsyncIterator[Step]:
+    model: str, deltas: DeltaEvents, outputs: AsyncGenerator[RequestOutput, None], rec: RequestRecord
+) -> AsyncGenerator[Step, None]:
     """One step per engine output (one write), the usage last."""
     usage = None
     opened = False
@@ -183,7 +183,7 @@ class ChatCompletions:
         request: Request,
         maker: ChunkMaker,
         deltas: DeltaEvents,
-        stream: AsyncIterator[RequestOutput],
+        stream: AsyncGenerator[RequestOutput, None],
         rec: RequestRecord,
     ) -> Response:
         (first,) = await unless_disconnected(request.receive, prime([stream]))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any
@@ -105,8 +105,8 @@ class CompletionChunks:
 
 
 async def completion_events(
-    chunks: CompletionChunks, outputs: AsyncIterator[tuple[int, RequestOutput]], rec: RequestRecord
-) -> AsyncIterator[bytes]:
+    chunks: CompletionChunks, outputs: AsyncGenerator[tuple[int, RequestOutput], None], rec: RequestRecord
+) -> AsyncGenerator[bytes, None]:
     usages: dict[int, Usage] = {}
     async for prompt_index, out in outputs:
         usages[prompt_index] = out.usage
@@ -181,7 +181,7 @@ class Completions:
         req: CompletionRequest,
         completion_id: str,
         model: str,
-        streams: list[AsyncIterator[RequestOutput]],
+        streams: list[AsyncGenerator[RequestOutput, None]],
         rec: RequestRecord,
     ) -> Response:
         firsts = await unless_disconnected(request.receive, prime(streams))

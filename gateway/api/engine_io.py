@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import TypeVar
 
 from backend.engine.outputs import RequestOutput
@@ -24,14 +24,14 @@ async def gather_or_cancel(aws: list[Awaitable[T]]) -> list[T]:
         raise
 
 
-async def _first(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+async def _first(stream: AsyncGenerator[RequestOutput, None]) -> RequestOutput:
     try:
         return await anext(stream)
     except StopAsyncIteration:
         raise InternalError("The engine ended the request without output.") from None
 
 
-async def prime(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+async def prime(streams: list[AsyncGenerator[RequestOutput, None]]) -> list[RequestOutput]:
     """The first output of every stream; engine errors (queue full, context length...) raise here."""
     try:
         if len(streams) == 1:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Literal
 
 from starlette.datastructures import UploadFile
@@ -111,7 +111,7 @@ class BatchEndpoints:
             raise InvalidRequest("Upload a file as multipart/form-data with the fields `file` and `purpose`.")
         limit = self.cfg.max_file_bytes
 
-        async def limited() -> AsyncIterator[bytes]:
+        async def limited() -> AsyncGenerator[bytes, None]:
             size = 0
             try:
                 async for chunk in request.stream():

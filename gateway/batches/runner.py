@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from prometheus_client import CollectorRegistry
 
 from gateway.batches.config import BatchesConfig
 from gateway.batches.dispatch import Handler, Spend, call
@@ -33,6 +34,7 @@ from gateway.batches.storage import ANONYMOUS
 from gateway.batches.store import TERMINAL, BatchJob, BatchStore
 from gateway.batches.validate import Line, parse_input
 from gateway.keys.config import SHA256_PREFIX, KeyPolicy
+from gateway.ops.access_log import Logger
 
 _POLL_S = 0.01
 _TPM_POLL_S = 0.25  # how often a line held back by its key's tpm looks again (the counter may live in Redis)
@@ -68,8 +70,8 @@ class BatchRunner:
         policy_of: Callable[[str], KeyPolicy | None],
         model_error: Callable[[str, str, KeyPolicy | None], str | None],
         takes_priority: Callable[[str, str], bool],
-        registry: Any,
-        logger: Any,
+        registry: CollectorRegistry,
+        logger: Logger,
         new_id: Callable[[], str],
         tokens_left: Callable[[KeyPolicy], Awaitable[int | None]] | None = None,
         spend: Spend | None = None,
@@ -283,7 +285,7 @@ class BatchRunner:
         # The key's own header where the configuration holds the key (the line shares its cache namespace); a key
         # configured only as sha256:<hex> has no header to send, so its lines neither read nor write the cache.
         known = policy is not None and not policy.key.startswith(SHA256_PREFIX)
-        authorization = f"Bearer {policy.key}" if known else None  # type: ignore[union-attr]
+        authorization = f"Bearer {policy.key}" if known and policy is not None else None
         unavailable = 0
         while True:
             request_id = self.new_id()

@@ -21,6 +21,8 @@ from gateway.batches.validate import ENDPOINTS
 from gateway.context import GatewayContext
 from gateway.errors import ModelNotFound
 from gateway.keys.config import KeyPolicy
+from gateway.models import ModelKind
+from gateway.ops.access_log import Logger
 from gateway.ops.record import RequestRecord
 
 STANDBY_POLL_S = 1.0  # how often a standby gateway tries to take the directory lock over
@@ -33,7 +35,7 @@ class Batches:
     files: FileStore
     lock: DirLock
     sweep_s: float
-    logger: Any
+    logger: Logger
     _task: asyncio.Task[None] | None = field(default=None, init=False)
 
     def routes(self) -> list[Route]:
@@ -99,7 +101,7 @@ def build_batches(ctx: GatewayContext, router: Any, routes: list[Route]) -> Batc
         policy = policy if policy is not None else guard.anonymous
         unknown = f"The model `{model}` does not exist or you do not have access to it."
         if router is None or endpoint == "/v1/embeddings":
-            kind = "embedding" if endpoint == "/v1/embeddings" else "chat"
+            kind: ModelKind = "embedding" if endpoint == "/v1/embeddings" else "chat"
             try:
                 served = ctx.catalog.resolve(model, kind).id
             except ModelNotFound as exc:

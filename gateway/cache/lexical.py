@@ -42,7 +42,7 @@ from gateway.cache.wordnet import load
 from gateway.cache.wordnet_fetch import default_wordnet_path
 
 
-def _places(persons: frozenset[tuple[int, int]], place: dict[int, int], swap: bool) -> tuple[dict, dict]:
+def _places(persons: frozenset[tuple[int, int]], place: dict[int, int], swap: bool) -> tuple[dict[int, int], dict[int, int]]:
     """Each person's first and last place (`place`: a content word's index -> its position), "i" and "you" swapped
     when `swap` (a generic "you")."""
     first: dict[int, int] = {}
@@ -350,7 +350,7 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
         return DIFFERENT
     order = _align(a, b, lex or None)
     substituted = order is None
-    if substituted:
+    if order is None:
         order = _align(a, b, lex or None, substitute=True)
         if order is None:
             return DIFFERENT
@@ -400,14 +400,14 @@ def _compare(query: str, cached: str, lex: Lexicon | None = None) -> str:
     return SWAPPED
 
 
-_DEFAULT: list[Lexicon | bool] = []
+_DEFAULT: list[Lexicon | None] = []
 
 
-def default_lexicon() -> Lexicon | bool:
-    """The lexicon over the fetched WordNet (`python -m gateway.cache.wordnet_fetch`), loaded once; False when the
+def default_lexicon() -> Lexicon | None:
+    """The lexicon over the fetched WordNet (`python -m gateway.cache.wordnet_fetch`), loaded once; None when the
     database is missing (then only equal words stand for each other: fewer hits, never more)."""
     if not _DEFAULT:
         root = default_wordnet_path()
-        _DEFAULT.append(Lexicon(load(root)) if (root / "index.noun").exists() else False)
+        _DEFAULT.append(Lexicon(load(root)) if (root / "index.noun").exists() else None)
         gc.collect()  # untracks the index's ~200k tuples now, not in a collection during some request
     return _DEFAULT[0]

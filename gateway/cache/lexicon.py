@@ -197,9 +197,9 @@ class Lexicon:
             return "sibling"  # two satellites of one head: two kinds of it ("daily" / "weekly" are "periodic")
         verbs_a = {k for pos, lemma in la if pos == "verb" for k in self._top(pos, lemma)}
         verbs_b = {k for pos, lemma in lb if pos == "verb" for k in self._top(pos, lemma)}
-        for mine, other in ((verbs_a, verbs_b), (verbs_b, verbs_a)):  # "sprint" is a way to "run": related, not
+        for mine, theirs in ((verbs_a, verbs_b), (verbs_b, verbs_a)):  # "sprint" is a way to "run": related, not
             for key in mine:  # the same question; a noun's hypernym names a wider class ("salmon" / "fish")
-                if set(self.wn.synset(key).targets(HYPERNYM)) & other:
+                if set(self.wn.synset(key).targets(HYPERNYM)) & theirs:
                     return "hypernym"
         return "unrelated"
 

@@ -28,7 +28,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -50,6 +50,7 @@ _NEGATIONS = frozenset({"not", "no", "never", "without", "none", "nothing", "nob
 TokenStates = tuple[list[str], np.ndarray, list[float], np.ndarray]
 
 
+@runtime_checkable  # isinstance checks for token_states only: the cache's embedder may lack it
 class TokenEmbedder(Protocol):
     """What the matcher needs of the cache's embedder (backend/embed/embeddings.py Embedder.token_states)."""
 
@@ -80,7 +81,8 @@ class Question:
 def _unit(rows: np.ndarray, keep: list[int]) -> np.ndarray:
     """Unit rows, kept in float32 (a cached question's two matrices are ~37 KB so); `features` computes in float64."""
     kept = np.asarray(rows, dtype=np.float64)[keep] if keep else np.zeros((0, 1))
-    return (kept / np.maximum(np.linalg.norm(kept, axis=1, keepdims=True), 1e-9)).astype(np.float32)
+    unit: np.ndarray = (kept / np.maximum(np.linalg.norm(kept, axis=1, keepdims=True), 1e-9)).astype(np.float32)
+    return unit
 
 
 def _directional(best: np.ndarray) -> list[float]:
@@ -161,7 +163,8 @@ class Head:
     def scores(self, x: np.ndarray) -> np.ndarray:
         z = (np.atleast_2d(x) - self.mean) / self.scale
         logits = np.tanh(z @ self.w1.T + self.b1) @ self.w2 + self.b2
-        return 1.0 / (1.0 + np.exp(-logits))
+        probabilities: np.ndarray = 1.0 / (1.0 + np.exp(-logits))
+        return probabilities
 
     def to_json(self) -> dict[str, Any]:
         return {"mean": self.mean.tolist(), "scale": self.scale.tolist(), "w1": self.w1.tolist(),
@@ -169,7 +172,9 @@ class Head:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Head:
-        arr = lambda k: np.asarray(raw[k], dtype=np.float64)  # noqa: E731
+        def arr(k: str) -> np.ndarray:
+            return np.asarray(raw[k], dtype=np.float64)
+
         return cls(arr("mean"), arr("scale"), arr("w1"), arr("b1"), arr("w2"), float(raw["b2"]))
 
 
@@ -181,7 +186,8 @@ class Ensemble:
     heads: tuple[Head, ...]
 
     def scores(self, x: np.ndarray) -> np.ndarray:
-        return np.mean([h.scores(x) for h in self.heads], axis=0)
+        mean: np.ndarray = np.mean([h.scores(x) for h in self.heads], axis=0)
+        return mean
 
     def to_json(self) -> list[dict[str, Any]]:
         return [h.to_json() for h in self.heads]

@@ -15,12 +15,22 @@
 from __future__ import annotations
 
 from array import array
+from typing import cast
 
 from redis.asyncio import Redis
+from redis.typing import EncodableT, FieldT, StreamRangeResponse
 
 from gateway.cache.index import Candidate, SemanticIndex, search_off_loop
 
 _BATCH = 5000
+
+# The clients are made without decode_responses, so every reply is bytes; redis-py's annotations also allow str (and
+# None), which these casts narrow (no runtime cost).
+_Record = tuple[bytes, dict[bytes, bytes]]
+
+
+def _records(reply: StreamRangeResponse | None) -> list[_Record]:
+    return cast(list[_Record], reply)
 
 
 class RedisStore:
@@ -37,16 +47,16 @@ class RedisStore:
         return f"{self.prefix}:v:{scope}"
 
     async def get(self, key: str) -> bytes | None:
-        value = await self.redis.get(self._entry(key))
+        value = cast(bytes | None, await self.redis.get(self._entry(key)))
         return bytes(value) if value is not None else None
 
     async def put(self, key: str, value: bytes, ttl_s: int) -> None:
         await self.redis.set(self._entry(key), value, ex=ttl_s)
 
     async def add_vector(self, scope: str, key: str, text: str, vector: list[float], ttl_s: int) -> None:
-        record = {"key": key, "text": text.encode(), "vec": array("f", vector).tobytes()}
+        record: dict[FieldT, EncodableT] = {"key": key, "text": text.encode(), "vec": array("f", vector).tobytes()}
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(self._stream(scope), record, maxlen=self.max_entries, approximate=True)  # type: ignore[arg-type]
+            pipe.xadd(self._stream(scope), record, maxlen=self.max_entries, approximate=True)
             pipe.expire(self._stream(scope), ttl_s)
             await pipe.execute()
 
@@ -58,7 +68,7 @@ class RedisStore:
         """Pull the records written (by any replica) since this replica last read the scope."""
         index, last = self._mirrors.get(scope, (None, "0-0"))
         while True:
-            records = await self.redis.xrange(self._stream(scope), min=f"({last}", count=_BATCH)
+            records = _records(await self.redis.xrange(self._stream(scope), min=f"({last}", count=_BATCH))
             for record_id, fields in records:
                 if index is None:
                     index = SemanticIndex(dimensions, self.max_entries)
@@ -86,16 +96,16 @@ class RedisOutcomes:
         self._last = "0-0"
 
     async def append(self, key: str, similarity: float, right: bool) -> None:
-        record = {"key": key, "sim": repr(float(similarity)), "right": b"1" if right else b"0"}
+        record: dict[FieldT, EncodableT] = {"key": key, "sim": repr(float(similarity)), "right": b"1" if right else b"0"}
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(self.stream, record, maxlen=self.max_records, approximate=True)  # type: ignore[arg-type]
+            pipe.xadd(self.stream, record, maxlen=self.max_records, approximate=True)
             pipe.expire(self.stream, self.ttl_s)
             await pipe.execute()
 
     async def since_last(self) -> list[tuple[str, float, bool]]:
         out: list[tuple[str, float, bool]] = []
         while True:
-            records = await self.redis.xrange(self.stream, min=f"({self._last}", count=_BATCH)
+            records = _records(await self.redis.xrange(self.stream, min=f"({self._last}", count=_BATCH))
             for record_id, fields in records:
                 out.append((fields[b"key"].decode(), float(fields[b"sim"]), fields[b"right"] == b"1"))
                 self._last = record_id.decode()

@@ -5,7 +5,7 @@ include_usage is set). Usage is the original generation's, marked `"cached": tru
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from gateway.protocol.events import Step, completion_events
@@ -66,12 +66,12 @@ def completion_chunks(body: dict[str, Any], include_usage: bool) -> list[bytes]:
     return out
 
 
-async def chat_steps(body: dict[str, Any], include_usage: bool) -> AsyncIterator[Step]:
+async def chat_steps(body: dict[str, Any], include_usage: bool) -> AsyncGenerator[Step, None]:
     """The whole answer as one step: its events, and its chunks' bytes in one write."""
     yield Step(tuple(completion_events(body)), b"".join(chat_chunks(body, include_usage)))
 
 
-async def events(chunks: list[bytes]) -> AsyncIterator[bytes]:
+async def events(chunks: list[bytes]) -> AsyncGenerator[bytes, None]:
     """The whole answer in one write, then [DONE]."""
     yield b"".join(chunks)
     yield DONE

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -36,6 +35,7 @@ from gateway.cache.matcher import QueryScorer
 from gateway.cache.relevance import AnswerVector, relevant
 from gateway.cache.stores import CacheStore
 from gateway.client import EmbeddingClient
+from gateway.ops.access_log import Logger
 
 TOP_K = 8
 
@@ -57,13 +57,13 @@ class SemanticMatch:
     near_miss: NearMiss | None = None
 
 
-async def embed_query(embedder: EmbeddingClient, text: str, logger: Any) -> list[float] | None:
+async def embed_query(embedder: EmbeddingClient, text: str, logger: Logger) -> list[float] | None:
     """The query's unit vector; None (no semantic lookup) when the embedder cannot take it."""
     vectors = await embed_texts(embedder, [text], logger)
     return None if vectors is None else vectors[0]
 
 
-async def embed_texts(embedder: EmbeddingClient, texts: list[str], logger: Any) -> list[list[float]] | None:
+async def embed_texts(embedder: EmbeddingClient, texts: list[str], logger: Logger) -> list[list[float]] | None:
     """Unit vectors of `texts` in one call; None when the embedder cannot take them."""
     try:
         vectors, _ = await embedder.embed(texts)

@@ -10,7 +10,7 @@ from backend.config import EngineConfig
 from gateway.cache import lexical
 from gateway.cache.config import CacheConfig
 from gateway.cache.keys import model_fingerprint
-from gateway.cache.matcher import LearnedMatcher, MatcherModel
+from gateway.cache.matcher import LearnedMatcher, MatcherModel, TokenEmbedder
 from gateway.cache.metrics import CacheMetrics
 from gateway.cache.policy import CacheControl, take_control
 from gateway.cache.sampled import SampledCheck
@@ -19,9 +19,10 @@ from gateway.cache.tenancy import request_namespace
 from gateway.cache.thresholds import EntryThresholds
 from gateway.cache.ticket import CacheParts, Ticket
 from gateway.cache.verify import Criterion, EngineVerifier
-from gateway.client import EmbeddingClient
+from gateway.client import EmbeddingClient, EngineClient
 from gateway.config import GatewayConfig
 from gateway.ids import IdGenerator
+from gateway.ops.access_log import Logger
 from gateway.protocol.sse import StreamLimits
 
 _WARN_EVERY_S = 10.0
@@ -35,7 +36,7 @@ class ResponseCache:
         store: CacheStore | None,
         embedder: EmbeddingClient | None,
         metrics: CacheMetrics,
-        logger: Any,
+        logger: Logger,
         ids: IdGenerator,
         fingerprint: str,
         stream_limits: StreamLimits,
@@ -141,11 +142,11 @@ def build_cache(
     model_id: str,
     embedder: EmbeddingClient | None,
     metrics: CacheMetrics,
-    logger: Any,
+    logger: Logger,
     ids: IdGenerator,
     store: CacheStore | None = None,
     resolved: Mapping[str, Any] | None = None,
-    engine: Any = None,
+    engine: EngineClient | None = None,
     engine_config: EngineConfig | None = None,
 ) -> ResponseCache:
     """`store` overrides the configured backend (tests wrap a real store to inject faults); `resolved`: the engine's
@@ -166,11 +167,11 @@ def build_cache(
     return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, limits, verifier, learned)
 
 
-def build_matcher(cfg: CacheConfig, embedder: EmbeddingClient | None, logger: Any) -> LearnedMatcher | None:
+def build_matcher(cfg: CacheConfig, embedder: EmbeddingClient | None, logger: Logger) -> LearnedMatcher | None:
     """The learned matcher when `cache.semantic_match` is learned and the embedder can hand it token states."""
     if not (cfg.semantic and cfg.semantic_match == "learned" and embedder is not None):
         return None
-    if not hasattr(embedder, "token_states"):
+    if not isinstance(embedder, TokenEmbedder):
         raise ValueError("cache.semantic_match: learned needs an embedder with token states (all-MiniLM-L6-v2 as "
                          "the gateway loads it)")  # fmt: skip
-    return LearnedMatcher(MatcherModel.load(), embedder, cfg.matcher_threshold)  # type: ignore[arg-type]
+    return LearnedMatcher(MatcherModel.load(), embedder, cfg.matcher_threshold)

@@ -3,7 +3,7 @@ and on a miss a store of the finished answer (from the JSON body, or tapped from
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from gateway.cache.verify import Answer, EngineVerifier
 from gateway.client import EmbeddingClient
 from gateway.errors import GatewayError
 from gateway.ids import IdGenerator
+from gateway.ops.access_log import Logger
 from gateway.ops.record import RequestRecord
 from gateway.protocol.events import Step
 from gateway.protocol.generation import Generation
@@ -42,20 +43,33 @@ _HEADER_VALUE = {"hit": "hit", "semantic-hit": "semantic-hit", "miss": "miss", "
 
 class CacheParts(Protocol):
     """What a ticket uses of its cache (gateway/cache/service.py's ResponseCache): named here, so the service
-    imports the ticket and not the other way round."""
+    imports the ticket and not the other way round. Read-only (properties), so a cache may hold a narrower type
+    (a SafeStore as its store, None as its verifier)."""
 
-    cfg: CacheConfig
-    store: CacheStore | None
-    embedder: EmbeddingClient | None
-    metrics: CacheMetrics
-    logger: Any
-    ids: IdGenerator
-    fingerprint: str
-    stream_limits: StreamLimits
-    verifier: EngineVerifier | None
-    thresholds: EntryThresholds | None
-    sampled: SampledCheck | None  # for a third-party model's entries (the engine cannot verify them)
-    learned: LearnedMatcher | None  # cache.semantic_match: learned
+    @property
+    def cfg(self) -> CacheConfig: ...
+    @property
+    def store(self) -> CacheStore | None: ...
+    @property
+    def embedder(self) -> EmbeddingClient | None: ...
+    @property
+    def metrics(self) -> CacheMetrics: ...
+    @property
+    def logger(self) -> Logger: ...
+    @property
+    def ids(self) -> IdGenerator: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def stream_limits(self) -> StreamLimits: ...
+    @property
+    def verifier(self) -> EngineVerifier | None: ...
+    @property
+    def thresholds(self) -> EntryThresholds | None: ...
+    @property
+    def sampled(self) -> SampledCheck | None: ...  # for a third-party model's entries (the engine cannot verify them)
+    @property
+    def learned(self) -> LearnedMatcher | None: ...  # cache.semantic_match: learned
 
 
 class Ticket:
@@ -90,7 +104,8 @@ class Ticket:
         """A replayed response on a hit; None on a miss (generate, then `store` or `tap`)."""
         store, cfg = self.cache.store, self.cache.cfg
         if store is None or not exact_allowed(cfg, params):
-            return self._done(rec)
+            self._done(rec)
+            return None
         with spans.start("cache.lookup", "internal", {"smolgate.cache.endpoint": self.endpoint}) as span:
             response = await self._lookup(store, rec, body, params, prompt, prompt_ids, stream, messages)
             span.set_all({"smolgate.cache.result": self.status, "smolgate.cache.similarity": self.similarity})
@@ -110,13 +125,13 @@ class Ticket:
         cfg, fp = self.cache.cfg, self.cache.fingerprint
         self.key = exact_key(self.namespace, fp, self.endpoint, body, params, prompt, prompt_ids)
         embedder = self.cache.embedder
-        semantic = messages is not None and self.control.semantic and embedder is not None
-        if semantic and messages and semantic_allowed(cfg, body, messages, params):
+        if messages and self.control.semantic and embedder is not None and semantic_allowed(cfg, body, messages, params):
             self.scope = semantic_scope(self.namespace, fp, embedder.identity, self.endpoint, body, params, messages[:-1])
             self.query = messages[-1]["content"]
             self.prompt_ids = tuple(prompt_ids or ())
         if not self.control.lookup:
-            return self._done(rec)
+            self._done(rec)
+            return None
         self.status = "miss"
         entry = await store.get(self.key)
         if entry is not None:
@@ -124,7 +139,8 @@ class Ticket:
         entry = await self._semantic()
         if entry is not None:
             return self._hit(rec, "semantic-hit", entry, stream)
-        return self._done(rec)
+        self._done(rec)
+        return None
 
     async def _semantic(self) -> bytes | None:
         store, cfg, embedder = self.cache.store, self.cache.cfg, self.cache.embedder
@@ -290,16 +306,16 @@ class Ticket:
             await store.add_vector(self.scope, self.key, self.query, self.vector, ttl)
 
     async def tap(
-        self, outputs: AsyncIterator[RequestOutput], build: Callable[[Generation], dict[str, Any]]
-    ) -> AsyncIterator[RequestOutput]:
+        self, outputs: AsyncGenerator[RequestOutput, None], build: Callable[[Generation], dict[str, Any]]
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Pass a live stream through; once it has finished cleanly (no abort), store the answer."""
         if not self.storing:
-            async with aclosing(outputs):  # type: ignore[type-var]
+            async with aclosing(outputs):
                 async for out in outputs:
                     yield out
             return
         gen, aborted, finished = Generation(), False, False
-        async with aclosing(outputs):  # type: ignore[type-var]
+        async with aclosing(outputs):
             async for out in outputs:
                 gen.absorb(out)
                 aborted = aborted or any(d.finish_reason == "abort" for d in out.deltas)
@@ -327,7 +343,7 @@ def _answer_of(gen: Generation | None) -> Answer | None:
     return Answer(tuple(choice.token_ids), tuple(lp.logprob for lp in choice.logprobs))
 
 
-async def _read_query(learned: LearnedMatcher, query: str, logger: Any) -> QueryScorer | None:
+async def _read_query(learned: LearnedMatcher, query: str, logger: Logger) -> QueryScorer | None:
     try:
         return await learned.query(query)
     except Exception as exc:  # e.g. longer than the embedding model reads: this request is just not matched
@@ -335,7 +351,7 @@ async def _read_query(learned: LearnedMatcher, query: str, logger: Any) -> Query
         return None
 
 
-async def _answer_vector(embedder: EmbeddingClient, body: dict[str, Any], question: list[float], logger: Any
+async def _answer_vector(embedder: EmbeddingClient, body: dict[str, Any], question: list[float], logger: Logger
                          ) -> AnswerVector | None:  # fmt: skip
     """The embedded opening of a single-choice answer with its cosine to the question (gateway/cache/relevance.py)."""
     text = _text_of(body)

@@ -22,13 +22,14 @@ log-probability and the most likely token at its position).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 from backend.engine.sampling_params import SamplingParams
 from backend.errors import EngineError
+from gateway.client import EngineClient
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,8 @@ class Answer:
 class EngineVerifier:
     """Scores a cached answer under a new prompt with the embedded engine (one prefill)."""
 
-    def __init__(self, engine: Any, criterion: Criterion, new_id: Any) -> None:
-        self.engine = engine  # an EngineClient: generate() with prompt_logprobs
+    def __init__(self, engine: EngineClient, criterion: Criterion, new_id: Callable[[], str]) -> None:
+        self.engine = engine  # generate() with prompt_logprobs
         self.criterion = criterion
         self._new_id = new_id
 

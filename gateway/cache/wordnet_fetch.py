@@ -42,7 +42,7 @@ def _download(package: str, version: str, integrity: str) -> bytes:
     url = f"{REGISTRY}/{package}/-/{package}-{version}.tgz"
     print(f"downloading {url} ...", file=sys.stderr)
     with urllib.request.urlopen(url, timeout=120) as resp:
-        blob = resp.read()
+        blob: bytes = resp.read()
     algo, _, digest = integrity.partition("-")
     if base64.b64encode(hashlib.new(algo, blob).digest()).decode() != digest:
         raise RuntimeError(f"{package}-{version}.tgz does not match the registry's {algo} integrity")

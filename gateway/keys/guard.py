@@ -16,14 +16,15 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard, TypeVar
 
 from gateway.config import GatewayConfig
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, QuotaExceeded, RateLimited
 from gateway.keys.config import SHA256_PREFIX, KeyPolicy
+from gateway.ops.access_log import Logger
 from gateway.ops.record import RequestRecord
 from gateway.ratelimit import Limit, OverLimit, build_limiter
-from gateway.spend.budget import Budgets, OverBudget
+from gateway.spend.budget import Budgets, OverBudget, Reservation
 from gateway.spend.estimate import estimate_cost
 from gateway.spend.prices import PriceTable
 
@@ -50,9 +51,12 @@ def bearer(authorization: bytes | str | None) -> bytes | None:
     return key if scheme.lower() == b"bearer" and key else None
 
 
-def _match(presented: bytes, digests: Iterable[tuple[bytes, Any]]) -> Any:
+_Entry = TypeVar("_Entry")
+
+
+def _match(presented: bytes, digests: Iterable[tuple[bytes, _Entry]]) -> _Entry | None:
     """The entry whose digest is the presented key's; every digest is compared (constant time per comparison)."""
-    found = None
+    found: _Entry | None = None
     mine = hashlib.sha256(presented).digest()
     for d, entry in digests:
         if hmac.compare_digest(mine, d) and found is None:
@@ -66,7 +70,7 @@ def _scope(policy: KeyPolicy) -> str:
 
 
 class KeyGuard:
-    def __init__(self, config: GatewayConfig, logger: Any) -> None:
+    def __init__(self, config: GatewayConfig, logger: Logger) -> None:
         self.config = config
         self.logger = logger
         policies = config.policies()
@@ -111,7 +115,7 @@ class KeyGuard:
         policy = _match(key, self._keys)
         if policy is None:
             raise AuthenticationFailed("Incorrect API key provided.")
-        return policy  # type: ignore[no-any-return]
+        return policy
 
     def check_admin(self, authorization: bytes | None) -> None:
         """/metrics and /v1/stats: an admin key when any key is configured, else 401."""
@@ -199,7 +203,7 @@ class KeyGuard:
         limit = rec.limit
         if isinstance(limit, Limit):
             await self.limiter.spend(limit, rec.prompt_tokens + rec.completion_tokens)
-        if rec.reservation is not None:
+        if isinstance(rec.reservation, Reservation):
             reservation, rec.reservation = rec.reservation, None  # once, whoever calls first
             await self.budgets.settle(reservation, rec.cost)
 
@@ -221,7 +225,7 @@ class KeyGuard:
         return text
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -229,7 +233,7 @@ def _check_priority(policy: KeyPolicy, value: object) -> None:
     """A request may ask for its key's class or a later one (a higher number); a wrong type is parse's 400."""
     if not _number(value):
         return
-    if value < policy.priority or value > MAX_PRIORITY:  # type: ignore[operator]
+    if value < policy.priority or value > MAX_PRIORITY:
         raise InvalidRequest(
             f"Invalid value for 'priority': {value} is outside what this API key may ask for "
             f"([{policy.priority}, {MAX_PRIORITY}]; lower values are served first).",

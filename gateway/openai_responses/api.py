@@ -9,7 +9,7 @@ metrics and the access log treat it like any chat request. Its output becomes th
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -42,7 +42,8 @@ _PARAMS = (
 
 
 def _event_bytes(event: dict[str, Any]) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 class StreamBroke(GatewayError):
@@ -52,8 +53,8 @@ class StreamBroke(GatewayError):
         found = body.get("error")
         err: dict[str, Any] = found if isinstance(found, dict) else {}
         super().__init__(str(err.get("message") or "The stream failed."), param=err.get("param"), code=err.get("code"))
-        self.error_type = str(err.get("type") or "server_error")  # type: ignore[misc]
-        self.status = 429 if self.error_type == "rate_limit_error" else 500  # type: ignore[misc]
+        self.error_type = str(err.get("type") or "server_error")
+        self.status = 429 if self.error_type == "rate_limit_error" else 500
 
 
 def passed_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -70,9 +71,11 @@ def _renamed(err: InvalidRequest) -> InvalidRequest:
     """A chat-pipeline 400 with its parameter named as the Responses request names it."""
     old = err.param
     if old:
+        new = old
         for pattern, repl in _PARAMS:
-            err.param = pattern.sub(repl, err.param)
-        if err.param != old:
+            new = pattern.sub(repl, new)
+        err.param = new
+        if new != old:
             err.message = err.message.replace(f"'{old}'", f"'{err.param}'")
     return err
 
@@ -164,7 +167,7 @@ class ResponsesAPI:
 
     async def _events(
         self, builder: ResponseBuilder, steps: Steps, save: Callable[[dict[str, Any]], Awaitable[None]], rec: RequestRecord
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The chat answer's steps in, Responses events out; one write per step. A failure ends the stream with an
         `error` event and response.failed."""
         async with aclosing(steps):
@@ -212,7 +215,7 @@ class ResponsesAPI:
         builder.created_at = stored["created_at"]
         events = [e for e in replay_events(builder, stored) if e["sequence_number"] > (after if after is not None else -1)]
 
-        async def send() -> AsyncIterator[bytes]:
+        async def send() -> AsyncGenerator[bytes, None]:
             yield b"".join(_event_bytes(e) for e in events)
 
         rec = record_of(request)

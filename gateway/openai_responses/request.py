@@ -275,7 +275,7 @@ def _tool_choice(raw: object, tools: list[dict[str, Any]]) -> str | dict[str, An
     if raw in ("auto", "none", "required"):
         if raw == "required" and not tools:
             raise InvalidRequest("'tool_choice' 'required' needs at least one tool in 'tools'.", param="tool_choice")
-        return raw  # type: ignore[return-value]
+        return raw
     if not isinstance(raw, dict):
         raise InvalidRequest(
             "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or an object.", param="tool_choice"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 
@@ -19,6 +19,7 @@ from gateway.cache.keys import namespace
 from gateway.cache.stores import MemoryStore
 from gateway.config import GatewayConfig
 from gateway.errors import ServiceUnavailable
+from gateway.ops.access_log import Logger
 
 DEFAULT_TTL_S = 30 * 24 * 3600  # OpenAI keeps responses 30 days
 DEFAULT_MAX_ENTRIES = 10000
@@ -48,7 +49,7 @@ class RedisResponseStore:
         self.redis = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
 
     async def get(self, key: str) -> bytes | None:
-        value = await self.redis.get(key)
+        value = cast(bytes | None, await self.redis.get(key))  # the client never decodes: replies are bytes
         return bytes(value) if value is not None else None
 
     async def put(self, key: str, value: bytes, ttl_s: int) -> None:
@@ -64,7 +65,7 @@ class RedisResponseStore:
 class StoredResponses:
     """The store, namespaced per API key; a backend failure is a 503 on reads, a logged warning on writes."""
 
-    def __init__(self, store: ResponseStore, prefix: str, ttl_s: int, logger: Any) -> None:
+    def __init__(self, store: ResponseStore, prefix: str, ttl_s: int, logger: Logger) -> None:
         self.store, self.prefix, self.ttl_s, self.logger = store, prefix, ttl_s, logger
 
     def _key(self, authorization: str | None, response_id: str) -> str:
@@ -93,7 +94,7 @@ class StoredResponses:
         await self.store.close()
 
 
-def build_store(config: GatewayConfig, logger: Any) -> StoredResponses:
+def build_store(config: GatewayConfig, logger: Logger) -> StoredResponses:
     """Redis when the gateway has one (the response cache's, else the router's), else in process."""
     cache = config.cache
     prefix = cache.key_prefix

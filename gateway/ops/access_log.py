@@ -12,8 +12,11 @@ from typing import Any, TextIO
 
 import orjson
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 from gateway.ops.record import RequestRecord
+
+Logger = FilteringBoundLogger  # the gateway's logger (make_logger), passed to every part that logs
 
 
 def _dumps(obj: Any, **_: Any) -> str:
@@ -34,9 +37,9 @@ def _redactor(secrets: tuple[str, ...]) -> Any:
     return redact
 
 
-def make_logger(sink: TextIO, level: str = "info", secrets: tuple[str, ...] = ()) -> Any:
+def make_logger(sink: TextIO, level: str = "info", secrets: tuple[str, ...] = ()) -> Logger:
     """A JSON-lines structlog logger writing to `sink`; `secrets` never appear in a line."""
-    return structlog.wrap_logger(
+    logger: Logger = structlog.wrap_logger(
         structlog.WriteLogger(sink),
         processors=[
             structlog.processors.add_log_level,
@@ -48,9 +51,10 @@ def make_logger(sink: TextIO, level: str = "info", secrets: tuple[str, ...] = ()
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
         cache_logger_on_first_use=True,
     )
+    return logger
 
 
-def log_request(logger: Any, rec: RequestRecord) -> None:
+def log_request(logger: Logger, rec: RequestRecord) -> None:
     logger.info(
         "request",
         request_id=rec.request_id,

@@ -16,6 +16,7 @@ from gateway.ops.record import RequestRecord
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 Labels = tuple[tuple[str, str], ...]
+Family = GaugeMetricFamily | CounterMetricFamily  # the kinds of engine series, each built with labels, added to by sample
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -28,15 +29,15 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         labelled = len(self._stats) > 1 or "" not in self._stats
-        families: dict[str, Metric] = {}
+        families: dict[str, Family] = {}
 
-        def add(kind: type[Metric], name: str, doc: str, model: str, value: float | None, labels: Labels = ()) -> None:
+        def add(kind: type[Family], name: str, doc: str, model: str, value: float | None, labels: Labels = ()) -> None:
             family = families.get(name)
             if family is None:
                 names = (["model"] if labelled else []) + [k for k, _ in labels]
-                family = families[name] = kind(name, doc, labels=names)  # type: ignore[call-arg]
+                family = families[name] = kind(name, doc, labels=names)
             if value is not None:
-                family.add_metric(([model] if labelled else []) + [v for _, v in labels], value)  # type: ignore[attr-defined]
+                family.add_metric(([model] if labelled else []) + [v for _, v in labels], value)
 
         for model, read in self._stats.items():
             try:
@@ -50,7 +51,7 @@ class EngineCollector(Collector):
         yield from families.values()
 
 
-def _engine_series(s: EngineStats) -> Iterator[tuple[type[Metric], str, str, float | None, Labels]]:
+def _engine_series(s: EngineStats) -> Iterator[tuple[type[Family], str, str, float | None, Labels]]:
     """(family, name, help, value, extra labels) of every engine series; value None: the family, with no sample yet."""
     g, c = GaugeMetricFamily, CounterMetricFamily
     yield g, "smolgate_engine_waiting_requests", "Queue depth: requests waiting", s.num_waiting, ()

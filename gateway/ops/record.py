@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
 from backend.engine.outputs import Usage
+
+if TYPE_CHECKING:  # names only: the record is filled by the layers above it
+    from gateway.keys.config import KeyPolicy
+    from gateway.ratelimit import Limit
 
 SCOPE_KEY = "gateway.ops.record"
 
@@ -33,9 +37,11 @@ class RequestRecord:
     error_type: str | None = None
     deployment: str = ""  # the router's deployment that answered ("" without routing)
     cache: str = "none"  # response cache: none (off) | bypass (not cacheable) | miss | hit | semantic-hit
-    policy: Any = None  # the API key's KeyPolicy (gateway/keys/config.py), set by the middleware on /v1/ requests
-    limit: Any = None  # the key's rate Limit once the request was admitted (its tokens are spent when it ends)
-    reservation: Any = None  # what the key's budgets hold for it (gateway/spend/budget.py), settled when it ends
+    policy: KeyPolicy | None = None  # the API key's KeyPolicy (gateway/keys/config.py), set by the middleware on /v1/ requests
+    limit: Limit | None = None  # the key's rate Limit once the request was admitted (its tokens are spent when it ends)
+    # what the key's budgets hold for it (gateway/spend/budget.py's Reservation, a layer above: the guard narrows it),
+    # settled when it ends
+    reservation: object | None = None
     cost: float = 0.0  # in the spend currency, once charged (gateway/spend/service.py)
     replayed: Usage | None = None  # a cache hit: the usage of the answer it replays
     batch: bool = False  # a batch line (gateway/batches/dispatch.py)

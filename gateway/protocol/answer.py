@@ -36,7 +36,7 @@ class InnerError(InternalError):
             code=err.get("code"),
         )
         if err:
-            self.error_type = str(err.get("type") or "server_error")  # type: ignore[misc]
+            self.error_type = str(err.get("type") or "server_error")
         self.answer_status, self.body = status, body
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -78,10 +78,10 @@ def has_tokens(out: RequestOutput) -> bool:
     return any(d.token_ids for d in out.deltas)
 
 
-async def collect(stream: AsyncIterator[RequestOutput], on_token: Callable[[], None]) -> Generation:
+async def collect(stream: AsyncGenerator[RequestOutput, None], on_token: Callable[[], None]) -> Generation:
     """Drain one engine stream; closing it early (cancellation) aborts the engine request."""
     gen = Generation()
-    async with aclosing(stream):  # type: ignore[type-var]
+    async with aclosing(stream):
         async for out in stream:
             if has_tokens(out):
                 on_token()
@@ -89,19 +89,19 @@ async def collect(stream: AsyncIterator[RequestOutput], on_token: Callable[[], N
     return gen
 
 
-async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+async def merge(streams: list[AsyncGenerator[T, None]]) -> AsyncGenerator[tuple[int, T], None]:
     """Interleave several async iterators, tagging items with their stream's index."""
     if len(streams) == 1:
-        async with aclosing(streams[0]):  # type: ignore[type-var]
+        async with aclosing(streams[0]):
             async for item in streams[0]:
                 yield 0, item
         return
     # (stream index, item, or the exception that ended the stream, or None when it ended cleanly)
     queue: asyncio.Queue[tuple[int, tuple[T] | BaseException | None]] = asyncio.Queue()
 
-    async def pump(i: int, stream: AsyncIterator[T]) -> None:
+    async def pump(i: int, stream: AsyncGenerator[T, None]) -> None:
         try:
-            async with aclosing(stream):  # type: ignore[type-var]
+            async with aclosing(stream):
                 async for item in stream:
                     queue.put_nowait((i, (item,)))
             queue.put_nowait((i, None))

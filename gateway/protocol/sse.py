@@ -6,7 +6,7 @@ chunks, or taken as they are (`steps()`) by an endpoint that renders them in its
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing, suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -43,7 +43,7 @@ def sse_error(err: GatewayError) -> bytes:
     return b"event: error\ndata: " + error_bytes(err) + b"\n\n"
 
 
-async def chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+async def chain(first: T, rest: AsyncIterator[T]) -> AsyncGenerator[T, None]:
     """`first`, then the rest of the stream; closing the chain closes the stream (an abort)."""
     try:
         yield first
@@ -54,10 +54,10 @@ async def chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
 
 
 async def guarded(
-    events: AsyncIterator[bytes], on_error: Callable[[BaseException, GatewayError], None], retry_after_s: int
-) -> AsyncIterator[bytes]:
+    events: AsyncGenerator[bytes, None], on_error: Callable[[BaseException, GatewayError], None], retry_after_s: int
+) -> AsyncGenerator[bytes, None]:
     """Pass events through and end with [DONE]; an exception becomes one error event, then the end."""
-    async with aclosing(events):  # type: ignore[type-var]
+    async with aclosing(events):
         try:
             async for event in events:
                 yield event
@@ -74,7 +74,7 @@ class SSEStream(EventSourceResponse):
 
     def __init__(
         self,
-        events: AsyncIterator[bytes],
+        events: AsyncGenerator[bytes, None],
         engine_streams: Sequence[AsyncIterator[Any]],
         limits: StreamLimits,
         on_disconnect: Callable[[], None],
@@ -100,8 +100,8 @@ class SSEStream(EventSourceResponse):
             shutdown_grace_period=limits.drain_s,
         )
 
-    async def _until_complete(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        async with aclosing(events):  # type: ignore[type-var]
+    async def _until_complete(self, events: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+        async with aclosing(events):
             async for event in events:
                 yield event
         self._complete = True
@@ -129,9 +129,9 @@ async def guarded_steps(
             yield Step((Failed(err),))
 
 
-async def chat_wire(steps: AsyncIterator[Step], render: Callable[[Step], bytes]) -> AsyncIterator[bytes]:
+async def chat_wire(steps: Steps, render: Callable[[Step], bytes]) -> AsyncGenerator[bytes, None]:
     """Steps as chat chunks (a step's own `wire` bytes when it has them), then [DONE]; Failed: the error event."""
-    async with aclosing(steps):  # type: ignore[type-var]
+    async with aclosing(steps):
         async for step in steps:
             failed = next((e for e in step.events if isinstance(e, Failed)), None)
             if failed is not None:

@@ -100,7 +100,7 @@ def storable(body: dict[str, Any], endpoint: str) -> dict[str, Any] | None:
         else:
             return None
         kept.append(out)
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    usage = given if isinstance(given := body.get("usage"), dict) else {}
     prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
     answer: dict[str, Any] = {
         "id": str(body.get("id") or ""), "object": "chat.completion" if endpoint == "chat" else "text_completion",

@@ -152,7 +152,8 @@ def _typed(name: str, value: object, like: object) -> Any:
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
     elif isinstance(like, float):
         ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
-        value = float(value) if ok else value  # type: ignore[arg-type]
+        if ok and isinstance(value, int | float):  # (ok says so; the check tells the type checker)
+            value = float(value)
     else:
         ok = isinstance(value, str)
     if not ok:

@@ -14,7 +14,6 @@ import asyncio
 import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import dns.asyncresolver
@@ -23,6 +22,7 @@ import dns.nameserver
 import dns.resolver
 import dns.reversename
 
+from gateway.ops.access_log import Logger
 from gateway.routing.balancer import Balancer, DeploymentState
 from gateway.routing.config import DeploymentConfig, RouterConfig
 
@@ -111,7 +111,7 @@ class Discovery:
     """Re-resolves every target's host every interval and syncs its balancer; `changed(model, added, removed)`,
     called after each resolution, opens and retires the upstreams of the replicas that came and went."""
 
-    def __init__(self, targets: Sequence[Target], rcfg: RouterConfig, changed: Changed, logger: Any) -> None:
+    def __init__(self, targets: Sequence[Target], rcfg: RouterConfig, changed: Changed, logger: Logger) -> None:
         self.targets = list(targets)
         self.interval_s = rcfg.discovery_interval_s
         self.resolver = DnsResolver(rcfg.discovery_nameservers)
@@ -148,7 +148,7 @@ class Discovery:
                 self.logger.warning("discovery_failed", model=t.model, deployment=t.cfg.label, error=str(exc))
                 continue
             listed.update(addresses)
-            members = {}
+            members: dict[str, DeploymentConfig] = {}
             for address in addresses:
                 member = replica(t.cfg, address, await self.resolver.name_of(address))
                 members.setdefault(member.label, member)

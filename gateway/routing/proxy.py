@@ -9,7 +9,7 @@ back together as the body it stands for.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -120,20 +120,20 @@ def _relayed(step: Step) -> bytes:
 
 async def _relay(
     first: bytes,
-    events: AsyncIterator[bytes],
+    events: AsyncGenerator[bytes, None],
     body: dict[str, Any],
     want_usage: bool,
     rec: RequestRecord,
     count: Callable[[str], int],
     answer: _Answer | None,
     chat: bool,
-) -> AsyncIterator[Step]:
+) -> AsyncGenerator[Step, None]:
     """The upstream's chunks as steps: their events (chat chunks only) and their bytes, relayed as they came."""
     texts: list[str] = []
     usage: dict[str, Any] | None = None
     last: dict[str, Any] = {}
     opened = False
-    async with aclosing(events):  # type: ignore[type-var]
+    async with aclosing(events):
         payload: bytes | None = first
         while payload is not None:
             chunk = _parse(payload)
@@ -194,7 +194,7 @@ class _Answer:
         return {**self.head, "choices": [{"index": 0, **content, "finish_reason": self.finish}], "usage": usage}
 
 
-async def _next(events: AsyncIterator[bytes]) -> bytes | None:
+async def _next(events: AsyncGenerator[bytes, None]) -> bytes | None:
     try:
         return await anext(events)
     except StopAsyncIteration:

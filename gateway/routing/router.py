@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -30,6 +31,7 @@ from gateway.client import EmbeddingClient
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, InvalidRequest, RateLimited
 from gateway.keys.guard import KeyGuard
+from gateway.ops.access_log import Logger
 from gateway.ops.record import RequestRecord, record_of
 from gateway.protocol.events import Steps, steps_of
 from gateway.protocol.generation import unless_disconnected
@@ -93,8 +95,8 @@ class Router:
         self,
         config: GatewayConfig,
         local: dict[Endpoint, LocalHandler],
-        metrics_registry: Any,
-        logger: Any,
+        metrics_registry: CollectorRegistry,
+        logger: Logger,
         embedder: EmbeddingClient | None,
         guard: KeyGuard | None = None,
         cache: ResponseCache | None = None,
@@ -213,7 +215,7 @@ class Router:
             raise
         response.span = route
         response.headers.update(headers)
-        return ticket.mark(response) if ticket is not None else response  # type: ignore[return-value]
+        return ticket.mark(response) if ticket is not None else response
 
     async def _auto_choice(self, raw: dict[str, Any], allowed: Callable[[str], bool]) -> AutoChoice | None:
         """`auto`'s pick; the other tier when the key may not use the picked model; None when it may use neither."""

@@ -8,7 +8,7 @@ Failures become `UpstreamError`, which says whether another try (here or elsewhe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -119,7 +119,7 @@ class Upstream:
             raise UpstreamError("upstream sent a non-object JSON body")
         return data, response.headers
 
-    async def stream(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> AsyncIterator[bytes]:
+    async def stream(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> AsyncGenerator[bytes, None]:
         """The `data:` payloads of an SSE response, up to (not including) [DONE].
 
         The first payload must come within first_token_timeout_s, each next one within idle_timeout_s;
@@ -134,7 +134,7 @@ class Upstream:
 
     async def _stream(
         self, client: httpx.AsyncClient, path: str, body: dict[str, Any], headers: dict[str, str] | None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         request = client.build_request("POST", path, content=orjson.dumps(body), headers=headers)
         try:
             response = await asyncio.wait_for(client.send(request, stream=True), self.cfg.first_token_timeout_s)

@@ -108,7 +108,7 @@ class PostgresBudgetCounters:
         if self._db is None or self._db.closed:
             import psycopg  # only gateways configured with PostgreSQL import it
 
-            self._db = await psycopg.AsyncConnection.connect(self.url, autocommit=True, connect_timeout=self.timeout_s)
+            self._db = await psycopg.AsyncConnection.connect(self.url, autocommit=True, connect_timeout=str(self.timeout_s))
             await self._db.execute(self._SCHEMA)
         return self._db
 

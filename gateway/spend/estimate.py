@@ -38,7 +38,7 @@ def estimate_tokens(endpoint: str, raw: dict[str, Any], policy: KeyPolicy) -> tu
     sequences = max(_int(raw.get("n")) or 1, _int(raw.get("best_of")) or 1)
     prompts = raw.get("prompt")
     several = endpoint == "completions" and isinstance(prompts, list) and prompts and isinstance(prompts[0], str)
-    count = len(prompts) if several else 1  # type: ignore[arg-type]
+    count = len(prompts) if several and isinstance(prompts, list) else 1
     return prompt, limit * sequences * count
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gateway.ops.access_log import Logger
 from gateway.spend.config import LedgerConfig
 from gateway.spend.journal import Journal, Segment, orphans, read_rows
 from gateway.spend.rows import LedgerRow
@@ -35,7 +36,7 @@ class _Closed:
 
 
 class Ledger:
-    def __init__(self, cfg: LedgerConfig, logger: Any, store: Callable[[], LedgerStore] | None = None) -> None:
+    def __init__(self, cfg: LedgerConfig, logger: Logger, store: Callable[[], LedgerStore] | None = None) -> None:
         self.cfg = cfg
         self.logger = logger
         self._connect = store or (lambda: open_store(cfg.url, cfg.sqlite_path))

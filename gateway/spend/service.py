@@ -8,8 +8,9 @@ middleware calls it there; batch lines when they end): it sets `rec.cost`, which
 from __future__ import annotations
 
 import time
-from typing import Any
 
+from gateway.ids import IdGenerator
+from gateway.ops.access_log import Logger
 from gateway.ops.record import RequestRecord
 from gateway.routing.config import RoutingConfig
 from gateway.spend.config import SpendConfig
@@ -21,7 +22,7 @@ _HITS = ("hit", "semantic-hit")
 
 
 class Spend:
-    def __init__(self, cfg: SpendConfig, routing: RoutingConfig, logger: Any, ids: Any) -> None:
+    def __init__(self, cfg: SpendConfig, routing: RoutingConfig, logger: Logger, ids: IdGenerator) -> None:
         self.cfg = cfg
         self.prices = PriceTable(cfg, routing)
         self.ledger = Ledger(cfg.ledger, logger) if cfg.ledger.enabled else None
@@ -30,9 +31,10 @@ class Spend:
 
     def charge(self, rec: RequestRecord) -> None:
         """The request's cost, into `rec.cost` and (when it used tokens) the ledger."""
-        hit = rec.cache in _HITS and rec.replayed is not None
-        if hit:
-            input_tokens, cached, output = rec.replayed.prompt_tokens, 0, rec.replayed.completion_tokens  # type: ignore[union-attr]
+        replayed = rec.replayed if rec.cache in _HITS else None
+        hit = replayed is not None
+        if replayed is not None:
+            input_tokens, cached, output = replayed.prompt_tokens, 0, replayed.completion_tokens
         else:
             input_tokens, cached, output = rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens
         if not (input_tokens or output):

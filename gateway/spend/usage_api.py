@@ -97,7 +97,7 @@ class UsageAPI:
             raise NotFound("The ledger is off on this gateway (ledger.enabled: false): there is no usage to report.")
         await asyncio.to_thread(ledger.flush)  # what was answered before this request is counted
         try:
-            return await asyncio.to_thread(ledger.read, lambda db: db.aggregate(q.start, stop, q.width))  # type: ignore[no-any-return]
+            return await asyncio.to_thread(ledger.read, lambda db: db.aggregate(q.start, stop, q.width))
         except Exception as exc:
             raise ServiceUnavailable(f"The ledger's database cannot be read now ({type(exc).__name__}).") from None
 

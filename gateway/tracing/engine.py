@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -37,7 +37,7 @@ class TracedEngine:
     def __getattr__(self, name: str) -> Any:  # tokenize, stats, output_identity, submit...
         return getattr(self.inner, name)
 
-    def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+    def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> AsyncGenerator[RequestOutput, None]:
         stream = self.inner.generate(prompt, params, request_id)
         if tracer() is None:  # not a traced request (tracing off for it, or a batch line)
             return stream
@@ -45,8 +45,8 @@ class TracedEngine:
         return self._traced(stream, otel_context.get_current(), time.monotonic(), params)
 
     async def _traced(
-        self, stream: AsyncIterator[RequestOutput], parent: otel_context.Context, submitted: float, params: SamplingParams
-    ) -> AsyncIterator[RequestOutput]:
+        self, stream: AsyncGenerator[RequestOutput, None], parent: otel_context.Context, submitted: float, params: SamplingParams
+    ) -> AsyncGenerator[RequestOutput, None]:
         last: RequestOutput | None = None
         error: str | None = None
         try:

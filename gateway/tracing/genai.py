@@ -142,7 +142,8 @@ def _absorb(obj: dict[str, Any], texts: dict[int, list[str]], finish: dict[int, 
         i = choice.get("index", 0) if isinstance(choice.get("index"), int) else 0
         part = choice.get("message") or choice.get("delta") or {}
         text = _text(part.get("content")) if isinstance(part, dict) else ""
-        texts.setdefault(i, []).append(text or (choice.get("text") if isinstance(choice.get("text"), str) else ""))
+        plain = choice.get("text")
+        texts.setdefault(i, []).append(text or (plain if isinstance(plain, str) else ""))
         if isinstance(choice.get("finish_reason"), str):
             finish[i] = choice["finish_reason"]
     kind = obj.get("type")

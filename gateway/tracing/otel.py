@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import Token
 from types import TracebackType
 
 from opentelemetry import context as otel_context
@@ -110,7 +111,7 @@ class OtelSpan:
     def __init__(self, raw: trace.Span, tracing: Tracing) -> None:
         self.raw = raw
         self.tracing = tracing
-        self._tokens: list[object] = []
+        self._tokens: list[Token[otel_context.Context]] = []
         self._ended = False
 
     def set(self, key: str, value: AttrValue | None) -> None:
@@ -165,7 +166,7 @@ class OtelSpan:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        otel_context.detach(self._tokens.pop())  # type: ignore[arg-type]
+        otel_context.detach(self._tokens.pop())
         if exc is not None:  # the type only: an exception's message may quote the request
             self.fail(type(exc).__name__)
         self.end()
