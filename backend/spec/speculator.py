@@ -99,7 +99,7 @@ class Speculator:
 
     def _sources(self, seq: Sequence) -> list[str]:
         """The sources seq can draft from, cheapest first. Forced drafts (row cost 0, no adaptation) come from the
-        reference text or else the configured method only, as before the policy chose among sources."""
+        reference text or else the configured method only: with no row cost there is nothing to weigh sources by."""
         model = HEADS if self.medusa is not None else DRAFT if self.draft_model is not None else None
         have = {REFERENCE: bool(seq.reference_ids), NGRAM: model is None or self.policy.row_cost > 0,
                 HEADS: model == HEADS, DRAFT: model == DRAFT}
