@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections import deque
@@ -33,6 +34,8 @@ from backend.parallel.driver import Driver, parallel_ranks
 from backend.spec.draft_model import DraftModel, kv_blocks_for_both, load_draft_model
 from backend.spec.medusa import MedusaDrafter, load_medusa_heads
 from backend.spec.speculator import Speculator
+
+log = logging.getLogger(__name__)
 
 _QUANTIZED_LAYERS = ("Int4Linear", "Int8Linear", "LowBitHead", "GgufLinear")
 _SHAPE = re.compile(r"\b(in|out)=\d+,\s*")
@@ -111,6 +114,8 @@ class LLMEngine:
         self.generation_tokens_total = 0
         self._rate_window: deque[tuple[float, int]] = deque()
         release_freed_memory()  # the loader's transient copies (a GGUF's float32 state dict, fused projections)
+        log.info("%s loaded on %s: %s kernels, quantization %s, %d KV blocks of %d tokens, context %d", self.model_name,
+                 self.device, ops.name, quantization, blocks, config.block_size, self.max_model_len)
 
     # ---- requests in ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
