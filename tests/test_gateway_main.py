@@ -73,7 +73,8 @@ def root_logging() -> Iterator[None]:
     root.setLevel(level)
 
 
-def test_stdlib_records_share_the_gateway_format_and_redaction(root_logging: None) -> None:
+@pytest.mark.usefixtures("root_logging")
+def test_stdlib_records_share_the_gateway_format_and_redaction() -> None:
     """A backend record (standard library logging, no gateway import) renders through the gateway's processors to the
     same stream: the same keys, level names and timestamps, secrets redacted, tracebacks included; below the level
     nothing is written, and a second setup replaces the first handler instead of doubling every line."""

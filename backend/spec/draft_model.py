@@ -101,7 +101,6 @@ class DraftModel:
         # guesses are mostly rejected, and each costs a draft step and a verified position. Decided before
         # sampling, so every proposed token is still an exact draw from q. (0 = always draft k tokens.)
         self.min_confidence = DEFAULT_MIN_CONFIDENCE
-        self.num_forwards = 0
 
     def propose(self, seqs: list[Sequence], generator: torch.Generator) -> dict[Sequence, torch.Tensor | None]:
         """Overwrite the `num_draft` reserved tokens at the end of each seq with draft-model tokens.
@@ -124,7 +123,6 @@ class DraftModel:
                 break  # every draft lost confidence
             batch = _Batch([c for _, c in decodes], [c for _, c in prefills])
             logits = self.runner.run(batch)  # type: ignore[arg-type]  # (num_active, vocab), decodes first
-            self.num_forwards += 1
             for row, (s, _) in enumerate(decodes + prefills):
                 s.num_draft_computed = base[s] + j  # K/V written through position base-1+j
                 token = self._choose(s, logits[row : row + 1], base[s] + j, q[s], consumed, generator)

@@ -83,11 +83,6 @@ class Params:
             if strict and not spec.neutral(value):
                 raise InvalidRequest(self.wording.unsupported(name, f"{STRICT_WHY} ({spec.note})"), param=name)
 
-    def is_hint(self, obj: Mapping[str, Any], key: str) -> bool:
-        """Whether `obj[key]` is given and only a hint (its value then has no effect)."""
-        spec = self.fields.get(key)
-        return obj.get(key) is not None and spec is not None and spec.kind == "hint"
-
     def hints(self) -> dict[str, str]:
         """Every hint of this object and its nested ones, by path: what the docs table lists."""
         out = {(f"{self.where}.{k}" if self.where else k): p.note for k, p in self.fields.items() if p.kind == "hint"}

@@ -127,9 +127,6 @@ class Router:
             return HttpEmbedder(upstream, auto.embedding_model)
         return local
 
-    def model_names(self) -> list[str]:
-        return [*self.balancers, *(["auto"] if self.auto_enabled else [])]
-
     async def start(self) -> None:
         """Resolve the deployments found by DNS (once now, then in the background)."""
         await self.discovery.start()

@@ -169,7 +169,7 @@ class Budgets:
         self.teams = teams
         self.prefix = prefix
         if redis_url:
-            self.counters: Any = RedisBudgetCounters(redis_url)
+            self.counters: BudgetCounters = RedisBudgetCounters(redis_url)
         elif postgres_url:
             self.counters = PostgresBudgetCounters(postgres_url)
         else:
