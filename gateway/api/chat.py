@@ -111,7 +111,7 @@ class ChatCompletions:
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user
         prompt = self.ctx.engine.apply_chat_template(req.messages, continue_final_message=req.continue_final)
-        cached = await ticket.lookup(rec, raw, req.params, req.messages, prompt, req.stream, req.messages)
+        cached = await ticket.lookup(rec, raw, req.params, req.stream, messages=req.messages, prompt_ids=prompt)
         if cached is not None:
             return cached
         completion_id = f"chatcmpl-{self.ctx.ids.new()}"

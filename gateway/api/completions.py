@@ -138,7 +138,7 @@ class Completions:
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user
-        cached = await ticket.lookup(rec, raw, req.params, req.prompts, None, req.stream)
+        cached = await ticket.lookup(rec, raw, req.params, req.stream, prompt=req.prompts)
         if cached is not None:
             return cached
         completion_id = f"cmpl-{self.ctx.ids.new()}"

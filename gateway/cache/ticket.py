@@ -80,17 +80,22 @@ class Ticket:
         rec: RequestRecord,
         body: dict[str, Any],
         params: SamplingParams,
-        prompt: object,
-        prompt_ids: Sequence[int] | None,
         stream: StreamOptions,
+        *,
         messages: list[dict[str, Any]] | None = None,
+        prompt: object = None,
+        prompt_ids: Sequence[int] | None = None,
     ) -> Response | None:
-        """A replayed response on a hit; None on a miss (generate, then `store` or `tap`)."""
+        """A replayed response on a hit; None on a miss (generate, then `store` or `tap`). The exact key holds `prompt`
+        (default: `messages`) and `prompt_ids`; `messages` (chat only) are also what a semantic match compares."""
         store, cfg = self.cache.store, self.cache.cfg
         if store is None or not exact_allowed(cfg, params):
             return self._done(rec)
         with spans.start("cache.lookup", "internal", {"smolgate.cache.endpoint": self.endpoint}) as span:
-            response = await self._lookup(store, rec, body, params, prompt, prompt_ids, stream, messages)
+            response = await self._lookup(
+                store, rec, body, params, stream,
+                messages=messages, prompt=messages if prompt is None else prompt, prompt_ids=prompt_ids,
+            )  # fmt: skip
             span.set_all({"smolgate.cache.result": self.status, "smolgate.cache.similarity": self.similarity})
             return response
 
@@ -100,10 +105,11 @@ class Ticket:
         rec: RequestRecord,
         body: dict[str, Any],
         params: SamplingParams,
+        stream: StreamOptions,
+        *,
+        messages: list[dict[str, Any]] | None,
         prompt: object,
         prompt_ids: Sequence[int] | None,
-        stream: StreamOptions,
-        messages: list[dict[str, Any]] | None,
     ) -> Response | None:
         cfg, fp = self.cache.cfg, self.cache.fingerprint
         self.key = exact_key(self.namespace, fp, self.endpoint, body, params, prompt, prompt_ids)
