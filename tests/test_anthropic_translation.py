@@ -180,7 +180,7 @@ def test_stream_text_with_a_stop_sequence_split_anywhere(split: int) -> None:
         usage,
         b"data: [DONE]\n\n",
     ]
-    events = _run(EventStream("msg_1", "asked", 9, ("END",), "rid"), parts, split)
+    events = _run(EventStream("msg_1", "asked", 9, ("END",), request_id="rid"), parts, split)
     kinds = [e["type"] for e in events]
     assert kinds[:3] == ["message_start", "ping", "content_block_start"] and kinds[-2:] == ["message_delta", "message_stop"]
     assert "ping" in kinds[3:]  # the keep-alive comment
@@ -195,7 +195,7 @@ def test_stream_text_with_a_stop_sequence_split_anywhere(split: int) -> None:
 
 def test_stream_held_back_text_is_sent_when_no_stop_sequence_ends_it() -> None:
     parts = [_chunk("It is EN"), _chunk(None, "length"), b"data: [DONE]\n\n"]
-    events = _run(EventStream("m", "asked", 1, ("END",), "rid"), parts, 10_000)
+    events = _run(EventStream("m", "asked", 1, ("END",), request_id="rid"), parts, 10_000)
     assert _text(events) == "It is EN" and events[-2]["delta"]["stop_reason"] == "max_tokens"
     assert held_back("It is EN", ("END", "NOPE")) == 2 and held_back("xyz", ("END",)) == 0
 
@@ -210,7 +210,7 @@ def test_stream_tool_calls_become_tool_use_blocks() -> None:
         _chunk(None, "tool_calls"),
         b"data: [DONE]\n\n",
     ]
-    events = _run(EventStream("m", "asked", 1, (), "rid"), parts, 5)
+    events = _run(EventStream("m", "asked", 1, (), request_id="rid"), parts, 5)
     starts = [e for e in events if e["type"] == "content_block_start"]
     assert [s["content_block"] for s in starts] == [
         {"type": "tool_use", "id": "toolu_abc", "name": "get", "input": {}},
@@ -224,7 +224,7 @@ def test_stream_tool_calls_become_tool_use_blocks() -> None:
 
 def test_stream_error_event_ends_the_stream() -> None:
     error = b'event: error\ndata: {"error":{"message":"boom","type":"server_error","code":"internal_error"}}\n\n'
-    events = _run(EventStream("m", "asked", 1, (), "rid"), [_chunk("Hi"), error, _chunk("late")], 10_000)
+    events = _run(EventStream("m", "asked", 1, (), request_id="rid"), [_chunk("Hi"), error, _chunk("late")], 10_000)
     assert events[-1] == {"type": "error", "error": {"type": "api_error", "message": "boom"}, "request_id": "rid"}
     assert "message_stop" not in [e["type"] for e in events] and _text(events) == "Hi"
 

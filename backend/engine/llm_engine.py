@@ -69,13 +69,14 @@ class LLMEngine:
         # > 1 rank: rank 0 drives (this engine); backend/parallel/driver.py's workers follow its batches
         tp, pp = parallel_ranks(config.tensor_parallel_size, config.pipeline_parallel_size)
         quantization = serving_quantization(config.resolved_model(), model_dir, config.quantization, self.device,
-                                            tp is not None or pp is not None)
-        model = load_model(model_dir, config, self.max_model_len, ops, quantization, tp, pp)
+                                            parallel=tp is not None or pp is not None)
+        model = load_model(model_dir, config, self.max_model_len, ops, quantization=quantization, tp=tp, pp=pp)
         draft = load_draft_model(config, model, self.max_model_len, ops)
-        heads = load_medusa_heads(config, model.config.vocab_size, model.config.hidden_size, dtype, self.device)
+        heads = load_medusa_heads(config, model.config.vocab_size, model.config.hidden_size, dtype, device=self.device)
         single = tp is None and pp is None
         kv_dtype = kv_cache_dtype(
-            config.kv_cache_dtype, model, dtype, self.device, single and ops.name != "triton", c_decode=ops.name == "cpu"
+            config.kv_cache_dtype, model, dtype, self.device, torch_ops=single and ops.name != "triton",
+                c_decode=ops.name == "cpu"
         )
         per_token = per_token_prefill(model, ops.name, dtype, kv_dtype)  # the pipeline's stages attend alike
         # The `auto` settings as resolved on this machine: part of the gateway's response-cache fingerprint.
@@ -87,15 +88,16 @@ class LLMEngine:
         if not single:
             model = Driver(model)
         blocks = num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, kv_dtype) if draft is None else \
-            kv_blocks_for_both(model, draft, config.block_size, config.kv_cache_memory_mb, kv_dtype)
+            kv_blocks_for_both(model, draft, config.block_size, config.kv_cache_memory_mb, dtype=kv_dtype)
         if isinstance(model, Driver):
             model.share_num_blocks(blocks)
         pool = BlockPool(blocks, config.enable_prefix_caching)
         self.kv = KVCacheManager(pool, config.block_size, freeable_window(model.config))
         self.scheduler = Scheduler(self.kv, config)
         self.runner = ModelRunner(
-            model, self.kv, kv_dtype, self.device, per_token, config.cuda_graphs and single, config.max_num_seqs,
-            self.max_model_len,
+            model, self.kv, kv_dtype, self.device, per_token=per_token, cuda_graphs=config.cuda_graphs and single,
+                max_num_seqs=config.max_num_seqs,
+            max_model_len=self.max_model_len,
         )
         self.eos_token_id = self.tokenizer.eos_token_id
         # what ends an answer: EOS, and a configured chat template's end-of-turn tokens (Gemma's <end_of_turn>)
@@ -106,8 +108,9 @@ class LLMEngine:
         self.grammars = GrammarCache(self.tokenizer, self.vocab_size)
         self.speculator = Speculator(
             self.kv, config, self.max_model_len, self.eos_token_id,
-            None if draft is None else DraftModel(draft, self.kv, kv_dtype, self.device, self.eos_token_id),
-            None if heads is None else MedusaDrafter(heads, config.medusa_min_confidence),
+            draft_model=None if draft is None else DraftModel(draft, self.kv, kv_dtype, self.device,
+                eos_token_id=self.eos_token_id),
+            medusa=None if heads is None else MedusaDrafter(heads, config.medusa_min_confidence),
         )
         self.requests: dict[str, list[Sequence]] = {}
         self.prompt_tokens_total = 0

@@ -78,7 +78,7 @@ def _state(seq: Sequence) -> SeqSpecState:
 class Speculator:
     def __init__(
         self, kv: KVCacheManager, config: EngineConfig, max_model_len: int, eos_token_id: int | None,
-        draft_model: DraftModel | None = None, medusa: MedusaDrafter | None = None,
+        *, draft_model: DraftModel | None = None, medusa: MedusaDrafter | None = None,
     ) -> None:
         """The draft length, batch limit and row cost come from the engine's config (num_speculative_tokens,
         speculative_max_batch, speculative_row_cost); the drafters are built by the engine."""
@@ -183,7 +183,7 @@ class Speculator:
         del seq.token_ids[base:]
         seq.num_draft = 0
         q = self._q.pop(seq, None)
-        process_target_rows(logits, seq, seq.token_ids, draft, self.eos_token_id)
+        process_target_rows(logits, seq, seq.token_ids, draft, eos=self.eos_token_id)
         if seq.params.greedy:
             accepted, bonus = verify_greedy(logits, draft)
         elif seq.generator is not None:  # row i draws the token at position base + i

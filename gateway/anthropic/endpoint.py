@@ -60,6 +60,7 @@ class Relay:
         stream: EventStream | None,
         to_message: Callable[[dict[str, Any]], dict[str, Any]],
         rec: RequestRecord,
+        *,
         headers: list[tuple[bytes, bytes]] | None = None,  # added to the response's (what was left out...)
     ):
         self.inner, self.stream, self.to_message, self.rec = inner, stream, to_message, rec
@@ -149,13 +150,13 @@ class Messages:
                 chat, window = {**chat, "max_tokens": cap}, False
             stream = None
             if req.stream:  # message_start carries the prompt's size; message_delta the engine's own count
-                stream = EventStream(message_id, req.model, prompt, stops, rec.request_id, window)
+                stream = EventStream(message_id, req.model, prompt, stops, request_id=rec.request_id, window=window)
             inner = await self.chat(sub_request(request, chat))
         except Exception as exc:
             return self._error(rec, exc)
-        to_message = lambda body: out.message(body, message_id, req.model, stops, window)  # noqa: E731
+        to_message = lambda body: out.message(body, message_id, req.model, stops, window=window)  # noqa: E731
         notes = [(b"smolgate-tools-left-out", ",".join(req.left_out).encode())] if req.left_out else []
-        return Relay(inner, stream, to_message, rec, notes)  # type: ignore[return-value]
+        return Relay(inner, stream, to_message, rec, headers=notes)  # type: ignore[return-value]
 
     async def count_tokens(self, request: Request) -> Response:
         rec = record_of(request)

@@ -80,7 +80,7 @@ def tool_input(arguments: object) -> dict[str, Any]:
     return value
 
 
-def message(chat: dict[str, Any], message_id: str, model: str, stops: tuple[str, ...], window: bool = False) -> dict[str, Any]:
+def message(chat: dict[str, Any], message_id: str, model: str, stops: tuple[str, ...], *, window: bool = False) -> dict[str, Any]:
     """The Anthropic Message for a chat.completion body (its first choice: Messages has no `n`)."""
     try:
         choice = chat["choices"][0]

@@ -134,8 +134,8 @@ class ChatCompletions:
         return ticket.mark(json_response(body))
 
     def _body(self, maker: ChunkMaker, req: ChatRequest, gen: Generation) -> dict[str, Any]:
-        body = chat_completion(maker.id, maker.created, maker.model, gen.ordered(), gen.usage, req.logprobs,
-                               maker.system_fingerprint)
+        body = chat_completion(maker.id, maker.created, maker.model, gen.ordered(), usage=gen.usage, with_logprobs=req.logprobs,
+                               system_fingerprint=maker.system_fingerprint)
         return body if req.tools is None else with_tool_calls(body, self._call_id)
 
     def _call_id(self) -> str:

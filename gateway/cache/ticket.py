@@ -93,7 +93,7 @@ class Ticket:
             return self._done(rec)
         with spans.start("cache.lookup", "internal", {"smolgate.cache.endpoint": self.endpoint}) as span:
             response = await self._lookup(
-                store, rec, body, params, stream,
+                store, rec, body, params, stream=stream,
                 messages=messages, prompt=messages if prompt is None else prompt, prompt_ids=prompt_ids,
             )  # fmt: skip
             span.set_all({"smolgate.cache.result": self.status, "smolgate.cache.similarity": self.similarity})
@@ -105,18 +105,19 @@ class Ticket:
         rec: RequestRecord,
         body: dict[str, Any],
         params: SamplingParams,
-        stream: StreamOptions,
         *,
+        stream: StreamOptions,
         messages: list[dict[str, Any]] | None,
         prompt: object,
         prompt_ids: Sequence[int] | None,
     ) -> Response | None:
         cfg, fp = self.cache.cfg, self.cache.fingerprint
-        self.key = exact_key(self.namespace, fp, self.endpoint, body, params, prompt, prompt_ids)
+        self.key = exact_key(self.namespace, fp, self.endpoint, body, params=params, prompt=prompt, prompt_ids=prompt_ids)
         embedder = self.cache.embedder
         semantic = messages is not None and self.control.semantic and embedder is not None
         if semantic and messages and semantic_allowed(cfg, body, messages, params):
-            self.scope = semantic_scope(self.namespace, fp, embedder.identity, self.endpoint, body, params, messages[:-1])
+            self.scope = semantic_scope(self.namespace, fp, embedder.identity, self.endpoint, body=body, params=params,
+                context=messages[:-1])
             self.query = messages[-1]["content"]
             self.prompt_ids = tuple(prompt_ids or ())
         if not self.control.lookup:
@@ -143,8 +144,9 @@ class Ticket:
         if self.vector is None:
             return None
         found = await match(
-            store, self.scope, self.query, self.vector, cfg.similarity_threshold, cfg.near_miss_margin, self._verify(),
-            cfg.relevance_margin if cfg.relevance else None, scorer,
+            store, self.scope, self.query, self.vector, threshold=cfg.similarity_threshold, margin=cfg.near_miss_margin,
+                verify=self._verify(),
+            relevance_margin=cfg.relevance_margin if cfg.relevance else None, learned=scorer,
         )
         self.near_miss = found.near_miss
         if found.near_miss is not None:
@@ -289,7 +291,7 @@ class Ticket:
         await store.put(self.key, orjson.dumps(entry), ttl)
         self.cache.metrics.stores.labels(self.endpoint).inc()
         if self.scope is not None and self.vector is not None:
-            await store.add_vector(self.scope, self.key, self.query, self.vector, ttl)
+            await store.add_vector(self.scope, self.key, self.query, self.vector, ttl_s=ttl)
 
     async def tap(
         self, outputs: AsyncIterator[RequestOutput], build: Callable[[Generation], dict[str, Any]]

@@ -35,7 +35,7 @@ class UpstreamCache:
         }
 
     async def lookup(
-        self, endpoint: str, request: Request, raw: dict[str, Any], model: str, rec: RequestRecord
+        self, endpoint: str, request: Request, raw: dict[str, Any], model: str, *, rec: RequestRecord
     ) -> tuple[Response | None, Ticket | None]:
         """A cached response (a hit), or the ticket that stores the answer (a miss); (None, None) when `model` is not
         cached here."""

@@ -107,7 +107,7 @@ class KeyPolicy:
     team: str = ""  # keys of one team share its budgets (spend.teams)
 
     @classmethod
-    def of(cls, name: str, key: str, limits: KeyLimits, models: tuple[str, ...] = (), team: str = "") -> KeyPolicy:
+    def of(cls, name: str, key: str, limits: KeyLimits, models: tuple[str, ...] = (), *, team: str = "") -> KeyPolicy:
         return cls(name=name, key=key, models=models, team=team, **{f.name: getattr(limits, f.name) for f in fields(limits)})
 
 
@@ -355,7 +355,7 @@ def parse_key(where: str, value: object, env: Mapping[str, str], defaults: KeyLi
     if not isinstance(team, str):
         raise RoutingConfigError(f"{where}.team must be a team name")
     limits = parse_limits(where, raw, defaults or KeyLimits())
-    return KeyPolicy.of(str(name), key, limits, tuple(models), team)
+    return KeyPolicy.of(str(name), key, limits, tuple(models), team=team)
 
 
 def parse_routing(data: Mapping[str, Any], env: Mapping[str, str], engine: EngineConfig | None = None) -> RoutingConfig:

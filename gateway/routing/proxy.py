@@ -56,6 +56,7 @@ async def call_json(
     path: str,
     body: dict[str, Any],
     rec: RequestRecord,
+    *,
     count: Callable[[str], int],
     headers: dict[str, str] | None = None,
     relay: tuple[str, ...] = (),
@@ -83,6 +84,7 @@ async def call_stream(
     path: str,
     body: dict[str, Any],
     rec: RequestRecord,
+    *,
     count: Callable[[str], int],
     limits: StreamLimits,
     outcome: Outcome,
@@ -103,7 +105,7 @@ async def call_stream(
         await events.aclose()
         raise UpstreamError("upstream streamed an error before any output")
     answer = _Answer(path.endswith("/chat/completions"), keep) if keep is not None else None
-    relay = _relay(first, events, body, want_usage, rec, count, answer)
+    relay = _relay(first, events, body, want_usage, rec=rec, count=count, answer=answer)
 
     def on_error(exc: BaseException, err: GatewayError) -> None:
         outcome.failed = True
@@ -117,6 +119,7 @@ async def _relay(
     events: AsyncIterator[bytes],
     body: dict[str, Any],
     want_usage: bool,
+    *,
     rec: RequestRecord,
     count: Callable[[str], int],
     answer: _Answer | None,

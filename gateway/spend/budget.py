@@ -162,6 +162,7 @@ class Budgets:
         redis_url: str,
         prefix: str,
         on_error: Callable[[BaseException], None],
+        *,
         clock: Callable[[], float] = time.time,
         postgres_url: str = "",
     ) -> None:
