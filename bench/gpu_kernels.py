@@ -205,7 +205,7 @@ def bench_decode(device: str, ceil: Ceilings, dry: bool) -> list[dict[str, Any]]
     return [_decode_case(*c, device=device, g=g, ceil=ceil, dry=dry) for c in cases]
 
 
-def _decode_case(h: int, hkv: int, d: int, b: int, ctx: int, *, device: str, g: torch.Generator, ceil: Ceilings,
+def _decode_case(h: int, hkv: int, d: int, b: int, ctx: int, *, device: str, g: torch.Generator, ceil: Ceilings,  # noqa: PLR0917
                  dry: bool) -> dict[str, Any]:
     from kernels.triton import paged_decode as pd
 

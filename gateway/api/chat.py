@@ -126,7 +126,7 @@ class ChatCompletions:
                            system_fingerprint(self.ctx.cache.fingerprint))
         if req.stream.stream:
             build = lambda g: self._body(maker, req, g)  # noqa: E731
-            return ticket.mark(await self._stream(request, req, maker, ticket.tap(stream, build), rec))
+            return ticket.mark(await self._stream(request, req, maker, ticket.tap(stream, build), rec=rec))
         gen: Generation = await unless_disconnected(request.receive, collect(stream, rec.first_token))
         rec.set_usage(gen.usage)
         body = self._body(maker, req, gen)
@@ -147,6 +147,7 @@ class ChatCompletions:
         req: ChatRequest,
         maker: ChunkMaker,
         stream: AsyncIterator[RequestOutput],
+        *,
         rec: RequestRecord,
     ) -> Response:
         (first,) = await unless_disconnected(request.receive, prime([stream]))

@@ -151,7 +151,7 @@ class Completions:
                 streams = [ticket.tap(streams[0], lambda g: text_completion(
                     completion_id, int(time.time()), model.id, [completion_choice(c.index, c, None, want) for c in g.ordered()],
                     usage=g.usage, system_fingerprint=fingerprint))]  # fmt: skip
-            return ticket.mark(await self._stream(request, req, completion_id, model.id, streams, rec))
+            return ticket.mark(await self._stream(request, req, completion_id, model.id, streams=streams, rec=rec))
         gens = await unless_disconnected(request.receive, gather_or_cancel([collect(s, rec.first_token) for s in streams]))
         usage = _total(g.usage for g in gens)
         rec.set_usage(usage)
@@ -182,6 +182,7 @@ class Completions:
         req: CompletionRequest,
         completion_id: str,
         model: str,
+        *,
         streams: list[AsyncIterator[RequestOutput]],
         rec: RequestRecord,
     ) -> Response:
