@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from bench.server import free_port, wait_ready
-from gateway.ops.access_log import make_logger, route_stdlib_logging
+from gateway.ops.access_log import OWN_LOGGERS, make_logger, route_stdlib_logging
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,18 +66,20 @@ def test_python_m_gateway_serves_and_stops_cleanly() -> None:
 
 @pytest.fixture
 def root_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
+    loggers = [logging.getLogger(name) for name in ("", *OWN_LOGGERS)]
+    handlers, levels = list(loggers[0].handlers), [lg.level for lg in loggers]
     yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+    loggers[0].handlers[:] = handlers
+    for lg, level in zip(loggers, levels, strict=True):
+        lg.setLevel(level)
 
 
 @pytest.mark.usefixtures("root_logging")
 def test_stdlib_records_share_the_gateway_format_and_redaction() -> None:
     """A backend record (standard library logging, no gateway import) renders through the gateway's processors to the
     same stream: the same keys, level names and timestamps, secrets redacted, tracebacks included; below the level
-    nothing is written, and a second setup replaces the first handler instead of doubling every line."""
+    nothing is written (a library's info line neither), and a second setup replaces the first handler instead of doubling
+    every line."""
     secret = "sk-operator-secret-123456"
     first = io.StringIO()
     route_stdlib_logging(first, "info", (secret,))
@@ -85,6 +87,7 @@ def test_stdlib_records_share_the_gateway_format_and_redaction() -> None:
     route_stdlib_logging(sink, "info", (secret,))
     backend = logging.getLogger("backend.engine.async_engine")
     backend.debug("not at info")
+    logging.getLogger("httpx").info("HTTP Request: POST http://upstream/v1/chat/completions")  # every request: too chatty
     backend.warning("upstream said %s", f"bad key {secret}")
     try:
         raise RuntimeError("boom")

@@ -57,13 +57,17 @@ def make_logger(sink: TextIO, level: str = "info", secrets: tuple[str, ...] = ()
     )
 
 
+OWN_LOGGERS = ("backend", "kernels", "gateway")  # uvicorn sets its own loggers' level (uvicorn.run's log_level)
+
+
 class _StdlibHandler(logging.StreamHandler[TextIO]):
     """The root logger's handler route_stdlib_logging installs (its type marks it, so a second call replaces it)."""
 
 
 def route_stdlib_logging(sink: TextIO, level: str = "info", secrets: tuple[str, ...] = ()) -> logging.Handler:
-    """Renders every standard-library record at `level` or above as make_logger's lines are (plus `logger`, the
-    record's logger name) and writes it to `sink`: one handler on the root logger, replacing any earlier one."""
+    """Renders standard-library records as make_logger's lines are (plus `logger`, the record's logger name) and writes
+    them to `sink`: one handler on the root logger, replacing any earlier one. The project's own loggers (backend,
+    kernels, gateway) speak from `level`, the libraries' from warning (httpx logs every upstream request at info)."""
     handler = _StdlibHandler(sink)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[structlog.stdlib.add_logger_name],
@@ -73,7 +77,9 @@ def route_stdlib_logging(sink: TextIO, level: str = "info", secrets: tuple[str, 
     for old in [h for h in root.handlers if isinstance(h, _StdlibHandler)]:
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(logging.getLevelNamesMapping()[level.upper()])
+    root.setLevel(logging.WARNING)
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(logging.getLevelNamesMapping()[level.upper()])
     return handler
 
 
