@@ -69,8 +69,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if arch.qk_norm else None
 
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor, batch: ForwardBatch, *, ops: Ops
+    def forward(  # noqa: PLR0917  # a module's forward: called through the module, positionally
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor, batch: ForwardBatch, ops: Ops
     ) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -121,9 +121,9 @@ class DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if arch.sandwich_norms else None
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if arch.sandwich_norms else None
 
-    def forward(
+    def forward(  # noqa: PLR0917  # a module's forward: called through the module, positionally
         self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor,
-        *, batch: ForwardBatch, ops: Ops,
+        batch: ForwardBatch, ops: Ops,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: this layer's input delta, residual: the stream so far. Returns (mlp output, stream)."""
         h, residual = self.input_layernorm(x, residual, ops)

@@ -242,7 +242,7 @@ tuning_ms: dict[tuple, dict[str, float]] = {}  # the same keys -> every candidat
 _flush: dict[torch.device, torch.Tensor] = {}
 
 
-def _launch(x, qweight, qzeros, scales, *, out, group_size: int, cfg: GemmConfig, float_zero: bool):
+def _launch(x, qweight, qzeros, scales, out, group_size: int, cfg: GemmConfig, float_zero: bool):
     M, K = x.shape
     N = qweight.shape[1] * 8
     block_k = min(cfg.block_k, group_size)
@@ -322,7 +322,7 @@ def _time_config(run, flush: torch.Tensor, reps: int = 5, calls: int = 8) -> flo
     return max(both - alone, 1e-6) / calls
 
 
-def tune(x, qweight, qzeros, scales, *, out, group_size: int, float_zero: bool) -> tuple[GemmConfig, dict[str, float]]:
+def tune(x, qweight, qzeros, scales, out, group_size: int, float_zero: bool) -> tuple[GemmConfig, dict[str, float]]:
     """Time every candidate for this call's shape on its GPU: (the fastest, each candidate's ms). A candidate that
     fails to compile, launch or be captured (e.g. out of shared memory for its tile on this GPU) is not one here."""
     flush = _flush.setdefault(x.device, torch.empty(128 * 2**20 // 4, dtype=torch.int32, device=x.device))
@@ -330,8 +330,7 @@ def tune(x, qweight, qzeros, scales, *, out, group_size: int, float_zero: bool) 
     best, best_ms = default_config(x.shape[0], group_size), float("inf")
     for cfg in candidates(x.shape[0], group_size):
         try:
-            ms = _time_config(lambda c=cfg: _launch(x, qweight, qzeros, scales, out=out, group_size=group_size, cfg=c,
-                float_zero=float_zero), flush)
+            ms = _time_config(lambda c=cfg: _launch(x, qweight, qzeros, scales, out, group_size, c, float_zero), flush)
         except Exception:  # not a candidate on this GPU
             continue
         timed[cfg.label()] = round(ms, 5)
@@ -340,7 +339,7 @@ def tune(x, qweight, qzeros, scales, *, out, group_size: int, float_zero: bool) 
     return best, timed
 
 
-def awq_gemm(x, qweight, qzeros, scales, *, group_size: int, out=None, split_k: int | None = None,
+def awq_gemm(x, qweight, qzeros, scales, group_size: int, out=None, split_k: int | None = None,
              block_m: int | None = None, block_n: int | None = None, block_k: int | None = None, zero_terms=None,
              config: GemmConfig | None = None):
     """y = x @ W for an AWQ-packed W (K, N); x (M, K) -> (M, N) in x's dtype. `zero_terms` (K / group_size, N) float
@@ -376,10 +375,9 @@ def awq_gemm(x, qweight, qzeros, scales, *, group_size: int, out=None, split_k: 
         key = (m_bucket(M), N, K, group_size, x.dtype, scales.dtype, float_zero)
         config = tuned.get(key)
         if config is None and not torch.cuda.is_current_stream_capturing():
-            config, tuning_ms[key] = tune(x, qweight, qzeros, scales, out=out, group_size=group_size, float_zero=float_zero)
+            config, tuning_ms[key] = tune(x, qweight, qzeros, scales, out, group_size, float_zero)
             tuned[key] = config
-    return _launch(x, qweight, qzeros, scales, out=out, group_size=group_size, cfg=config or default_config(M, group_size),
-        float_zero=float_zero)
+    return _launch(x, qweight, qzeros, scales, out, group_size, config or default_config(M, group_size), float_zero)
 
 
 # ---- torch reference: pack / unpack / dequantise / quantise / matmul ----
@@ -416,6 +414,6 @@ def awq_quantize(w: torch.Tensor, group_size: int):
     return awq_pack(q.int()), awq_pack(zeros.int()), scales
 
 
-def awq_gemm_ref(x, qweight, qzeros, scales, *, group_size: int) -> torch.Tensor:
+def awq_gemm_ref(x, qweight, qzeros, scales, group_size: int) -> torch.Tensor:
     """Torch reference: dequantise to float32 and matmul; result in x's dtype."""
     return (x.float() @ awq_dequantize(qweight, qzeros, scales, group_size)).to(x.dtype)

@@ -123,7 +123,7 @@ def _flash_prefill_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=i_ok[:, None])
 
 
-def flash_prefill(q, k_cache, v_cache, block_tables, *, cu_seqlens_q, seq_lens, max_query_len: int | None = None,
+def flash_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_query_len: int | None = None,
                   scale: float | None = None, out=None, block_m: int = 64, block_n: int = 64, window: int = 0):
     """Causal prefill attention of packed new tokens over the paged cache; returns ``out`` shaped like q."""
     assert q.dim() == 3 and q.stride(2) == 1, (q.shape, q.stride())
@@ -162,7 +162,7 @@ def flash_prefill(q, k_cache, v_cache, block_tables, *, cu_seqlens_q, seq_lens, 
     return out
 
 
-def flash_prefill_ref(q, k_cache, v_cache, block_tables, *, cu_seqlens_q, seq_lens, scale: float | None = None,
+def flash_prefill_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale: float | None = None,
                       window: int = 0):
     """Torch reference: per sequence, gather K/V through the block table, causal softmax attention in fp32
     (keys within ``window`` positions when window > 0)."""

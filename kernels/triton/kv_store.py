@@ -50,7 +50,7 @@ def _kv_store_kernel(
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             *, slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor) -> None:
     """Write key/value rows into the paged caches in place (slot -1 = skip)."""
     assert key.dim() == 3 and value.shape == key.shape, (key.shape, value.shape)
     num_tokens, num_kv_heads, head_dim = key.shape
@@ -74,7 +74,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
 
 
 def store_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 *, slot_mapping: torch.Tensor) -> None:
+                 slot_mapping: torch.Tensor) -> None:
     """Torch reference of ``store_kv`` (in place)."""
     block_size = k_cache.shape[1]
     keep = slot_mapping >= 0

@@ -129,7 +129,7 @@ def _default_num_splits(device: torch.device, programs: int, max_context: int, b
     return max(1, min(triton.cdiv(target, programs), triton.cdiv(max_context, max(256, block_n))))
 
 
-def paged_decode(q, k_cache, v_cache, block_tables, *, seq_lens, scale: float | None = None, out=None,
+def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale: float | None = None, out=None,
                  num_splits: int | None = None, block_n: int = 64, window: int = 0):
     """Decode attention for one query token per sequence; returns ``out`` (num_seqs, num_heads, head_dim)."""
     assert q.dim() == 3 and q.stride(2) == 1, (q.shape, q.stride())
@@ -186,7 +186,7 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
 
 
-def paged_decode_ref(q, k_cache, v_cache, block_tables, *, seq_lens, scale: float | None = None, window: int = 0):
+def paged_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale: float | None = None, window: int = 0):
     """Torch reference: per sequence, gather K/V through the block table and run softmax attention in fp32
     (over the last ``window`` keys when window > 0)."""
     num_seqs, num_heads, head_dim = q.shape

@@ -49,7 +49,7 @@ def _rms_norm_kernel(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-             *, out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None):
+             out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None):
     """Return ``(normed, new_residual)``; ``new_residual`` is ``x + residual`` or None without a residual."""
     assert x.dim() == 2 and x.stride(1) == 1, (x.shape, x.stride())
     num_tokens, hidden = x.shape

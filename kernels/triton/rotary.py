@@ -70,7 +70,7 @@ def rope_cache(head_dim: int, max_position: int, base: float = 10000.0, device=N
 
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-                     *, inplace: bool = False):
+                     inplace: bool = False):
     """Apply rotary embedding to q and k; returns ``(q_rot, k_rot)`` (q and k themselves when in place)."""
     assert q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2]
     num_tokens, num_heads, head_dim = q.shape
