@@ -10,6 +10,7 @@ the loop thread's inbox) out of the engine's step loop, and costs an untraced re
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -61,10 +62,12 @@ class TracedEngine:
             if aclose is not None:
                 await aclose()  # stopping early aborts the engine request, as without tracing
             finished = last is not None and last.finished
-            args = (parent, submitted, params, last.usage if last else None, last.timings if last else None,
-                    error or (None if finished else "cancelled"))  # fmt: skip
+            spans = functools.partial(
+                self._spans, parent, submitted, params, last.usage if last else None,
+                timings=last.timings if last else None, error=error or (None if finished else "cancelled"),
+            )  # fmt: skip
             # built once the task yields: a non-streamed answer is sent first (it is waiting on this generator)
-            asyncio.get_running_loop().call_soon(self._spans, *args)
+            asyncio.get_running_loop().call_soon(spans)
 
     def _spans(
         self, parent: otel_context.Context, submitted: float, params: SamplingParams, usage: Usage | None,
