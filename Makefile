@@ -90,6 +90,7 @@ chart: install
 test: test-models system-deps clients chart
 	$(PY) -m ruff check gateway backend kernels bench tests deploy
 	$(PY) -m mypy
+	$(PY) -m vulture  # dead code (pyproject.toml's [tool.vulture]: paths, confidence, framework names)
 	SMOLGATE_QUANTIZATION=none $(PY) -m pytest -q -x --durations=15
 
 # The benchmark suite (bench/suite.py), then the tables in docs/benchmarks.md and README.md and the plots in

@@ -119,7 +119,9 @@ class EngineConfig:
     background_max_batched_tokens: int = 128
     tensor_parallel_size: int = 1  # > 1: shard every layer over a torch.distributed group (backend/model/tensor_parallel.py)
     pipeline_parallel_size: int = 1  # > 1: split the layers into stages, one per rank (backend/model/pipeline_parallel.py)
-    kernel_backend: str = "auto"  # auto (Triton on CUDA, torch elsewhere) | torch | triton (interpreter on CPU)
+    # auto: Triton on CUDA; on a CPU, torch plus the project's C kernels where they build (else plain torch); plain
+    # torch on other devices | torch (plain torch anywhere) | triton (on a CPU through Triton's interpreter: tests)
+    kernel_backend: str = "auto"
     # On CUDA with the Triton ops: pure-decode steps replay CUDA graphs captured at start for padded batch sizes up
     # to max_num_seqs (backend/engine/cuda_graphs.py). A small model's decode step is launch-bound (~8 kernels a layer,
     # each launch tens of microseconds on the host); a graph replays them all in one call. Ignored elsewhere.

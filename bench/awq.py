@@ -66,7 +66,7 @@ def engine_for(model_dir: Path, threads: int = 0) -> LLMEngine:
 
 # ---- quality -----------------------------------------------------------------------------------
 def perplexity(engine: LLMEngine, ids: list[int], window: int, prefix: tuple[int, ...] = (),
-               max_windows: int | None = None) -> tuple[float, int]:
+               *, max_windows: int | None = None) -> tuple[float, int]:
     """exp(mean negative log-likelihood) over non-overlapping windows (each window's first token unscored); `prefix`
     (a model's <bos>) starts every window unscored; `max_windows`: the first ones only."""
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)

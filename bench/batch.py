@@ -66,7 +66,7 @@ async def stream_one(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[flo
     return times[0] - start, list(np.diff(times))
 
 
-async def live(http: httpx.AsyncClient, streams: int, requests: int, new_tokens: int, samples: dict[str, list[float]]) -> None:
+async def live(http: httpx.AsyncClient, streams: int, requests: int, new_tokens: int, *, samples: dict[str, list[float]]) -> None:
     """`streams` clients sending `requests` streamed requests each, back to back; adds to samples' ttft and itl."""
 
     async def client(c: int) -> None:
@@ -127,6 +127,7 @@ async def work(
     api_key: str,
     lines: int,
     with_batch_lines: int,
+    *,
     new_tokens: int,
     live_requests: int,
     rounds: int,
@@ -144,14 +145,14 @@ async def work(
         lines_done = 0
         for r in range(rounds):
             started = time.perf_counter()
-            await live(http, 4, live_requests, new_tokens, quiet)
+            await live(http, 4, live_requests, new_tokens, samples=quiet)
             quiet_s += time.perf_counter() - started
             running = submit(client, with_batch_lines, new_tokens, 9000 + r * with_batch_lines)
             while client.batches.retrieve(running.id).status == "validating":
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)  # the batch is in flight before live traffic starts
             started = time.perf_counter()
-            await live(http, 4, live_requests, new_tokens, busy)
+            await live(http, 4, live_requests, new_tokens, samples=busy)
             busy_s += time.perf_counter() - started
             lines_done += client.batches.retrieve(running.id).request_counts.completed
             client.batches.cancel(running.id)
@@ -189,8 +190,9 @@ def main() -> None:
         busy_lines = 500 if args.full else args.lines
         run_and_report(
             args.url, env,
-            lambda url: work(url, args.api_key, args.lines, busy_lines, args.new_tokens, args.live_requests, args.rounds,
-                             not args.latency_only),
+            lambda url: work(url, args.api_key, args.lines, busy_lines, new_tokens=args.new_tokens,
+                live_requests=args.live_requests, rounds=args.rounds,
+                             throughput=not args.latency_only),
             args.out,
         )  # fmt: skip
 

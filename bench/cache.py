@@ -110,7 +110,7 @@ def score_quality(lookups: list[Any], pairs_file: str, t: float) -> dict[str, An
     if margin is not None:
         modes += [("lexical_without_relevance", "lexical", None), ("verified_without_relevance", "verified", None)]
     for name, mode, relevance in modes:
-        score = score_lookups(lookups, mode, t, criterion, relevance).as_dict()
+        score = score_lookups(lookups, mode, t, criterion, relevance_margin=relevance).as_dict()
         score["verifications_per_lookup"] = round(score.pop("verifications") / max(len(lookups), 1), 3)
         out[name] = {k: v for k, v in score.items() if k not in ("mode", "threshold")}
     out["criterion"] = dataclasses.asdict(criterion)
@@ -144,7 +144,7 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
         store = MemoryStore(max_entries=len(cached) + 1)
         for text in cached:
             await store.put(text, b"answer", 3600)
-            await store.add_vector("scope", text, text, vec[text], 3600)
+            await store.add_vector("scope", text, text, vec[text], ttl_s=3600)
         learned = LearnedMatcher(model, embedder, cfg.matcher_threshold)
         await learned.read(cached)  # cached questions are read once, when first met: not a lookup's cost
         for p in pairs:  # the encoder's first forward at each input length is slow (~0.25 s): warm every length up
@@ -157,11 +157,11 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
                     top = await store.search("scope", vec[p.query], 1, cfg.similarity_threshold)
                     hit = top[0] if top else None
                 elif mode == "lexical":
-                    hit = (await match(store, "scope", p.query, vec[p.query], cfg.similarity_threshold, 0.0)).hit
+                    hit = (await match(store, "scope", p.query, vec[p.query], threshold=cfg.similarity_threshold, margin=0.0)).hit
                 else:  # the query's forward (its vector too: it replaces the embedding), the features, the heads
                     t0 = time.perf_counter()
                     scorer = await learned.query(p.query)
-                    hit = (await match(store, "scope", p.query, scorer.vector, 0.0, 0.0, learned=scorer)).hit
+                    hit = (await match(store, "scope", p.query, scorer.vector, threshold=0.0, margin=0.0, learned=scorer)).hit
                     costs.append(time.perf_counter() - t0)
                 if hit is None:
                     continue
@@ -191,7 +191,7 @@ async def _lookup_at(entries: int, queries: int = 200) -> dict[str, Any]:
     store = MemoryStore(max_entries=entries)
     for i in range(entries):
         await store.put(f"k{i}", b"answer", 3600)
-        await store.add_vector("scope", f"k{i}", f"question number {i}", vectors[i].tolist(), 3600)
+        await store.add_vector("scope", f"k{i}", f"question number {i}", vectors[i].tolist(), ttl_s=3600)
     exact, semantic = [], []
     for q in range(queries):
         i = int(rng.integers(entries))
@@ -200,7 +200,7 @@ async def _lookup_at(entries: int, queries: int = 200) -> dict[str, Any]:
         t0 = time.perf_counter()
         await store.get(f"k{i}")
         t1 = time.perf_counter()
-        found = await match(store, "scope", f"question number {i}", query, 0.86, 0.1)
+        found = await match(store, "scope", f"question number {i}", query, threshold=0.86, margin=0.1)
         t2 = time.perf_counter()
         assert found.hit is not None and found.hit.key == f"k{i}", q
         exact.append(t1 - t0)

@@ -65,12 +65,12 @@ async def score_pairs(pairs: list[Pair], embed: Embed, threshold: float, margin:
     store = MemoryStore(max_entries=len(cached) + 1)
     for text in cached:
         await store.put(text, b"answer", 3600)
-        await store.add_vector("scope", text, text, vec[text], 3600)
+        await store.add_vector("scope", text, text, vec[text], ttl_s=3600)
     hits = false_hits = paraphrase_hits = 0
     false_examples: list[tuple[str, str, float]] = []
     missed: list[tuple[str, str]] = []
     for p in pairs:
-        found = await match(store, "scope", p.query, vec[p.query], threshold, margin)
+        found = await match(store, "scope", p.query, vec[p.query], threshold=threshold, margin=margin)
         hit = found.hit
         if hit is not None:
             hits += 1
@@ -275,7 +275,7 @@ class MechanismScore:
         }  # fmt: skip
 
 
-async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float, max_tokens: int = 64) -> list[Lookup]:
+async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float, *, max_tokens: int = 64) -> list[Lookup]:
     """Generate every cached question's answer with the engine (greedy, as the cache stores it, with its tokens'
     log-probabilities; ANSWER_TOKENS long, of which the verifier scores the first `max_tokens`), embed each answer's
     excerpt (gateway/cache/relevance.py), index the questions in one scope, and look every incoming question up
@@ -310,7 +310,7 @@ async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float,
     store = MemoryStore(max_entries=len(cached) + 1)
     for text in cached:
         await store.put(text, orjson.dumps({"query": text, "answer": answers[text].to_json()}), 3600)
-        await store.add_vector("scope", text, text, vec[text], 3600)
+        await store.add_vector("scope", text, text, vec[text], ttl_s=3600)
     counter = iter(range(10**9))
     verifier = EngineVerifier(engine, Criterion(max_tokens=max_tokens), lambda: str(next(counter)))
 
@@ -331,7 +331,7 @@ async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float,
                                  cosine(vec[p.query], avec[text]), cosine(vec[text], avec[text])))  # fmt: skip
             return False  # reject every candidate, so all of them are examined
 
-        await match(store, "scope", p.query, vec[p.query], floor, 0.0, record)
+        await match(store, "scope", p.query, vec[p.query], threshold=floor, margin=0.0, verify=record)
         top = await store.search("scope", vec[p.query], TOP_K, floor)
         nearest = None
         if top:
@@ -348,7 +348,7 @@ async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float,
 
 
 def score_lookups(
-    lookups: list[Lookup], mode: str, threshold: float, criterion: object = None, relevance_margin: float | None = None
+    lookups: list[Lookup], mode: str, threshold: float, criterion: object = None, *, relevance_margin: float | None = None
 ) -> MechanismScore:
     """What the matcher serves at `threshold`: embedding mode, the nearest cached question (cosine alone); lexical
     mode, the first SAME or REORDERED candidate; verified mode (`cache.semantic_verify: auto`), the first SAME or
@@ -424,7 +424,7 @@ async def evaluate(path: Path, floor: float, max_tokens: int = 64) -> list[Looku
         return (await embedder.embed(texts))[0]
 
     try:
-        return await collect(load_pairs(path), engine, embed, floor, max_tokens)
+        return await collect(load_pairs(path), engine, embed, floor, max_tokens=max_tokens)
     finally:
         await engine.shutdown()
 

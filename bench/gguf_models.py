@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         engines[q], copies[q] = load(args.model, q)
         text_ids = engines[q].tokenizer.encode(HELDOUT.read_text(), add_special_tokens=False)
         bos = engines[q].tokenizer.bos_token_id
-        ppl, scored = perplexity(engines[q], text_ids, args.window, () if bos is None else (bos,), args.max_windows)
+        ppl, scored = perplexity(engines[q], text_ids, args.window, () if bos is None else (bos,), max_windows=args.max_windows)
         copies[q].update({"perplexity": round(ppl, 4), "scored_tokens": scored,
                           "memory_over_file": round(copies[q]["rss_added_mb"] / result["file_mb"], 2),
                           "weights_over_file": round(copies[q]["weights_mb"] / result["file_mb"], 2)})

@@ -147,7 +147,7 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
     return total
 
 
-def bench_engine(sh: gpu_models.Shape, fmt: str, model_dir: Path, device: str, dry: bool, ceil: gpu_kernels.Ceilings,
+def bench_engine(sh: gpu_models.Shape, fmt: str, model_dir: Path, device: str, *, dry: bool, ceil: gpu_kernels.Ceilings,
                  new_tokens: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     engine = make_engine(model_dir, device, dry)
@@ -193,7 +193,7 @@ def bench_engine(sh: gpu_models.Shape, fmt: str, model_dir: Path, device: str, d
     return res
 
 
-def greedy_graphs_check(model_dir: Path, device: str, dry: bool, with_graphs: list[list[int]], new_tokens: int) -> dict:
+def greedy_graphs_check(model_dir: Path, device: str, dry: bool, with_graphs: list[list[int]], *, new_tokens: int) -> dict:
     """The same 32 prompts with CUDA graphs off: are the greedy tokens identical?"""
     engine = make_engine(model_dir, device, dry, cuda_graphs=False)
     r = run_requests(engine, prompts(32, PROMPT_TOKENS, seed=32), new_tokens, "eager")
@@ -206,7 +206,7 @@ def greedy_graphs_check(model_dir: Path, device: str, dry: bool, with_graphs: li
 
 
 # ---- HF transformers generate --------------------------------------------------------------------
-def bench_hf(model_dir: Path, device: str, dry: bool, compiled: bool, new_tokens: int) -> dict[str, Any]:
+def bench_hf(model_dir: Path, device: str, dry: bool, compiled: bool, *, new_tokens: int) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -353,21 +353,22 @@ def main(argv: list[str] | None = None) -> int:
                 result["skipped"].append(f"{key} (needs ~{cost} s, {budget.left():.0f} s left)")
                 continue
             model_dir = section(f"checkpoint {key}", 0, lambda s=sh, f=fmt: gpu_models.write_checkpoint(
-                s, f, args.work / f"{s.name}-{f}", tokenizer, device))
+                s, f, args.work / f"{s.name}-{f}", tokenizer, device=device))
             if model_dir is None:
                 continue
             if "engine" in only:
                 res = section(f"engine {key}", 0, lambda s=sh, f=fmt, d=model_dir: bench_engine(
-                    s, f, d, device, dry, ceil, new_tokens))
+                    s, f, d, device, dry=dry, ceil=ceil, new_tokens=new_tokens))
                 if res is not None:
                     if fmt == "bf16" and name != "llama-3.1-8b":
                         res["greedy_graphs_check"] = section(
                             f"greedy {key}", 15, lambda d=model_dir, t=res["greedy_tokens_s32"]: greedy_graphs_check(
-                                d, device, dry, t, new_tokens))
+                                d, device, dry, t, new_tokens=new_tokens))
                     res.pop("greedy_tokens_s32", None)
                     result["engine"].append(res)
             if fmt == "bf16" and "hf" in only:
-                hf = section(f"hf {key}", COST_S["hf"], lambda d=model_dir: bench_hf(d, device, dry, False, new_tokens))
+                hf = section(f"hf {key}", COST_S["hf"], lambda d=model_dir: bench_hf(d, device, dry, False,
+                    new_tokens=new_tokens))
                 if hf is not None:
                     result["hf"][name] = hf
             if fmt != "bf16" or name != models[0] or "hf_compile" not in only:
@@ -378,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = args.work / f"{models[0]}-bf16"
         if model_dir.exists():
             hf = section(f"hf_compile {models[0]}", COST_S["hf_compile"],
-                         lambda: bench_hf(model_dir, device, dry, True, new_tokens))
+                         lambda: bench_hf(model_dir, device, dry, True, new_tokens=new_tokens))
             if hf is not None:
                 result["hf"][f"{models[0]} (torch.compile)"] = hf
     result["targets"] = targets(result)

@@ -99,7 +99,7 @@ def gemm_cases(dry: bool) -> list[tuple[int, int, int]]:
     return [(m, k, n) for (k, n) in ((4096, 4096), (4096, 14336), (14336, 4096)) for m in (1, 16, 64, 256)]
 
 
-def _awq_tensors(k: int, n: int, group: int, device: str, g: torch.Generator, gguf: bool):
+def _awq_tensors(k: int, n: int, group: int, device: str, *, g: torch.Generator, gguf: bool):
     qw = torch.randint(-(2**31), 2**31 - 1, (k, n // 8), dtype=torch.int32, device=device, generator=g)
     sc = (torch.rand(k // group, n, device=device, generator=g) * 0.01 + 0.002).half()
     if gguf:  # GGUF blocks on CUDA: fp16 zero terms -m (Int4Linear.prepare_triton_blocks)
@@ -115,17 +115,17 @@ def bench_gemm(device: str, ceil: Ceilings, dry: bool) -> list[dict[str, Any]]:
         for fmt, group in (("awq", 128), ("gguf", 32)):
             if fmt == "gguf" and m > 16:
                 continue  # the decode sizes: where 4-bit weights should pay
-            rows.append(_gemm_case(m, k, n, fmt, group, device, g, ceil, dry))
+            rows.append(_gemm_case(m, k, n, fmt, group=group, device=device, g=g, ceil=ceil, dry=dry))
     return rows
 
 
-def _gemm_case(m: int, k: int, n: int, fmt: str, group: int, device: str, g: torch.Generator, ceil: Ceilings,
+def _gemm_case(m: int, k: int, n: int, fmt: str, *, group: int, device: str, g: torch.Generator, ceil: Ceilings,
                dry: bool) -> dict[str, Any]:
     from kernels.triton import awq_gemm as aw
 
     gguf = fmt == "gguf"
     w4_bytes = k * n // 2 + (k // group) * n * 2 + (k // group) * (n * 2 if gguf else n // 2)
-    sets = [_awq_tensors(k, n, group, device, g, gguf) for _ in range(1 if dry else copies_for(w4_bytes))]
+    sets = [_awq_tensors(k, n, group, device, g=g, gguf=gguf) for _ in range(1 if dry else copies_for(w4_bytes))]
     x = torch.randn(m, k, device=device, generator=g).to(torch.bfloat16)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
     row: dict[str, Any] = {"kernel": "w4a16_gemm", "format": fmt, "group": group, "m": m, "k": k, "n": n,
@@ -133,7 +133,7 @@ def _gemm_case(m: int, k: int, n: int, fmt: str, group: int, device: str, g: tor
 
     def call(s: tuple, config: Any = None) -> torch.Tensor:
         qw, qz, sc, zt = s
-        return aw.awq_gemm(x, qw, qz, sc, group, out=out, zero_terms=zt, config=config)
+        return aw.awq_gemm(x, qw, qz, sc, group_size=group, out=out, zero_terms=zt, config=config)
 
     if dry:
         qw, qz, sc, zt = sets[0]
@@ -162,7 +162,7 @@ def _gemm_case(m: int, k: int, n: int, fmt: str, group: int, device: str, g: tor
 
 
 # ---- attention -----------------------------------------------------------------------------------
-def _paged_kv(b: int, ctx: int, hkv: int, d: int, device: str, g: torch.Generator):
+def _paged_kv(b: int, ctx: int, hkv: int, d: int, *, device: str, g: torch.Generator):
     """K/V for b sequences of ctx tokens in shuffled pages, and the same K/V contiguous (b, hkv, ctx, d)."""
     per = ctx // BLOCK
     perm = torch.randperm(b * per, device=device, generator=g).to(torch.int32)
@@ -182,7 +182,7 @@ def _sdpa(backend_name: str, *args: torch.Tensor, **kw: Any) -> torch.Tensor:
 
 
 def _timed_backends(row: dict[str, Any], calls: dict[str, list[Callable[[], object]]], nbytes: float, flops: float,
-                    ceil: Ceilings) -> None:
+                    *, ceil: Ceilings) -> None:
     for name, fns in calls.items():
         try:
             us, how = graph_us(fns)
@@ -202,15 +202,15 @@ def bench_decode(device: str, ceil: Ceilings, dry: bool) -> list[dict[str, Any]]
     g = torch.Generator(device=device).manual_seed(1)
     cases = [(4, 2, 32, 2, 64)] if dry else [
         (32, 8, 128, 1, 4096), (32, 8, 128, 32, 4096), (32, 8, 128, 128, 1024), (32, 8, 64, 32, 4096)]
-    return [_decode_case(*c, device, g, ceil, dry) for c in cases]
+    return [_decode_case(*c, device=device, g=g, ceil=ceil, dry=dry) for c in cases]
 
 
-def _decode_case(h: int, hkv: int, d: int, b: int, ctx: int, device: str, g: torch.Generator, ceil: Ceilings,
+def _decode_case(h: int, hkv: int, d: int, b: int, ctx: int, *, device: str, g: torch.Generator, ceil: Ceilings,  # noqa: PLR0917
                  dry: bool) -> dict[str, Any]:
     from kernels.triton import paged_decode as pd
 
     kv_bytes = 2 * b * ctx * hkv * d * 2
-    sets = [_paged_kv(b, ctx, hkv, d, device, g) for _ in range(1 if dry else copies_for(kv_bytes))]
+    sets = [_paged_kv(b, ctx, hkv, d, device=device, g=g) for _ in range(1 if dry else copies_for(kv_bytes))]
     q = torch.randn(b, h, d, device=device, generator=g).to(torch.bfloat16)
     lens = torch.full((b,), ctx, dtype=torch.int32, device=device)
     out = torch.empty_like(q)
@@ -218,43 +218,43 @@ def _decode_case(h: int, hkv: int, d: int, b: int, ctx: int, device: str, g: tor
                            "context": ctx, "kv_bytes": kv_bytes}
     if dry:
         kc, vc, bt, _, _ = sets[0]
-        row["rel_err"] = rel_err(pd.paged_decode(q, kc, vc, bt, lens), pd.paged_decode_ref(q, kc, vc, bt, lens))
+        row["rel_err"] = rel_err(pd.paged_decode(q, kc, vc, bt, seq_lens=lens), pd.paged_decode_ref(q, kc, vc, bt, seq_lens=lens))
         return row
     q4 = q[:, :, None]
     calls = {
-        "triton": [lambda s=s: pd.paged_decode(q, s[0], s[1], s[2], lens, out=out) for s in sets],
+        "triton": [lambda s=s: pd.paged_decode(q, s[0], s[1], s[2], seq_lens=lens, out=out) for s in sets],
         "sdpa_flash": [lambda s=s: _sdpa("FLASH_ATTENTION", q4, s[3], s[4], enable_gqa=True) for s in sets],
         "sdpa_cudnn": [lambda s=s: _sdpa("CUDNN_ATTENTION", q4, s[3], s[4], enable_gqa=True) for s in sets],
     }
-    _timed_backends(row, calls, kv_bytes + 4 * b * h * d, 4 * b * h * ctx * d, ceil)
+    _timed_backends(row, calls, kv_bytes + 4 * b * h * d, 4 * b * h * ctx * d, ceil=ceil)
     return row
 
 
 def bench_prefill(device: str, ceil: Ceilings, dry: bool) -> list[dict[str, Any]]:
     g = torch.Generator(device=device).manual_seed(2)
     cases = [(4, 2, 32, 64)] if dry else [(32, 8, 128, n) for n in (2048, 8192, 16384)]
-    return [_prefill_case(*c, device, g, ceil, dry) for c in cases]
+    return [_prefill_case(*c, device=device, g=g, ceil=ceil, dry=dry) for c in cases]
 
 
-def _prefill_case(h: int, hkv: int, d: int, n: int, device: str, g: torch.Generator, ceil: Ceilings,
+def _prefill_case(h: int, hkv: int, d: int, n: int, *, device: str, g: torch.Generator, ceil: Ceilings,
                   dry: bool) -> dict[str, Any]:
     from kernels.triton import flash_prefill as fp
 
-    kc, vc, bt, k, v = _paged_kv(1, n, hkv, d, device, g)
+    kc, vc, bt, k, v = _paged_kv(1, n, hkv, d, device=device, g=g)
     q = torch.randn(n, h, d, device=device, generator=g).to(torch.bfloat16)
     cu = torch.tensor([0, n], dtype=torch.int32, device=device)
     lens = torch.tensor([n], dtype=torch.int32, device=device)
     row: dict[str, Any] = {"kernel": "flash_prefill", "heads": h, "kv_heads": hkv, "head_dim": d, "tokens": n}
     if dry:
-        row["rel_err"] = rel_err(fp.flash_prefill(q, kc, vc, bt, cu, lens, max_query_len=n),
-                                 fp.flash_prefill_ref(q, kc, vc, bt, cu, lens))
+        row["rel_err"] = rel_err(fp.flash_prefill(q, kc, vc, bt, cu_seqlens_q=cu, seq_lens=lens, max_query_len=n),
+                                 fp.flash_prefill_ref(q, kc, vc, bt, cu_seqlens_q=cu, seq_lens=lens))
         return row
     out = torch.empty_like(q)
     qs = q.transpose(0, 1)[None]
     calls = {
-        "triton": [lambda: fp.flash_prefill(q, kc, vc, bt, cu, lens, max_query_len=n, out=out)],
+        "triton": [lambda: fp.flash_prefill(q, kc, vc, bt, cu_seqlens_q=cu, seq_lens=lens, max_query_len=n, out=out)],
         "sdpa_flash": [lambda: _sdpa("FLASH_ATTENTION", qs, k, v, is_causal=True, enable_gqa=True)],
     }
     flops = 4 * h * d * n * (n + 1) / 2  # causal: half the score matrix, two matmuls
-    _timed_backends(row, calls, 2 * (2 * n * h * d + 2 * n * hkv * d), flops, ceil)
+    _timed_backends(row, calls, 2 * (2 * n * h * d + 2 * n * hkv * d), flops, ceil=ceil)
     return row

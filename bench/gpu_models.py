@@ -71,7 +71,7 @@ def _randn(shape: tuple[int, ...], device: str, g: torch.Generator) -> torch.Ten
     return (torch.randn(shape, device=device, generator=g, dtype=torch.float32) * STD).to(torch.bfloat16)
 
 
-def _projection(fmt: str, out_f: int, in_f: int, device: str, g: torch.Generator) -> dict[str, torch.Tensor]:
+def _projection(fmt: str, out_f: int, in_f: int, device: str, *, g: torch.Generator) -> dict[str, torch.Tensor]:
     """One projection's tensors (suffix -> tensor) in the format's own layout."""
     if fmt == "bf16":
         return {"weight": _randn((out_f, in_f), device, g)}
@@ -86,7 +86,7 @@ def _projection(fmt: str, out_f: int, in_f: int, device: str, g: torch.Generator
     return {"q4": q4, "q4_scales": d, "q4_mins": -8 * d}
 
 
-def write_checkpoint(sh: Shape, fmt: str, out: Path, tokenizer: Path, device: str, seed: int = 0) -> Path:
+def write_checkpoint(sh: Shape, fmt: str, out: Path, tokenizer: Path, *, device: str, seed: int = 0) -> Path:
     """A model directory of `sh` in `fmt` with random values drawn on `device`; returns `out`."""
     from safetensors.torch import save_file
     from transformers import LlamaConfig
@@ -104,7 +104,7 @@ def write_checkpoint(sh: Shape, fmt: str, out: Path, tokenizer: Path, device: st
         state[p + "input_layernorm.weight"] = torch.ones(hid, dtype=torch.bfloat16, device=device)
         state[p + "post_attention_layernorm.weight"] = torch.ones(hid, dtype=torch.bfloat16, device=device)
         for name, (out_f, in_f) in sh.projections().items():
-            for suffix, t in _projection(fmt, out_f, in_f, device, g).items():
+            for suffix, t in _projection(fmt, out_f, in_f, device, g=g).items():
                 state[f"{p}{name}.{suffix}"] = t
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

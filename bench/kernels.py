@@ -90,7 +90,7 @@ def paged_inputs(lengths, dtype, device, g):
     return [t.to(device) for t in (k_cache, v_cache, bt, torch.tensor(lengths, dtype=torch.int32))]
 
 
-def cases(device, dtype, decode_batch=2, ctx=100, prefill_len=40, gemm_m=4, tokens=8):
+def cases(device, dtype, decode_batch=2, ctx=100, *, prefill_len=40, gemm_m=4, tokens=8):
     """(name, triton_fn, reference_fn, baseline_fn_or_None) at one size each."""
     g = torch.Generator().manual_seed(0)
     h, hkv, d, hid, inter = (SMOL[k] for k in ("heads", "kv_heads", "head_dim", "hidden", "intermediate"))
@@ -101,8 +101,8 @@ def cases(device, dtype, decode_batch=2, ctx=100, prefill_len=40, gemm_m=4, toke
     kk = kc[bt.long()].reshape(decode_batch, -1, hkv, d)[:, :ctx].transpose(1, 2)
     vv = vc[bt.long()].reshape(decode_batch, -1, hkv, d)[:, :ctx].transpose(1, 2)
     out.append((f"paged_decode_b{decode_batch}_ctx{ctx}",
-                lambda: paged_decode.paged_decode(q, kc, vc, bt, sl),
-                lambda: paged_decode.paged_decode_ref(q, kc, vc, bt, sl),
+                lambda: paged_decode.paged_decode(q, kc, vc, bt, seq_lens=sl),
+                lambda: paged_decode.paged_decode_ref(q, kc, vc, bt, seq_lens=sl),
                 lambda: F.scaled_dot_product_attention(q[:, :, None], kk, vv, enable_gqa=True)))
     kc2, vc2, bt2, sl2 = paged_inputs([prefill_len], dtype, device, g)
     qp = torch.randn(prefill_len, h, d, generator=g).to(dtype).to(device)
@@ -110,16 +110,16 @@ def cases(device, dtype, decode_batch=2, ctx=100, prefill_len=40, gemm_m=4, toke
     kp = kc2[bt2[0].long()].reshape(-1, hkv, d)[:prefill_len].transpose(0, 1)[None]
     vp = vc2[bt2[0].long()].reshape(-1, hkv, d)[:prefill_len].transpose(0, 1)[None]
     out.append((f"flash_prefill_{prefill_len}",
-                lambda: flash_prefill.flash_prefill(qp, kc2, vc2, bt2, cu, sl2, max_query_len=prefill_len),
-                lambda: flash_prefill.flash_prefill_ref(qp, kc2, vc2, bt2, cu, sl2),
+                lambda: flash_prefill.flash_prefill(qp, kc2, vc2, bt2, cu_seqlens_q=cu, seq_lens=sl2, max_query_len=prefill_len),
+                lambda: flash_prefill.flash_prefill_ref(qp, kc2, vc2, bt2, cu_seqlens_q=cu, seq_lens=sl2),
                 lambda: F.scaled_dot_product_attention(qp.transpose(0, 1)[None], kp, vp, is_causal=True,
                                                        enable_gqa=True)))
     qw, qz, sc = awq_gemm.awq_quantize(torch.randn(hid, inter, generator=g) * 0.05, 64)
     qw, qz, sc = qw.to(device), qz.to(device), sc.to(device)
     x = torch.randn(gemm_m, hid, generator=g).to(torch.float16).to(device)
     w16 = awq_gemm.awq_dequantize(qw, qz, sc, 64).half()
-    out.append((f"awq_gemm_m{gemm_m}_{hid}x{inter}", lambda: awq_gemm.awq_gemm(x, qw, qz, sc, 64),
-                lambda: awq_gemm.awq_gemm_ref(x, qw, qz, sc, 64), lambda: x @ w16))
+    out.append((f"awq_gemm_m{gemm_m}_{hid}x{inter}", lambda: awq_gemm.awq_gemm(x, qw, qz, sc, group_size=64),
+                lambda: awq_gemm.awq_gemm_ref(x, qw, qz, sc, group_size=64), lambda: x @ w16))
     xs = torch.randn(tokens, hid, generator=g).to(dtype).to(device)
     res = torch.randn(tokens, hid, generator=g).to(dtype).to(device)
     w = torch.ones(hid, dtype=dtype, **dev)
@@ -137,11 +137,11 @@ def cases(device, dtype, decode_batch=2, ctx=100, prefill_len=40, gemm_m=4, toke
     kc3, kc4 = kc.clone(), kc.clone()
 
     def store_ref():
-        kv_store.store_kv_ref(kn, kn, kc4, kc4.clone(), slots)
+        kv_store.store_kv_ref(kn, kn, kc4, kc4.clone(), slot_mapping=slots)
         return kc4
 
     def store():
-        kv_store.store_kv(kn, kn, kc3, kc3.clone(), slots)
+        kv_store.store_kv(kn, kn, kc3, kc3.clone(), slot_mapping=slots)
         return kc3
 
     out.append((f"kv_store_{tokens}tok", store, store_ref, None))

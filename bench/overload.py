@@ -109,7 +109,7 @@ async def closed_loop(http: httpx.AsyncClient, clients: int, duration_s: float, 
     return phase, time.monotonic() - began
 
 
-async def open_loop(http: httpx.AsyncClient, phase: Phase, duration_s: float, max_tokens: int, rng: random.Random) -> float:
+async def open_loop(http: httpx.AsyncClient, phase: Phase, duration_s: float, max_tokens: int, *, rng: random.Random) -> float:
     """Poisson arrivals at phase.offered_rps; waits for every request sent in the phase."""
     tasks: list[asyncio.Task[None]] = []
     began = time.monotonic()
@@ -132,7 +132,7 @@ async def sample_rss(http: httpx.AsyncClient, phase_of: list[Phase], stop: async
         await asyncio.sleep(1.0)
 
 
-async def overload(url: str, api_key: str | None, phase_s: float, max_tokens: int, seed: int = 0) -> dict[str, Any]:
+async def overload(url: str, api_key: str | None, phase_s: float, max_tokens: int, *, seed: int = 0) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300, limits=limits) as http:
@@ -151,7 +151,7 @@ async def overload(url: str, api_key: str | None, phase_s: float, max_tokens: in
             base = rate if name != "recovery" else min(rate, results[-1]["answered_rps"])
             phase = Phase(name, base * factor)
             current.append(phase)
-            results.append(phase.summary(await open_loop(http, phase, phase_s, max_tokens, rng)))
+            results.append(phase.summary(await open_loop(http, phase, phase_s, max_tokens, rng=rng)))
         stop.set()
         await sampler
     return {

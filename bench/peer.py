@@ -58,7 +58,7 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, ctx_per_slot: int) -> Iterator[str]:
+def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, *, ctx_per_slot: int) -> Iterator[str]:
     """`llama-server` on a free loopback port with `parallel` slots; yields its base URL, stops it on exit."""
     port = free_port()
     cmd = [
@@ -93,7 +93,7 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
 
 
 async def time_completion(
-    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], new_tokens: int
+    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], *, new_tokens: int
 ) -> PeerTiming:
     """One streamed greedy completion of exactly `new_tokens` tokens; a text chunk is one token unless the server
     says otherwise in a final `usage`."""
@@ -153,7 +153,7 @@ async def _time_once(client: httpx.AsyncClient, url: str, body: dict[str, Any], 
 
 
 async def run_level(
-    url: str, prompts: list[list[int]], streams: int, new_tokens: int, api_key: str = ""
+    url: str, prompts: list[list[int]], streams: int, new_tokens: int, *, api_key: str = ""
 ) -> tuple[list[PeerTiming], float]:
     """All prompts with at most `streams` in flight (after one warm-up request); returns timings and wall time."""
     gate = asyncio.Semaphore(streams)
@@ -162,11 +162,11 @@ async def run_level(
     async with httpx.AsyncClient(limits=limits, headers=headers) as client:
         models = (await client.get(f"{url}/v1/models")).raise_for_status().json()["data"]
         model = models[0]["id"]  # the server's own (first) model: llama-server serves one
-        await time_completion(client, url, model, prompts[0], 2)
+        await time_completion(client, url, model, prompts[0], new_tokens=2)
 
         async def one(prompt: list[int]) -> PeerTiming:
             async with gate:
-                return await time_completion(client, url, model, prompt, new_tokens)
+                return await time_completion(client, url, model, prompt, new_tokens=new_tokens)
 
         start = time.perf_counter()
         timings = await asyncio.gather(*(one(p) for p in prompts))
@@ -194,7 +194,7 @@ def peer_url_or_server(
     if args.peer_url:
         return contextlib.nullcontext(args.peer_url.rstrip("/"))
     gguf = args.peer_gguf or default_gguf()
-    return llama_server(args.llama_server, gguf, threads, parallel, ctx_per_slot)
+    return llama_server(args.llama_server, gguf, threads, parallel, ctx_per_slot=ctx_per_slot)
 
 
 def describe(args: argparse.Namespace) -> dict[str, Any]:

@@ -115,7 +115,7 @@ class Side:
     async def time(self, client: httpx.AsyncClient, prompt: list[int], new_tokens: int) -> peer.PeerTiming:
         if not self.model:  # the server's own (first) model id: llama-server serves one
             self.model = (await client.get(f"{self.url}/v1/models")).raise_for_status().json()["data"][0]["id"]
-        return await peer.time_completion(client, self.url, self.model, prompt, new_tokens)
+        return await peer.time_completion(client, self.url, self.model, prompt, new_tokens=new_tokens)
 
     def summary(self, n: int) -> dict[str, Any]:
         ttfts = [t.ttft_s * 1e3 for t in self.timings[n]]

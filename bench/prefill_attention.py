@@ -88,12 +88,14 @@ def kernel_entries(engine: LLMEngine, tokens: int, chunk: int, reps: int) -> dic
     def tiled(q: torch.Tensor, done: int) -> torch.Tensor:
         n = q.shape[0]
         cu, lens = torch.tensor([0, n], dtype=torch.int32), torch.tensor([done + n], dtype=torch.int32)
-        return paged_prefill_cpu(lib, q, cache, table, cu, lens, bs, head_dim**-0.5, done + n)
+        return paged_prefill_cpu(lib, q, cache, table, cu_seqlens_q=cu, context_lens=lens, block_size=bs, scale=head_dim**-0.5,
+            max_len=done + n)
 
     def token_by_token(q: torch.Tensor, done: int) -> torch.Tensor:
         n = q.shape[0]
         lens = torch.arange(done + 1, done + n + 1, dtype=torch.int32)
-        return paged_decode_cpu(lib, q, cache, table.repeat(n, 1), lens, bs, head_dim**-0.5, 0, done + n)
+        return paged_decode_cpu(lib, q, cache, table.repeat(n, 1), context_lens=lens, block_size=bs, scale=head_dim**-0.5,
+            window=0, max_len=done + n)
 
     best = {name: (float("inf"), float("inf")) for name in ("tiled", "token_by_token")}
     outs: dict[str, list[torch.Tensor]] = {}

@@ -127,14 +127,15 @@ async def http_pool(total: int = 1000, in_flight: int = 64) -> dict[str, float]:
         out: dict[str, float] = {}
         for _ in range(2):  # two passes, best of: the machine is shared
             for name, (shared, shards, size) in layouts.items():
-                out[name] = max(out.get(name, 0.0), await _with_clients(shared, shards, size, urls, total, in_flight))
+                out[name] = max(out.get(name, 0.0), await _with_clients(shared, shards, size, urls, total=total,
+                    in_flight=in_flight))
         gw_port = free_port()
         procs.append(_router_process(gw_port, urls))
         wait_ready(f"http://127.0.0.1:{gw_port}", procs[-1])
         for _ in range(2):
             out["through_router"] = max(
                 out.get("through_router", 0.0),
-                await _with_clients(True, 4, 16, [f"http://127.0.0.1:{gw_port}"], total, in_flight),
+                await _with_clients(True, 4, 16, [f"http://127.0.0.1:{gw_port}"], total=total, in_flight=in_flight),
             )
         return out
     finally:
@@ -143,7 +144,7 @@ async def http_pool(total: int = 1000, in_flight: int = 64) -> dict[str, float]:
             proc.wait(timeout=10)
 
 
-async def _with_clients(shared: bool, shards: int, size: int, urls: list[str], total: int, in_flight: int) -> float:
+async def _with_clients(shared: bool, shards: int, size: int, urls: list[str], *, total: int, in_flight: int) -> float:
     def make() -> list[httpx.AsyncClient]:
         return [
             httpx.AsyncClient(limits=httpx.Limits(max_connections=size, max_keepalive_connections=size)) for _ in range(shards)

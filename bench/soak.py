@@ -187,7 +187,7 @@ def rss_summary(samples: list[tuple[float, int]]) -> dict[str, float | None]:
     return {"start_mb": round(start, 1), "end_mb": round(end, 1), "max_mb": round(max(mb), 1), "growth_mb": round(end - start, 1)}
 
 
-async def soak(url: str, api_key: str | None, duration_s: float, concurrency: int, seed: int = 0) -> dict[str, Any]:
+async def soak(url: str, api_key: str | None, duration_s: float, concurrency: int, *, seed: int = 0) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency + 2)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120, limits=limits) as http:

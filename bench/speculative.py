@@ -72,7 +72,7 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams
 
 def compare(
     plain: LLMEngine, spec: dict[str, LLMEngine], prompts: list[list[int]], params: list[SamplingParams],
-    groups: list[list[int]], rounds: int, extra: dict[str, list[SamplingParams]] | None = None,
+    *, groups: list[list[int]], rounds: int, extra: dict[str, list[SamplingParams]] | None = None,
 ) -> dict:
     """Each group of prompts runs through plain, then every method, group after group (interleaved, so
     load changes on the shared machine hit all engines alike; every other round in reverse order), `rounds` times.
@@ -153,7 +153,8 @@ def default_on_vs_off(args: argparse.Namespace) -> dict:
             prompts = [chat(questions[i % len(questions)]) for i in range(max(streams, len(questions)))]
             params = [SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)] * len(prompts)
             groups = [[i] for i in range(len(questions))] if streams == 1 else [list(range(streams))]
-            results[f"default_{case}_{streams}"] = compare(off, {"default": on}, prompts, params, groups, args.rounds)
+            results[f"default_{case}_{streams}"] = compare(off, {"default": on}, prompts, params, groups=groups,
+                rounds=args.rounds)
     return results
 
 
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
                     for a in answers]
         results[f"single_{case}"] = compare(
             plain, engines, prompts, [greedy] * len(prompts),
-            [[i] for i in range(len(prompts))], args.rounds, {"reference": with_ref},
+            groups=[[i] for i in range(len(prompts))], rounds=args.rounds, extra={"reference": with_ref},
         )
 
     mixed = [chat(q) for q in RAG + CHAT]
@@ -229,12 +230,12 @@ def main(argv: list[str] | None = None) -> None:
               for name, method in (("ngram", {}), ("draft", {"speculative_method": "draft"}))} if args.batches else {}
     for b in [int(x) for x in args.batches.split(",") if x]:
         prompts = [mixed[i % len(mixed)] for i in range(b)]
-        results[f"batch_{b}_forced"] = compare(plain, forced, prompts, [sweep] * b, [list(range(b))], args.rounds)
+        results[f"batch_{b}_forced"] = compare(plain, forced, prompts, [sweep] * b, groups=[list(range(b))], rounds=args.rounds)
     if args.streams:
         prompts = [mixed[i % len(mixed)] for i in range(args.streams)]
         results[f"streams_{args.streams}_default"] = compare(
             plain, streams, prompts, [sweep] * args.streams,
-            [list(range(args.streams))], args.rounds,
+            groups=[list(range(args.streams))], rounds=args.rounds,
         )
 
     for name, r in results.items():

@@ -111,7 +111,7 @@ def thread_cpu_ns(pid: int) -> dict[str, int]:
     return groups
 
 
-async def run_level(url: str, pid: int | None, streams: int, requests: int, new_tokens: int) -> dict[str, Any]:
+async def run_level(url: str, pid: int | None, streams: int, requests: int, *, new_tokens: int) -> dict[str, Any]:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
     questions = questions_for(requests)
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pid = server.proc.pid if server is not None else args.pid or None
     pid = pid if pid and Path(f"/proc/{pid}/task").is_dir() else None
     try:
-        results = [asyncio.run(run_level(url, pid, s, max(s, args.requests), args.new_tokens)) for s in levels]
+        results = [asyncio.run(run_level(url, pid, s, max(s, args.requests), new_tokens=args.new_tokens)) for s in levels]
     finally:
         if server is not None:
             server.kill()

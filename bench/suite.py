@@ -46,7 +46,7 @@ def peer_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_one(
-    bench: Bench, quick: bool, extra: list[str], timeout_s: float | None, quantization: str = ""
+    bench: Bench, quick: bool, extra: list[str], timeout_s: float | None, *, quantization: str = ""
 ) -> dict[str, Any]:
     """One bench in its own process; how it ended and whether it wrote its result file."""
     argv = bench.argv(quick) + (extra if bench.peer else [])
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{'':17} quick: {' '.join(b.quick) or '(defaults)'}")
         return {}
     extra = peer_args(args)
-    runs = [run_one(b, args.quick, extra, args.timeout, args.quantization or "") for b in args.benches]
+    runs = [run_one(b, args.quick, extra, args.timeout, quantization=args.quantization or "") for b in args.benches]
     result = {
         "bench": "suite", "mode": "quick" if args.quick else "full", "timeout_s": args.timeout,
         "this_run": [r["name"] for r in runs], "runs": merged(runs),

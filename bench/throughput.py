@@ -208,7 +208,7 @@ async def bench_engine(config: EngineConfig, streams: int, requests: int, new_to
 # ---- HF transformers baseline ------------------------------------------------------------------
 @torch.inference_mode()
 def bench_hf(
-    model_dir: Path, dtype: str, device: str, questions: list[str], new_tokens: int
+    model_dir: Path, dtype: str, device: str, questions: list[str], *, new_tokens: int
 ) -> dict[str, Any]:
     """HF `generate`, greedy, exactly `new_tokens` per request, one request at a time."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -242,14 +242,14 @@ def bench_hf(
 
 
 def hf_or_absent(
-    model_dir: Path, dtype: str, device: str, questions: list[str], new_tokens: int
+    model_dir: Path, dtype: str, device: str, questions: list[str], *, new_tokens: int
 ) -> dict[str, Any] | None:
     """The HF baseline, or None (reported as absent) where transformers is not installed."""
     try:
         import transformers  # noqa: F401
     except ImportError:
         return None
-    return bench_hf(model_dir, dtype, device, questions, new_tokens)
+    return bench_hf(model_dir, dtype, device, questions, new_tokens=new_tokens)
 
 
 def hf_version() -> str:
@@ -283,7 +283,7 @@ def measure_peer(args: argparse.Namespace, model_dir: Path, threads: int, chat_t
         for s in args.streams:
             prompts = [apply_chat_template(tokenizer, [{"role": "user", "content": q}])
                        for q in questions_for(max(s, args.min_requests))]
-            timings, wall = asyncio.run(peer.run_level(url, prompts, s, args.new_tokens, args.peer_api_key))
+            timings, wall = asyncio.run(peer.run_level(url, prompts, s, args.new_tokens, api_key=args.peer_api_key))
             out[s] = peer_summary(s, timings, wall)
     return out
 
@@ -392,7 +392,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)  # the engine set it already; HF runs with the same
     model_dir = resolve_model_dir(replace(config, quantization="none").resolved_model())  # full precision
-    hf = None if args.no_hf else hf_or_absent(model_dir, args.dtype, device, questions_for(args.hf_requests), args.new_tokens)
+    hf = None if args.no_hf else hf_or_absent(model_dir, args.dtype, device, questions_for(args.hf_requests),
+        new_tokens=args.new_tokens)
     peer_levels = measure_peer(args, model_dir, torch.get_num_threads(), config.chat_template) if peer.wanted(args) else {}
     result: dict[str, Any] = {
         "bench": "throughput",

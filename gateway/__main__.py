@@ -23,6 +23,7 @@ from backend.config import ConfigError, EngineConfig, parse_args
 from gateway.app import build_context, create_app
 from gateway.client import EmbeddingClient, EngineClient
 from gateway.config import GatewayConfig, load_config
+from gateway.ops.access_log import route_stdlib_logging
 from gateway.routing.config import RoutingConfig
 
 
@@ -100,6 +101,8 @@ def serve(args: argparse.Namespace) -> None:
     except ConfigError as exc:
         sys.exit(f"configuration error: {exc}")
     cfg = dataclasses.replace(cfg, host=args.host or cfg.host, port=args.port or cfg.port)
+    # the engine's records (backend/, kernels/: the standard library) and uvicorn's, in the access log's format
+    route_stdlib_logging(sys.stderr, cfg.log_level, cfg.secrets())
     if args.parallel and cfg.routing.own_engines:  # the other ranks load the `engine:` section's model
         sys.exit("configuration error: --parallel serves one model (the engine: section), not a models: list")
     if args.embedded_only:  # the `models:` list's models stay: they are this process's engines
@@ -113,6 +116,7 @@ def serve(args: argparse.Namespace) -> None:
         host=cfg.host,
         port=cfg.port,
         access_log=False,
+        log_config=None,  # uvicorn's loggers propagate to the root logger's handler (route_stdlib_logging)
         log_level=cfg.log_level,
         # SIGTERM: uvicorn stops accepting, then waits this long for in-flight requests (streams included:
         # gateway/protocol/sse.py) before it cancels them and the lifespan stops the engine.

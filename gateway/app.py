@@ -64,6 +64,7 @@ def build_context(
     engine: EngineClient | None,
     embedder: EmbeddingClient | None = None,
     log_sink: TextIO | None = None,
+    *,
     cache_store: CacheStore | None = None,
     cache_embedder: EmbeddingClient | None = None,
     engines: Mapping[str, EngineClient] | None = None,
@@ -95,8 +96,8 @@ def build_context(
     def cache_of(model_id: str, served_by: EngineClient, store: CacheStore | None) -> ResponseCache:
         route = config.routing.model(model_id) if engines else None
         return build_cache(
-            config, model_id, cache_embedder, cache_metrics, logger, ids, store,
-            getattr(served_by, "output_identity", None),  # the embedded engine's resolved `auto` settings
+            config, model_id, cache_embedder, cache_metrics, logger=logger, ids=ids, store=store,
+            resolved=getattr(served_by, "output_identity", None),  # the embedded engine's resolved `auto` settings
             engine=None if isinstance(served_by, NoEngine) else served_by,
             engine_config=route.engine.config if route is not None and route.engine is not None else None,
         )  # fmt: skip
@@ -152,7 +153,9 @@ def build_router(ctx: GatewayContext) -> Router | None:
         m: {"chat": ChatCompletions(c).handle, "completions": Completions(c).handle}
         for m, c in ((m, ctx.of_model(m)) for m in ctx.own_models)
     }
-    return Router(ctx.config, local, ctx.metrics.registry, ctx.logger, ctx.embedder, ctx.guard, ctx.cache, own)
+    return Router(
+        ctx.config, local, ctx.metrics.registry, ctx.logger, embedder=ctx.embedder, guard=ctx.guard, cache=ctx.cache, own=own
+    )
 
 
 def guarded(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Handler:
@@ -169,7 +172,7 @@ def guarded(ctx: GatewayContext, endpoint: Endpoint, handler: Handler) -> Handle
             if not ctx.guard.allows(policy, model.id, ctx.catalog.canonical):
                 raise ctx.guard.not_found(name)
         raw = ctx.guard.check_body(policy, endpoint, raw)
-        await ctx.guard.admit(policy, rec, endpoint, raw, _served(ctx, name, kind))
+        await ctx.guard.admit(policy, rec, endpoint, raw, model=_served(ctx, name, kind))
         return await handler(request, raw)
 
     return handle

@@ -79,7 +79,7 @@ class RecordingStore(MemoryStore):
 
     async def add_vector(self, scope: str, key: str, text: str, vector: list[float], ttl_s: int) -> None:
         self.vectors[text] = vector
-        await super().add_vector(scope, key, text, vector, ttl_s)
+        await super().add_vector(scope, key, text, vector, ttl_s=ttl_s)
 
 
 @dataclass
@@ -153,7 +153,7 @@ class CacheStack:
         self.memory_store = RecordingStore(base.cache.max_entries)
         for name, cfg in configs.items():
             store = self.memory_store if name == "memory" else None
-            self.contexts[name] = build_context(cfg, engine, embedder, log, store, cache_embedder)
+            self.contexts[name] = build_context(cfg, engine, embedder, log, cache_store=store, cache_embedder=cache_embedder)
         apps = [create_app(ctx, manage_engine=(i == 0)) for i, ctx in enumerate(self.contexts.values())]
         self._serve(list(configs), apps)
 

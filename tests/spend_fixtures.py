@@ -96,7 +96,7 @@ class SpendStack:
         embedder, cache_embedder = build_embedders(base, engine)
         log = (self.root / "gateway.log").open("a", buffering=1)
         for name, cfg in configs.items():
-            self.contexts[name] = build_context(cfg, engine, embedder, log, None, cache_embedder)
+            self.contexts[name] = build_context(cfg, engine, embedder, log, cache_store=None, cache_embedder=cache_embedder)
         apps = [create_app(ctx, manage_engine=(i == 0)) for i, ctx in enumerate(self.contexts.values())]
         self._serve(list(configs), apps)
 

@@ -180,7 +180,7 @@ def test_stream_text_with_a_stop_sequence_split_anywhere(per_step: int) -> None:
         _chunk("ND", "stop"),
         {"model": "served", "choices": [], "usage": chat_usage},
     ]
-    events = _run(EventStream("msg_1", "asked", 9, ("END",), "rid"), chunks, per_step)
+    events = _run(EventStream("msg_1", "asked", 9, ("END",), request_id="rid"), chunks, per_step)
     kinds = [e["type"] for e in events]
     assert kinds[:3] == ["message_start", "ping", "content_block_start"] and kinds[-2:] == ["message_delta", "message_stop"]
     assert events[0]["message"]["model"] == "served" and events[0]["message"]["usage"] == {"input_tokens": 9, "output_tokens": 0}
@@ -193,7 +193,7 @@ def test_stream_text_with_a_stop_sequence_split_anywhere(per_step: int) -> None:
 
 
 def test_stream_held_back_text_is_sent_when_no_stop_sequence_ends_it() -> None:
-    events = _run(EventStream("m", "asked", 1, ("END",), "rid"), [_chunk("It is EN"), _chunk(None, "length")], 100)
+    events = _run(EventStream("m", "asked", 1, ("END",), request_id="rid"), [_chunk("It is EN"), _chunk(None, "length")], 100)
     assert _text(events) == "It is EN" and events[-2]["delta"]["stop_reason"] == "max_tokens"
     assert held_back("It is EN", ("END", "NOPE")) == 2 and held_back("xyz", ("END",)) == 0
 
@@ -207,7 +207,7 @@ def test_stream_tool_calls_become_tool_use_blocks() -> None:
         _chunk(tool={"index": 1, "id": "call_def", "type": "function", "function": {"name": "add", "arguments": "{}"}}),
         _chunk(None, "tool_calls"),
     ]
-    events = _run(EventStream("m", "asked", 1, (), "rid"), chunks, 2)
+    events = _run(EventStream("m", "asked", 1, (), request_id="rid"), chunks, 2)
     starts = [e for e in events if e["type"] == "content_block_start"]
     assert [s["content_block"] for s in starts] == [
         {"type": "tool_use", "id": "toolu_abc", "name": "get", "input": {}},
@@ -220,12 +220,12 @@ def test_stream_tool_calls_become_tool_use_blocks() -> None:
 
 
 def test_stream_failure_ends_the_stream_with_an_error_event() -> None:
-    stream = EventStream("m", "asked", 1, (), "rid")
+    stream = EventStream("m", "asked", 1, (), request_id="rid")
     events = _run(stream, [_chunk("Hi")], 100, InternalError("boom"))
     assert events[-1] == {"type": "error", "error": {"type": "api_error", "message": "boom"}, "request_id": "rid"}
     assert "message_stop" not in [e["type"] for e in events] and _text(events) == "Hi"
     assert stream.feed(Step(tuple(chunk_events(_chunk("late"))))) == b""  # nothing after the error
-    busy = _events(EventStream("m", "asked", 1, (), "rid").feed(Step((Failed(ServiceUnavailable("later")),))))
+    busy = _events(EventStream("m", "asked", 1, (), request_id="rid").feed(Step((Failed(ServiceUnavailable("later")),))))
     assert busy[-1]["error"]["type"] == "overloaded_error"
 
 

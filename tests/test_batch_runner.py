@@ -53,8 +53,10 @@ def make(tmp: Path, stub: Stub, live: list[int], **cfg: Any) -> tuple[BatchRunne
     files, store = FileStore(tmp), BatchStore(tmp)
     counter = itertools.count()
     runner = BatchRunner(
-        BatchesConfig(dir=str(tmp), idle_s=0.05, **cfg), files, store, {CHAT: stub}, lambda: live[0], lambda _t: None,
-        lambda *_: None, lambda *_: True, CollectorRegistry(), Log(), lambda: f"{next(counter):08x}",
+        BatchesConfig(dir=str(tmp), idle_s=0.05, **cfg), files, store, {CHAT: stub}, live_in_flight=lambda: live[0],
+            policy_of=lambda _t: None,
+        model_error=lambda *_: None, takes_priority=lambda *_: True, registry=CollectorRegistry(), logger=Log(),
+            new_id=lambda: f"{next(counter):08x}",
     )  # fmt: skip
     return runner, files, store
 

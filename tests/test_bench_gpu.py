@@ -49,7 +49,7 @@ def test_weight_bytes_per_step_counts_what_a_decode_step_reads(tmp_path: Path) -
         from backend.config import default_model_path
 
         tokenizer = default_model_path()
-    model_dir = gpu_models.write_checkpoint(sh, "bf16", tmp_path / "toy", tokenizer, "cpu")
+    model_dir = gpu_models.write_checkpoint(sh, "bf16", tmp_path / "toy", tokenizer, device="cpu")
     engine = make_engine(model_dir, "cpu", dry=True, packed_copy=False)
     c = sh.config
     per_layer = sum(o * i for o, i in sh.projections().values()) + 2 * c["hidden_size"]

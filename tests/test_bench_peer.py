@@ -36,7 +36,7 @@ async def run(drop_first: bytes | None, events: bytes = EVENTS) -> tuple[object,
     try:
         async with httpx.AsyncClient() as client:
             try:
-                return await time_completion(client, f"http://127.0.0.1:{port}", "m", [1, 2], 2), calls
+                return await time_completion(client, f"http://127.0.0.1:{port}", "m", [1, 2], new_tokens=2), calls
             except httpx.HTTPError as exc:
                 return exc, calls
     finally:

@@ -143,14 +143,14 @@ DEFAULT_ONLY = {"modalities", "store", "best_of", "suffix"}  # any other value i
 
 def _chat_key(body: dict[str, Any], ids: tuple[int, ...] = (1, 2, 3)) -> tuple[str, str]:
     req = parse_chat(dict(body))
-    key = exact_key("ns", "fp", "chat", body, req.params, req.messages, list(ids))
-    scope = semantic_scope("ns", "fp", "emb", "chat", body, req.params, req.messages[:-1])
+    key = exact_key("ns", "fp", "chat", body, params=req.params, prompt=req.messages, prompt_ids=list(ids))
+    scope = semantic_scope("ns", "fp", "emb", "chat", body=body, params=req.params, context=req.messages[:-1])
     return key, scope
 
 
 def _completion_key(body: dict[str, Any]) -> str:
     req = parse_completion(dict(body))
-    return exact_key("ns", "fp", "completions", body, req.params, req.prompts, None)
+    return exact_key("ns", "fp", "completions", body, params=req.params, prompt=req.prompts, prompt_ids=None)
 
 
 def _chat_base(**extra: Any) -> dict[str, Any]:

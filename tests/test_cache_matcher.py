@@ -39,7 +39,7 @@ def _read(*texts: str) -> list[Question]:
 
 def _features(a: str, b: str) -> np.ndarray:
     qa, qb = _read(a, b)
-    return features(a, b, qa, qb, float(np.dot(qa.vector, qb.vector)))
+    return features(a, b, qa, qb, similarity=float(np.dot(qa.vector, qb.vector)))
 
 
 def test_token_states_carry_the_sentence_vector_the_index_holds() -> None:
@@ -162,7 +162,7 @@ def learned_url() -> Iterator[str]:
     engine = AsyncEngine.from_config(config.engine)
     embedder, cache_embedder = build_embedders(config, engine)
     sink = open("/dev/null", "w")  # noqa: SIM115 - lives as long as the server
-    ctx = build_context(config, engine, embedder, sink, None, cache_embedder)
+    ctx = build_context(config, engine, embedder, sink, cache_store=None, cache_embedder=cache_embedder)
     assert ctx.cache is not None and ctx.cache.learned is not None and ctx.cache.verifier is None
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

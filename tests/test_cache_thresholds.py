@@ -97,7 +97,7 @@ def test_replicas_share_what_they_learn_through_redis(redis_server: RedisServer)
     async def run() -> None:
         clients = [Redis.from_url(redis_server.url) for _ in range(3)]
         prefix = f"t{uuid.uuid4().hex[:8]}"
-        a, b = (EntryThresholds(0.5, log=RedisOutcomes(c, prefix, "engine", 1000, 60)) for c in clients[:2])
+        a, b = (EntryThresholds(0.5, log=RedisOutcomes(c, prefix, "engine", 1000, ttl_s=60)) for c in clients[:2])
         try:
             for _ in range(5):
                 await a.record("entry", 0.9, True)
@@ -106,10 +106,10 @@ def test_replicas_share_what_they_learn_through_redis(redis_server: RedisServer)
             await a.refresh()
             assert a.decide("entry", 0.9).evidence == 5  # its own outcomes, read back once
             await b.record("entry", 0.85, False)
-            late = EntryThresholds(0.5, log=RedisOutcomes(clients[2], prefix, "engine", 1000, 60))
+            late = EntryThresholds(0.5, log=RedisOutcomes(clients[2], prefix, "engine", 1000, ttl_s=60))
             await late.refresh()
             assert late.decide("entry", 0.9).evidence == 6 and not late.decide("entry", 0.9).skip
-            other = EntryThresholds(0.5, log=RedisOutcomes(clients[2], prefix, "upstream", 1000, 60))
+            other = EntryThresholds(0.5, log=RedisOutcomes(clients[2], prefix, "upstream", 1000, ttl_s=60))
             await other.refresh()
             assert other.decide("entry", 0.9).evidence == 0  # another kind of record: another log
         finally:
@@ -128,7 +128,7 @@ def test_a_shared_log_that_fails_keeps_the_outcome_locally() -> None:
 
     async def run() -> None:
         down = Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.2, socket_timeout=0.2)
-        record = EntryThresholds(0.5, log=RedisOutcomes(down, "t", "engine", 100, 60), on_error=errors.append)
+        record = EntryThresholds(0.5, log=RedisOutcomes(down, "t", "engine", 100, ttl_s=60), on_error=errors.append)
         try:
             await record.record("entry", 0.9, True)
             await record.refresh()  # nothing to read: no error raised, the local record decides

@@ -133,7 +133,7 @@ def test_memory_store_is_an_lru_with_ttls() -> None:
     async def run() -> None:
         await store.put("a", b"1", 10)
         await store.put("b", b"2", 10)
-        await store.add_vector("s", "a", "question a", [1.0, 0.0], 10)
+        await store.add_vector("s", "a", "question a", [1.0, 0.0], ttl_s=10)
         assert await store.get("a") == b"1"  # a is now the most recent
         await store.put("c", b"3", 10)  # evicts b
         assert (await store.get("b"), len(store)) == (None, 2)
@@ -147,7 +147,8 @@ def test_memory_store_is_an_lru_with_ttls() -> None:
 
 def test_keys_separate_tenants_and_parameters() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=8)
-    key = lambda ns, p, body: exact_key(ns, "fp", "chat", body, p, [{"role": "user", "content": "hi"}], [1, 2])  # noqa: E731
+    key = lambda ns, p, body: exact_key(  # noqa: E731
+        ns, "fp", "chat", body, params=p, prompt=[{"role": "user", "content": "hi"}], prompt_ids=[1, 2])
     base = key(namespace("Bearer a"), params, {"model": "gpt-4o-mini", "stream": True})
     assert base == key(namespace("Bearer a"), params, {"model": "other-alias", "user": "u1"})
     assert base != key(namespace("Bearer b"), params, {})
@@ -158,7 +159,7 @@ def test_keys_separate_tenants_and_parameters() -> None:
 def test_semantic_scopes_separate_embedders() -> None:
     """A Redis cache may be shared by replicas that embed in other dtypes: their vectors never meet."""
     params, ctx = SamplingParams(temperature=0.0), [{"role": "system", "content": "Be brief."}]
-    scope = lambda embedder: semantic_scope("ns", "fp", embedder, "chat", {}, params, ctx)  # noqa: E731
+    scope = lambda embedder: semantic_scope("ns", "fp", embedder, "chat", body={}, params=params, context=ctx)  # noqa: E731
     assert scope("all-MiniLM-L6-v2/int8") == scope("all-MiniLM-L6-v2/int8") != scope("all-MiniLM-L6-v2/float16")
 
 

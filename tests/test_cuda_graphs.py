@@ -54,7 +54,7 @@ def engine(model_dir: Path) -> LLMEngine:
 
 def with_graphs(eng: LLMEngine) -> DecodeGraphs:
     runner = eng.runner
-    runner.graphs = DecodeGraphs(runner.model, runner.kv_cache, eng.kv, MAX_SEQS, eng.max_model_len)
+    runner.graphs = DecodeGraphs(runner.model, runner.kv_cache, eng.kv, MAX_SEQS, max_model_len=eng.max_model_len)
     runner.graphs.capture()
     return runner.graphs
 

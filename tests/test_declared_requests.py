@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -149,3 +150,45 @@ def test_a_unions_errors_fold_into_one_at_its_path() -> None:
     with pytest.raises(InvalidRequest) as err:
         parse_chat({**BASE[ChatBody], "stop": ["a", 3]})  # a member that fails deeper in: still the union's path
     assert err.value.param == "stop"
+
+
+WHITELIST = Path(__file__).with_name("vulture_declared.py")
+DECLARING = ("gateway.protocol.requests", "gateway.anthropic.request", "gateway.openai_responses.request",
+             "gateway.batches.endpoints", "bench.request_types")  # fmt: skip
+
+
+def _whitelist() -> str:
+    """tests/vulture_declared.py as it should read: each declared field named once, which is how vulture (static)
+    learns that pydantic (and msgspec, in the bench) read them."""
+    import importlib
+
+    import msgspec
+
+    lines = ['"""Every field of the declared request bodies, named for vulture: pydantic reads them by reflection, which',
+             "vulture cannot see. Written by tests/test_declared_requests.py (SMOLGATE_WRITE_WHITELIST=1 rewrites it), which",
+             'fails when a declared field is missing here."""', ""]  # fmt: skip
+    for module in DECLARING:
+        mod = importlib.import_module(module)
+        classes = sorted(
+            (name, obj) for name, obj in vars(mod).items()
+            if isinstance(obj, type) and obj.__module__ == module
+            and ((issubclass(obj, Declared) and obj.model_fields) or issubclass(obj, msgspec.Struct))
+        )  # fmt: skip
+        if not classes:
+            continue
+        lines.append(f"from {module} import {', '.join(name for name, _ in classes)}")
+        lines.append("")
+        for name, cls in classes:
+            fields = sorted(cls.model_fields) if issubclass(cls, Declared) else sorted(cls.__struct_fields__)
+            lines.extend(f"{name}.{field}" for field in fields)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def test_vulture_sees_every_declared_field() -> None:
+    import os
+
+    want = _whitelist()
+    if os.environ.get("SMOLGATE_WRITE_WHITELIST"):
+        WHITELIST.write_text(want)
+    assert WHITELIST.read_text() == want, "declared fields changed: rerun with SMOLGATE_WRITE_WHITELIST=1"

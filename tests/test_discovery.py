@@ -114,7 +114,7 @@ async def test_the_router_opens_a_found_replicas_connections_and_closes_a_gone_o
         "router": {"discovery_interval_s": 30.0, "discovery_nameservers": dns_server.address}})  # fmt: skip
     from prometheus_client import CollectorRegistry
 
-    router = Router(cfg, {}, CollectorRegistry(), _logger(), None)
+    router = Router(cfg, {}, CollectorRegistry(), _logger(), embedder=None)
     await router.start()
     try:
         states = {s.name: s for s in router.balancers["m"].states}

@@ -25,6 +25,7 @@ from gateway.batches.config import BatchesConfig
 from gateway.batches.store import ProgressLog
 from gateway.batches.validate import parse_input
 from gateway.config import ConfigError, load_config
+from gateway.spend.config import LedgerConfig
 
 KEY_A, KEY_B = "sk-batch-tenant-a", "sk-batch-tenant-b"
 ADMIN = "sk-batch-operator"  # reads /metrics
@@ -148,6 +149,16 @@ def test_config(tmp_path: Path) -> None:
         with pytest.raises(ConfigError):
             load_config(path, {})
     assert BatchesConfig().priority == 2**31 - 1
+
+
+def test_default_dir_follows_smolgate_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batches store lives in the one smolgate cache folder, as models, kernels and the ledger do."""
+    monkeypatch.setenv("SMOLGATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # not read: SMOLGATE_CACHE is the one setting
+    assert BatchesConfig().path == tmp_path / "cache" / "batches"
+    assert LedgerConfig().path == tmp_path / "cache" / "ledger"
+    monkeypatch.delenv("SMOLGATE_CACHE")
+    assert BatchesConfig().path == Path.home() / ".cache" / "smolgate" / "batches"
 
 
 # ---- against a real gateway ----------------------------------------------------------------------------

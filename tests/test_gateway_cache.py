@@ -287,7 +287,7 @@ def test_a_replica_that_joins_sees_earlier_entries(cache_stack: CacheStack) -> N
         writer = RedisStore(url, prefix, max_entries=100, timeout_s=1.0)
         for i in range(30):
             await writer.put(f"k{i}", f"answer {i}".encode(), 60)
-            await writer.add_vector("scope", f"k{i}", f"question {i}", [1.0 if j == i else 0.0 for j in range(32)], 60)
+            await writer.add_vector("scope", f"k{i}", f"question {i}", [1.0 if j == i else 0.0 for j in range(32)], ttl_s=60)
         await writer.close()
         joiner = RedisStore(url, prefix, max_entries=100, timeout_s=1.0)
         found = await joiner.search("scope", [1.0 if j == 7 else 0.0 for j in range(32)], 3, 0.5)

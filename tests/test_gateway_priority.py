@@ -60,7 +60,8 @@ def test_config_from_yaml_and_env(tmp_path: Path) -> None:
 def test_priority_is_not_part_of_the_cache_key() -> None:
     body = {"model": "m", "messages": MSG, "temperature": 0}
     keys = {
-        exact_key("ns", "fp", "chat", {**body, "priority": p}, SamplingParams(temperature=0, priority=p), MSG, [1, 2])
+        exact_key("ns", "fp", "chat", {**body, "priority": p}, params=SamplingParams(temperature=0, priority=p), prompt=MSG,
+            prompt_ids=[1, 2])
         for p in (-5, 0, 10)
     }
     assert len(keys) == 1

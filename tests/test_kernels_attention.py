@@ -75,7 +75,7 @@ def test_paged_decode(dtype, case):
     k_cache, v_cache, bt, _, _ = make_paged(g, lengths, num_kv_heads, head_dim, block_size, dtype)
     q = torch.randn(len(lengths), num_heads, head_dim, generator=g).to(dtype)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
-    ref = pd.paged_decode_ref(q.float(), k_cache.float(), v_cache.float(), bt, seq_lens)
+    ref = pd.paged_decode_ref(q.float(), k_cache.float(), v_cache.float(), bt, seq_lens=seq_lens)
     out = poison(*q.shape, dtype=dtype, device=DEV)
     args = [t.to(DEV) for t in (q, k_cache, v_cache, bt, seq_lens)]
     res = pd.paged_decode(*args, out=out, num_splits=num_splits, block_n=block_n)
@@ -88,7 +88,7 @@ def test_paged_decode_empty_sequence_gives_zeros():
     k_cache, v_cache, bt, _, _ = make_paged(g, [20, 0], 3, 64, 16, torch.float16)
     q = torch.randn(2, 9, 64, generator=g).half()
     seq_lens = torch.tensor([20, 0], dtype=torch.int32)
-    ref = pd.paged_decode_ref(q.float(), k_cache.float(), v_cache.float(), bt, seq_lens)
+    ref = pd.paged_decode_ref(q.float(), k_cache.float(), v_cache.float(), bt, seq_lens=seq_lens)
     for splits in (1, 2):
         out = poison(2, 9, 64, dtype=torch.float16, device=DEV)
         pd.paged_decode(*(t.to(DEV) for t in (q, k_cache, v_cache, bt, seq_lens)), out=out, num_splits=splits)
@@ -102,7 +102,7 @@ def test_paged_decode_reference_against_sdpa(num_heads, num_kv_heads):
     lengths = [1, 23, 50]
     k_cache, v_cache, bt, ks, vs = make_paged(g, lengths, num_kv_heads, 32, 8, torch.float32)
     q = torch.randn(3, num_heads, 32, generator=g)
-    ref = pd.paged_decode_ref(q, k_cache, v_cache, bt, torch.tensor(lengths, dtype=torch.int32))
+    ref = pd.paged_decode_ref(q, k_cache, v_cache, bt, seq_lens=torch.tensor(lengths, dtype=torch.int32))
     for i in range(3):
         torch.testing.assert_close(ref[i].double(), sdpa(q[i : i + 1], ks[i], vs[i])[0], atol=1e-5, rtol=1e-5)
 
@@ -129,7 +129,7 @@ def test_flash_prefill(dtype, case):
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     q = torch.randn(sum(q_lens), num_heads, head_dim, generator=g).to(dtype)
-    ref = fp.flash_prefill_ref(q.float(), k_cache.float(), v_cache.float(), bt, cu, seq_lens)
+    ref = fp.flash_prefill_ref(q.float(), k_cache.float(), v_cache.float(), bt, cu_seqlens_q=cu, seq_lens=seq_lens)
     out = poison(*q.shape, dtype=dtype, device=DEV)
     args = [t.to(DEV) for t in (q, k_cache, v_cache, bt, cu, seq_lens)]
     res = fp.flash_prefill(*args, max_query_len=max(q_lens), out=out, block_m=block_m, block_n=block_n)
@@ -147,7 +147,7 @@ def test_flash_prefill_without_max_query_len_and_strided_q():
     seq_lens = torch.tensor([21, 9], dtype=torch.int32)
     out = poison(32, 9, 64, dtype=torch.float16, device=DEV)
     fp.flash_prefill(*(t.to(DEV) for t in (q, k_cache, v_cache, bt, cu, seq_lens)), out=out, block_m=16)
-    ref = fp.flash_prefill_ref(q.float(), k_cache.float(), v_cache.float(), bt, cu, seq_lens)
+    ref = fp.flash_prefill_ref(q.float(), k_cache.float(), v_cache.float(), bt, cu_seqlens_q=cu, seq_lens=seq_lens)
     assert_close(out[:30], ref[:30], torch.float16)
     assert out[30:].isnan().all()
 
@@ -160,7 +160,7 @@ def test_flash_prefill_reference_against_sdpa(num_heads, num_kv_heads):
     cu = torch.tensor([0, 1, 13, 20], dtype=torch.int32)
     q = torch.randn(20, num_heads, 32, generator=g)
     seq_lens = torch.tensor([n for _, n in seqs], dtype=torch.int32)
-    ref = fp.flash_prefill_ref(q, k_cache, v_cache, bt, cu, seq_lens)
+    ref = fp.flash_prefill_ref(q, k_cache, v_cache, bt, cu_seqlens_q=cu, seq_lens=seq_lens)
     for i, (m, n) in enumerate(seqs):
         a, b = int(cu[i]), int(cu[i + 1])
         expected = sdpa(q[a:b], ks[i], vs[i], causal_offset=n - m)

@@ -46,7 +46,7 @@ def test_awq_gemm(dtype, case):
     g = generator("awq", dtype, case)
     qweight, qzeros, scales = random_awq(g, k, n, group_size)
     x = torch.randn(m, k, generator=g).to(dtype)
-    ref = aw.awq_gemm_ref(x.float(), qweight, qzeros, scales, group_size)
+    ref = aw.awq_gemm_ref(x.float(), qweight, qzeros, scales, group_size=group_size)
     out = poison(m, n, dtype=dtype, device=DEV)
     args = [t.to(DEV) for t in (x, qweight, qzeros, scales)]
     res = aw.awq_gemm(*args, group_size, out=out, split_k=split_k, block_m=block_m, block_n=block_n)
@@ -150,14 +150,14 @@ def test_awq_gemm_every_tuning_candidate(m, float_zero, group_size):
     if float_zero:
         ref = x.float() @ (w - zt.float().repeat_interleave(group_size, 0))
     else:
-        ref = aw.awq_gemm_ref(x.float(), qweight, qzeros, scales, group_size)
+        ref = aw.awq_gemm_ref(x.float(), qweight, qzeros, scales, group_size=group_size)
     configs = aw.candidates(m, group_size)
     assert aw.default_config(m, group_size) in configs and any(not c.words for c in configs)
     assert any(c.kind == "gemv" for c in configs) == (m <= 16)  # one row per program only for decode-sized calls
     assert any(c.kind == "dequant" for c in configs) == (m >= 64)  # cuBLAS on a dense copy only for many rows
     for cfg in [*configs, aw.GemmConfig(aw.default_config(m, group_size).block_m, 64, 64, split_k=3)]:
         out = poison(m, n, dtype=torch.float16, device=DEV)
-        aw.awq_gemm(x.to(DEV), qweight.to(DEV), None if float_zero else qzeros.to(DEV), scales.to(DEV), group_size,
+        aw.awq_gemm(x.to(DEV), qweight.to(DEV), None if float_zero else qzeros.to(DEV), scales.to(DEV), group_size=group_size,
                     out=out, zero_terms=None if zt is None else zt.to(DEV), config=cfg)
         check(out, ref, torch.float16)
 

@@ -132,7 +132,7 @@ def test_w8a8_avx512_matches_avx2_and_reference(w8, n: int, k: int, rows: int, g
     g = torch.Generator().manual_seed(n + rows)
     w = pack_w8a8(torch.randn(n, k, generator=g) * 0.05)
     x, bias = torch.randn(rows, k, generator=g), torch.randn(n, generator=g) if gelu else None
-    y, y2 = w8a8_linear(w8["avx512"], x, w, bias, gelu), w8a8_linear(w8["avx2"], x, w, bias, gelu)
+    y, y2 = w8a8_linear(w8["avx512"], x, w, bias, gelu=gelu), w8a8_linear(w8["avx2"], x, w, bias, gelu=gelu)
     assert rel(y, w8a8_linear_ref(x, w, bias, gelu)) < 1e-5 and rel(y, y2) < 1e-5
 
 

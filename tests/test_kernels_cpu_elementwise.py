@@ -36,7 +36,7 @@ def test_rms_norm_residual(lib, with_residual: bool, rows: int, dim: int) -> Non
     x = torch.randn(rows, dim * 2)[:, :dim]  # a strided view, as a split's half is
     residual = torch.randn(rows, dim) if with_residual else None
     weight = torch.randn(dim)
-    out, stream = rms_norm_residual(lib, x, residual, weight, 1e-5)
+    out, stream = rms_norm_residual(lib, x, residual, weight, eps=1e-5)
     ref_out, ref_stream = rms_norm_residual_ref(x, residual, weight, 1e-5)
     assert torch.equal(stream, ref_stream)  # the residual add is exact
     torch.testing.assert_close(out, ref_out, rtol=3e-7, atol=1e-6)
@@ -49,8 +49,8 @@ def test_layer_norm_residual(lib, with_residual: bool, rows: int, dim: int) -> N
     x = torch.randn(rows, dim * 2)[:, :dim] * 3 + 2  # a strided view; an offset mean, as residual streams have
     residual = torch.randn(rows, dim + 8)[:, :dim] if with_residual else None
     weight, bias = torch.randn(dim), torch.randn(dim)
-    out = layer_norm_residual(lib, x, residual, weight, bias, 1e-12)
-    torch.testing.assert_close(out, layer_norm_residual_ref(x, residual, weight, bias, 1e-12), rtol=1e-6, atol=2e-6)
+    out = layer_norm_residual(lib, x, residual, weight, bias=bias, eps=1e-12)
+    torch.testing.assert_close(out, layer_norm_residual_ref(x, residual, weight, bias, eps=1e-12), rtol=1e-6, atol=2e-6)
     stream = (x if residual is None else x + residual).double()  # the add is exact in float32, then float64 throughout
     exact = torch.nn.functional.layer_norm(stream, (dim,), weight.double(), bias.double(), 1e-12)
     torch.testing.assert_close(out.double(), exact, rtol=1e-6, atol=2e-6)
@@ -76,11 +76,11 @@ def test_launchers_check_shapes(lib) -> None:
     with pytest.raises(AssertionError):
         rotary_neox(lib, torch.randn(2, 3, 24), torch.randn(2, 24))  # D not a multiple of 16
     with pytest.raises(AssertionError):
-        rms_norm_residual(lib, torch.randn(2, 12), None, torch.randn(12), 1e-5)
+        rms_norm_residual(lib, torch.randn(2, 12), None, torch.randn(12), eps=1e-5)
     with pytest.raises(AssertionError):
-        layer_norm_residual(lib, torch.randn(2, 16), None, torch.randn(16), torch.randn(8), 1e-5)  # bias (8,)
+        layer_norm_residual(lib, torch.randn(2, 16), None, torch.randn(16), bias=torch.randn(8), eps=1e-5)  # bias (8,)
     with pytest.raises(AssertionError):
-        layer_norm_residual(lib, torch.randn(2, 16), torch.randn(3, 16), torch.randn(16), torch.randn(16), 1e-5)
+        layer_norm_residual(lib, torch.randn(2, 16), torch.randn(3, 16), torch.randn(16), bias=torch.randn(16), eps=1e-5)
 
 
 @pytest.mark.parametrize("rows", [1, 9])

@@ -152,7 +152,7 @@ def test_the_neon_kernels_match_the_x86_kernels_on_the_same_inputs(harness, isa:
         else:
             w = W8A8Weight(c.array("w", torch.int8, c.n, c.k), c.array("ws", torch.float32, c.n), c.group)
             bias = c.array("bias", torch.float32, c.n) if c.bias else None
-            native, ref = w8a8_linear(w8, x, w, bias, c.gelu), w8a8_linear_ref(x, w, bias, c.gelu)
+            native, ref = w8a8_linear(w8, x, w, bias, gelu=c.gelu), w8a8_linear_ref(x, w, bias, c.gelu)
         if c.name.endswith("_exact"):
             assert torch.equal(y, native) and torch.equal(y, ref), (c.name, c.m)
         assert rel(y, ref) < 1e-5 and rel(y, native) < 1e-5, (c.name, c.m, isa)

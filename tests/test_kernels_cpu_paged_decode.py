@@ -43,8 +43,8 @@ def test_matches_reference(lib, heads: int, kv_heads: int, head_dim: int, window
     lens = [1, 7, 8, 9, 16, 17, 40, 100]  # under, at and over a block and the 8-key tile
     q, cache, tables, lens_t = case(lens, heads, kv_heads, head_dim)
     cache = cache.to(dtype)
-    out = paged_decode_cpu(lib, q, cache, tables, lens_t, 16, 0.125, window)
-    ref = paged_decode_cpu_ref(q, cache, tables, lens_t, 16, 0.125, window)
+    out = paged_decode_cpu(lib, q, cache, tables, context_lens=lens_t, block_size=16, scale=0.125, window=window)
+    ref = paged_decode_cpu_ref(q, cache, tables, lens_t, block_size=16, scale=0.125, window=window)
     assert out.shape == q.shape
     assert (out - ref).abs().max().item() < 1e-5
 
@@ -55,8 +55,9 @@ def test_matches_the_torch_decode_path(lib) -> None:
     q, cache, tables, lens_t = case(lens, 9, 3, 64, block_size=16, seed=1)
     k_pos = torch.arange(tables.shape[1] * 16)
     mask = torch.where(k_pos[None] < lens_t[:, None].long(), 0.0, float("-inf"))[:, None, None, :]
-    torch_out = decode_attention(q, cache, DecodeMetadata(tables.long(), mask, tables, lens_t), 0.125, 16)
-    assert (paged_decode_cpu(lib, q, cache, tables, lens_t, 16, 0.125) - torch_out).abs().max().item() < 1e-5
+    torch_out = decode_attention(q, cache, DecodeMetadata(tables.long(), mask, tables, lens_t), 0.125, block_size=16)
+    assert (paged_decode_cpu(lib, q, cache, tables, context_lens=lens_t, block_size=16,
+        scale=0.125) - torch_out).abs().max().item() < 1e-5
 
 
 def prefill_case(chunks: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype):
@@ -89,17 +90,18 @@ def test_prefill_equals_per_token_decode_to_the_bit(lib, heads: int, kv_heads: i
     and ending on and off the 8-key groups."""
     chunks = [(0, 37), (5, 1), (100, 200), (17, 9), (0, 8), (31, 33)]
     q, cache, table, cu, lens, query_tables, query_lens = prefill_case(chunks, heads, kv_heads, head_dim, dtype)
-    out = paged_prefill_cpu(lib, q, cache, table, cu, lens, 16, 0.125)
-    assert torch.equal(out, paged_decode_cpu(lib, q, cache, query_tables, query_lens, 16, 0.125))
-    ref = paged_decode_cpu_ref(q, cache, query_tables, query_lens, 16, 0.125)
+    out = paged_prefill_cpu(lib, q, cache, table, cu_seqlens_q=cu, context_lens=lens, block_size=16, scale=0.125)
+    assert torch.equal(out, paged_decode_cpu(lib, q, cache, query_tables, context_lens=query_lens, block_size=16, scale=0.125))
+    ref = paged_decode_cpu_ref(q, cache, query_tables, query_lens, block_size=16, scale=0.125)
     assert (out - ref).abs().max().item() < 1e-5
 
 
 def test_large_scores_do_not_overflow(lib) -> None:
     q, cache, tables, lens_t = case([50], 2, 1, 16)
-    out = paged_decode_cpu(lib, q * 1e3, cache, tables, lens_t, 16, 1.0)  # scores ~1e4: softmax needs its max
+    out = paged_decode_cpu(lib, q * 1e3, cache, tables, context_lens=lens_t, block_size=16,
+        scale=1.0)  # scores ~1e4: softmax needs its max
     assert torch.isfinite(out).all()
-    assert (out - paged_decode_cpu_ref(q * 1e3, cache, tables, lens_t, 16, 1.0)).abs().max().item() < 1e-4
+    assert (out - paged_decode_cpu_ref(q * 1e3, cache, tables, lens_t, block_size=16, scale=1.0)).abs().max().item() < 1e-4
 
 
 def test_supports_only_what_it_computes() -> None:
@@ -123,7 +125,7 @@ def test_store_kv_matches_index_copy(lib, dtype: torch.dtype) -> None:
     slots = torch.tensor([7, 0, -1, 33, 2])
     cache = torch.zeros(2, 40, kv_heads, d, dtype=dtype)
     ref = cache.clone()
-    store_kv_cpu(lib, k, v, cache, slots)
+    store_kv_cpu(lib, k, v, cache, slot_mapping=slots)
     keep = slots >= 0
     ref[0].index_copy_(0, slots[keep], k[keep].to(dtype))
     ref[1].index_copy_(0, slots[keep], v[keep].to(dtype))

@@ -30,8 +30,8 @@ def test_store_kv(dtype, num_kv_heads, head_dim, block_size):
     v_cache = torch.full(shape, float("nan"), dtype=dtype, device=DEV)
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
 
-    ks.store_kv(key, value, k_cache, v_cache, slots)
-    ks.store_kv_ref(key, value, k_ref, v_ref, slots)
+    ks.store_kv(key, value, k_cache, v_cache, slot_mapping=slots)
+    ks.store_kv_ref(key, value, k_ref, v_ref, slot_mapping=slots)
 
     # bit-exact copy; untouched slots stay NaN in both (equal_nan compares them)
     torch.testing.assert_close(k_cache, k_ref, atol=0, rtol=0, equal_nan=True)
@@ -47,7 +47,7 @@ def test_store_kv_reference_against_loop():
     slots = torch.tensor([5, -1, 0, 11, 3, 8])
     k_cache, v_cache = torch.zeros(2, 3, 4, 2, 8)
     k_loop, v_loop = k_cache.clone(), v_cache.clone()
-    ks.store_kv_ref(key, value, k_cache, v_cache, slots)
+    ks.store_kv_ref(key, value, k_cache, v_cache, slot_mapping=slots)
     for t, s in enumerate(slots.tolist()):
         if s >= 0:
             k_loop.view(-1, 2, 8)[s], v_loop.view(-1, 2, 8)[s] = key[t], value[t]

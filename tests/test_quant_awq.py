@@ -58,7 +58,7 @@ def test_awq_beats_rtn_on_block_output(index: int) -> None:
     layer = copy.deepcopy(original)
     with torch.no_grad():
         ref = original(hidden, attention_mask=None, position_embeddings=pos_emb)
-    clips, out, alphas = awq_layer(layer, hidden, pos_emb, GROUP, model().config.head_dim)
+    clips, out, alphas = awq_layer(layer, hidden, pos_emb, GROUP, head_dim=model().config.head_dim)
     assert torch.allclose(out, ref)
     with torch.no_grad():  # folded scales: the same float function
         folded = layer(hidden, attention_mask=None, position_embeddings=pos_emb)

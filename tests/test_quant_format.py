@@ -119,7 +119,7 @@ def test_saved_checkpoint_reads_back(tmp_path: Path) -> None:
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4)
     tensors = {f"model.layers.0.self_attn.q_proj.{k}": v for k, v in pack(random_quantized(64, 64, 32)).items()}
     tensors["model.norm.weight"] = torch.ones(64)
-    out = save_checkpoint(tmp_path / "out", tensors, config, AwqConfig(group_size=32), src)
+    out = save_checkpoint(tmp_path / "out", tensors, config, AwqConfig(group_size=32), source_dir=src)
     assert (out / "tokenizer.json").exists() and not (tmp_path / "out.partial").exists()
     stored = json.loads((out / "config.json").read_text())["quantization_config"]
     assert stored == {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm",

@@ -194,7 +194,8 @@ def _chat_stream(chunks: list[dict[str, Any]], closed: list[str]) -> ChatStream:
         async def aclose(self) -> None:
             closed.append("engine")
 
-    return ChatStream(steps(), lambda step: b"", lambda exc, err: None, 1, [Engine()], LIMITS, lambda: None)  # type: ignore[list-item]
+    return ChatStream(steps(), lambda step: b"", lambda exc, err: None, 1, engine_streams=[Engine()], limits=LIMITS,  # type: ignore[list-item]
+                      on_disconnect=lambda: None)
 
 
 async def _sent(response: ChatStream) -> bytes:

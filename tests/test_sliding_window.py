@@ -53,7 +53,7 @@ def test_paged_decode_window(num_splits: int, window: int) -> None:
     k_cache, v_cache, bt, ks, vs = make_paged(g, lengths, 3, 64, 16, torch.float32)
     q = torch.randn(3, 9, 64, generator=g)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
-    ref = pd.paged_decode_ref(q, k_cache, v_cache, bt, seq_lens, window=window)
+    ref = pd.paged_decode_ref(q, k_cache, v_cache, bt, seq_lens=seq_lens, window=window)
     for i, n in enumerate(lengths):
         want = windowed_sdpa(q[i : i + 1], ks[i], vs[i], n - 1, window)[0]
         torch.testing.assert_close(ref[i].double(), want, atol=1e-5, rtol=1e-5)
@@ -74,7 +74,7 @@ def test_flash_prefill_window(dtype: torch.dtype, window: int) -> None:
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     seq_lens = torch.tensor([n for _, n in seqs], dtype=torch.int32)
     q = torch.randn(sum(q_lens), 9, 64, generator=g).to(dtype)
-    ref = fp.flash_prefill_ref(q.float(), k_cache.float(), v_cache.float(), bt, cu, seq_lens, window=window)
+    ref = fp.flash_prefill_ref(q.float(), k_cache.float(), v_cache.float(), bt, cu_seqlens_q=cu, seq_lens=seq_lens, window=window)
     for i, (m, n) in enumerate(seqs):
         a, b = int(cu[i]), int(cu[i + 1])
         want = windowed_sdpa(q[a:b].float(), ks[i].float(), vs[i].float(), n - m, window)

@@ -126,7 +126,8 @@ def restore_threads():
     torch.set_num_threads(threads)
 
 
-def test_draft_model_rule_keeps_the_target_distribution(tmp_path: Path, restore_threads: None) -> None:
+@pytest.mark.usefixtures("restore_threads")
+def test_draft_model_rule_keeps_the_target_distribution(tmp_path: Path) -> None:
     """A different random draft sampled at temperature 1 (q != p) proposes; the first two speculated
     tokens must follow the target's exact marginals (with logit_bias and a presence penalty)."""
     target_dir, draft_dir = tmp_path / "target", tmp_path / "draft"

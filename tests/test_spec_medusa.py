@@ -158,7 +158,8 @@ def test_generated_answers_are_the_engines_greedy_output(tmp_path: Path) -> None
     assert len(requests) == 2 and requests[0][0]["content"] != requests[1][0]["content"]
     cache = tmp_path / "answers.pt"
     samples = medusa_data.cached_answers(cache, model_path(), tokenizer(), CALIBRATION, limit=2, max_tokens=6)
-    assert cache.exists() and medusa_data.cached_answers(cache, model_path(), tokenizer(), CALIBRATION, 2, 6) == samples
+    assert cache.exists() and medusa_data.cached_answers(cache, model_path(), tokenizer(), CALIBRATION, limit=2,
+        max_tokens=6) == samples
     for (ids, start), msgs in zip(samples, requests, strict=True):
         prompt = chat_ids(msgs[0]["content"])
         assert ids[:start] == prompt and ids[start:] == hf_greedy(prompt, 6)[: len(ids) - start]

@@ -43,7 +43,7 @@ class Embedder:
 
     def __init__(
         self, model_path: str | Path | None = None, batch_size: int = 32, dtype: str = "auto",
-        executor: Submitter | None = None, share: Embedder | None = None,
+        executor: Submitter | None = None, *, share: Embedder | None = None,
     ) -> None:
         """dtype: float32 | bfloat16 | float16 (fp16 weights, fp32 arithmetic) | auto: bfloat16 where oneDNN runs
         it natively, else float16 where FBGEMM is there (x86), else float32. The forward reads its weights once

@@ -67,7 +67,7 @@ class _Norm:
             return F.layer_norm(x + residual, x.shape[-1:], self.weight, self.bias, self.eps)
         hidden = x.shape[-1]
         rows, res = x.reshape(-1, hidden), residual.reshape(-1, hidden)
-        return layer_norm_residual(self.lib, rows, res, self.weight, self.bias, self.eps).view(x.shape)
+        return layer_norm_residual(self.lib, rows, res, self.weight, bias=self.bias, eps=self.eps).view(x.shape)
 
 
 @dataclass

@@ -62,8 +62,3 @@ class BlockPool:
         if self.enable_caching and block.block_hash is None and block_hash not in self.cached:
             block.block_hash = block_hash
             self.cached[block_hash] = block
-
-    def reset_prefix_cache(self) -> None:
-        for block in self.cached.values():
-            block.block_hash = None
-        self.cached.clear()

@@ -81,7 +81,7 @@ class GraphStats:
 
 class DecodeGraphs:
     def __init__(
-        self, model: LlamaForCausalLM, kv_cache: torch.Tensor, kv: KVCacheManager, max_num_seqs: int, max_model_len: int
+        self, model: LlamaForCausalLM, kv_cache: torch.Tensor, kv: KVCacheManager, max_num_seqs: int, *, max_model_len: int
     ) -> None:
         self.model, self.kv_cache, self.kv = model, kv_cache, kv
         self.sizes = graph_batch_sizes(max_num_seqs)

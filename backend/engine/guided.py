@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import OrderedDict
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -62,7 +61,6 @@ class GrammarCache:
         self._tokenizer: llguidance.LLTokenizer | None = None  # built on first use: not every tokenizer converts
         self._templates: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
-        self.compile_s_total = 0.0
         self.compiles = 0
 
     def tokenizer(self) -> llguidance.LLTokenizer:
@@ -79,12 +77,10 @@ class GrammarCache:
             if found is not None:
                 self._templates.move_to_end(grammar)
                 return found
-        t0 = time.perf_counter()
         matcher = llguidance.LLMatcher(self.tokenizer(), grammar)
         if matcher.is_error():
             raise InvalidRequestError(f"unsupported schema or grammar: {matcher.get_error()}", param="response_format")
         with self._lock:
-            self.compile_s_total += time.perf_counter() - t0
             self.compiles += 1
             self._templates[grammar] = matcher
             while len(self._templates) > CACHE_SIZE:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections import deque
@@ -33,6 +34,8 @@ from backend.model.weights import load_model, model_max_len, resolve_model_dir, 
 from backend.spec.draft_model import DraftModel, kv_blocks_for_both, load_draft_model
 from backend.spec.medusa import MedusaDrafter, load_medusa_heads
 from backend.spec.speculator import Speculator
+
+log = logging.getLogger(__name__)
 
 _QUANTIZED_LAYERS = ("Int4Linear", "Int8Linear", "LowBitHead", "GgufLinear")
 _SHAPE = re.compile(r"\b(in|out)=\d+,\s*")
@@ -66,13 +69,14 @@ class LLMEngine:
         # > 1 rank: rank 0 drives (this engine); backend/parallel/driver.py's workers follow its batches
         tp, pp = parallel_ranks(config.tensor_parallel_size, config.pipeline_parallel_size)
         quantization = serving_quantization(config.resolved_model(), model_dir, config.quantization, self.device,
-                                            tp is not None or pp is not None)
-        model = load_model(model_dir, config, self.max_model_len, ops, quantization, tp, pp)
+                                            parallel=tp is not None or pp is not None)
+        model = load_model(model_dir, config, self.max_model_len, ops, quantization=quantization, tp=tp, pp=pp)
         draft = load_draft_model(config, model, self.max_model_len, ops)
-        heads = load_medusa_heads(config, model.config.vocab_size, model.config.hidden_size, dtype, self.device)
+        heads = load_medusa_heads(config, model.config.vocab_size, model.config.hidden_size, dtype, device=self.device)
         single = tp is None and pp is None
         kv_dtype = kv_cache_dtype(
-            config.kv_cache_dtype, model, dtype, self.device, single and ops.name != "triton", c_decode=ops.name == "cpu"
+            config.kv_cache_dtype, model, dtype, self.device, torch_ops=single and ops.name != "triton",
+                c_decode=ops.name == "cpu"
         )
         per_token = per_token_prefill(model, ops.name, dtype, kv_dtype)  # the pipeline's stages attend alike
         # The `auto` settings as resolved on this machine: part of the gateway's response-cache fingerprint.
@@ -85,15 +89,15 @@ class LLMEngine:
         # reads the same shapes: the KV budget is the model's)
         served = model if single else Driver(model)
         blocks = num_kv_blocks(model, config.block_size, config.kv_cache_memory_mb, kv_dtype) if draft is None else \
-            kv_blocks_for_both(model, draft, config.block_size, config.kv_cache_memory_mb, kv_dtype)
+            kv_blocks_for_both(model, draft, config.block_size, config.kv_cache_memory_mb, dtype=kv_dtype)
         if isinstance(served, Driver):
             served.share_num_blocks(blocks)
         pool = BlockPool(blocks, config.enable_prefix_caching)
         self.kv = KVCacheManager(pool, config.block_size, freeable_window(model.config))
         self.scheduler = Scheduler(self.kv, config)
         self.runner = ModelRunner(
-            served, self.kv, kv_dtype, self.device, per_token, config.cuda_graphs and single, config.max_num_seqs,
-            self.max_model_len,
+            served, self.kv, kv_dtype, self.device, per_token=per_token, cuda_graphs=config.cuda_graphs and single,
+            max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
         )
         self.eos_token_id = self.tokenizer.eos_token_id
         # what ends an answer: EOS, and a configured chat template's end-of-turn tokens (Gemma's <end_of_turn>)
@@ -104,14 +108,17 @@ class LLMEngine:
         self.grammars = GrammarCache(self.tokenizer, self.vocab_size)
         self.speculator = Speculator(
             self.kv, config, self.max_model_len, self.eos_token_id,
-            None if draft is None else DraftModel(draft, self.kv, kv_dtype, self.device, self.eos_token_id),
-            None if heads is None else MedusaDrafter(heads, config.medusa_min_confidence),
+            draft_model=None if draft is None else DraftModel(draft, self.kv, kv_dtype, self.device,
+                eos_token_id=self.eos_token_id),
+            medusa=None if heads is None else MedusaDrafter(heads, config.medusa_min_confidence),
         )
         self.requests: dict[str, list[Sequence]] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self._rate_window: deque[tuple[float, int]] = deque()
         release_freed_memory()  # the loader's transient copies (a GGUF's float32 state dict, fused projections)
+        log.info("%s loaded on %s: %s kernels, quantization %s, %d KV blocks of %d tokens, context %d", self.model_name,
+                 self.device, ops.name, quantization, blocks, config.block_size, self.max_model_len)
 
     # ---- requests in ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:

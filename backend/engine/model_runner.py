@@ -51,7 +51,7 @@ def kv_cache_shape(model: ServedModel, num_blocks: int, block_size: int) -> tupl
 
 
 def kv_cache_dtype(
-    name: str, model: nn.Module, model_dtype: torch.dtype, device: str, torch_ops: bool, c_decode: bool = False
+    name: str, model: nn.Module, model_dtype: torch.dtype, device: str, *, torch_ops: bool, c_decode: bool = False
 ) -> torch.dtype:
     """The KV cache's dtype. "auto" is the model's, except for quantized (INT4/INT8) fp32 models on a CPU that
     reads bf16 fast: native bf16, or the C decode kernel (`c_decode`, which widens bf16 in registers). There bf16
@@ -85,12 +85,13 @@ def per_token_prefill(model: LlamaForCausalLM, ops_name: str, dtype: torch.dtype
     token at 2,000 tokens; chunks now go through the kernel's tiled prefill entry (the same arithmetic per token, each
     key and value read once for 16 tokens; `python -m bench.prefill_attention` compares it with SDPA)."""
     c = model.config
-    return ops_name == "cpu" and supports_dims(c.num_attention_heads, c.num_key_value_heads, model.head_dim, dtype, kv_dtype)
+    return ops_name == "cpu" and supports_dims(c.num_attention_heads, c.num_key_value_heads, model.head_dim, dtype,
+        cache_dtype=kv_dtype)
 
 
 class ModelRunner:
     def __init__(
-        self, model: ServedModel, kv: KVCacheManager, kv_dtype: torch.dtype, device: str, per_token: bool = False,
+        self, model: ServedModel, kv: KVCacheManager, kv_dtype: torch.dtype, device: str, *, per_token: bool = False,
         cuda_graphs: bool = False, max_num_seqs: int = 1, max_model_len: int = 0,
     ) -> None:
         """per_token: every prefill chunk gets per-token decode metadata (`per_token_prefill`), not only short ones.
@@ -104,7 +105,7 @@ class ModelRunner:
         self.kv_cache = torch.zeros(kv_cache_shape(model, kv.pool.num_blocks, kv.block_size), dtype=kv_dtype, device=device)
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs and device.startswith("cuda") and isinstance(model, LlamaForCausalLM) and model.ops.name == "triton":
-            self.graphs = DecodeGraphs(model, self.kv_cache, kv, max_num_seqs, max_model_len)
+            self.graphs = DecodeGraphs(model, self.kv_cache, kv, max_num_seqs, max_model_len=max_model_len)
             self.graphs.capture()
 
     @property

@@ -79,11 +79,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    @property
-    def is_prefill(self) -> bool:
-        """Still computing tokens it already has (the prompt, or everything after a preemption)."""
-        return self.num_tokens - self.num_computed_tokens > 1
-
     def drop_draft(self) -> None:
         """Forget unverified draft tokens (e.g. when preempted: they must never be recomputed as real)."""
         if self.num_draft:

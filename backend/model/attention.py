@@ -46,7 +46,7 @@ def compute_dtype(cache_dtype: torch.dtype, q_dtype: torch.dtype) -> torch.dtype
 
 
 def decode_attention(
-    q: torch.Tensor, cache: torch.Tensor, meta: DecodeMetadata, scale: float, block_size: int
+    q: torch.Tensor, cache: torch.Tensor, meta: DecodeMetadata, scale: float, *, block_size: int
 ) -> torch.Tensor:
     """q: (num_decodes, num_heads, head_dim) -> (num_decodes, num_heads, head_dim).
 
@@ -62,7 +62,7 @@ def decode_attention(
 
 
 def prefill_attention(
-    q: torch.Tensor, cache: torch.Tensor, meta: PrefillMetadata, scale: float, block_size: int
+    q: torch.Tensor, cache: torch.Tensor, meta: PrefillMetadata, scale: float, *, block_size: int
 ) -> torch.Tensor:
     """q: (num_prefill_tokens, num_heads, head_dim), packed -> same shape."""
     num_heads, head_dim = q.shape[1:]
@@ -78,7 +78,7 @@ def prefill_attention(
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, batch: ForwardBatch, scale: float,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, *, batch: ForwardBatch, scale: float,
     decode_kernel: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """Store this step's K/V, then attend. q: (num_tokens, num_heads, head_dim). `decode_kernel`: the C paged
@@ -87,7 +87,7 @@ def paged_attention(
     arithmetic per token, each key and value read once for 16 tokens) where the layer has no sliding window, its
     decode entry token by token where it has one."""
     if decode_kernel is not None and supports_store(k, v, cache):
-        store_kv_cpu(decode_kernel, k, v, cache, batch.slot_mapping)
+        store_kv_cpu(decode_kernel, k, v, cache, slot_mapping=batch.slot_mapping)
     else:
         store_kv(cache, k, v, batch.slot_mapping)
     d = batch.num_decode_tokens
@@ -95,25 +95,28 @@ def paged_attention(
     if batch.decode is not None and decode_kernel is not None and supports(q, cache):
         m = batch.decode
         out = paged_decode_cpu(
-            decode_kernel, q[:d], cache, m.block_tables, m.context_lens, batch.block_size, scale, batch.window,
-            m.max_context_len,
+            decode_kernel, q[:d], cache, m.block_tables, context_lens=m.context_lens, block_size=batch.block_size, scale=scale,
+                window=batch.window,
+            max_len=m.max_context_len,
         )
         parts.append(out)
     elif batch.decode is not None:
-        parts.append(decode_attention(q[:d], cache, batch.decode, scale, batch.block_size))
+        parts.append(decode_attention(q[:d], cache, batch.decode, scale, block_size=batch.block_size))
     p = batch.prefill
     if p is not None and p.query_context_lens is not None and decode_kernel is not None and supports(q, cache):
         if not batch.window:  # every token as a decode query over its prefix, tiles of tokens sharing K/V reads
             parts.append(paged_prefill_cpu(
-                decode_kernel, q[d:], cache, p.block_tables, p.cu_seqlens_q, p.context_lens, batch.block_size, scale,
-                p.max_context_len,
+                decode_kernel, q[d:], cache, p.block_tables, cu_seqlens_q=p.cu_seqlens_q, context_lens=p.context_lens,
+                    block_size=batch.block_size, scale=scale,
+                max_len=p.max_context_len,
             ))
             return parts[0] if len(parts) == 1 else torch.cat(parts)
         assert p.query_block_tables is not None  # short chunks: every token is a decode query over its prefix
         parts.append(paged_decode_cpu(
-            decode_kernel, q[d:], cache, p.query_block_tables, p.query_context_lens, batch.block_size, scale,
-            batch.window, p.max_context_len,
+            decode_kernel, q[d:], cache, p.query_block_tables, context_lens=p.query_context_lens, block_size=batch.block_size,
+                scale=scale,
+            window=batch.window, max_len=p.max_context_len,
         ))
     elif p is not None:
-        parts.append(prefill_attention(q[d:], cache, p, scale, batch.block_size))
+        parts.append(prefill_attention(q[d:], cache, p, scale, block_size=batch.block_size))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -56,7 +56,8 @@ class DecodeStack:
         assert meta is not None
         max_len = meta.max_context_len or int(meta.context_lens.max())
         return self.layers(
-            x, rope, meta.block_tables, meta.context_lens, max_len, batch.slot_mapping, kv_cache, batch.block_size
+            x, rope, block_tables=meta.block_tables, context_lens=meta.context_lens, max_len=max_len,
+            slot_mapping=batch.slot_mapping, kv_cache=kv_cache, block_size=batch.block_size,
         )
 
 

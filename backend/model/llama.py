@@ -69,7 +69,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if arch.qk_norm else None
 
-    def forward(
+    def forward(  # noqa: PLR0917  # a module's forward: called through the module, positionally
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor, batch: ForwardBatch, ops: Ops
     ) -> torch.Tensor:
         n = x.shape[0]
@@ -86,7 +86,7 @@ class Attention(nn.Module):
             q_rot, k_rot = ops.rotary(q[..., :d].contiguous(), k[..., :d].contiguous(), rope)
             q, k = torch.cat([q_rot, q[..., d:]], dim=-1), torch.cat([k_rot, k[..., d:]], dim=-1)
         batch = batch.with_window(self.window)
-        out = ops.attention(q, k, v.reshape(n, self.num_kv_heads, self.head_dim), cache, batch, self.scale)
+        out = ops.attention(q, k, v.reshape(n, self.num_kv_heads, self.head_dim), cache, batch=batch, scale=self.scale)
         return self.o_proj(out.reshape(n, self.q_size))
 
 
@@ -108,7 +108,7 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int, window: int = 0, arch: Arch | None = None,
-                 rope_index: int = 0) -> None:
+                 *, rope_index: int = 0) -> None:
         super().__init__()
         arch = arch or arch_of(config)
         self.rope_index = rope_index  # which of the model's rope tables this layer rotates with
@@ -121,7 +121,7 @@ class DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if arch.sandwich_norms else None
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if arch.sandwich_norms else None
 
-    def forward(
+    def forward(  # noqa: PLR0917  # a module's forward: called through the module, positionally
         self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor,
         batch: ForwardBatch, ops: Ops,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +141,7 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(
         self, config: PretrainedConfig, max_positions: int, ops: Ops | None = None, layer_ids: range | None = None,
-        ends: bool = True,
+        *, ends: bool = True,
     ) -> None:
         super().__init__()
         self.config = config
@@ -155,7 +155,7 @@ class LlamaForCausalLM(nn.Module):
         kinds = [self.rope_types.index(config.layer_types[i]) if self.arch.rope_by_layer_type else 0
                  for i in range(config.num_hidden_layers)]
         self.layers = nn.ModuleList(
-            DecoderLayer(config, self.head_dim, self.layer_windows[i], self.arch, kinds[i]) for i in self.layer_ids)
+            DecoderLayer(config, self.head_dim, self.layer_windows[i], self.arch, rope_index=kinds[i]) for i in self.layer_ids)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if ends else None
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if ends else None
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if ends else None

@@ -49,7 +49,7 @@ class Ops(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def attention(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, batch: ForwardBatch, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, *, batch: ForwardBatch, scale: float
     ) -> torch.Tensor: ...
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -80,8 +80,8 @@ class TorchOps:
         cos, signed_sin = table
         return _rotate(q, cos, signed_sin), _rotate(k, cos, signed_sin)
 
-    def attention(self, q, k, v, cache, batch, scale):
-        return paged_attention(q, k, v, cache, batch, scale)
+    def attention(self, q, k, v, cache, *, batch, scale):
+        return paged_attention(q, k, v, cache, batch=batch, scale=scale)
 
     def silu_and_mul(self, gate_up):
         return _silu_and_mul(gate_up)
@@ -99,7 +99,7 @@ class CpuOps(TorchOps):
 
     def rms_norm(self, x, weight, eps, residual):
         if norm_supported(x) and (residual is None or norm_supported(residual)) and weight.dtype == torch.float32:
-            return rms_norm_residual(self.elementwise, x, residual, weight, eps)
+            return rms_norm_residual(self.elementwise, x, residual, weight, eps=eps)
         return super().rms_norm(x, weight, eps, residual)
 
     def rope_table(self, positions, cos_sin, dtype):
@@ -115,8 +115,8 @@ class CpuOps(TorchOps):
             table = super().rope_table(torch.arange(table.shape[0]), table, q.dtype)
         return super().rotary(q, k, table)
 
-    def attention(self, q, k, v, cache, batch, scale):
-        return paged_attention(q, k, v, cache, batch, scale, self.decode_kernel)
+    def attention(self, q, k, v, cache, *, batch, scale):
+        return paged_attention(q, k, v, cache, batch=batch, scale=scale, decode_kernel=self.decode_kernel)
 
     def silu_and_mul(self, gate_up):
         return silu_and_mul(self.elementwise, gate_up) if silu_supported(gate_up) else _silu_and_mul(gate_up)
@@ -159,7 +159,7 @@ class TritonOps:
         positions, cos_sin = table
         return self._rotary(positions, q, k, cos_sin)
 
-    def attention(self, q, k, v, cache, batch, scale):
+    def attention(self, q, k, v, cache, *, batch, scale):
         kv_heads, head_dim = cache.shape[2:]
         k_cache = cache[0].view(-1, self.block_size, kv_heads, head_dim)  # (num_blocks, block_size, kv_heads, d)
         v_cache = cache[1].view(-1, self.block_size, kv_heads, head_dim)

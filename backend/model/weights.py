@@ -68,7 +68,7 @@ def resolve_model_dir(path: Path, gguf_blocks: bool = False) -> Path:
     return out
 
 
-def serving_quantization(path: Path, model_dir: Path, quantization: str, device: str, parallel: bool) -> str:
+def serving_quantization(path: Path, model_dir: Path, quantization: str, device: str, *, parallel: bool) -> str:
     """`auto` for a GGUF file that was dequantized (an architecture or block types not served in their own bits): on
     a CPU the projections are re-quantized to INT8 (the W8A8 kernel and an int8 LM head: a quarter of float32's bytes a
     step) with a log line naming the types; on a GPU, or sharded, full precision. Anything else is served as
@@ -138,7 +138,7 @@ def to_our_names(hf: dict[str, torch.Tensor], layer_ids: range) -> dict[str, tor
 
 
 def _empty_model(
-    config: PretrainedConfig, max_positions: int, ops: Ops | None, awq: AwqConfig | None, quantization: str,
+    config: PretrainedConfig, max_positions: int, ops: Ops | None, awq: AwqConfig | None, *, quantization: str,
     tp: tuple[int, int] | None, pp: tuple[int, int] | None,
 ) -> LlamaForCausalLM:
     """The model (or this rank's part of it) on the meta device, INT4 layers swapped in for AWQ/GPTQ."""
@@ -163,7 +163,7 @@ def _empty_model(
 
 
 def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | None, tp: tuple[int, int] | None,
-                pp: tuple[int, int] | None, grouped: str | None = None) -> dict[str, torch.Tensor]:
+                *, pp: tuple[int, int] | None, grouped: str | None = None) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors this model holds, in our names (a pipeline stage reads only its own). grouped: a
     gguf_grouped checkpoint's weights kept (`kept`) or as float32 (`dense`: no grouped kernel on that path)."""
     keep = None
@@ -190,7 +190,7 @@ def _read_state(model_dir: Path, model: LlamaForCausalLM, gptq: GptqConfig | Non
 
 
 def load_model(
-    path: Path, engine: EngineConfig, max_positions: int, ops: Ops | None = None, quantization: str | None = None,
+    path: Path, engine: EngineConfig, max_positions: int, ops: Ops | None = None, *, quantization: str | None = None,
     tp: tuple[int, int] | None = None, pp: tuple[int, int] | None = None,
 ) -> LlamaForCausalLM:
     """The model at `path` as `engine` (EngineConfig, passed whole) says to load it: its dtype and device, the INT4
@@ -216,8 +216,8 @@ def load_model(
         raise ValueError("tensor parallelism needs full-precision weights (quantization: none)")
     if (tp is not None or pp is not None) and not arch_of(config).is_llama:
         raise ValueError(f"tensor and pipeline parallelism take Llama-family blocks, not {config.model_type}")
-    model = _empty_model(config, max_positions, ops, awq, quantization, tp, pp)
-    state = _read_state(model_dir, model, gptq, tp, pp, grouped)
+    model = _empty_model(config, max_positions, ops, awq, quantization=quantization, tp=tp, pp=pp)
+    state = _read_state(model_dir, model, gptq, tp, pp=pp, grouped=grouped)
     if grouped == "kept":
         from backend.quant.gguf_grouped import swap_in_grouped
         from kernels.cpu.wg8a8 import load_wg8a8

@@ -23,7 +23,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_main(rank: int, world: int, port: int, config: EngineConfig, job: Job, results: mp.Queue) -> None:
+def rank_main(rank: int, world: int, port: int, config: EngineConfig, *, job: Job, results: mp.Queue) -> None:
     import torch.distributed as dist
 
     from backend.parallel.driver import worker_loop
@@ -54,7 +54,8 @@ def run_ranks(world: int, config: EngineConfig, job: Job, timeout_s: float = 600
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, world, port, config, job, results)) for r in range(world)]
+    procs = [ctx.Process(target=rank_main, args=(r, world, port, config), kwargs={"job": job, "results": results})
+             for r in range(world)]
     for p in procs:
         p.start()
     try:

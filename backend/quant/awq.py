@@ -66,7 +66,7 @@ def other_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def quantize_model(model_dir: Path, out_dir: Path, group_size: int = 128, method: str = "awq",
-                   n_samples: int = DEFAULT_SAMPLES, seq_len: int = DEFAULT_SEQ_LEN, progress: bool = True,
+                   *, n_samples: int = DEFAULT_SAMPLES, seq_len: int = DEFAULT_SEQ_LEN, progress: bool = True,
                    calibration: torch.Tensor | None = None) -> Path:
     """Write an AWQ checkpoint of `model_dir` to `out_dir` (method "awq" or "rtn") and return out_dir.
 
@@ -90,11 +90,11 @@ def quantize_model(model_dir: Path, out_dir: Path, group_size: int = 128, method
     for i, layer in enumerate(bar):
         clips: dict[str, torch.Tensor] = {}
         if hidden is not None and pos_emb is not None:
-            clips, hidden, alphas = awq_layer(layer, hidden, pos_emb, group_size, head_dim)
+            clips, hidden, alphas = awq_layer(layer, hidden, pos_emb, group_size, head_dim=head_dim)
             bar.set_postfix_str("alpha " + "/".join(f"{a:.2f}" for a in alphas))
         tensors.update(packed_layer(layer, f"model.layers.{i}.", group_size, clips))
     tensors.update(other_tensors(model))
-    return save_checkpoint(out_dir, tensors, cfg, AwqConfig(group_size=group_size), model_dir)
+    return save_checkpoint(out_dir, tensors, cfg, AwqConfig(group_size=group_size), source_dir=model_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     start = time.perf_counter()
-    out = quantize_model(args.model_dir, args.out_dir, args.group_size, "rtn" if args.rtn else "awq", args.samples,
-                         args.seq_len)
+    out = quantize_model(args.model_dir, args.out_dir, args.group_size, "rtn" if args.rtn else "awq", n_samples=args.samples,
+                         seq_len=args.seq_len)
     print(f"wrote {out} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
 

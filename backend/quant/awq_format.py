@@ -96,7 +96,7 @@ def unpack(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) ->
 
 
 def save_checkpoint(out_dir: Path, tensors: dict[str, torch.Tensor], config: PretrainedConfig, awq: AwqConfig,
-                    source_dir: Path) -> Path:
+                    *, source_dir: Path) -> Path:
     """Write model.safetensors + config.json (with quantization_config) and copy the tokenizer files from
     `source_dir`. Written into a sibling folder first and renamed, so a crash never leaves half a model."""
     partial = out_dir.with_name(out_dir.name + ".partial")

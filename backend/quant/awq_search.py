@@ -185,7 +185,7 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, group_size: int) -> torch.Tens
 
 
 def awq_layer(layer: nn.Module, hidden: torch.Tensor, pos_emb: tuple[torch.Tensor, torch.Tensor], group_size: int,
-              head_dim: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, list[float]]:
+              *, head_dim: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, list[float]]:
     """Scale search + folding + clipping search for one layer, in place.
 
     Returns (clip ranges per linear name, the layer's full-precision output for the next layer, the alphas)."""

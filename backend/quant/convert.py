@@ -60,7 +60,7 @@ def swap_in_gguf_blocks(model: nn.Module, state: dict[str, torch.Tensor]) -> Non
 
 def prepare_int4(
     model: nn.Module, quantize_lm_head: bool = True, dense_copy: bool = True, cpu_kernel: str = "auto",
-    deterministic: bool = False,
+    *, deterministic: bool = False,
 ) -> None:
     """Repack every Int4Linear for its device (`dense_copy`: plus a dense copy for batched calls on CPU when
     torch's int4 kernel serves them; `cpu_kernel`, `deterministic`: see EngineConfig.int4_cpu_kernel and

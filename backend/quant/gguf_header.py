@@ -106,7 +106,7 @@ def read_header(path: Path) -> GgufHeader:
 
 
 @functools.lru_cache(maxsize=8)
-def _read_header(path: Path, size: int, mtime_ns: int) -> GgufHeader:
+def _read_header(path: Path, size: int, mtime_ns: int) -> GgufHeader:  # noqa: V107  # size, mtime_ns: lru_cache's key
     from gguf import GGMLQuantizationType
 
     with path.open("rb") as f:

@@ -61,7 +61,7 @@ def unpack_cols(words: torch.Tensor) -> torch.Tensor:
     return unpack_rows(words.T.contiguous()).T.contiguous()
 
 
-def gptq_pack(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor, v1: bool = True
+def gptq_pack(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor, *, v1: bool = True
               ) -> dict[str, torch.Tensor]:
     """(out, in) integers, zeros / scales (groups, out), g_idx (in,) -> the four GPTQ tensors. v1 stores z - 1
     (a zero point of 0 cannot be stored in v1: AutoGPTQ's known overflow; use v2 for asymmetric weights)."""

@@ -50,7 +50,7 @@ CPU_BLOCKS_N = (64, 32)
 
 
 class Int4Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool, layout: str = "awq") -> None:
+    def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool, *, layout: str = "awq") -> None:
         """layout "awq": AWQ's qweight / qzeros / scales (awq_format.py); "gguf": q4 / q4_scales / q4_mins, a GGUF
         file's Q4_0/Q4_1 blocks (gguf_blocks.py; group_size 32), the fp16 scales and minimums held as their int16
         bit patterns so that casting the model to another float dtype cannot round them."""
@@ -202,7 +202,7 @@ class Int4Linear(nn.Module):
         zero_terms = getattr(self, "zero_terms", None)  # GGUF blocks: float zero terms instead of AWQ's integers
         qzeros = None if zero_terms is not None else self.qzeros
         # scales stay fp16 whatever the activations: the kernel widens them itself (no per-call cast, its launch and bytes)
-        return awq_gemm(act.contiguous(), self.qweight, qzeros, self.scales, self.group_size,
+        return awq_gemm(act.contiguous(), self.qweight, qzeros, self.scales, group_size=self.group_size,
                         zero_terms=zero_terms)
 
     def weight_bytes(self) -> int:

@@ -55,7 +55,7 @@ def load_draft_model(
 
 
 def kv_blocks_for_both(
-    target: LlamaForCausalLM, draft: LlamaForCausalLM, block_size: int, memory_mb: int, dtype: torch.dtype
+    target: LlamaForCausalLM, draft: LlamaForCausalLM, block_size: int, memory_mb: int, *, dtype: torch.dtype
 ) -> int:
     """Blocks that fit the KV budget when every block holds the target's and the draft's K/V."""
     per_block = sum(torch.Size(kv_cache_shape(m, 1, block_size)).numel() for m in (target, draft)) * dtype.itemsize
@@ -92,7 +92,7 @@ class _Batch:
 
 class DraftModel:
     def __init__(
-        self, model: LlamaForCausalLM, kv: KVCacheManager, dtype: torch.dtype, device: str, eos_token_id: int | None
+        self, model: LlamaForCausalLM, kv: KVCacheManager, dtype: torch.dtype, device: str, *, eos_token_id: int | None
     ) -> None:
         self.runner = ModelRunner(model, kv, dtype, device)  # its own cache tensor, the target's block tables
         self.eos_token_id = eos_token_id
@@ -101,7 +101,6 @@ class DraftModel:
         # guesses are mostly rejected, and each costs a draft step and a verified position. Decided before
         # sampling, so every proposed token is still an exact draw from q. (0 = always draft k tokens.)
         self.min_confidence = DEFAULT_MIN_CONFIDENCE
-        self.num_forwards = 0
 
     def propose(self, seqs: list[Sequence], generator: torch.Generator) -> dict[Sequence, torch.Tensor | None]:
         """Overwrite the `num_draft` reserved tokens at the end of each seq with draft-model tokens.
@@ -124,10 +123,9 @@ class DraftModel:
                 break  # every draft lost confidence
             batch = _Batch([c for _, c in decodes], [c for _, c in prefills])
             logits = self.runner.run(batch)  # type: ignore[arg-type]  # (num_active, vocab), decodes first
-            self.num_forwards += 1
             for row, (s, _) in enumerate(decodes + prefills):
                 s.num_draft_computed = base[s] + j  # K/V written through position base-1+j
-                token = self._choose(s, logits[row : row + 1], base[s] + j, q[s], consumed, generator)
+                token = self._choose(s, logits[row : row + 1], base[s] + j, q[s], consumed=consumed, generator=generator)
                 if token is None:
                     want[s] = j
                 else:
@@ -140,14 +138,14 @@ class DraftModel:
         return {s: (torch.cat(q[s]) if q[s] else None) for s in seqs}
 
     def _choose(
-        self, seq: Sequence, row: torch.Tensor, upto: int, q: list[torch.Tensor], consumed: dict[Sequence, int],
+        self, seq: Sequence, row: torch.Tensor, upto: int, q: list[torch.Tensor], *, consumed: dict[Sequence, int],
         generator: torch.Generator,
     ) -> int | None:
         """Pick the draft token after seq.token_ids[:upto] from row (1, vocab), or None when unsure; record q."""
         guide = seq.guide
         masked = guide is not None and not guide.is_stopped()
         if needs_processing(seq):
-            process_row(row, seq, seq.token_ids[:upto], self.eos_token_id, masked)
+            process_row(row, seq, seq.token_ids[:upto], self.eos_token_id, masked=masked)
         probs = target_probs(row, seq) if not seq.params.greedy else torch.softmax(row, dim=-1)  # (1, vocab)
         if float(probs.max()) < self.min_confidence:
             return None

@@ -122,7 +122,7 @@ def load_medusa(path: Path, dtype: torch.dtype = torch.float32, device: str = "c
 
 
 def load_medusa_heads(
-    config: EngineConfig, vocab_size: int, hidden_size: int, dtype: torch.dtype, device: str
+    config: EngineConfig, vocab_size: int, hidden_size: int, dtype: torch.dtype, *, device: str
 ) -> MedusaHeads | None:
     """The configured heads (default: the self-distilled ones), or None unless speculative_method is medusa."""
     if config.speculative_method != "medusa" or not config.num_speculative_tokens:

@@ -63,7 +63,7 @@ def generate_answers(model_dir: Path, requests: list[list[dict[str, str]]], max_
 
 
 def cached_answers(
-    cache: Path, model_dir: Path, tokenizer: object, path: Path, limit: int, max_tokens: int
+    cache: Path, model_dir: Path, tokenizer: object, path: Path, *, limit: int, max_tokens: int
 ) -> list[tuple[list[int], int]]:
     """generate_answers over chat_requests(path), kept in `cache` (a torch file) for the next run."""
     if cache.exists():

@@ -83,7 +83,7 @@ def head_loss(heads: MedusaHeads, hidden: torch.Tensor, targets: torch.Tensor, w
     return sum(losses) / sum(weights)  # type: ignore[return-value]
 
 
-def train(heads: MedusaHeads, data: Features, seconds: float, lr: float, batch: int, max_steps: int = 10**9,
+def train(heads: MedusaHeads, data: Features, seconds: float, lr: float, *, batch: int, max_steps: int = 10**9,
           seed: int = 0, log_every: int = 20) -> list[float]:
     """Adam on the ResBlocks for `seconds` (or max_steps); returns the loss of every step.
 
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> Path:
     heads.draft_vocab = draft_vocab(train_data)
     print(f"draft vocabulary: {len(heads.draft_vocab)} tokens", flush=True)
     report("heldout before", acceptance(heads, heldout))
-    losses = train(heads, train_data, args.seconds, args.lr, args.batch)
+    losses = train(heads, train_data, args.seconds, args.lr, batch=args.batch)
     print(f"trained {len(losses)} steps, loss {losses[0]:.3f} -> {sum(losses[-20:]) / len(losses[-20:]):.3f}")
     report("heldout after", acceptance(heads, heldout))
     for c, (proposed, accepted) in confidence_sweep(heads, heldout).items():
@@ -206,7 +206,7 @@ def training_sets(args: argparse.Namespace, model: torch.nn.Module, tokenizer: o
     sets = []
     for path, limit in ((CALIBRATION, args.answers), (HELDOUT, args.eval_samples * 2)):
         cache = args.out / "data" / f"{path.stem}-{limit}x{args.answer_tokens}-v{VERSION}.pt"
-        samples = cached_answers(cache, args.model, tokenizer, path, limit, args.answer_tokens)
+        samples = cached_answers(cache, args.model, tokenizer, path, limit=limit, max_tokens=args.answer_tokens)
         print(f"{len(samples)} generated answers about {path.name} ({cache})", flush=True)
         sets.append(features(model, [ids for ids, _ in samples], args.heads, [start for _, start in samples]))
     return sets[0], sets[1]

@@ -28,7 +28,7 @@ def _find(haystack: list[int], needle: list[int], end: int) -> int:
 
 
 def propose_ngram(
-    tokens: list[int], k: int, reference: Sequence[int] = (), max_n: int = 3, min_n: int = 1, search_self: bool = True
+    tokens: list[int], k: int, reference: Sequence[int] = (), max_n: int = 3, *, min_n: int = 1, search_self: bool = True
 ) -> list[int]:
     """Up to k tokens continuing `tokens`; the longest matching suffix (max_n..min_n tokens) wins.
 

@@ -68,7 +68,7 @@ def token_cost(row_cost: float, batch: int) -> float:
     return ((1.0 - row_cost) + row_cost * batch) / batch
 
 
-def best_k(alpha: float, max_k: int, row_cost: float, batch: int, proposal_cost: float = 0.0) -> int:
+def best_k(alpha: float, max_k: int, row_cost: float, batch: int, *, proposal_cost: float = 0.0) -> int:
     """The longest draft whose every token is expected to pay for its row (and its proposal). row_cost 0: max_k
     always (every sequence drafts its longest draft at any batch size, as before the policy adapted)."""
     if row_cost <= 0:
@@ -91,7 +91,7 @@ class AdaptivePolicy:
         if batch > self.max_batch or not self.max_k:
             return []
         plan = [(s, k) for s in sources
-                if (k := best_k(state.estimates[s].alpha, self.max_k, self.row_cost, batch, PROPOSAL_COST[s])) > 0]
+                if (k := best_k(state.estimates[s].alpha, self.max_k, self.row_cost, batch, proposal_cost=PROPOSAL_COST[s])) > 0]
         state.probing = not plan
         if plan:
             return plan

@@ -45,7 +45,7 @@ def needs_processing(seq: Sequence) -> bool:
     return bool(p.logit_bias) or p.min_tokens > 0 or p.uses_penalties or seq.guide is not None
 
 
-def process_row(row: torch.Tensor, seq: Sequence, tokens: list[int], eos_token_id: int | None, masked: bool) -> None:
+def process_row(row: torch.Tensor, seq: Sequence, tokens: list[int], eos_token_id: int | None, *, masked: bool) -> None:
     """row: (1, vocab) logits after `tokens` (seq's real tokens + a draft prefix), processed in place.
 
     `masked`: seq.guide is at the state after `tokens`, so its mask applies (False once it stopped).
@@ -57,7 +57,7 @@ def process_row(row: torch.Tensor, seq: Sequence, tokens: list[int], eos_token_i
     apply_masks(row, view)  # type: ignore[arg-type]
 
 
-def process_target_rows(logits: torch.Tensor, seq: Sequence, base: list[int], draft: list[int], eos: int | None) -> None:
+def process_target_rows(logits: torch.Tensor, seq: Sequence, base: list[int], draft: list[int], *, eos: int | None) -> None:
     """logits: (1 + len(draft), vocab); row i follows base + draft[:i]. In place.
 
     With a grammar, only the rows up to the first draft token it rejects are processed: that token
@@ -69,7 +69,7 @@ def process_target_rows(logits: torch.Tensor, seq: Sequence, base: list[int], dr
     valid = len(draft) if guide is None else min(guide.validate_tokens(draft), len(draft))
     consumed = 0
     for i in range(valid + 1):
-        process_row(logits[i : i + 1], seq, base + draft[:i], eos, guide is not None and not guide.is_stopped())
+        process_row(logits[i : i + 1], seq, base + draft[:i], eos, masked=guide is not None and not guide.is_stopped())
         if guide is not None and i < valid and not guide.is_stopped():
             guide.consume_token(draft[i])
             consumed += 1

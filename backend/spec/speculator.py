@@ -78,7 +78,7 @@ def _state(seq: Sequence) -> SeqSpecState:
 class Speculator:
     def __init__(
         self, kv: KVCacheManager, config: EngineConfig, max_model_len: int, eos_token_id: int | None,
-        draft_model: DraftModel | None = None, medusa: MedusaDrafter | None = None,
+        *, draft_model: DraftModel | None = None, medusa: MedusaDrafter | None = None,
     ) -> None:
         """The draft length, batch limit and row cost come from the engine's config (num_speculative_tokens,
         speculative_max_batch, speculative_row_cost); the drafters are built by the engine."""
@@ -99,7 +99,7 @@ class Speculator:
 
     def _sources(self, seq: Sequence) -> list[str]:
         """The sources seq can draft from, cheapest first. Forced drafts (row cost 0, no adaptation) come from the
-        reference text or else the configured method only, as before the policy chose among sources."""
+        reference text or else the configured method only: with no row cost there is nothing to weigh sources by."""
         model = HEADS if self.medusa is not None else DRAFT if self.draft_model is not None else None
         have = {REFERENCE: bool(seq.reference_ids), NGRAM: model is None or self.policy.row_cost > 0,
                 HEADS: model == HEADS, DRAFT: model == DRAFT}
@@ -183,7 +183,7 @@ class Speculator:
         del seq.token_ids[base:]
         seq.num_draft = 0
         q = self._q.pop(seq, None)
-        process_target_rows(logits, seq, seq.token_ids, draft, self.eos_token_id)
+        process_target_rows(logits, seq, seq.token_ids, draft, eos=self.eos_token_id)
         if seq.params.greedy:
             accepted, bonus = verify_greedy(logits, draft)
         elif seq.generator is not None:  # row i draws the token at position base + i

@@ -102,8 +102,9 @@ class Messages:
         except Exception as exc:
             return self._error(rec, exc)
         # message_start carries the prompt's size; message_delta the engine's own count
-        events = EventStream(message_id, req.model, prompt, stops, rec.request_id, window)
-        response = SSEStream(_anthropic(events, steps), [steps], StreamLimits.of(self.ctx.config), rec.client_disconnected, ping)
+        events = EventStream(message_id, req.model, prompt, stops, request_id=rec.request_id, window=window)
+        response = SSEStream(_anthropic(events, steps), [steps], StreamLimits.of(self.ctx.config), rec.client_disconnected,
+                             ping=ping)
         response.headers.update({**_passed(inner.headers), "request-id": rec.request_id, **notes})
         return response
 
@@ -116,7 +117,7 @@ class Messages:
             if exc.answer_status != 200:
                 raise
             raise out.BadUpstreamShape("The model's answer came back in an unexpected shape.") from None
-        message = out.message(body, shape.message_id, shape.model, shape.stops, shape.window)
+        message = out.message(body, shape.message_id, shape.model, shape.stops, window=shape.window)
         headers = {**_passed(captured.headers), "request-id": rec.request_id, **notes}
         return Response(orjson.dumps(message), media_type="application/json", headers=headers)
 

@@ -92,7 +92,7 @@ class Shape:
     window: bool = False
 
 
-def message(chat: dict[str, Any], message_id: str, model: str, stops: tuple[str, ...], window: bool = False) -> dict[str, Any]:
+def message(chat: dict[str, Any], message_id: str, model: str, stops: tuple[str, ...], *, window: bool = False) -> dict[str, Any]:
     """The Anthropic Message for a chat.completion body (its first choice: Messages has no `n`)."""
     try:
         choice = chat["choices"][0]

@@ -44,7 +44,7 @@ class EventStream:
     """Feed it the chat answer's steps as they come; it returns the Anthropic events to send."""
 
     def __init__(
-        self, message_id: str, model: str, input_tokens: int, stops: tuple[str, ...], request_id: str, window: bool = False
+        self, message_id: str, model: str, input_tokens: int, stops: tuple[str, ...], *, request_id: str, window: bool = False
     ) -> None:
         self.window = window
         self.message_id = message_id

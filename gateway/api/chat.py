@@ -147,7 +147,7 @@ class ChatCompletions:
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user
         prompt = self.ctx.engine.apply_chat_template(req.messages, continue_final_message=req.continue_final)
-        cached = await ticket.lookup(rec, raw, req.params, req.messages, prompt, req.stream, req.messages)
+        cached = await ticket.lookup(rec, raw, req.params, req.stream, messages=req.messages, prompt_ids=prompt)
         if cached is not None:
             return cached
         completion_id = f"chatcmpl-{self.ctx.ids.new()}"
@@ -163,7 +163,7 @@ class ChatCompletions:
             build = lambda g: self._body(maker, req, g)  # noqa: E731
             tools = ToolStream(self._call_id) if req.tools is not None else None
             deltas = DeltaEvents(req.logprobs, tools)
-            return ticket.mark(await self._stream(request, maker, deltas, ticket.tap(stream, build), rec))
+            return ticket.mark(await self._stream(request, maker, deltas, ticket.tap(stream, build), rec=rec))
         gen: Generation = await unless_disconnected(request.receive, collect(stream, rec.first_token))
         rec.set_usage(gen.usage)
         body = self._body(maker, req, gen)
@@ -171,8 +171,8 @@ class ChatCompletions:
         return ticket.mark(json_response(body))
 
     def _body(self, maker: ChunkMaker, req: ChatRequest, gen: Generation) -> dict[str, Any]:
-        body = chat_completion(maker.id, maker.created, maker.model, gen.ordered(), gen.usage, req.logprobs,
-                               maker.system_fingerprint)
+        body = chat_completion(maker.id, maker.created, maker.model, gen.ordered(), usage=gen.usage, with_logprobs=req.logprobs,
+                               system_fingerprint=maker.system_fingerprint)
         return body if req.tools is None else with_tool_calls(body, self._call_id)
 
     def _call_id(self) -> str:
@@ -184,10 +184,11 @@ class ChatCompletions:
         maker: ChunkMaker,
         deltas: DeltaEvents,
         stream: AsyncGenerator[RequestOutput, None],
+        *,
         rec: RequestRecord,
     ) -> Response:
         (first,) = await unless_disconnected(request.receive, prime([stream]))
         steps = chat_steps(maker.model, deltas, chain(first, stream), rec)
         on_error = lambda exc, err: self.ctx.report_error(rec, exc, err)  # noqa: E731
-        return ChatStream(steps, maker.render, on_error, self.ctx.config.retry_after_s, [stream],
-                          StreamLimits.of(self.ctx.config), rec.client_disconnected)
+        return ChatStream(steps, maker.render, on_error, self.ctx.config.retry_after_s, engine_streams=[stream],
+                          limits=StreamLimits.of(self.ctx.config), on_disconnect=rec.client_disconnected)

@@ -40,6 +40,7 @@ def make_echo(
     prompt: Prompt,
     ids: Sequence[int],
     logprobs: Sequence[TokenLogprob | None] | None,
+    *,
     want_logprobs: bool,
 ) -> Echo:
     """The echoed prompt; token ids come from the engine's first output, else from tokenizing."""
@@ -138,7 +139,7 @@ class Completions:
         model = self.ctx.catalog.resolve(req.model, "chat")
         rec.model, rec.stream = model.id, req.stream.stream
         rec.user = req.user
-        cached = await ticket.lookup(rec, raw, req.params, req.prompts, None, req.stream)
+        cached = await ticket.lookup(rec, raw, req.params, req.stream, prompt=req.prompts)
         if cached is not None:
             return cached
         completion_id = f"cmpl-{self.ctx.ids.new()}"
@@ -149,8 +150,8 @@ class Completions:
                 want = req.params.logprobs is not None
                 streams = [ticket.tap(streams[0], lambda g: text_completion(
                     completion_id, int(time.time()), model.id, [completion_choice(c.index, c, None, want) for c in g.ordered()],
-                    g.usage, fingerprint))]  # fmt: skip
-            return ticket.mark(await self._stream(request, req, completion_id, model.id, streams, rec))
+                    usage=g.usage, system_fingerprint=fingerprint))]  # fmt: skip
+            return ticket.mark(await self._stream(request, req, completion_id, model.id, streams=streams, rec=rec))
         gens = await unless_disconnected(request.receive, gather_or_cancel([collect(s, rec.first_token) for s in streams]))
         usage = _total(g.usage for g in gens)
         rec.set_usage(usage)
@@ -160,7 +161,7 @@ class Completions:
             echo = self._echo(req, prompt, gen.prompt_token_ids, gen.prompt_logprobs)
             for state in gen.ordered():
                 choices.append(completion_choice(i * req.params.n + state.index, state, echo, want))
-        body = text_completion(completion_id, int(time.time()), model.id, choices, usage, fingerprint)
+        body = text_completion(completion_id, int(time.time()), model.id, choices, usage=usage, system_fingerprint=fingerprint)
         await ticket.store(body)
         return ticket.mark(json_response(body))
 
@@ -173,7 +174,7 @@ class Completions:
     ) -> Echo | None:
         if not req.echo:
             return None
-        return make_echo(self.ctx.engine, prompt, ids, logprobs, req.params.logprobs is not None)
+        return make_echo(self.ctx.engine, prompt, ids, logprobs, want_logprobs=req.params.logprobs is not None)
 
     async def _stream(
         self,
@@ -181,6 +182,7 @@ class Completions:
         req: CompletionRequest,
         completion_id: str,
         model: str,
+        *,
         streams: list[AsyncGenerator[RequestOutput, None]],
         rec: RequestRecord,
     ) -> Response:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from backend.config import cache_dir
 
 # The largest priority the `priority` field allows: a batch line is less urgent than anything else, so live
 # requests are admitted first and, under KV pressure, batch sequences are the first preempted.
@@ -12,14 +13,13 @@ BATCH_PRIORITY = 2**31 - 1
 
 
 def default_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "smolgate" / "batches"
+    return cache_dir() / "batches"
 
 
 @dataclass(frozen=True)
 class BatchesConfig:
     enabled: bool = True
-    dir: str = ""  # where files and batch state live; "" = $XDG_CACHE_HOME/smolgate/batches (~/.cache/...)
+    dir: str = ""  # where files and batch state live; "" = $SMOLGATE_CACHE/batches (~/.cache/smolgate/...)
     max_file_bytes: int = 200 * 1024 * 1024  # an upload beyond this gets 413 (OpenAI's limit: 200 MB)
     max_lines: int = 50_000  # requests per batch (OpenAI's limit)
     max_concurrency: int = 32  # batch lines in flight while no live request is

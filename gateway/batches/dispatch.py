@@ -36,6 +36,7 @@ async def call(
     path: str,
     body: dict[str, Any],
     authorization: str | None,
+    *,
     policy: KeyPolicy | None,
     request_id: str,
     spend: Spend | None = None,

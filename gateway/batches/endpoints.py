@@ -72,7 +72,7 @@ def _limit(request: Request, default: int, most: int) -> int:
 
 class BatchEndpoints:
     def __init__(
-        self, cfg: BatchesConfig, files: FileStore, store: BatchStore, runner: BatchRunner, keyed: bool, body_limit: int
+        self, cfg: BatchesConfig, files: FileStore, store: BatchStore, runner: BatchRunner, *, keyed: bool, body_limit: int
     ) -> None:
         self.cfg, self.files, self.store, self.runner, self.keyed, self.body_limit = cfg, files, store, runner, keyed, body_limit
         # Set while another gateway holds the directory lock (service.py): every route answers 503 with its text.

@@ -48,7 +48,7 @@ class FileStore:
         return path
 
     def create(
-        self, tenant: str, filename: str, purpose: str, src: Path, file_id: str | None = None, expires_s: int | None = None
+        self, tenant: str, filename: str, purpose: str, src: Path, *, file_id: str | None = None, expires_s: int | None = None
     ) -> dict[str, Any]:
         """Move `src` (a finished temporary file on the same disk, or a batch's result) in as a new file;
         `expires_s`: it expires this long after now (its created_at)."""

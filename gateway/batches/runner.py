@@ -66,6 +66,7 @@ class BatchRunner:
         files: FileStore,
         store: BatchStore,
         handlers: dict[str, Handler],
+        *,
         live_in_flight: Callable[[], int],
         policy_of: Callable[[str], KeyPolicy | None],
         model_error: Callable[[str, str, KeyPolicy | None], str | None],
@@ -289,7 +290,8 @@ class BatchRunner:
         unavailable = 0
         while True:
             request_id = self.new_id()
-            reply = await call(self.handlers[endpoint], endpoint, body, authorization, policy, request_id, self.spend)
+            reply = await call(self.handlers[endpoint], endpoint, body, authorization, policy=policy, request_id=request_id,
+                spend=self.spend)
             spent = isinstance(reply.body, dict) and (reply.body.get("error") or {}).get("code") == "insufficient_quota"
             retry = (reply.status == 429 and not spent) or (reply.status == 503 and unavailable < 5)  # a budget: no wait
             if not retry or self._stopping(job):

@@ -131,8 +131,9 @@ def build_batches(ctx: GatewayContext, router: Any, routes: list[Route]) -> Batc
         await guard.spend(rec)
 
     runner = BatchRunner(
-        cfg, files, store, handlers, lambda: ctx.stats.in_flight, policies.get, model_error, takes_priority,
-        ctx.metrics.registry, ctx.logger, ctx.ids.new, guard.tokens_left, spend,
+        cfg, files, store, handlers, live_in_flight=lambda: ctx.stats.in_flight, policy_of=policies.get,
+            model_error=model_error, takes_priority=takes_priority,
+        registry=ctx.metrics.registry, logger=ctx.logger, new_id=ctx.ids.new, tokens_left=guard.tokens_left, spend=spend,
     )  # fmt: skip
-    endpoints = BatchEndpoints(cfg, files, store, runner, bool(policies), ctx.config.max_body_bytes)
+    endpoints = BatchEndpoints(cfg, files, store, runner, keyed=bool(policies), body_limit=ctx.config.max_body_bytes)
     return Batches(runner, endpoints, files, DirLock(root), cfg.sweep_s, ctx.logger)

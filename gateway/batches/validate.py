@@ -48,7 +48,7 @@ def parse_input(
             if len(lines) + len(errors) >= max_lines:
                 errors.append(_error("too_many_requests", f"A batch may hold at most {max_lines} requests.", number))
                 break
-            err = _check_line(raw, number, endpoint, seen, models, model_error, lines)
+            err = _check_line(raw, number, endpoint, seen, models=models, model_error=model_error, lines=lines)
             if err is not None:
                 errors.append(err)
     if not lines and not errors:
@@ -62,6 +62,7 @@ def _check_line(
     number: int,
     endpoint: str,
     seen: dict[str, int],
+    *,
     models: dict[str, str | None],
     model_error: Callable[[str], str | None],
     lines: list[Line],

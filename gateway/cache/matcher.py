@@ -119,7 +119,7 @@ def _negations(words: tuple[str, ...], text: str) -> int:
     return sum(w in _NEGATIONS for w in words) + text.lower().count("n't") + text.lower().count("n’t")
 
 
-def features(query: str, cached: str, qa: Question, qb: Question, similarity: float) -> np.ndarray:
+def features(query: str, cached: str, qa: Question, qb: Question, *, similarity: float) -> np.ndarray:
     """The pair's feature vector (float64; see the module docstring). `similarity`: the cosine of the two
     questions' sentence vectors, as the index found the candidate."""
     a_states, b_states = qa.states.astype(np.float64), qb.states.astype(np.float64)
@@ -267,6 +267,6 @@ class QueryScorer:
         if not candidates:
             return []
         read = await self.matcher.read([text for text, _ in candidates])
-        rows = np.stack([features(self.text, text, self.question, q, sim)
+        rows = np.stack([features(self.text, text, self.question, q, similarity=sim)
                          for (text, sim), q in zip(candidates, read, strict=True)])  # fmt: skip
         return [float(s) for s in self.matcher.model.head.scores(rows)]

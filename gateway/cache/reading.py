@@ -231,10 +231,6 @@ class Content:
     # never a generic "you"
     addressed: bool = False
 
-    @property
-    def bag(self) -> tuple[str, ...]:
-        return tuple(sorted(w.key for w in self.words))
-
 
 def stem(word: str) -> str:
     """A light English suffix stemmer: plural, third person, -ing, -ed (inflection only)."""

@@ -53,7 +53,7 @@ class RedisStore:
     async def put(self, key: str, value: bytes, ttl_s: int) -> None:
         await self.redis.set(self._entry(key), value, ex=ttl_s)
 
-    async def add_vector(self, scope: str, key: str, text: str, vector: list[float], ttl_s: int) -> None:
+    async def add_vector(self, scope: str, key: str, text: str, vector: list[float], *, ttl_s: int) -> None:
         record: dict[FieldT, EncodableT] = {"key": key, "text": text.encode(), "vec": array("f", vector).tobytes()}
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xadd(self._stream(scope), record, maxlen=self.max_entries, approximate=True)
@@ -82,7 +82,7 @@ class RedisStore:
 
     def outcomes(self, name: str, max_records: int, ttl_s: int) -> RedisOutcomes:
         """A shared log of per-entry outcomes on this store's connection."""
-        return RedisOutcomes(self.redis, self.prefix, name, max_records, ttl_s)
+        return RedisOutcomes(self.redis, self.prefix, name, max_records, ttl_s=ttl_s)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -91,7 +91,7 @@ class RedisStore:
 class RedisOutcomes:
     """The OutcomeLog of gateway/cache/thresholds.py in a Redis stream every replica appends to and reads from."""
 
-    def __init__(self, redis: Redis, prefix: str, name: str, max_records: int, ttl_s: int) -> None:
+    def __init__(self, redis: Redis, prefix: str, name: str, max_records: int, *, ttl_s: int) -> None:
         self.redis, self.stream, self.max_records, self.ttl_s = redis, f"{prefix}:o:{name}", max_records, ttl_s
         self._last = "0-0"
 

@@ -83,6 +83,7 @@ async def match(
     scope: str,
     query: str,
     vector: list[float],
+    *,
     threshold: float,
     margin: float,
     verify: Verify | None = None,
@@ -93,7 +94,7 @@ async def match(
     answer-relevance check; otherwise an entry stored without its answer's vector is never served. `learned`: the
     learned matcher, with `query` read, decides instead of the guards, the lexical check and the verifier."""
     if learned is not None:
-        return await _match_learned(store, scope, vector, learned, relevance_margin)
+        return await _match_learned(store, scope, vector, learned, relevance_margin=relevance_margin)
     near: NearMiss | None = None
     for cand in await store.search(scope, vector, TOP_K, threshold - margin):
         if cand.similarity < threshold:
@@ -121,7 +122,7 @@ async def match(
 
 
 async def _match_learned(
-    store: CacheStore, scope: str, vector: list[float], learned: QueryScorer, relevance_margin: float | None
+    store: CacheStore, scope: str, vector: list[float], learned: QueryScorer, *, relevance_margin: float | None
 ) -> SemanticMatch:
     """The best-scoring candidate from the matcher's floor up, served if its score reaches the threshold."""
     candidates = await store.search(scope, vector, TOP_K, learned.floor)

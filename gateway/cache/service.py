@@ -36,6 +36,7 @@ class ResponseCache:
         store: CacheStore | None,
         embedder: EmbeddingClient | None,
         metrics: CacheMetrics,
+        *,
         logger: Logger,
         ids: IdGenerator,
         fingerprint: str,
@@ -142,6 +143,7 @@ def build_cache(
     model_id: str,
     embedder: EmbeddingClient | None,
     metrics: CacheMetrics,
+    *,
     logger: Logger,
     ids: IdGenerator,
     store: CacheStore | None = None,
@@ -164,7 +166,8 @@ def build_cache(
     if engine is not None and model_id and cfg.semantic and cfg.semantic_verify != "lexical" and learned is None:
         verifier = EngineVerifier(engine, criterion_of(cfg), ids.new)
     limits = StreamLimits.of(config)
-    return ResponseCache(cfg, chosen, embedder, metrics, logger, ids, fingerprint, limits, verifier, learned)
+    return ResponseCache(cfg, chosen, embedder, metrics, logger=logger, ids=ids, fingerprint=fingerprint, stream_limits=limits,
+        verifier=verifier, learned=learned)
 
 
 def build_matcher(cfg: CacheConfig, embedder: EmbeddingClient | None, logger: Logger) -> LearnedMatcher | None:

@@ -20,7 +20,7 @@ class CacheStore(Protocol):
 
     async def put(self, key: str, value: bytes, ttl_s: int) -> None: ...
 
-    async def add_vector(self, scope: str, key: str, text: str, vector: list[float], ttl_s: int) -> None: ...
+    async def add_vector(self, scope: str, key: str, text: str, vector: list[float], *, ttl_s: int) -> None: ...
 
     async def search(self, scope: str, vector: list[float], k: int, floor: float) -> list[Candidate]: ...
 
@@ -56,7 +56,7 @@ class MemoryStore:
         while len(self._entries) > self.max_entries:
             self._drop(next(iter(self._entries)))
 
-    async def add_vector(self, scope: str, key: str, text: str, vector: list[float], ttl_s: int) -> None:
+    async def add_vector(self, scope: str, key: str, text: str, vector: list[float], *, ttl_s: int) -> None:
         index = self._indexes.get(scope)
         if index is None:
             index = self._indexes[scope] = SemanticIndex(len(vector), self.max_entries)
@@ -122,8 +122,8 @@ class SafeStore:
     async def put(self, key: str, value: bytes, ttl_s: int) -> None:
         await self._call("put", lambda: self.inner.put(key, value, ttl_s), None)
 
-    async def add_vector(self, scope: str, key: str, text: str, vector: list[float], ttl_s: int) -> None:
-        await self._call("add_vector", lambda: self.inner.add_vector(scope, key, text, vector, ttl_s), None)
+    async def add_vector(self, scope: str, key: str, text: str, vector: list[float], *, ttl_s: int) -> None:
+        await self._call("add_vector", lambda: self.inner.add_vector(scope, key, text, vector, ttl_s=ttl_s), None)
 
     async def search(self, scope: str, vector: list[float], k: int, floor: float) -> list[Candidate]:
         empty: list[Candidate] = []

@@ -76,6 +76,7 @@ class EntryThresholds:
         confidence: float = 0.95,
         per_entry: int = 512,
         entries: int = 10000,
+        *,
         log: OutcomeLog | None = None,
         on_error: Callable[[BaseException], None] | None = None,
     ) -> None:

@@ -96,18 +96,23 @@ class Ticket:
         rec: RequestRecord,
         body: dict[str, Any],
         params: SamplingParams,
-        prompt: object,
-        prompt_ids: Sequence[int] | None,
         stream: StreamMode,
+        *,
         messages: list[dict[str, Any]] | None = None,
+        prompt: object = None,
+        prompt_ids: Sequence[int] | None = None,
     ) -> Response | None:
-        """A replayed response on a hit; None on a miss (generate, then `store` or `tap`)."""
+        """A replayed response on a hit; None on a miss (generate, then `store` or `tap`). The exact key holds `prompt`
+        (default: `messages`) and `prompt_ids`; `messages` (chat only) are also what a semantic match compares."""
         store, cfg = self.cache.store, self.cache.cfg
         if store is None or not exact_allowed(cfg, params):
             self._done(rec)
             return None
         with spans.start("cache.lookup", "internal", {"smolgate.cache.endpoint": self.endpoint}) as span:
-            response = await self._lookup(store, rec, body, params, prompt, prompt_ids, stream, messages)
+            response = await self._lookup(
+                store, rec, body, params, stream=stream,
+                messages=messages, prompt=messages if prompt is None else prompt, prompt_ids=prompt_ids,
+            )  # fmt: skip
             span.set_all({"smolgate.cache.result": self.status, "smolgate.cache.similarity": self.similarity})
             return response
 
@@ -117,16 +122,18 @@ class Ticket:
         rec: RequestRecord,
         body: dict[str, Any],
         params: SamplingParams,
-        prompt: object,
-        prompt_ids: Sequence[int] | None,
+        *,
         stream: StreamMode,
         messages: list[dict[str, Any]] | None,
+        prompt: object,
+        prompt_ids: Sequence[int] | None,
     ) -> Response | None:
         cfg, fp = self.cache.cfg, self.cache.fingerprint
-        self.key = exact_key(self.namespace, fp, self.endpoint, body, params, prompt, prompt_ids)
+        self.key = exact_key(self.namespace, fp, self.endpoint, body, params=params, prompt=prompt, prompt_ids=prompt_ids)
         embedder = self.cache.embedder
         if messages and self.control.semantic and embedder is not None and semantic_allowed(cfg, body, messages, params):
-            self.scope = semantic_scope(self.namespace, fp, embedder.identity, self.endpoint, body, params, messages[:-1])
+            self.scope = semantic_scope(self.namespace, fp, embedder.identity, self.endpoint, body=body, params=params,
+                                        context=messages[:-1])
             self.query = messages[-1]["content"]
             self.prompt_ids = tuple(prompt_ids or ())
         if not self.control.lookup:
@@ -155,8 +162,9 @@ class Ticket:
         if self.vector is None:
             return None
         found = await match(
-            store, self.scope, self.query, self.vector, cfg.similarity_threshold, cfg.near_miss_margin, self._verify(),
-            cfg.relevance_margin if cfg.relevance else None, scorer,
+            store, self.scope, self.query, self.vector, threshold=cfg.similarity_threshold, margin=cfg.near_miss_margin,
+                verify=self._verify(),
+            relevance_margin=cfg.relevance_margin if cfg.relevance else None, learned=scorer,
         )
         self.near_miss = found.near_miss
         if found.near_miss is not None:
@@ -268,7 +276,8 @@ class Ticket:
             events = replay.events(replay.completion_chunks(body, stream.include_usage))
             return self.mark(SSEStream(events, [], self.cache.stream_limits, rec.client_disconnected))
         steps = replay.chat_steps(body, stream.include_usage)
-        return self.mark(ChatStream(steps, _unrendered, _never_fails, 1, [], self.cache.stream_limits, rec.client_disconnected))
+        return self.mark(ChatStream(steps, _unrendered, _never_fails, 1, engine_streams=[], limits=self.cache.stream_limits,
+                                         on_disconnect=rec.client_disconnected))
 
     def mark(self, response: Response) -> Response:
         """x-cache (hit | semantic-hit | miss) and, for semantic hits, x-cache-similarity."""
@@ -303,7 +312,7 @@ class Ticket:
         await store.put(self.key, orjson.dumps(entry), ttl)
         self.cache.metrics.stores.labels(self.endpoint).inc()
         if self.scope is not None and self.vector is not None:
-            await store.add_vector(self.scope, self.key, self.query, self.vector, ttl)
+            await store.add_vector(self.scope, self.key, self.query, self.vector, ttl_s=ttl)
 
     async def tap(
         self, outputs: AsyncGenerator[RequestOutput, None], build: Callable[[Generation], dict[str, Any]]

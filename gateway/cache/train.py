@@ -169,12 +169,13 @@ def examples(pairs: list[Pair], looked: list[Lookup], gen: Generator) -> list[Ex
 
 
 def feature_matrix(items: list[Example], enc: Encoded) -> np.ndarray:
-    rows = [features(ex.query, ex.cached, enc.questions[ex.query], enc.questions[ex.cached], enc.cosine(ex.query, ex.cached))
+    rows = [features(ex.query, ex.cached, enc.questions[ex.query], enc.questions[ex.cached], similarity=enc.cosine(ex.query,
+        ex.cached))
             for ex in items]  # fmt: skip
     return np.stack(rows)
 
 
-def fit(x: np.ndarray, y: np.ndarray, seed: int = SEEDS[0], hidden: int = HIDDEN, steps: int = STEPS) -> Head:
+def fit(x: np.ndarray, y: np.ndarray, seed: int = SEEDS[0], hidden: int = HIDDEN, *, steps: int = STEPS) -> Head:
     """Full-batch Adam on the weighted logistic loss (classes balanced), L2 on the weights; float64 throughout."""
     mean = x.mean(axis=0)
     scale = x.std(axis=0)
@@ -226,7 +227,7 @@ def served(looked: list[Lookup], enc: Encoded, head: Ensemble) -> list[Served | 
             out.append(None)
             continue
         q = enc.questions[look.query]
-        rows = np.stack([features(look.query, c, q, enc.questions[c], sim) for c, sim, _ in look.candidates])
+        rows = np.stack([features(look.query, c, q, enc.questions[c], similarity=sim) for c, sim, _ in look.candidates])
         scores = head.scores(rows)
         best = int(np.argmax(scores))
         cached, _, right = look.candidates[best]

@@ -64,7 +64,6 @@ class WordNet:
                 for line in exc.read_text(encoding="utf-8").splitlines():
                     inflected, *bases = line.split()
                     self._exceptions[pos][inflected] = tuple(bases)
-        self.collocation_heads = {lemma.split("_", 1)[0] for idx in self._index.values() for lemma in idx if "_" in lemma}
 
     def has(self, lemma: str, pos: str | None = None) -> bool:
         return any(lemma in self._index[p] for p in ((pos,) if pos else POS))

@@ -42,5 +42,5 @@ class KeyPolicy:
     team: str = ""  # keys of one team share its budgets (spend.teams)
 
     @classmethod
-    def of(cls, name: str, key: str, limits: KeyLimits, models: tuple[str, ...] = (), team: str = "") -> KeyPolicy:
+    def of(cls, name: str, key: str, limits: KeyLimits, models: tuple[str, ...] = (), *, team: str = "") -> KeyPolicy:
         return cls(name=name, key=key, models=models, team=team, **{f.name: getattr(limits, f.name) for f in fields(limits)})

@@ -168,7 +168,7 @@ class KeyGuard:
 
     async def admit(
         self, policy: KeyPolicy, rec: RequestRecord, endpoint: Endpoint = "chat", raw: dict[str, Any] | None = None,
-        model: str = "",
+        *, model: str = "",
     ) -> None:
         """Count the request against its key's rpm (refused when its tpm is spent): 429 with Retry-After. Then,
         given its body, reserve its estimated cost at `model`'s price on the key's budgets: 429 insufficient_quota

@@ -218,14 +218,14 @@ def _tools(raw: object, strict: bool) -> tuple[list[dict[str, Any]], tuple[str, 
     out: list[dict[str, Any]] = []
     dropped: list[str] = []
     for i, tool in enumerate(raw):
-        _collect(f"tools[{i}]", tool, strict, out, dropped)
+        _collect(f"tools[{i}]", tool, strict, out, dropped=dropped)
     names = [t["name"] for t in out]
     if len(set(names)) != len(names):
         raise InvalidRequest("Tool names in 'tools' must be unique.", param="tools")
     return out, tuple(dropped)
 
 
-def _collect(where: str, tool: object, strict: bool, out: list[dict[str, Any]], dropped: list[str]) -> None:
+def _collect(where: str, tool: object, strict: bool, out: list[dict[str, Any]], *, dropped: list[str]) -> None:
     if not isinstance(tool, dict):
         raise InvalidRequest(f"Invalid type for '{where}': expected an object.", param=where)
     kind = tool.get("type")
@@ -234,7 +234,7 @@ def _collect(where: str, tool: object, strict: bool, out: list[dict[str, Any]], 
         if not isinstance(members, list):
             raise InvalidRequest(f"Invalid type for '{where}.tools': expected an array of tools.", param=f"{where}.tools")
         for j, member in enumerate(members):
-            _collect(f"{where}.tools[{j}]", member, strict, out, dropped)
+            _collect(f"{where}.tools[{j}]", member, strict, out, dropped=dropped)
     elif isinstance(kind, str) and kind in _BUILTIN_TOOLS:
         why = f"this server cannot run {_BUILTIN_TOOLS[kind]}; only 'function' tools are supported."
         left_out(strict, OPENAI, f"{where}.type", why)

@@ -1,7 +1,9 @@
 """structlog JSON logging: one line per request, plus the occasional server event.
 
-The logger is built per app and writes to a given stream; nothing is configured
-globally. Headers are never logged, so API keys never reach the log; the configured secrets are also
+The logger is built per app and writes to a given stream. The one global piece, installed by the composition root
+(gateway/__main__.py), is `route_stdlib_logging`: the standard library's records (backend/ and kernels/ log that way,
+as do uvicorn and the libraries) are rendered by the same processors to the same stream, so the operator reads one
+format. Headers are never logged, so API keys never reach the log; the configured secrets are also
 redacted from every rendered line.
 """
 
@@ -37,21 +39,52 @@ def _redactor(secrets: tuple[str, ...]) -> Any:
     return redact
 
 
+def _processors(secrets: tuple[str, ...]) -> list[Any]:
+    """Every line's chain, the gateway's own and the standard library's: level, UTC time, traceback, JSON, redaction."""
+    return [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        structlog.processors.JSONRenderer(serializer=_dumps),
+        *([_redactor(secrets)] if secrets else []),
+    ]
+
+
 def make_logger(sink: TextIO, level: str = "info", secrets: tuple[str, ...] = ()) -> Logger:
     """A JSON-lines structlog logger writing to `sink`; `secrets` never appear in a line."""
     logger: Logger = structlog.wrap_logger(
         structlog.WriteLogger(sink),
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(serializer=_dumps),
-            *([_redactor(secrets)] if secrets else []),
-        ],
+        processors=_processors(secrets),
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
         cache_logger_on_first_use=True,
     )
     return logger
+
+
+OWN_LOGGERS = ("backend", "kernels", "gateway")  # uvicorn sets its own loggers' level (uvicorn.run's log_level)
+
+
+class _StdlibHandler(logging.StreamHandler[TextIO]):
+    """The root logger's handler route_stdlib_logging installs (its type marks it, so a second call replaces it)."""
+
+
+def route_stdlib_logging(sink: TextIO, level: str = "info", secrets: tuple[str, ...] = ()) -> logging.Handler:
+    """Renders standard-library records as make_logger's lines are (plus `logger`, the record's logger name) and writes
+    them to `sink`: one handler on the root logger, replacing any earlier one. The project's own loggers (backend,
+    kernels, gateway) speak from `level`, the libraries' from warning (httpx logs every upstream request at info)."""
+    handler = _StdlibHandler(sink)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *_processors(secrets)],
+    ))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StdlibHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(logging.getLevelNamesMapping()[level.upper()])
+    return handler
 
 
 def log_request(logger: Logger, rec: RequestRecord) -> None:

@@ -31,7 +31,7 @@ class EngineCollector(Collector):
         labelled = len(self._stats) > 1 or "" not in self._stats
         families: dict[str, Family] = {}
 
-        def add(kind: type[Family], name: str, doc: str, model: str, value: float | None, labels: Labels = ()) -> None:
+        def add(kind: type[Family], name: str, doc: str, model: str, *, value: float | None, labels: Labels = ()) -> None:
             family = families.get(name)
             if family is None:
                 names = (["model"] if labelled else []) + [k for k, _ in labels]
@@ -43,11 +43,11 @@ class EngineCollector(Collector):
             try:
                 s = read()
             except Exception:
-                add(GaugeMetricFamily, "smolgate_engine_up", "1 when the engine answers stats()", model, 0)
+                add(GaugeMetricFamily, "smolgate_engine_up", "1 when the engine answers stats()", model, value=0)
                 continue
-            add(GaugeMetricFamily, "smolgate_engine_up", "1 when the engine answers stats()", model, 1)
+            add(GaugeMetricFamily, "smolgate_engine_up", "1 when the engine answers stats()", model, value=1)
             for kind, name, doc, value, labels in _engine_series(s):
-                add(kind, name, doc, model, value, labels)
+                add(kind, name, doc, model, value=value, labels=labels)
         yield from families.values()
 
 

@@ -81,53 +81,8 @@ def opt_object(body: Body, key: str, *, param: str = "") -> Mapping[str, Any] | 
     return value
 
 
-def opt_stop(body: Body, key: str = "stop") -> tuple[str, ...]:
-    """`stop`: a string or a list of strings."""
-    value = body.get(key)
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,) if value else ()
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return tuple(s for s in value if s)
-    raise _type_error(key, "a string or an array of strings", value)
-
-
-def opt_int_list(body: Body, key: str) -> tuple[int, ...]:
-    value = body.get(key)
-    if value is None:
-        return ()
-    if isinstance(value, list) and all(_is_int(v) for v in value):
-        return tuple(value)
-    raise _type_error(key, "an array of integers", value)
-
-
-def logit_bias(body: Body) -> dict[int, float]:
-    """`logit_bias`: token ids as JSON object keys (strings), biases as numbers."""
-    value = opt_object(body, "logit_bias")
-    if not value:
-        return {}
-    out: dict[int, float] = {}
-    for key, bias in value.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise InvalidRequest(f"Invalid key in 'logit_bias': {key!r} is not a token id.", param="logit_bias") from None
-        if not isinstance(bias, int | float) or isinstance(bias, bool):
-            raise _type_error("logit_bias", "numbers as values", bias)
-        out[token] = float(bias)
-    return out
-
-
 def reject_unknown(body: Body, allowed: Collection[str]) -> None:
     """Like OpenAI: an argument the server does not know is a 400, never silently ignored."""
     for key in body:
         if key not in allowed:
             raise InvalidRequest(f"Unrecognized request argument supplied: {key}", param=key)
-
-
-def reject_unsupported(body: Body, unsupported: Mapping[str, str]) -> None:
-    """Arguments OpenAI knows but this server cannot honour (non-null values only)."""
-    for key, why in unsupported.items():
-        if body.get(key) is not None:
-            raise InvalidRequest(f"'{key}' is not supported by this server: {why}", param=key)

@@ -44,6 +44,7 @@ def chat_completion(
     created: int,
     model: str,
     choices: Sequence[ChoiceState],
+    *,
     usage: Usage,
     with_logprobs: bool,
     system_fingerprint: str | None = None,
@@ -67,7 +68,7 @@ def system_fingerprint(model_fingerprint: str) -> str:
 
 
 def text_completion(
-    completion_id: str, created: int, model: str, choices: list[dict[str, Any]], usage: Usage | None,
+    completion_id: str, created: int, model: str, choices: list[dict[str, Any]], *, usage: Usage | None,
     system_fingerprint: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {

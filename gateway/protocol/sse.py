@@ -78,6 +78,7 @@ class SSEStream(EventSourceResponse):
         engine_streams: Sequence[AsyncIterator[Any]],
         limits: StreamLimits,
         on_disconnect: Callable[[], None],
+        *,
         ping: Callable[[], ServerSentEvent] | None = None,
     ) -> None:
         """`ping`: the keep-alive event (a comment line when None)."""
@@ -153,6 +154,7 @@ class ChatStream(SSEStream):
         render: Callable[[Step], bytes],
         on_error: Callable[[BaseException, GatewayError], None],
         retry_after_s: int,
+        *,
         engine_streams: Sequence[AsyncIterator[Any]],
         limits: StreamLimits,
         on_disconnect: Callable[[], None],

@@ -82,7 +82,7 @@ class AutoChoice:
 
 
 class AutoRouter:
-    def __init__(self, small: str, large: str, threshold: float, embedder: EmbeddingClient | None, k: int = 5) -> None:
+    def __init__(self, small: str, large: str, threshold: float, embedder: EmbeddingClient | None, *, k: int = 5) -> None:
         self.small, self.large, self.threshold = small, large, threshold
         self.embedder = embedder
         self.k = k

@@ -35,7 +35,7 @@ class UpstreamCache:
         }
 
     async def lookup(
-        self, endpoint: str, request: Request, raw: dict[str, Any], model: str, rec: RequestRecord
+        self, endpoint: str, request: Request, raw: dict[str, Any], model: str, *, rec: RequestRecord
     ) -> tuple[Response | None, Ticket | None]:
         """A cached response (a hit), or the ticket that stores the answer (a miss); (None, None) when `model` is not
         cached here."""
@@ -50,7 +50,7 @@ class UpstreamCache:
         # the key holds the messages (or prompt) as the provider gets them, not as this gateway would render them
         prompt = raw.get("messages") if endpoint == "chat" else raw.get("prompt")
         messages = parsed.messages if isinstance(parsed, ChatRequest) else None
-        return await ticket.lookup(rec, raw, parsed.params, prompt, None, parsed.stream, messages), ticket
+        return await ticket.lookup(rec, raw, parsed.params, parsed.stream, messages=messages, prompt=prompt), ticket
 
     def keeper(self, endpoint: str, ticket: Ticket) -> Keep:
         """What the proxy hands a finished answer to: kept in the shape this gateway replays, if it has that shape;

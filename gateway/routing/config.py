@@ -321,7 +321,7 @@ def parse_key(where: str, value: object, env: Mapping[str, str], defaults: KeyLi
     if not isinstance(team, str):
         raise RoutingConfigError(f"{where}.team must be a team name")
     limits = parse_limits(where, raw, defaults or KeyLimits())
-    return KeyPolicy.of(str(name), key, limits, tuple(models), team)
+    return KeyPolicy.of(str(name), key, limits, tuple(models), team=team)
 
 
 def parse_routing(data: Mapping[str, Any], env: Mapping[str, str], engine: EngineConfig | None = None) -> RoutingConfig:

@@ -40,7 +40,7 @@ class DnsResolver:
         self._resolver = dns.asyncresolver.Resolver(configure=not nameservers)
         if nameservers:
             self._resolver.nameservers = [_nameserver(n) for n in nameservers.split(",") if n.strip()]
-        self._resolver.lifetime = _TIMEOUT_S
+        self._resolver.lifetime = _TIMEOUT_S  # noqa: V101  # dnspython reads it
         self._names: dict[str, str] = {}  # address -> its PTR name ("" when it has none)
 
     async def addresses(self, host: str) -> list[str]:

@@ -57,6 +57,7 @@ async def call_json(
     path: str,
     body: dict[str, Any],
     rec: RequestRecord,
+    *,
     count: Callable[[str], int],
     headers: dict[str, str] | None = None,
     relay: tuple[str, ...] = (),
@@ -84,6 +85,7 @@ async def call_stream(
     path: str,
     body: dict[str, Any],
     rec: RequestRecord,
+    *,
     count: Callable[[str], int],
     limits: StreamLimits,
     outcome: Outcome,
@@ -105,13 +107,14 @@ async def call_stream(
         raise UpstreamError("upstream streamed an error before any output")
     chat = path.endswith("/chat/completions")
     answer = _Answer(chat, keep) if keep is not None else None
-    relay = _relay(first, events, body, want_usage, rec, count, answer, chat)
+    relay = _relay(first, events, body, want_usage, rec=rec, count=count, answer=answer, chat=chat)
 
     def on_error(exc: BaseException, err: GatewayError) -> None:
         outcome.failed = True
         rec.error_type = err.error_type
 
-    return ChatStream(relay, _relayed, on_error, 1, [events], limits, rec.client_disconnected)
+    return ChatStream(relay, _relayed, on_error, 1, engine_streams=[events], limits=limits,
+                      on_disconnect=rec.client_disconnected)
 
 
 def _relayed(step: Step) -> bytes:
@@ -123,6 +126,7 @@ async def _relay(
     events: AsyncGenerator[bytes, None],
     body: dict[str, Any],
     want_usage: bool,
+    *,
     rec: RequestRecord,
     count: Callable[[str], int],
     answer: _Answer | None,

@@ -97,6 +97,7 @@ class Router:
         local: dict[Endpoint, LocalHandler],
         metrics_registry: CollectorRegistry,
         logger: Logger,
+        *,
         embedder: EmbeddingClient | None,
         guard: KeyGuard | None = None,
         cache: ResponseCache | None = None,
@@ -136,9 +137,6 @@ class Router:
             self.upstreams[("", -1)] = upstream = Upstream.open(dep)
             return HttpEmbedder(upstream, auto.embedding_model)
         return local
-
-    def model_names(self) -> list[str]:
-        return [*self.balancers, *(["auto"] if self.auto_enabled else [])]
 
     async def start(self) -> None:
         """Resolve the deployments found by DNS (once now, then in the background)."""
@@ -193,12 +191,12 @@ class Router:
             raise self.guard.not_found(asked)
         raw = self.guard.check_body(policy, endpoint, raw)
         try:
-            await self.guard.admit(policy, rec, endpoint, raw, model)
+            await self.guard.admit(policy, rec, endpoint, raw, model=model)
         except RateLimited:
             self.metrics.rate_limited.labels("key").inc()
             raise
         rec.model = model
-        hit, ticket = await self.cache.lookup(endpoint, request, raw, model, rec) if self.cache else (None, None)
+        hit, ticket = await self.cache.lookup(endpoint, request, raw, model, rec=rec) if self.cache else (None, None)
         if hit is not None:
             hit.headers.update({"x-smolgate-model": model, **headers})
             return hit
@@ -208,7 +206,7 @@ class Router:
         route = spans.start(f"router {model}", "internal", {"smolgate.model": model, "smolgate.router.fallbacks": chain[1:]})
         try:
             with route.current():
-                response = await self._route(endpoint, request, raw, chain, rec, keep)
+                response = await self._route(endpoint, request, raw, chain, rec=rec, keep=keep)
         except BaseException as exc:
             route.fail(getattr(exc, "error_type", type(exc).__name__))
             route.end()
@@ -231,7 +229,7 @@ class Router:
         return self.cfg.routing.fallbacks.get(model, ())
 
     async def _route(
-        self, endpoint: Endpoint, request: Request, raw: dict[str, Any], chain: list[str], rec: RequestRecord,
+        self, endpoint: Endpoint, request: Request, raw: dict[str, Any], chain: list[str], *, rec: RequestRecord,
         keep: Keep | None = None,
     ) -> Any:
         """`keep`: given the first model's answer (the response cache's store)."""
@@ -241,7 +239,8 @@ class Router:
                 self.metrics.fallbacks.labels(chain[0], model).inc()
             attempted = Attempted()
             fallback_of = chain[0] if i else ""
-            response = await self._try_model(endpoint, request, raw, model, rec, attempted, None if i else keep, fallback_of)
+            response = await self._try_model(endpoint, request, raw, model, rec=rec, attempted=attempted,
+                keep=None if i else keep, fallback_of=fallback_of)
             if response is not None:
                 response.headers["x-smolgate-model"] = model
                 return response
@@ -257,6 +256,7 @@ class Router:
         request: Request,
         raw: dict[str, Any],
         model: str,
+        *,
         rec: RequestRecord,
         attempted: Attempted,
         keep: Keep | None,
@@ -295,10 +295,11 @@ class Router:
                 continue
             if attempts:
                 self.metrics.retries.labels(model).inc()
-            span = self._attempt_span(endpoint, model, state, attempts, fallback_of)
+            span = self._attempt_span(endpoint, model, state, attempts, fallback_of=fallback_of)
             try:
                 with span.current():
-                    return await self._attempt(endpoint, request, raw, model, choice, rec, dep_limit, keep, span)
+                    return await self._attempt(endpoint, request, raw, model, choice=choice, rec=rec, dep_limit=dep_limit,
+                        keep=keep, span=span)
             except Exception as exc:
                 _attempt_failed(span, exc)
                 if not retryable(exc):
@@ -320,7 +321,8 @@ class Router:
                 raise
         return None
 
-    def _attempt_span(self, endpoint: Endpoint, model: str, state: DeploymentState, attempt: int, fallback_of: str) -> spans.Span:
+    def _attempt_span(self, endpoint: Endpoint, model: str, state: DeploymentState, attempt: int, *,
+        fallback_of: str) -> spans.Span:
         """A CLIENT span for one try of one deployment (GenAI conventions: `{operation} {model}`); retries and
         fallbacks are its siblings under the router's span."""
         if spans.tracer() is None:
@@ -354,6 +356,7 @@ class Router:
         request: Request,
         raw: dict[str, Any],
         model: str,
+        *,
         choice: Choice,
         rec: RequestRecord,
         dep_limit: Limit,
@@ -378,10 +381,11 @@ class Router:
             headers.update(_trace_headers(span, request.headers))
             if raw.get("stream"):
                 limits = StreamLimits.of(self.cfg)
-                call = call_stream(upstream, _PATHS[endpoint], body, rec, self.count, limits, outcome, headers, keep)
+                call = call_stream(upstream, _PATHS[endpoint], body, rec, count=self.count, limits=limits, outcome=outcome,
+                    headers=headers, keep=keep)
             else:
                 relay = _CACHE_VERDICT if ours else ()  # its x-cache reaches the client; a third party's means nothing
-                call = call_json(upstream, _PATHS[endpoint], body, rec, self.count, headers, relay, keep)
+                call = call_json(upstream, _PATHS[endpoint], body, rec, count=self.count, headers=headers, relay=relay, keep=keep)
             response = await unless_disconnected(request.receive, call)  # a client gone cancels the upstream call
         rec.model = model
         balancer = self.balancers[model]

@@ -162,6 +162,7 @@ class Budgets:
         redis_url: str,
         prefix: str,
         on_error: Callable[[BaseException], None],
+        *,
         clock: Callable[[], float] = time.time,
         postgres_url: str = "",
     ) -> None:
@@ -169,7 +170,7 @@ class Budgets:
         self.teams = teams
         self.prefix = prefix
         if redis_url:
-            self.counters: Any = RedisBudgetCounters(redis_url)
+            self.counters: BudgetCounters = RedisBudgetCounters(redis_url)
         elif postgres_url:
             self.counters = PostgresBudgetCounters(postgres_url)
         else:

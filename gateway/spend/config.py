@@ -6,11 +6,12 @@ deployment (its `name`). Budgets per key are KeyLimits fields (`daily_budget`, `
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+
+from backend.config import cache_dir
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,7 @@ class TeamBudget:
 
 
 def default_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "smolgate" / "ledger"
+    return cache_dir() / "ledger"
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class LedgerConfig:
 
     enabled: bool = True  # one row per request that produced tokens
     url: str = field(default="", repr=False)  # "" = SQLite in `dir`; sqlite:///abs/path.db; postgresql://... (shared)
-    dir: str = ""  # the SQLite file and the journal; "" = $XDG_CACHE_HOME/smolgate/ledger (~/.cache/...)
+    dir: str = ""  # the SQLite file and the journal; "" = $SMOLGATE_CACHE/ledger (~/.cache/smolgate/...)
     journal_segment_bytes: int = 4 * 1024 * 1024  # the journal moves to a new file past this size
 
     def __post_init__(self) -> None:

@@ -10,6 +10,7 @@ the loop thread's inbox) out of the engine's step loop, and costs an untraced re
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -61,14 +62,16 @@ class TracedEngine:
             if aclose is not None:
                 await aclose()  # stopping early aborts the engine request, as without tracing
             finished = last is not None and last.finished
-            args = (parent, submitted, params, last.usage if last else None, last.timings if last else None,
-                    error or (None if finished else "cancelled"))  # fmt: skip
+            spans = functools.partial(
+                self._spans, parent, submitted, params, last.usage if last else None,
+                timings=last.timings if last else None, error=error or (None if finished else "cancelled"),
+            )  # fmt: skip
             # built once the task yields: a non-streamed answer is sent first (it is waiting on this generator)
-            asyncio.get_running_loop().call_soon(self._spans, *args)
+            asyncio.get_running_loop().call_soon(spans)
 
     def _spans(
         self, parent: otel_context.Context, submitted: float, params: SamplingParams, usage: Usage | None,
-        timings: RequestTimings | None, error: str | None,
+        *, timings: RequestTimings | None, error: str | None,
     ) -> None:
         if not trace.get_current_span(parent).get_span_context().trace_flags.sampled:  # (the parent may have ended)
             return
@@ -87,7 +90,7 @@ class TracedEngine:
             "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens if usage and usage.cached_tokens else None,
             "smolgate.engine.preemptions": timings.preemptions if timings else None,
         }
-        span = self.tracing.span(f"engine {self.model_name}", "internal", attrs, parent, epoch_ns(submitted))
+        span = self.tracing.span(f"engine {self.model_name}", "internal", attrs, parent, start_ns=epoch_ns(submitted))
         if error is not None:
             span.fail(error)
         if timings is not None:
@@ -100,7 +103,7 @@ class TracedEngine:
                     break
                 # a step it never finished ends with the request (e.g. stopped while still waiting)
                 stop = stop if stop is not None else timings.finished
-                child = self.tracing.span(name, "internal", None, under, epoch_ns(start))
+                child = self.tracing.span(name, "internal", None, under, start_ns=epoch_ns(start))
                 if i == 2 and usage is not None:
                     child.set("gen_ai.usage.output_tokens", usage.completion_tokens)
                 child.end(epoch_ns(stop))

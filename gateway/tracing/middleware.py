@@ -79,10 +79,11 @@ class TracingMiddleware:
             raise
         finally:
             rec = scope.get(SCOPE_KEY)
-            self._finish(span, path, rec if isinstance(rec, RequestRecord) else None, status, body, answer, started_ns)
+            self._finish(span, path, rec if isinstance(rec, RequestRecord) else None, status, body=body, answer=answer,
+                started_ns=started_ns)
 
     def _finish(
-        self, span: OtelSpan, path: str, rec: RequestRecord | None, status: int, body: list[bytes], answer: list[bytes],
+        self, span: OtelSpan, path: str, rec: RequestRecord | None, status: int, *, body: list[bytes], answer: list[bytes],
         started_ns: int,
     ) -> None:
         """The request's attributes, read once the response is over (it is already the client's: this costs it no

@@ -81,6 +81,7 @@ class Tracing:
         kind: Kind = "internal",
         attrs: Mapping[str, AttrValue | None] | None = None,
         parent: otel_context.Context | None = None,
+        *,
         start_ns: int | None = None,
     ) -> OtelSpan:
         """A span under `parent` (default: the current context), started at `start_ns` (default: now)."""

@@ -101,7 +101,7 @@ class DecodeLayers:
                    _weight(lw.gate_up), _weight(lw.down), lw.window) for lw in layers))
 
     def __call__(
-        self, x: torch.Tensor, rope: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, max_len: int,
+        self, x: torch.Tensor, rope: torch.Tensor, *, block_tables: torch.Tensor, context_lens: torch.Tensor, max_len: int,
         slot_mapping: torch.Tensor, kv_cache: torch.Tensor, block_size: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (M, hidden) float32 embeddings -> (last layer's MLP output, residual stream), (M, hidden) each.

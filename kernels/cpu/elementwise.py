@@ -59,7 +59,7 @@ def silu_and_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_residual(
-    lib: ctypes.CDLL, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    lib: ctypes.CDLL, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, *, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight * norm(x + residual), x + residual); x, residual (M, D) float32 with unit column stride."""
     m, d = x.shape
@@ -73,7 +73,7 @@ def rms_norm_residual(
 
 
 def layer_norm_residual(
-    lib: ctypes.CDLL, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor, eps: float
+    lib: ctypes.CDLL, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, *, bias: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """LayerNorm(x + residual) * weight + bias, (M, D) float32; x, residual with unit column stride (rows may be
     strided), D a multiple of 8."""
@@ -108,7 +108,7 @@ def rms_norm_residual_ref(
 
 
 def layer_norm_residual_ref(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor, *, eps: float
 ) -> torch.Tensor:
     stream = x if residual is None else x + residual
     return torch.nn.functional.layer_norm(stream, (x.shape[-1],), weight, bias, eps)

@@ -52,17 +52,17 @@ def load_paged_decode(build_dir: Path) -> ctypes.CDLL | None:
 def supports(q: torch.Tensor, cache: torch.Tensor) -> bool:
     """Whether the kernel takes these shapes and dtypes (else the caller uses its torch path)."""
     heads, head_dim = q.shape[1:]
-    return q.device.type == "cpu" and supports_dims(heads, cache.shape[2], head_dim, q.dtype, cache.dtype)
+    return q.device.type == "cpu" and supports_dims(heads, cache.shape[2], head_dim, q.dtype, cache_dtype=cache.dtype)
 
 
-def supports_dims(heads: int, kv_heads: int, head_dim: int, q_dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
+def supports_dims(heads: int, kv_heads: int, head_dim: int, q_dtype: torch.dtype, *, cache_dtype: torch.dtype) -> bool:
     """`supports` for a model's attention before any tensor exists (CPU tensors)."""
     return (q_dtype == torch.float32 and cache_dtype in (torch.float32, torch.bfloat16) and head_dim % 8 == 0
             and head_dim <= MAX_HEAD_DIM and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP)
 
 
 def paged_decode_cpu(
-    lib: ctypes.CDLL, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+    lib: ctypes.CDLL, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, *, context_lens: torch.Tensor,
     block_size: int, scale: float, window: int = 0, max_len: int = 0,
 ) -> torch.Tensor:
     """q (n, heads, head_dim) float32 -> (n, heads, head_dim); cache (2, slots, kv_heads, head_dim) float32 or bfloat16.
@@ -86,7 +86,7 @@ def paged_decode_cpu(
 
 
 def paged_prefill_cpu(
-    lib: ctypes.CDLL, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    lib: ctypes.CDLL, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, *, cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor, block_size: int, scale: float, max_len: int = 0,
 ) -> torch.Tensor:
     """q (tokens, heads, head_dim) float32, the chunks packed (chunk i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1]),
@@ -114,7 +114,7 @@ def paged_prefill_cpu(
     return out
 
 
-def store_kv_cpu(lib: ctypes.CDLL, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def store_kv_cpu(lib: ctypes.CDLL, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, *, slot_mapping: torch.Tensor) -> None:
     """k, v (n, kv_heads, head_dim) float32 (rows may be strided) into cache (2, slots, kv_heads, head_dim) float32 or
     bfloat16 (rounded to nearest even, as .to() does) at slot_mapping (n,) int64; slot -1 is skipped."""
     n, kv_heads, head_dim = k.shape
@@ -132,7 +132,7 @@ def supports_store(k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor) -> boo
 
 
 def paged_decode_cpu_ref(
-    q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+    q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, *, block_size: int,
     scale: float, window: int = 0,
 ) -> torch.Tensor:
     """The same attention, one sequence at a time in plain torch."""

@@ -92,7 +92,7 @@ def load_w8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
 
 
 def w8a8_linear(
-    lib: ctypes.CDLL, x: torch.Tensor, w: W8A8Weight, bias: torch.Tensor | None = None, gelu: bool = False
+    lib: ctypes.CDLL, x: torch.Tensor, w: W8A8Weight, bias: torch.Tensor | None = None, *, gelu: bool = False
 ) -> torch.Tensor:
     """y = x @ (q * scale).T (+ bias, then GELU if `gelu`) with x quantized per (row, group) to int8; x (M, K)
     float32 -> (M, N) float32; bias (N,) float32, contiguous."""
