@@ -9,6 +9,11 @@ SmolLM2-135M-Instruct, with its own 8,192-token context).
   out, the rest is its default prompt (~4.2k tokens) and every other field it sends: thinking, context_management,
   output_config, metadata, system blocks with cache_control, the per-turn system message, the beta flags.
 - Codex CLI's default prompt (~7.9k tokens, 9 tools of which 3 are left out) fits, and completes its turn as is.
+- A tool round trip through Codex: asked "Use exec_command to list the files.", the model calls exec_command itself
+  (greedy, tool_choice "auto" as Codex sends it), Codex runs the command, and its next request carries the output
+  (function_call_output, seen on the wire by a pass-through proxy). The model never ends that turn: it repeats the
+  call after each result until the prompt outgrows the context, a 400 that Codex reports.
+- No tool call has come through Claude Code: SmolLM2-135M answers its prompts in text (docs/clients/claude-code.md).
 
 A completed turn: exit status 0, the model's text printed in the CLI's own format, no "API Error", and no 4xx/5xx
 line in the gateway's access log for the run. The gateway runs with `make serve`'s defaults but one setting: it
