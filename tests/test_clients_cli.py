@@ -300,8 +300,8 @@ def test_codex_exec_runs_the_models_tool_call_and_sends_back_its_output(gateway:
     outputs = [i for i in follow_up if i.get("type") == "function_call_output"]
     assert calls and calls[0]["name"] == "exec_command", follow_up  # the gateway's answer, as Codex read it back
     assert outputs and outputs[0]["call_id"] == calls[0]["call_id"] and outputs[0]["output"].strip(), follow_up
-    # Codex ran the command and sent back what came out; the model's arguments vary with the working directory's
-    # path, and for some (an empty cmd, a made-up `shell`) Codex sends back why it could not run them instead
+    # what Codex ran and what came out: the model's arguments vary with the working directory's path (probed offline,
+    # some held an empty `cmd` or a made-up `shell`), so the round trip above is asserted whether or not a command ran
     ran = [e["item"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "command_execution"]
     if ran:
         assert ran[0]["aggregated_output"].strip() in outputs[0]["output"], (ran[0], outputs[0])
