@@ -34,3 +34,13 @@ def test_a_jinja_file(tokenizer, tmp_path: Path) -> None:
 def test_an_unknown_template_names_the_choices(tokenizer) -> None:
     with pytest.raises(ModelLoadError, match=r"chat_template 'mistral': neither a template name \(gemma, chatml\) nor a file"):
         set_chat_template(tokenizer, "mistral")
+
+
+def test_gemma_keeps_every_system_message_in_order(tokenizer) -> None:
+    # Codex sends two developer (system) messages before the user's: both reach the first user turn
+    set_chat_template(tokenizer, "gemma")
+    second = [{"type": "text", "text": "Second."}]
+    messages = [{"role": "system", "content": "First rules."}, {"role": "system", "content": second},
+                {"role": "user", "content": "hi"}]
+    text = tokenizer.decode(apply_chat_template(tokenizer, messages))
+    assert text.endswith("<start_of_turn>user\nFirst rules.\n\nSecond.\n\nhi<end_of_turn>\n<start_of_turn>model\n"), text

@@ -9,6 +9,11 @@ SmolLM2-135M-Instruct, with its own 8,192-token context).
   out, the rest is its default prompt (~4.2k tokens) and every other field it sends: thinking, context_management,
   output_config, metadata, system blocks with cache_control, the per-turn system message, the beta flags.
 - Codex CLI's default prompt (~7.9k tokens, 9 tools of which 3 are left out) fits, and completes its turn as is.
+- A tool round trip through Codex: asked "Use exec_command to list the files.", the model calls exec_command itself
+  (greedy, tool_choice "auto" as Codex sends it), Codex runs the command, and its next request carries the output
+  (function_call_output, seen on the wire by a pass-through proxy). The model never ends that turn: it repeats the
+  call after each result until the context is spent (a 400 for a prompt too long, or a call cut short).
+- No tool call has come through Claude Code: SmolLM2-135M answers its prompts in text (docs/clients/claude-code.md).
 
 A completed turn: exit status 0, the model's text printed in the CLI's own format, no "API Error", and no 4xx/5xx
 line in the gateway's access log for the run. The gateway runs with `make serve`'s defaults but one setting: it
@@ -31,14 +36,19 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from cache_fixtures import free_port
+from gateway_fixtures import AppServers
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".clients" / "node_modules" / ".bin"
@@ -167,13 +177,44 @@ enabled = false
 """
 
 
-def _codex(gw: Gateway, tmp: Path) -> subprocess.CompletedProcess[str]:
+def _codex(gw: Gateway, tmp: Path, prompt: str = PROMPT, url: str | None = None) -> subprocess.CompletedProcess[str]:
     codex_home = tmp / "codex-home"
     codex_home.mkdir(exist_ok=True)
-    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=gw.url))
+    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=url or gw.url))
     env = {**_home(tmp), "CODEX_HOME": str(codex_home), "SMOLGATE_API_KEY": KEY}
-    cmd = [str(_cli("codex")), "exec", "--json", "--skip-git-repo-check", PROMPT]
+    cmd = [str(_cli("codex")), "exec", "--json", "--skip-git-repo-check", prompt]
     return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=TURN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+
+
+@dataclass
+class Recorder:
+    """A pass-through proxy in front of the gateway that keeps each request body: what the CLI sent, on the wire."""
+
+    upstream: str
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST"])])
+
+    async def _forward(self, request: Request) -> StreamingResponse:
+        body = await request.body()
+        if body:
+            self.bodies.append(json.loads(body))
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        client = httpx.AsyncClient(timeout=None)
+        url = f"{self.upstream}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
+        upstream = await client.send(client.build_request(request.method, url, headers=headers, content=body), stream=True)
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+            finally:
+                await upstream.aclose()
+                await client.aclose()
+
+        passed = {k: v for k, v in upstream.headers.items() if k.lower() not in ("content-length", "transfer-encoding")}
+        return StreamingResponse(relay(), status_code=upstream.status_code, headers=passed)
 
 
 def _statuses(gw: Gateway, offset: int) -> list[tuple[str, int]]:
@@ -231,6 +272,54 @@ def test_codex_exec_completes_a_turn(gateway: Gateway, tmp_path: Path) -> None:
     assert messages and messages[-1].strip(), events
     assert events[-1]["usage"]["input_tokens"] > 4000 and events[-1]["usage"]["output_tokens"] > 0, events[-1]
     _clean_run(gateway, offset, "/v1/responses")
+
+
+# The model picks the tool itself (tool_choice "auto", as Codex sends it): greedy, this prompt's first token is `<`,
+# which the grammar holds to a well-formed call. What it puts in `cmd` is its own (a file listing, or a made-up
+# command name that the shell does not find); either way Codex runs it and sends back what came out.
+TOOL_PROMPT = "Use exec_command to list the files."
+OUT_OF_ROOM = "ran out of room in the model's context window"
+CUT_SHORT = "Incomplete response returned, reason: max_output_tokens"
+
+
+def test_codex_exec_runs_the_models_tool_call_and_sends_back_its_output(gateway: Gateway, tmp_path: Path) -> None:
+    recorder = Recorder(gateway.url)
+    servers = AppServers()
+    [url] = servers.start([recorder.app()], "recorder")
+    offset = gateway.offset()
+    try:
+        run = _codex(gateway, tmp_path, TOOL_PROMPT, url)
+    finally:
+        servers.stop()
+    events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    turns = [b for b in recorder.bodies if "input" in b]
+    assert len(turns) >= 2, recorder.bodies
+    assert not any(i.get("type") == "function_call_output" for i in turns[0]["input"]), turns[0]["input"]
+    follow_up = turns[1]["input"]
+    calls = [i for i in follow_up if i.get("type") == "function_call"]
+    outputs = [i for i in follow_up if i.get("type") == "function_call_output"]
+    assert calls and calls[0]["name"] == "exec_command", follow_up  # the gateway's answer, as Codex read it back
+    assert outputs and outputs[0]["call_id"] == calls[0]["call_id"] and outputs[0]["output"].strip(), follow_up
+    # what Codex ran and what came out: the model's arguments vary with the working directory's path (probed offline,
+    # some held an empty `cmd` or a made-up `shell`), so the round trip above is asserted whether or not a command ran
+    ran = [e["item"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "command_execution"]
+    if ran:
+        assert ran[0]["aggregated_output"].strip() in outputs[0]["output"], (ran[0], outputs[0])
+        assert f"Process exited with code {ran[0]['exit_code']}" in outputs[0]["output"], outputs[0]
+
+    # Greedy, the 135M model calls the same tool again after each result, so Codex keeps going until the context is
+    # spent: either a request's prompt outgrows the 8,192 tokens (a 400, "ran out of room") or the context left cuts
+    # the model's next call short (a 200 with status incomplete, "max_output_tokens"). Those are the two ends allowed.
+    seen = _statuses(gateway, offset)
+    assert sum(1 for p, s in seen if p == "/v1/responses" and s == 200) >= 2, seen
+    if run.returncode == 0:
+        assert events[-1]["type"] == "turn.completed" and all(s < 400 for _, s in seen), (events, seen)
+    elif OUT_OF_ROOM in events[-1].get("error", {}).get("message", ""):
+        assert events[-1]["type"] == "turn.failed", events[-1]
+        assert all(s < 400 for _, s in seen[:-1]) and seen[-1] == ("/v1/responses", 400), seen
+    else:
+        assert events[-1]["type"] == "turn.failed" and CUT_SHORT in events[-1]["error"]["message"], events[-1]
+        assert all(s < 400 for _, s in seen), seen
 
 
 def test_the_clis_are_the_pinned_versions() -> None:

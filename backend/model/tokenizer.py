@@ -14,11 +14,12 @@ from backend.errors import InvalidRequestError, ModelLoadError
 _CONTENT = "{%- if m['content'] is string -%}{{ m['content'] | trim }}{%- else -%}{%- for p in m['content'] -%}" \
            "{%- if p['type'] == 'text' -%}{{ p['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}"
 CHAT_TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
-    # Gemma's turn format; a system message is prefixed to the first user turn (Gemma has no system role)
+    # Gemma's turn format; system messages (all of them, in order: Codex sends two) are prefixed to the next turn
+    # (Gemma has no system role)
     "gemma": (
         "{{ bos_token }}{%- set ns = namespace(prefix='') -%}{%- for m in messages -%}"
-        "{%- if m['role'] == 'system' -%}{%- set ns.prefix = m['content'] if m['content'] is string else "
-        "m['content'] | map(attribute='text') | join('') -%}{%- set ns.prefix = ns.prefix + '\n\n' -%}{%- else -%}"
+        "{%- if m['role'] == 'system' -%}{%- set ns.prefix = ns.prefix + (m['content'] if m['content'] is string else "
+        "m['content'] | map(attribute='text') | join('')) + '\n\n' -%}{%- else -%}"
         "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + ns.prefix }}"
         "{%- set ns.prefix = '' -%}" + _CONTENT + "{{ '<end_of_turn>\n' }}{%- endif -%}{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}",
