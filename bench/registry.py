@@ -23,6 +23,7 @@ class Bench:
 # Cheapest first, so a smoke run on a slow machine has the most figures by the time it is stopped.
 SUITE: tuple[Bench, ...] = (
     Bench("cache_pairs", what="semantic-cache quality by similarity threshold"),
+    Bench("request_types", (), ("--iterations", "500", "--rounds", "1"), what="declared request bodies: pydantic vs msgspec"),
     Bench("gateway_overhead", ("--requests", "2000"), ("--requests", "200", "--concurrency", "1", "16"),
           what="latency the gateway adds over the engine, requests/s"),
     Bench("stream_http", ("--streams", "1,8"), ("--requests", "1", "--new-tokens", "16"),

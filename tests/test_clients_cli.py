@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -138,6 +140,17 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     _stop(gw)
 
 
+@pytest.fixture
+def workdir(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The CLI's working directory, at the same path on every run: both CLIs put it in the prompt, so a path that
+    changed with pytest's run number (pytest-243/...) changed what the greedy model answered."""
+    path = Path(tempfile.gettempdir()) / "smolgate-cli" / request.node.name[:40]
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _home(tmp: Path) -> dict[str, str]:
     """A clean environment: a fresh HOME, no proxies, no keys of the caller's, telemetry and updates off."""
     home = tmp / "home"
@@ -228,9 +241,9 @@ def _clean_run(gw: Gateway, offset: int, path: str) -> None:
     assert all(status < 400 for _, status in seen), seen
 
 
-def test_claude_code_default_prompt_shows_only_the_context_length_error(gateway: Gateway, tmp_path: Path) -> None:
+def test_claude_code_default_prompt_shows_only_the_context_length_error(gateway: Gateway, workdir: Path) -> None:
     offset = gateway.offset()
-    run = _claude(gateway, tmp_path)
+    run = _claude(gateway, workdir)
     shown = run.stdout + run.stderr
     # Claude Code reads Anthropic's wording and says it its own way: "Prompt is too long · the request is ~12723
     # tokens (limit 8192) but this conversation is only ~2514 tokens — the rest is system prompt, tool definitions..."
@@ -240,17 +253,17 @@ def test_claude_code_default_prompt_shows_only_the_context_length_error(gateway:
     assert any(status == 400 for _, status in seen), seen
 
 
-def test_claude_code_print_completes_a_turn(gateway: Gateway, tmp_path: Path) -> None:
+def test_claude_code_print_completes_a_turn(gateway: Gateway, workdir: Path) -> None:
     offset = gateway.offset()
-    run = _claude(gateway, tmp_path, "--tools", "")
+    run = _claude(gateway, workdir, "--tools", "")
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.strip() and "API Error" not in run.stdout, run.stdout + run.stderr  # the model's text
     _clean_run(gateway, offset, "/v1/messages")
 
 
-def test_claude_code_stream_json_completes_a_turn(gateway: Gateway, tmp_path: Path) -> None:
+def test_claude_code_stream_json_completes_a_turn(gateway: Gateway, workdir: Path) -> None:
     offset = gateway.offset()
-    run = _claude(gateway, tmp_path, "--tools", "", "--output-format", "stream-json", "--verbose")
+    run = _claude(gateway, workdir, "--tools", "", "--output-format", "stream-json", "--verbose")
     assert run.returncode == 0, run.stdout + run.stderr
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     result = events[-1]
@@ -261,9 +274,9 @@ def test_claude_code_stream_json_completes_a_turn(gateway: Gateway, tmp_path: Pa
     _clean_run(gateway, offset, "/v1/messages")
 
 
-def test_codex_exec_completes_a_turn(gateway: Gateway, tmp_path: Path) -> None:
+def test_codex_exec_completes_a_turn(gateway: Gateway, workdir: Path) -> None:
     offset = gateway.offset()
-    run = _codex(gateway, tmp_path)
+    run = _codex(gateway, workdir)
     assert run.returncode == 0, run.stdout + run.stderr
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     kinds = [e["type"] for e in events]
@@ -282,13 +295,13 @@ OUT_OF_ROOM = "ran out of room in the model's context window"
 CUT_SHORT = "Incomplete response returned, reason: max_output_tokens"
 
 
-def test_codex_exec_runs_the_models_tool_call_and_sends_back_its_output(gateway: Gateway, tmp_path: Path) -> None:
+def test_codex_exec_runs_the_models_tool_call_and_sends_back_its_output(gateway: Gateway, workdir: Path) -> None:
     recorder = Recorder(gateway.url)
     servers = AppServers()
     [url] = servers.start([recorder.app()], "recorder")
     offset = gateway.offset()
     try:
-        run = _codex(gateway, tmp_path, TOOL_PROMPT, url)
+        run = _codex(gateway, workdir, TOOL_PROMPT, url)
     finally:
         servers.stop()
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
