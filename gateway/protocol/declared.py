@@ -73,41 +73,42 @@ class Refused:
     why: str
 
 
+class _OneError:
+    """Any error inside the field becomes the one `error()` says: the field's own words, not pydantic's per-member
+    list."""
+
+    def error(self) -> PydanticCustomError:
+        raise NotImplementedError
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        def wrap(value: Any, inner: core_schema.ValidatorFunctionWrapHandler) -> Any:
+            try:
+                return inner(value)
+            except ValidationError:
+                raise self.error() from None
+
+        return core_schema.no_info_wrap_validator_function(wrap, handler(source))
+
+
 @dataclass(frozen=True)
-class Expect:
+class Expect(_OneError):
     """One type error for a field whatever went wrong inside it: `expected a string or an array of strings`
     instead of one error per member of a union."""
 
     what: str
 
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        what = self.what
-
-        def wrap(value: Any, inner: core_schema.ValidatorFunctionWrapHandler) -> Any:
-            try:
-                return inner(value)
-            except ValidationError:
-                raise PydanticCustomError("expected", "expected {what}", {"what": what}) from None
-
-        return core_schema.no_info_wrap_validator_function(wrap, handler(source))
+    def error(self) -> PydanticCustomError:
+        return PydanticCustomError("expected", "expected {what}", {"what": self.what})
 
 
 @dataclass(frozen=True)
-class Only:
+class Only(_OneError):
     """A field whose other values this server cannot honour: any invalid value is refused with `why`."""
 
     why: str
 
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        why = self.why
-
-        def wrap(value: Any, inner: core_schema.ValidatorFunctionWrapHandler) -> Any:
-            try:
-                return inner(value)
-            except ValidationError:
-                raise PydanticCustomError("unsupported_value", "{why}", {"why": why}) from None
-
-        return core_schema.no_info_wrap_validator_function(wrap, handler(source))
+    def error(self) -> PydanticCustomError:
+        return PydanticCustomError("unsupported_value", "{why}", {"why": self.why})
 
 
 def integral(value: Any) -> Any:
