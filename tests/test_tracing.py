@@ -30,6 +30,7 @@ from routing_fixtures import FakeUpstream, Servers
 from bench.server import stop_processes, wait_ready
 from gateway.app import build_context, build_tracing, create_app
 from gateway.config import ConfigError, GatewayConfig, apply_env, from_mapping
+from gateway.tracing import genai
 from gateway.tracing.config import TracesConfig
 from gateway.tracing.middleware import TracingMiddleware
 
@@ -347,6 +348,14 @@ def test_content_is_recorded_only_when_the_operator_opts_in_and_keys_never(rig: 
     assert json.loads(root.attrs["gen_ai.output.messages"]) == [
         {"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": stop}]
     assert json.loads(root.attrs["gen_ai.input.messages"])[0]["parts"][0]["content"] == "Say a word."
+    # Messages, not streamed: the chat answer it was built from (in process) is not counted a second time
+    trace_id = "fd" * 16
+    message = httpx.post(f"{rig.content}/v1/messages", json={**body, "stream": False}, timeout=120,
+                         headers={"x-api-key": BACKEND_KEY, "traceparent": f"00-{trace_id}-{'c' * 16}-01"}).json()
+    (root,) = [s for s in rig.trace(trace_id, expect=3) if s.kind == "server"]
+    parts = [{"type": "text", "content": message["content"][0]["text"]}]
+    assert json.loads(root.attrs["gen_ai.output.messages"]) == [
+        {"role": "assistant", "parts": parts, "finish_reason": message["stop_reason"]}]
     trace_id = "ed" * 16
     answer = rig.client(rig.content, BACKEND_KEY).responses.create(
         model=MODEL, input="Say another word.", max_output_tokens=16,
@@ -453,3 +462,15 @@ def test_a_caller_that_does_not_sample_gets_no_spans(rig: Rig) -> None:
         assert out.choices[0].message.content
     assert rig.trace(loud, expect=5)  # exported after the unsampled request ended
     assert not [s for s in rig.receiver.snapshot() if s.trace_id == quiet]
+
+
+def test_output_messages_count_only_the_endpoints_own_shape() -> None:
+    """Messages and Responses run the chat pipeline in process: the chat answer they were built from was sent to
+    them, not to the client, and is not the endpoint's output."""
+    chat = {"object": "chat.completion", "choices": [{"index": 0, "message": {"content": "Hi"}, "finish_reason": "stop"}]}
+    message = {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn"}
+    out = json.loads(genai.output_messages([chat, message], "/v1/messages", 100) or "null")
+    assert out == [{"role": "assistant", "parts": [{"type": "text", "content": "Hi"}], "finish_reason": "end_turn"}]
+    out = json.loads(genai.output_messages([chat, message], "/v1/chat/completions", 100) or "null")
+    assert out == [{"role": "assistant", "parts": [{"type": "text", "content": "Hi"}], "finish_reason": "stop"}]
+    assert genai.output_messages([chat], "/v1/responses", 100) is None

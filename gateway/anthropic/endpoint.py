@@ -26,6 +26,7 @@ from gateway.client import NoEngine
 from gateway.context import GatewayContext
 from gateway.errors import InvalidRequest, ModelNotFound, to_gateway_error
 from gateway.ops.record import RequestRecord, record_of
+from gateway.ops.sent import sent
 from gateway.protocol.answer import InnerError, run_json
 from gateway.protocol.events import Steps, steps_of
 from gateway.protocol.jsonio import read_json
@@ -119,6 +120,7 @@ class Messages:
             raise out.BadUpstreamShape("The model's answer came back in an unexpected shape.") from None
         message = out.message(body, shape.message_id, shape.model, shape.stops, window=shape.window)
         headers = {**_passed(captured.headers), "request-id": rec.request_id, **notes}
+        sent(message)
         return Response(orjson.dumps(message), media_type="application/json", headers=headers)
 
     async def count_tokens(self, request: Request) -> Response:

@@ -14,6 +14,7 @@ import orjson
 from starlette.responses import Response
 
 from gateway.errors import GatewayError, ServerBusy, ServiceUnavailable
+from gateway.ops.sent import sent
 
 PATH = "/v1/messages"
 OVERLOADED = 529
@@ -69,6 +70,7 @@ def error_response(err: GatewayError, request_id: str | None = None) -> Response
 
 
 def sse_event(name: str, data: dict[str, Any]) -> bytes:
+    sent(data)
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 

@@ -26,6 +26,7 @@ from gateway.openai_responses.request import ResponsesRequest, chat_body, echo_f
 from gateway.openai_responses.store import StoredResponses, build_store
 from gateway.openai_responses.tokens import TokenCounter
 from gateway.ops.record import RequestRecord, record_of
+from gateway.ops.sent import sent
 from gateway.protocol.answer import run_json
 from gateway.protocol.events import Failed, Steps, steps_of
 from gateway.protocol.jsonio import json_response, read_json
@@ -43,6 +44,7 @@ _PARAMS = (
 
 def _event_bytes(event: dict[str, Any]) -> bytes:
     kind: str = event["type"]
+    sent(event)
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 

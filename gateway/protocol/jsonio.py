@@ -9,6 +9,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.ops.sent import sent
 from gateway.protocol.generation import ClientDisconnected
 
 
@@ -34,4 +35,5 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
+    sent(obj)
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")

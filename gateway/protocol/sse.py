@@ -17,6 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_bytes, to_gateway_error
+from gateway.ops.sent import sent
 from gateway.protocol.events import Failed, Step, Steps
 
 T = TypeVar("T")
@@ -35,6 +36,7 @@ class StreamLimits:
 
 
 def sse_data(obj: Any) -> bytes:
+    sent(obj)
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 

@@ -20,6 +20,7 @@ from starlette.responses import Response
 from backend.engine.outputs import Usage
 from gateway.errors import GatewayError
 from gateway.ops.record import RequestRecord
+from gateway.ops.sent import sent
 from gateway.protocol.events import ChatEvent, Opened, Step, UsageReport, chunk_events
 from gateway.protocol.jsonio import json_response
 from gateway.protocol.sse import ChatStream, StreamLimits
@@ -157,6 +158,8 @@ async def _relay(
                 found, opened = [Opened(str(chunk.get("model") or "")), *found], True
             last = chunk or last
             keep_chunk = want_usage or chunk.get("choices") or not usage  # drop the usage-only chunk nobody asked for
+            if keep_chunk:
+                sent(chunk)
             yield Step(tuple(found), b"data: " + payload + b"\n\n" if keep_chunk else b"")
             payload = await _next(events)
     if usage is None:

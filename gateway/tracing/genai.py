@@ -3,7 +3,6 @@ request body, the request's record (gateway/ops/record.py), and, only with `trac
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -107,32 +106,36 @@ def input_messages(path: str, body: dict[str, Any], limit: int) -> str | None:
     return orjson.dumps(out).decode()
 
 
-def output_messages(raw: bytes, limit: int) -> str | None:
-    """gen_ai.output.messages (JSON) from a response body: JSON or SSE, OpenAI chat / completions, Anthropic Messages,
-    Responses. None for anything else (an error, embeddings)."""
+def output_messages(objects: list[Any], path: str, limit: int) -> str | None:
+    """gen_ai.output.messages (JSON) from the answer objects the endpoint at `path` sent (gateway/ops/sent.py): OpenAI
+    chat / completions, Anthropic Messages, Responses, as JSON or events. An endpoint that runs the chat pipeline in
+    process (Messages, Responses) also saw the chat answer it was built from: only the endpoint's own shape counts.
+    None for anything else (an error, embeddings)."""
+    own = _OWN_SHAPE.get(path, _openai)
     texts: dict[int, list[str]] = {}
     finish: dict[int, str] = {}
-    for obj in _objects(raw):
-        _absorb(obj, texts, finish)
+    for obj in objects:
+        if isinstance(obj, dict) and own(obj):
+            _absorb(obj, texts, finish)
     if not texts:
         return None
     out = [_message("assistant", "".join(texts[i]), limit, finish.get(i)) for i in sorted(texts)]
     return orjson.dumps(out).decode()
 
 
-def _objects(raw: bytes) -> Iterable[dict[str, Any]]:
-    stripped = raw.lstrip()
-    if stripped.startswith(b"{"):
-        lines = [stripped]
-    else:  # SSE: the `data:` payloads
-        lines = [line[5:].strip() for line in raw.split(b"\n") if line.startswith(b"data:")]
-    for line in lines:
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            yield obj
+def _openai(obj: dict[str, Any]) -> bool:
+    return "choices" in obj
+
+
+def _anthropic(obj: dict[str, Any]) -> bool:
+    return "choices" not in obj and "object" not in obj
+
+
+def _responses(obj: dict[str, Any]) -> bool:
+    return "choices" not in obj and (obj.get("object") == "response" or str(obj.get("type", "")).startswith("response."))
+
+
+_OWN_SHAPE = {"/v1/messages": _anthropic, "/v1/responses": _responses}
 
 
 def _absorb(obj: dict[str, Any], texts: dict[int, list[str]], finish: dict[int, str]) -> None:

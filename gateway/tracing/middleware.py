@@ -16,6 +16,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.ops.record import SCOPE_KEY, RequestRecord
+from gateway.ops.sent import capturing
 from gateway.tracing import genai
 from gateway.tracing.otel import OtelSpan, Tracing
 from gateway.tracing.spans import traced_by
@@ -24,7 +25,6 @@ _TRACED_PREFIX = "/v1/"
 _UNTRACED = frozenset({"/v1/stats"})  # the dashboard's polling
 _PROPAGATION = (b"traceparent", b"tracestate")
 _MAX_BODY_ATTRS = 1 << 20  # request bodies up to this size are read for gen_ai.request.* (uploads are not)
-_MAX_CAPTURE = 4 << 20  # a response body kept for gen_ai.output.messages (traces.content) up to this size
 
 
 class TracingMiddleware:
@@ -47,8 +47,8 @@ class TracingMiddleware:
             parent=self.tracing.extract(carrier), start_ns=started_ns,
         )  # fmt: skip
         body: list[bytes] = []
-        answer: list[bytes] = []
-        status = body_size = answer_size = 0
+        answer: list[Any] = []  # with traces.content: the answer objects the endpoint sent (gateway/ops/sent.py)
+        status = body_size = 0
 
         async def receive_body() -> Message:
             nonlocal body_size
@@ -59,20 +59,19 @@ class TracingMiddleware:
             return message
 
         async def send_answer(message: Message) -> None:
-            nonlocal status, answer_size
+            nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-            elif message["type"] == "http.response.body" and self.tracing.content and answer_size < _MAX_CAPTURE:
-                answer.append(chunk := message.get("body", b""))
-                answer_size += len(chunk)
             await send(message)
 
         # Only a request that runs a model offers the tracer to the code it runs: work started by another request
         # outlives it in a task that inherits its context (POST /v1/batches starts the batch), and must not be
         # traced as that request's children.
         inner = traced_by(self.tracing) if operation else nullcontext()
+        capture = capturing() if operation and self.tracing.content else nullcontext(answer)
         try:
-            with span.current(), inner:
+            with span.current(), inner, capture as sent_objects:
+                answer = sent_objects
                 await self.app(scope, receive_body if operation else receive, send_answer)
         except BaseException as exc:
             span.fail(type(exc).__name__)
@@ -83,7 +82,7 @@ class TracingMiddleware:
                 started_ns=started_ns)
 
     def _finish(
-        self, span: OtelSpan, path: str, rec: RequestRecord | None, status: int, *, body: list[bytes], answer: list[bytes],
+        self, span: OtelSpan, path: str, rec: RequestRecord | None, status: int, *, body: list[bytes], answer: list[Any],
         started_ns: int,
     ) -> None:
         """The request's attributes, read once the response is over (it is already the client's: this costs it no
@@ -110,7 +109,7 @@ class TracingMiddleware:
             if self.tracing.content:
                 limit = self.tracing.max_content_chars
                 span.set("gen_ai.input.messages", genai.input_messages(path, parsed, limit) if parsed else None)
-                span.set("gen_ai.output.messages", genai.output_messages(b"".join(answer), limit) if answer else None)
+                span.set("gen_ai.output.messages", genai.output_messages(answer, path, limit) if answer else None)
         finally:
             span.end()
 
