@@ -74,18 +74,20 @@ class Refused:
 
 
 class _OneError:
-    """Any error inside the field becomes the one `error()` says: the field's own words, not pydantic's per-member
-    list."""
+    """Any error inside the field becomes one error of the subclass's `kind`, its message `template` filled from the
+    marker's own fields: the field's own words, not pydantic's per-member list."""
 
-    def error(self) -> PydanticCustomError:
-        raise NotImplementedError
+    kind: ClassVar[str]
+    template: ClassVar[str]
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        kind, template, context = self.kind, self.template, dict(vars(self))
+
         def wrap(value: Any, inner: core_schema.ValidatorFunctionWrapHandler) -> Any:
             try:
                 return inner(value)
             except ValidationError:
-                raise self.error() from None
+                raise PydanticCustomError(kind, template, context) from None
 
         return core_schema.no_info_wrap_validator_function(wrap, handler(source))
 
@@ -95,20 +97,18 @@ class Expect(_OneError):
     """One type error for a field whatever went wrong inside it: `expected a string or an array of strings`
     instead of one error per member of a union."""
 
+    kind = "expected"
+    template = "expected {what}"
     what: str
-
-    def error(self) -> PydanticCustomError:
-        return PydanticCustomError("expected", "expected {what}", {"what": self.what})
 
 
 @dataclass(frozen=True)
 class Only(_OneError):
     """A field whose other values this server cannot honour: any invalid value is refused with `why`."""
 
+    kind = "unsupported_value"
+    template = "{why}"
     why: str
-
-    def error(self) -> PydanticCustomError:
-        return PydanticCustomError("unsupported_value", "{why}", {"why": self.why})
 
 
 def integral(value: Any) -> Any:
