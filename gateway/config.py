@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.config import (
     ConfigError,
@@ -35,6 +35,9 @@ from gateway.routing.config import (
 )
 from gateway.spend.config import LedgerConfig, Price, SpendConfig, TeamBudget
 from gateway.tracing.config import TracesConfig
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ENV_PREFIX = "SMOLGATE_"
 
@@ -216,12 +219,26 @@ def _cache_from_mapping(value: object) -> CacheConfig:
         raise ConfigError(f"unknown cache config keys: {sorted(unknown)}")
     if "tenant_secret" in value:
         raise ConfigError("cache.tenant_secret is a secret: set it in the environment (SMOLGATE_CACHE_TENANT_SECRET)")
-    return _valid_cache(base, {k: coerce(f"cache.{k}", v, getattr(base, k)) for k, v in value.items()})
+    return _replaced(base, {k: coerce(f"cache.{k}", v, getattr(base, k)) for k, v in value.items()})
 
 
-def _valid_cache(base: CacheConfig, changes: dict[str, Any]) -> CacheConfig:
+def _section(name: str, value: object, base: Any) -> dict[str, Any]:
+    """A YAML section's fields (`name:` a mapping of `base`'s dataclass fields), each coerced to its field's type."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a mapping of {type(base).__name__} fields")
+    unknown = set(value) - {f.name for f in fields(base)}
+    if unknown:
+        raise ConfigError(f"unknown {name} config keys: {sorted(unknown)}")
+    return {k: coerce(f"{name}.{k}", v, getattr(base, k)) for k, v in value.items()}
+
+
+_Section = TypeVar("_Section", bound="DataclassInstance")  # a config section's frozen dataclass
+
+
+def _replaced(base: _Section, changes: dict[str, Any]) -> _Section:
+    """`base` with `changes`; a value its own checks refuse (ValueError) is a ConfigError."""
     try:
-        return replace(base, **changes)
+        return replace(base, **changes) if changes else base
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -233,7 +250,7 @@ def _cache_from_env(cfg: CacheConfig, env: Mapping[str, str]) -> CacheConfig:
         name = f"{ENV_PREFIX}CACHE_{f.name.upper()}"
         if name in env:
             changes[f.name] = _parse_env(name, env[name], getattr(cfg, f.name))
-    return _valid_cache(cfg, changes) if changes else cfg
+    return _replaced(cfg, changes)
 
 
 def _batches(value: object, env: Mapping[str, str] | None = None, base: BatchesConfig | None = None) -> BatchesConfig:
@@ -242,17 +259,9 @@ def _batches(value: object, env: Mapping[str, str] | None = None, base: BatchesC
     if env is not None:
         names = {f.name: f"{ENV_PREFIX}BATCHES_{f.name.upper()}" for f in fields(base)}
         changes = {k: _parse_env(n, env[n], getattr(base, k)) for k, n in names.items() if n in env}
-    elif isinstance(value, dict):
-        unknown = set(value) - {f.name for f in fields(base)}
-        if unknown:
-            raise ConfigError(f"unknown batches config keys: {sorted(unknown)}")
-        changes = {k: coerce(f"batches.{k}", v, getattr(base, k)) for k, v in value.items()}
     else:
-        raise ConfigError("batches must be a mapping of BatchesConfig fields")
-    try:
-        return replace(base, **changes) if changes else base
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+        changes = _section("batches", value, base)
+    return _replaced(base, changes)
 
 
 def _traces(value: object, env: Mapping[str, str] | None = None, base: TracesConfig | None = None) -> TracesConfig:
@@ -272,17 +281,9 @@ def _traces(value: object, env: Mapping[str, str] | None = None, base: TracesCon
             changes["service_name"] = env["OTEL_SERVICE_NAME"]
         if f"{ENV_PREFIX}TRACES_CONTENT" in env:
             changes["content"] = _parse_env(f"{ENV_PREFIX}TRACES_CONTENT", env[f"{ENV_PREFIX}TRACES_CONTENT"], False)
-    elif isinstance(value, dict):
-        unknown = set(value) - {f.name for f in fields(base)}
-        if unknown:
-            raise ConfigError(f"unknown traces config keys: {sorted(unknown)}")
-        changes = {k: coerce(f"traces.{k}", v, getattr(base, k)) for k, v in value.items()}
     else:
-        raise ConfigError("traces must be a mapping of TracesConfig fields")
-    try:
-        return replace(base, **changes) if changes else base
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+        changes = _section("traces", value, base)
+    return _replaced(base, changes)
 
 
 def _number(where: str, value: object) -> float:
@@ -307,15 +308,8 @@ def _spend(spend: object, ledger: object) -> SpendConfig:
             changes[name] = MappingProxyType({str(k): _team(f"spend.teams.{k}", v) for k, v in _mapping(name, value).items()})
         else:
             changes[name] = coerce(f"spend.{name}", value, getattr(base, name))
-    lbase = LedgerConfig()
-    unknown = set(ledger) - {f.name for f in fields(lbase)}
-    if unknown:
-        raise ConfigError(f"unknown ledger config keys: {sorted(unknown)}")
-    try:
-        changes["ledger"] = replace(lbase, **{k: coerce(f"ledger.{k}", v, getattr(lbase, k)) for k, v in ledger.items()})
-        return replace(base, **changes)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    changes["ledger"] = _replaced(LedgerConfig(), _section("ledger", ledger, LedgerConfig()))
+    return _replaced(base, changes)
 
 
 def _mapping(name: str, value: object) -> dict[Any, Any]:
