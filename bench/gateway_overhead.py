@@ -94,8 +94,11 @@ class TrivialEngine:
 # ---- servers (run in a subprocess) ------------------------------------------------------------------
 
 
-def _bare_app() -> Callable[..., Awaitable[None]]:
-    body = orjson.dumps({"id": "x", "object": "chat.completion", "choices": []})
+def _fixed_app(body: bytes, content_type: bytes) -> Callable[..., Awaitable[None]]:
+    """A bare ASGI app that reads the request and answers `body`, whatever was asked: the HTTP floor any server pays
+    (a canned chat.completion), and the OTLP/HTTP sink that answers every export (an empty
+    ExportTraceServiceResponse) and keeps nothing."""
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
 
     async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         if scope["type"] != "http":
@@ -103,25 +106,8 @@ def _bare_app() -> Callable[..., Awaitable[None]]:
         more = True
         while more:
             more = (await receive()).get("more_body", False)
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-
-    return app
-
-
-def _otlp_sink() -> Callable[..., Awaitable[None]]:
-    """An OTLP/HTTP receiver that answers every export (an empty ExportTraceServiceResponse) and keeps nothing."""
-
-    async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        if scope["type"] != "http":
-            return
-        more = True
-        while more:
-            more = (await receive()).get("more_body", False)
-        headers = [(b"content-type", b"application/x-protobuf"), (b"content-length", b"0")]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": b""})
 
     return app
 
@@ -142,9 +128,9 @@ def serve(kind: str, port: int, endpoint: str = "", ledger_dir: str = "") -> Non
     from gateway.tracing.config import TracesConfig
 
     if kind == "bare":
-        app: Any = _bare_app()
+        app: Any = _fixed_app(orjson.dumps({"id": "x", "object": "chat.completion", "choices": []}), b"application/json")
     elif kind == "sink":
-        app = _otlp_sink()
+        app = _fixed_app(b"", b"application/x-protobuf")
     else:
         sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
         traces = TracesConfig(endpoint=endpoint)  # "": tracing off
