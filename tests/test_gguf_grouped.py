@@ -36,7 +36,7 @@ from backend.quant.gguf_grouped import grouped_of, is_gguf_grouped
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
 from backend.quant.gguf_types import SERVED, decode
 from kernels.cpu import build as build_py
-from kernels.cpu.wg8a8 import GroupedInt8, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
+from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
 from tests.c_kernels import ISAS, build, requires_avx512, requires_c_kernels
 from tests.engine_helpers import assert_no_leaks, run_to_completion, teacher_forced, token_ids
 
@@ -87,10 +87,10 @@ def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 @pytest.mark.parametrize("zeros", [False, True], ids=["symmetric", "terms"])
 def test_the_kernel_computes_the_reference_arithmetic(lib: object, group: int, zeros: bool) -> None:
     torch.manual_seed(group + zeros)
-    n, k, m = 45, 640, 37  # 45 rows: the last octet padded
+    n, k, m = 45, 640, 37  # 45 rows: the last octet (hexadecet) padded; 37 rows of x: every tile of both kernels
     q = torch.randint(-128, 128, (n, k), dtype=torch.int8)  # -128 too: |q| * x's sign stays within int16
     g = GroupedInt8(q, torch.rand(n, k // group) * 0.01, torch.randn(n, k // 32) * 0.01 if zeros else None)
-    w = pack(g)
+    w = pack(g, lanes_of(lib))  # type: ignore[arg-type]
     assert torch.equal(w.dequantized(), g.dequantized()) and torch.equal(w.rows(torch.tensor([44, 3])), g.dequantized()[[44, 3]])
     x = torch.randn(m, k) * 3
     y = wg8a8_linear(lib, x, w)  # type: ignore[arg-type]
@@ -106,9 +106,11 @@ def test_the_kernel_computes_the_reference_arithmetic(lib: object, group: int, z
 def test_avx2_and_avx512_give_the_same_bits(tmp_path_factory: pytest.TempPathFactory) -> None:
     libs = [build(partial(load_wg8a8, isa=isa), tmp_path_factory, f"wg8a8-same-{isa}") for isa in ("avx2", "avx512")]
     torch.manual_seed(1)
-    g = GroupedInt8(torch.randint(-128, 128, (64, 256), dtype=torch.int8), torch.rand(64, 16), torch.randn(64, 8))
-    x = torch.randn(5, 256)
-    assert torch.equal(wg8a8_linear(libs[0], x, pack(g)), wg8a8_linear(libs[1], x, pack(g)))  # type: ignore[arg-type]
+    g = GroupedInt8(torch.randint(-128, 128, (80, 256), dtype=torch.int8), torch.rand(80, 16), torch.randn(80, 8))
+    for m in (5, 23):  # AVX-512 reads one hexadecet a tile below 16 rows of x, two from 16 on (80 rows: 2 + 2 + 1)
+        x = torch.randn(m, 256)
+        y = [wg8a8_linear(lib, x, pack(g, lanes_of(lib))) for lib in libs]  # type: ignore[arg-type]
+        assert torch.equal(y[0], y[1])
 
 
 @pytest.fixture(scope="module")
@@ -212,5 +214,5 @@ def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zer
         return torch.frombuffer(bytearray((tmp_path / "y").read_bytes()), dtype=torch.float32).view(len(rows), n)
 
     together = neon(x, 3)
-    assert torch.equal(together, wg8a8_linear(lib, x, w))  # type: ignore[arg-type]
+    assert torch.equal(together, wg8a8_linear(lib, x, pack(g, lanes_of(lib))))  # type: ignore[arg-type]
     assert torch.equal(torch.cat([neon(x[i:i + 1], 1) for i in range(m)]), together)

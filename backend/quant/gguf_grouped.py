@@ -18,6 +18,7 @@ or, where one part is dense, the fused weight dense) and swaps the layers in (`s
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from torch import nn
 from backend.quant.gguf_blocks import PER_LAYER, TOP, _unpermute, quant_method, write_converted
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
 from backend.quant.gguf_types import decode
-from kernels.cpu.wg8a8 import GroupedInt8, pack
+from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, pack
 
 QUANT_METHOD = "gguf_grouped"
 TENSORS = ("gq", "gs", "gz")
@@ -150,9 +151,11 @@ def dense_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return hf
 
 
-def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: object | None) -> None:
+def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: ctypes.CDLL | None) -> None:
     """Before load_state_dict: each linear whose grouped tensors `state` holds (our names) -> a GgufLinear on them, the
-    embedding -> a GgufEmbedding, a tied LM head -> a GgufLinear on the embedding's tensors (held once)."""
+    embedding -> a GgufEmbedding, a tied LM head -> a GgufLinear on the embedding's tensors (held once); each packed
+    in `lib`'s layout."""
+    lanes = lanes_of(lib)
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             stem = f"{name}.{child_name}" if name else child_name
@@ -160,10 +163,10 @@ def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: objec
             if g is None:
                 continue
             if isinstance(child, nn.Embedding):
-                setattr(module, child_name, GgufEmbedding(pack(g)))
+                setattr(module, child_name, GgufEmbedding(pack(g, lanes)))
             else:
                 assert isinstance(child, nn.Linear) and child.bias is None, f"{stem}: a grouped weight with a bias"
-                setattr(module, child_name, GgufLinear(pack(g), lib))  # type: ignore[arg-type]
+                setattr(module, child_name, GgufLinear(pack(g, lanes), lib))  # type: ignore[arg-type]
     embed, head = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
     if isinstance(embed, GgufEmbedding) and isinstance(head, nn.Linear) and model.config.tie_word_embeddings:
-        model.lm_head = GgufLinear(embed.weight_q, lib)  # type: ignore[arg-type]
+        model.lm_head = GgufLinear(embed.weight_q, lib)

@@ -16,5 +16,4 @@
   _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xb, wv)), _mm256_set1_epi16(1)))
 #define W8_START(sum) _mm256_setzero_si256()
 #define W8_GROUP_SUMS 0
-#define WG_MT 4
 #include "wg8a8_octets.h"

@@ -2,8 +2,8 @@
 GGUF file's blocks served in their own values (backend/quant/gguf_types.py decodes them).
 
     g = GroupedInt8(q, scales, zeros)         # q (N, K) int8; scales (N, K/16 or K/32) fp32; zeros (N, K/32) or None
-    w = pack(g)                               # once: the kernel's octets layout, the only copy a layer keeps
     lib = load_wg8a8(build_dir)               # None where it cannot run (no C compiler: torch on the values instead)
+    w = pack(g, lanes_of(lib))                # once: the kernel's layout, the only copy a layer keeps
     y = wg8a8_linear(lib, x, w)               # x (M, K) float32 -> (M, N) float32
     w.rows(ids), w.dequantized()              # the float32 weights served: scale * q (+ zero), per group
 
@@ -67,11 +67,12 @@ class GroupedInt8:
 
 @dataclass(frozen=True)
 class PackedGrouped:
-    """The kernel's layout (wg8a8_octets.h): octets of rows, N padded to a multiple of 8 with zero rows."""
+    """The kernel's layout (wg8a8_octets.h): rows in chunks of L = `lanes` (8, octets; 16 for wg8a8_avx512.c), N
+    padded to a multiple of L with zero rows."""
 
-    q: torch.Tensor  # (N8, K / 4, 8, 4) int8
-    scales: torch.Tensor  # (N8, K / group, 8) float32
-    zeros: torch.Tensor | None  # (N8, K / 32, 8) float32
+    q: torch.Tensor  # (N / L, K / 4, L, 4) int8
+    scales: torch.Tensor  # (N / L, K / group, L) float32
+    zeros: torch.Tensor | None  # (N / L, K / 32, L) float32
     n: int  # the rows that are real
     group: int
     args: tuple[int, int, int | None] = field(init=False)  # the kernel's pointer arguments, looked up once
@@ -84,30 +85,41 @@ class PackedGrouped:
     def shape(self) -> tuple[int, int]:
         return (self.n, self.q.shape[1] * 4)
 
+    @property
+    def lanes(self) -> int:
+        return self.q.shape[2]
+
     def nbytes(self) -> int:
         return self.q.numel() + 4 * (self.scales.numel() + (0 if self.zeros is None else self.zeros.numel()))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 (len(ids), K): the served values of those rows (an embedding lookup: no float copy of the table)."""
-        octet, lane = ids // 8, ids % 8
-        q = self.q[octet, :, lane, :].reshape(len(ids), -1)
-        z = None if self.zeros is None else self.zeros[octet, :, lane]
-        return _dequantize(q, self.scales[octet, :, lane], z)
+        chunk, lane = ids // self.lanes, ids % self.lanes
+        q = self.q[chunk, :, lane, :].reshape(len(ids), -1)
+        z = None if self.zeros is None else self.zeros[chunk, :, lane]
+        return _dequantize(q, self.scales[chunk, :, lane], z)
 
     def dequantized(self) -> torch.Tensor:
         return self.rows(torch.arange(self.n))
 
 
-def pack(g: GroupedInt8) -> PackedGrouped:
+def pack(g: GroupedInt8, lanes: int = 8) -> PackedGrouped:
+    """g in the layout of a kernel whose chunks hold `lanes` rows (lanes_of(lib): 8, or 16 for wg8a8_avx512.c)."""
+    assert lanes in (8, 16), f"lanes: 8 or 16, got {lanes}"
     n = g.shape[0]
-    pad = -n % 8
+    pad = -n % lanes
 
-    def octets(t: torch.Tensor, width: int) -> torch.Tensor:  # (N, C) -> (N8, C / width, 8, width)
+    def chunks(t: torch.Tensor, width: int) -> torch.Tensor:  # (N, C) -> (N / lanes, C / width, lanes, width)
         t = torch.cat([t, t.new_zeros(pad, t.shape[1])]) if pad else t
-        return t.view(-1, 8, t.shape[1] // width, width).transpose(1, 2).contiguous()
+        return t.view(-1, lanes, t.shape[1] // width, width).transpose(1, 2).contiguous()
 
-    zeros = None if g.zeros is None else octets(g.zeros, 1).squeeze(-1)
-    return PackedGrouped(octets(g.q, 4), octets(g.scales, 1).squeeze(-1), zeros, n, g.group)
+    zeros = None if g.zeros is None else chunks(g.zeros, 1).squeeze(-1)
+    return PackedGrouped(chunks(g.q, 4), chunks(g.scales, 1).squeeze(-1), zeros, n, g.group)
+
+
+def lanes_of(lib: ctypes.CDLL | None) -> int:
+    """The rows a chunk of `lib`'s weight layout holds (8 without a kernel: torch reads any layout)."""
+    return 8 if lib is None else int(lib.wg8a8_lanes())
 
 
 def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
@@ -118,21 +130,23 @@ def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.wg8a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
         lib.wg8a8_linear.restype = ctypes.c_int
+        lib.wg8a8_lanes.argtypes, lib.wg8a8_lanes.restype = [], ctypes.c_int
     return lib
 
 
 def wg8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: PackedGrouped) -> torch.Tensor:
     """y = x @ w.dequantized().T with x quantized per (row, group of 32) to int8; x (M, K) float32 -> (M, N) float32."""
-    n8, k = w.q.shape[0] * 8, w.q.shape[1] * 4
+    padded, k = w.q.shape[0] * w.lanes, w.q.shape[1] * 4
+    assert w.lanes == lanes_of(lib), f"w is packed in chunks of {w.lanes} rows; this kernel reads {lanes_of(lib)}"
     assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1, f"x must be (M, {k}) with unit column stride"
     assert x.dtype == torch.float32 and x.device.type == "cpu", "x must be a float32 CPU tensor"
     m = x.shape[0]
-    y = torch.empty(m, n8)
-    rc = lib.wg8a8_linear(x.data_ptr(), x.stride(0), *w.args, m, n8, k, w.group, y.data_ptr(), torch.get_num_threads())
+    y = torch.empty(m, padded)
+    rc = lib.wg8a8_linear(x.data_ptr(), x.stride(0), *w.args, m, padded, k, w.group, y.data_ptr(), torch.get_num_threads())
     if rc:
         raise MemoryError(f"wg8a8_linear: no memory for the quantized activations ({m} x {k})") if rc == -1 else \
-            ValueError(f"wg8a8_linear: shape ({n8}, {k}) group {w.group} not taken")
-    return y if n8 == w.n else y[:, : w.n].contiguous()
+            ValueError(f"wg8a8_linear: shape ({padded}, {k}) group {w.group} not taken")
+    return y if padded == w.n else y[:, : w.n].contiguous()
 
 
 def wg8a8_linear_ref(x: torch.Tensor, w: GroupedInt8) -> torch.Tensor:

@@ -1,7 +1,7 @@
-/* The grouped W8A8 GEMM (GGUF blocks in their own values), shared by wg8a8.c (AVX2) and wg8a8_avx512.c (VNNI): each
- * defines W8_PREP (a weight chunk made ready for its dot product), W8_DOT (acc + four products a lane), W8_START (a
- * lane's group sum's starting value from the group's sum of int8 activations, used where W8_GROUP_SUMS is 1) and the
- * tile WG_MT (rows of x a pass), then includes this.
+/* The grouped W8A8 GEMM (GGUF blocks in their own values) on 256-bit vectors, for wg8a8.c (AVX2): it defines W8_PREP
+ * (a weight chunk made ready for its dot product), W8_DOT (acc + four products a lane), W8_START (a lane's group sum's
+ * starting value from the group's sum of int8 activations, used where W8_GROUP_SUMS is 1), then includes this.
+ * wg8a8_avx512.c is the same arithmetic on 512-bit vectors, over sixteen rows a chunk instead of eight.
  *
  * Every GGUF block type is an integer q per weight (|q| < 128) times a float scale per group of G = 16 or 32, plus for
  * some a float term per 32 (backend/quant/gguf_types.py):  w[n, k] = ws[n, k / G] q[n, k] + wz[n, k / 32].
@@ -12,7 +12,7 @@
  *   wz (N / 8, K / 32, 8) float, or NULL
  * One broadcast of four int8 activations times a chunk gives the octet's eight partial dot products, so each lane ends
  * as one output's exact group sum (no horizontal sums), and per group and row of x one cvt, one multiply and one fmadd
- * cover eight outputs:
+ * cover eight outputs (wg8a8_avx512.c: the same with sixteen rows, `hexadecets`, one 64-byte chunk):
  *
  *   y[m, n] = sum over 32-blocks b, in order:  [ sum over its groups g: cvt(dot(q[n, g], xq[m, g])) * (ws[n, g] * xd[m, b]) ]
  *                                              + wz[n, b] * xs[m, b]
@@ -69,51 +69,25 @@ static inline __m256i wg_broadcast4(const int8_t *p) {
     }                                                                                                             \
     for (int r = 0; r < MT; r++) _mm256_storeu_ps(y + r * ldy, acc[r]);                                          \
   }
-#define WGTILE(MT) WGTILE_BODY(MT)
-#define WGTILE_NAME_(MT) wgtile_##MT
-#define WGTILE_NAME(MT) WGTILE_NAME_(MT)
-WGTILE(WG_MT)
-#if WG_MT > 1
-WGTILE(1)
-#endif
+WGTILE_BODY(4)
+WGTILE_BODY(1)
 
-/* y (M, N) float = x (M, K) float (rows ldx floats apart) @ W^T, W in octets; N a multiple of 8, K of 32, G 16 or 32.
- * Returns 0, -1 when the scratch could not be allocated, -2 on a shape it does not take. */
-int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                 int64_t K, int64_t G, float *y, int nthreads) {
-  if (K % 32 || N % 8 || (G != 16 && G != 32)) return -2;
-  const int64_t nb = K / 32, ng = K / G;
-  const quantized a = quantized_alloc(M, K, 32);
-  int32_t *xsum = malloc(sizeof(int32_t) * (size_t)(M * ng));
-  if (!a.block || !xsum) {
-    free(a.block);
-    free(xsum);
-    return -1;
+#define WG_LANES 8
+#define WG_ROWS 16
+#include "wg8a8_entry.h"
+
+static void wg_rows(const wg_args *a, int64_t n0, int64_t n1) {
+  const int64_t K = a->K, G = a->G, N = a->N, nb = K / 32, ng = K / G;
+#define WGAT(n, m) a->w + (n) * K, a->ws + (n) * ng, a->wz ? a->wz + (n) * nb : 0, a->xq + (m) * K, a->xsum + (m) * ng, \
+                   a->xd + (m) * nb, a->xs + (m) * nb, K, G, a->y + (m) * N + (n), N
+  for (int64_t mb = 0; mb < a->M; mb += 32) { /* 32 rows of x stay in L1 while the chunk's weights pass */
+    const int64_t me = mb + 32 < a->M ? mb + 32 : a->M;
+    int64_t m = mb;
+    for (; m + 4 <= me; m += 4)
+      for (int64_t n = n0; n < n1; n += 8) wgtile_4(WGAT(n, m));
+    for (; m < me; m++)
+      for (int64_t n = n0; n < n1; n += 8) wgtile_1(WGAT(n, m));
   }
-  quantize_rows(x, ldx, M, K, 32, a.xq, a.xd, a.xs, 0, nthreads);
-#if W8_GROUP_SUMS
-  for (int64_t i = 0; i < M * ng; i++) { /* the exact int8 sum of each row's group (W8_START's correction) */
-    int32_t s = 0;
-    for (int64_t k = 0; k < G; k++) s += a.xq[i * G + k];
-    xsum[i] = s;
-  }
-#endif
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-  for (int64_t n0 = 0; n0 < N; n0 += 16) {
-    const int64_t n1 = n0 + 16 < N ? n0 + 16 : N;
-#define WGAT(n, m) w + (n) * K, ws + (n) * ng, wz ? wz + (n) * nb : 0, a.xq + (m) * K, xsum + (m) * ng, a.xd + (m) * nb, \
-                   a.xs + (m) * nb, K, G, y + (m) * N + (n), N
-    for (int64_t mb = 0; mb < M; mb += 32) { /* 32 rows of x stay in L1 while the chunk's weights pass */
-      const int64_t me = mb + 32 < M ? mb + 32 : M;
-      int64_t m = mb;
-      for (; m + WG_MT <= me; m += WG_MT)
-        for (int64_t n = n0; n < n1; n += 8) WGTILE_NAME(WG_MT)(WGAT(n, m));
-      for (; m < me; m++)
-        for (int64_t n = n0; n < n1; n += 8) wgtile_1(WGAT(n, m));
-    }
 #undef WGAT
-  }
-  free(a.block);
-  free(xsum);
-  return 0;
 }
+

@@ -1,0 +1,53 @@
+/* The grouped W8A8 GEMM's entry point, shared by wg8a8.c (AVX2, wg8a8_octets.h's tiles) and wg8a8_avx512.c: each
+ * defines WG_LANES (the weight rows a chunk of the layout holds: 8, or 16), WG_ROWS (the weight rows a thread takes at
+ * a time), W8_GROUP_SUMS (whether its tiles start a group's sum from the group's sum of int8 activations) and
+ * includes this, and defines wg_rows (every row of x times the weight rows [n0, n1), with the tiles it has). */
+#pragma once
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "quantize.h"
+
+typedef struct { /* one call's operands, as wg_rows reads them */
+  const int8_t *w;
+  const float *ws, *wz;
+  const int8_t *xq;
+  const int32_t *xsum; /* each row's group sums of xq, where W8_GROUP_SUMS */
+  const float *xd, *xs;
+  int64_t M, N, K, G;
+  float *y;
+} wg_args;
+
+static void wg_rows(const wg_args *a, int64_t n0, int64_t n1);
+
+/* The rows a chunk of the weight layout holds: the packer (kernels/cpu/wg8a8.py) asks, and lays the rows out so. */
+int wg8a8_lanes(void) { return WG_LANES; }
+
+/* y (M, N) float = x (M, K) float (rows ldx floats apart) @ W^T, W in chunks of WG_LANES rows; N a multiple of
+ * WG_LANES, K of 32, G 16 or 32. Returns 0, -1 when the scratch could not be allocated, -2 on a shape it does not take. */
+int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
+                 int64_t K, int64_t G, float *y, int nthreads) {
+  if (K % 32 || N % WG_LANES || (G != 16 && G != 32)) return -2;
+  const int64_t ng = K / G;
+  const quantized a = quantized_alloc(M, K, 32);
+  int32_t *xsum = malloc(sizeof(int32_t) * (size_t)(M * ng));
+  if (!a.block || !xsum) {
+    free(a.block);
+    free(xsum);
+    return -1;
+  }
+  quantize_rows(x, ldx, M, K, 32, a.xq, a.xd, a.xs, 0, nthreads);
+#if W8_GROUP_SUMS
+  for (int64_t i = 0; i < M * ng; i++) { /* the exact int8 sum of each row's group (the tiles' starting values) */
+    int32_t s = 0;
+    for (int64_t k = 0; k < G; k++) s += a.xq[i * G + k];
+    xsum[i] = s;
+  }
+#endif
+  const wg_args args = {w, ws, wz, a.xq, xsum, a.xd, a.xs, M, N, K, G, y};
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+  for (int64_t n0 = 0; n0 < N; n0 += WG_ROWS) wg_rows(&args, n0, n0 + WG_ROWS < N ? n0 + WG_ROWS : N);
+  free(a.block);
+  free(xsum);
+  return 0;
+}
