@@ -6,7 +6,7 @@
 Engine "torch": `int4_cpu_kernel=torch` (torch's int4 kernel + a dense fp32/bf16 copy for batches, the int8/dense
 lm_head) and `kernel_backend=torch` (block gather + masked SDPA). Engine "c": the defaults on an x86 AVX2 CPU,
 i.e. the W4A8 projections and W8A8 lm_head (kernels/cpu/w4a8.c, kernels/cpu/w8a8.c), the paged decode attention
-(kernels/cpu/paged_decode.c), the fused norms/RoPE/SwiGLU (kernels/cpu/elementwise.c), for INT4 models a bf16 KV cache that
+(kernels/cpu/paged_decode.h), the fused norms/RoPE/SwiGLU (kernels/cpu/elementwise.c), for INT4 models a bf16 KV cache that
 kernel reads and the decode stack (kernels/cpu/decode_layers.c: all layers of a decode step in one C call). Engine
 "c-layers": the same kernels called layer by layer from Python (the decode stack off). Engine "c-avx2", on CPUs with
 AVX-512 VNNI only: engine "c" with the AVX2 GEMMs forced (SMOLGATE_CPU_ISA=avx2 while it loads), so `isa_speedup` is

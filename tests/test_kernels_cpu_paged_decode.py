@@ -1,7 +1,10 @@
-"""The C paged decode attention kernel (kernels/cpu/paged_decode.c) against its torch reference and the engine's
-torch decode path. Skipped, saying why, where the C kernels cannot be built (not x86 AVX2, no C compiler)."""
+"""The C paged decode attention kernel (kernels/cpu/paged_decode.h; its AVX2 and AVX-512 builds) against its torch
+reference and the engine's torch decode path. Skipped, saying why, where the C kernels cannot be built (not x86 AVX2,
+no C compiler)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
@@ -16,14 +19,14 @@ from kernels.cpu.paged_decode import (
     store_kv_cpu,
     supports,
 )
-from tests.c_kernels import build, requires_c_kernels
+from tests.c_kernels import ISAS, build, requires_c_kernels
 
 pytestmark = requires_c_kernels
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory):
-    return build(load_paged_decode, tmp_path_factory, "paged_decode")
+@pytest.fixture(scope="module", params=ISAS)
+def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    return build(partial(load_paged_decode, isa=request.param), tmp_path_factory, f"paged_decode-{request.param}")
 
 
 def case(lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int = 16, seed: int = 0):
@@ -82,17 +85,22 @@ def prefill_case(chunks: list[tuple[int, int]], heads: int, kv_heads: int, head_
     return q, cache, table, cu, lens, table.repeat_interleave(rows, dim=0), query_lens
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 40), (16, 1, 128), (8, 2, 8)])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 40), (16, 1, 128), (8, 2, 8), (4, 1, 256)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prefill_equals_per_token_decode_to_the_bit(lib, heads: int, kv_heads: int, head_dim: int, dtype) -> None:
+@pytest.mark.parametrize("window", [0, 5, 24, 61])
+def test_prefill_equals_per_token_decode_to_the_bit(lib, heads: int, kv_heads: int, head_dim: int, dtype, window: int) -> None:
     """A chunk's tokens through the tiled prefill entry get the decode kernel's result bit for bit (batch invariance
     between prefill chunks and decode steps): chunks shorter and longer than a tile, after cached context, starting
-    and ending on and off the 8-key groups."""
+    and ending on and off the 8-key groups; full attention and sliding windows shorter and longer than a tile, whose
+    starts fall on and off the groups."""
     chunks = [(0, 37), (5, 1), (100, 200), (17, 9), (0, 8), (31, 33)]
     q, cache, table, cu, lens, query_tables, query_lens = prefill_case(chunks, heads, kv_heads, head_dim, dtype)
-    out = paged_prefill_cpu(lib, q, cache, table, cu_seqlens_q=cu, context_lens=lens, block_size=16, scale=0.125)
-    assert torch.equal(out, paged_decode_cpu(lib, q, cache, query_tables, context_lens=query_lens, block_size=16, scale=0.125))
-    ref = paged_decode_cpu_ref(q, cache, query_tables, query_lens, block_size=16, scale=0.125)
+    out = paged_prefill_cpu(lib, q, cache, table, cu_seqlens_q=cu, context_lens=lens, block_size=16, scale=0.125,
+                            window=window)
+    decoded = paged_decode_cpu(lib, q, cache, query_tables, context_lens=query_lens, block_size=16, scale=0.125,
+                               window=window)
+    assert torch.equal(out, decoded)
+    ref = paged_decode_cpu_ref(q, cache, query_tables, query_lens, block_size=16, scale=0.125, window=window)
     assert (out - ref).abs().max().item() < 1e-5
 
 

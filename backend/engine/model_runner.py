@@ -170,11 +170,7 @@ class ModelRunner:
         short = self.per_token or max(q_lens) <= SHORT_CHUNK
         return PrefillMetadata(
             query_index, query_valid, blocks, mask[:, None], tables,
-            self._tensor(lens, torch.int32), self._tensor(cu, torch.int32), window_mask,
-            tables.repeat_interleave(self._tensor(q_lens), dim=0) if short else None,
-            self._tensor([n - q + 1 + j for n, q in zip(lens, q_lens, strict=True) for j in range(q)], torch.int32)
-            if short else None,
-            max(lens),
+            self._tensor(lens, torch.int32), self._tensor(cu, torch.int32), window_mask, short, max(lens),
         )
 
     def prepare(self, out: SchedulerOutput) -> ForwardBatch:

@@ -82,10 +82,9 @@ def paged_attention(
     decode_kernel: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """Store this step's K/V, then attend. q: (num_tokens, num_heads, head_dim). `decode_kernel`: the C paged
-    decode kernel (kernels/cpu/paged_decode.c), used for the decode tokens (and its companion for storing K/V)
-    where it takes their dtype, and for prefill chunks with per-token metadata: its tiled prefill entry (the same
-    arithmetic per token, each key and value read once for 16 tokens) where the layer has no sliding window, its
-    decode entry token by token where it has one."""
+    decode kernel (kernels/cpu/paged_decode.h), used for the decode tokens (and its companion for storing K/V)
+    where it takes their dtype, and for prefill chunks attended per token: its tiled prefill entry (the same
+    arithmetic per token as a decode step, each key and value read once for 16 tokens, sliding windows included)."""
     if decode_kernel is not None and supports_store(k, v, cache):
         store_kv_cpu(decode_kernel, k, v, cache, slot_mapping=batch.slot_mapping)
     else:
@@ -103,18 +102,11 @@ def paged_attention(
     elif batch.decode is not None:
         parts.append(decode_attention(q[:d], cache, batch.decode, scale, block_size=batch.block_size))
     p = batch.prefill
-    if p is not None and p.query_context_lens is not None and decode_kernel is not None and supports(q, cache):
-        if not batch.window:  # every token as a decode query over its prefix, tiles of tokens sharing K/V reads
-            parts.append(paged_prefill_cpu(
-                decode_kernel, q[d:], cache, p.block_tables, cu_seqlens_q=p.cu_seqlens_q, context_lens=p.context_lens,
-                    block_size=batch.block_size, scale=scale,
-                max_len=p.max_context_len,
-            ))
-            return parts[0] if len(parts) == 1 else torch.cat(parts)
-        assert p.query_block_tables is not None  # short chunks: every token is a decode query over its prefix
-        parts.append(paged_decode_cpu(
-            decode_kernel, q[d:], cache, p.query_block_tables, context_lens=p.query_context_lens, block_size=batch.block_size,
-                scale=scale,
+    if p is not None and p.per_token and decode_kernel is not None and supports(q, cache):
+        # every token as a decode query over its prefix (or window), tiles of tokens sharing K/V reads
+        parts.append(paged_prefill_cpu(
+            decode_kernel, q[d:], cache, p.block_tables, cu_seqlens_q=p.cu_seqlens_q, context_lens=p.context_lens,
+                block_size=batch.block_size, scale=scale,
             window=batch.window, max_len=p.max_context_len,
         ))
     elif p is not None:

@@ -36,11 +36,10 @@ class PrefillMetadata:
     context_lens: torch.Tensor  # (num_prefills,) int32, computed + new tokens
     cu_seqlens_q: torch.Tensor  # (num_prefills + 1,) int32
     window_mask: torch.Tensor | None = None  # like mask, also False outside the sliding window (windowed models)
-    # When every chunk is short (a speculative verify, a draft model's catch-up): each query token as a decode
-    # query over its causal prefix, for the paged decode kernel. Row i: its sequence's block table, and the
-    # tokens up to and including it (None: long chunks, the padded SDPA path only).
-    query_block_tables: torch.Tensor | None = None  # (num_prefill_tokens, max_blocks) int32
-    query_context_lens: torch.Tensor | None = None  # (num_prefill_tokens,) int32
+    # Each query token attends as a decode query over its causal prefix (or window), through the C paged decode
+    # kernel's tiled prefill entry: where the runner attends every chunk so (per_token_prefill), or every chunk is
+    # short (a speculative verify, a draft model's catch-up). False: the padded SDPA path.
+    per_token: bool = False
     max_context_len: int = 0  # max(context_lens)
 
 

@@ -3,7 +3,7 @@
 The model calls `ops.rms_norm`, `ops.rope_table` (once per forward), `ops.rotary`, `ops.attention` and
 `ops.silu_and_mul` and never knows which one runs.
 `select_ops("auto", device)` picks Triton on CUDA, and on a CPU `CpuOps`: torch plus the project's C kernels where
-they build (x86 AVX2 + a C compiler; kernels/cpu/paged_decode.c: K/V store and decode attention straight through
+they build (x86 AVX2 + a C compiler; kernels/cpu/paged_decode.h: K/V store and decode attention straight through
 the block table instead of a block gather + masked SDPA; kernels/cpu/elementwise.c: RMSNorm + residual, RoPE,
 SwiGLU), else plain torch; "triton" on a CPU runs the kernels through Triton's interpreter (slow; for tests),
 "torch" forces the plain torch path anywhere.
@@ -89,7 +89,7 @@ class TorchOps:
 
 class CpuOps(TorchOps):
     """The torch ops with the C kernels where they take the tensors (fp32; else the torch path): decode attention
-    (kernels/cpu/paged_decode.c), RMSNorm with its residual add, RoPE and SwiGLU's gate (kernels/cpu/elementwise.c)."""
+    (kernels/cpu/paged_decode.h), RMSNorm with its residual add, RoPE and SwiGLU's gate (kernels/cpu/elementwise.c)."""
 
     name = "cpu"
 

@@ -1,4 +1,5 @@
-"""Paged decode attention on x86 CPUs (AVX2 + FMA; fp32 or bf16 KV cache): the C kernel in paged_decode.c.
+"""Paged decode attention on x86 CPUs (AVX2 + FMA; fp32 or bf16 KV cache): the C kernel in paged_decode.h, built as
+paged_decode.c (AVX2) or paged_decode_avx512.c (the prefill tiles on 512-bit vectors; the same bits).
 
     lib = load_paged_decode(build_dir)     # None where it cannot run (kernels/cpu/build.py says why)
     out = paged_decode_cpu(lib, q, cache, block_tables, context_lens, block_size, scale, window=0)
@@ -13,8 +14,8 @@ block gather + masked SDPA (two passes over the context and ~8 ops per layer) on
 kv_heads, head_dim), slot = block * block_size + offset, as backend/model/attention.py stores it.
 
 `paged_prefill_cpu` attends prefill chunks: each query token exactly as `paged_decode_cpu` would attend it as a decode
-query over its causal prefix (bit for bit: batch invariance), computed in tiles of consecutive tokens that share each
-key and value they read (full attention only, no sliding window).
+query over its causal prefix, or its sliding window (bit for bit: batch invariance), computed in tiles of consecutive
+tokens that share each key and value they read.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu.build import load_c_kernel
+from kernels.cpu.build import cpu_isa, load_c_kernel
 
-SOURCE = Path(__file__).with_suffix(".c")
+SOURCES = {"avx2": Path(__file__).with_suffix(".c"), "avx512": Path(__file__).with_name("paged_decode_avx512.c")}
 MAX_GROUP, MAX_HEAD_DIM = 16, 256  # the C kernel's register/stack arrays
 
 
-def load_paged_decode(build_dir: Path) -> ctypes.CDLL | None:
-    lib = load_c_kernel(SOURCE, Path(build_dir))
+def load_paged_decode(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernel, or None where it cannot run. isa: "avx2" or "avx512"; by default the best this CPU runs
+    (x86 only: on aarch64 there is none)."""
+    lib = load_c_kernel(SOURCES.get(isa or cpu_isa(), SOURCES["avx2"]), Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.paged_decode.argtypes = [
@@ -39,10 +42,10 @@ def load_paged_decode(build_dir: Path) -> ctypes.CDLL | None:
         ]
         lib.paged_decode.restype = None
         lib.paged_prefill.argtypes = [
-            p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, p, i64, p, ctypes.c_int, ctypes.c_int,
+            p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, p, i64, p, ctypes.c_int, ctypes.c_int,
         ]
         lib.paged_prefill.restype = None
-        lib.prefill_scratch_floats.argtypes = [i64, i64, i64, i64, i64, i64]
+        lib.prefill_scratch_floats.argtypes = [i64, i64, i64, i64, i64, i64, i64]
         lib.prefill_scratch_floats.restype = i64
         lib.store_kv.argtypes = [p, i64, p, i64, p, p, p, i64, i64, ctypes.c_int]
         lib.store_kv.restype = None
@@ -87,12 +90,13 @@ def paged_decode_cpu(
 
 def paged_prefill_cpu(
     lib: ctypes.CDLL, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, *, cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor, block_size: int, scale: float, max_len: int = 0,
+    context_lens: torch.Tensor, block_size: int, scale: float, window: int = 0, max_len: int = 0,
 ) -> torch.Tensor:
     """q (tokens, heads, head_dim) float32, the chunks packed (chunk i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1]),
     -> (tokens, heads, head_dim): every row as `paged_decode_cpu` attends a decode query seeing its chunk's earlier
-    context and itself (row j of chunk i: context_lens[i] - its chunk's length + 1 + j tokens). block_tables (chunks,
-    max_blocks) and context_lens (chunks,) int32, the tokens in the cache after the chunk; no sliding window."""
+    context and itself (row j of chunk i: context_lens[i] - its chunk's length + 1 + j tokens; with `window` > 0 the
+    last `window` of them). block_tables (chunks, max_blocks) and context_lens (chunks,) int32, the tokens in the cache
+    after the chunk."""
     n, heads, head_dim = q.shape
     kv_heads = cache.shape[2]
     assert supports(q, cache), "fp32 CPU q, fp32/bf16 cache, head_dim % 8 == 0, at most 16 query heads per KV head"
@@ -104,12 +108,13 @@ def paged_prefill_cpu(
     threads = torch.get_num_threads()
     total = int(context_lens.sum()) if n else 0
     # per thread its tile's scores, then the chunks' K/V widened to fp32 once (every tile of a chunk reads them all)
-    scratch = torch.empty(lib.prefill_scratch_floats(heads // kv_heads, kv_heads, head_dim, max_len, total, threads))
+    scratch = torch.empty(lib.prefill_scratch_floats(heads // kv_heads, kv_heads, head_dim, max_len, total, len(context_lens),
+                                                      threads))
     out = torch.empty_like(q)
     lib.paged_prefill(
         q.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(), tables.data_ptr(), tables.shape[1], cu.data_ptr(),
-        context_lens.contiguous().data_ptr(), context_lens.shape[0], heads, kv_heads, head_dim, block_size, scale,
-        scratch.data_ptr(), max_len, out.data_ptr(), int(cache.dtype == torch.bfloat16), threads,
+        context_lens.contiguous().data_ptr(), context_lens.shape[0], heads, kv_heads, head_dim, block_size, window,
+        scale, scratch.data_ptr(), max_len, out.data_ptr(), int(cache.dtype == torch.bfloat16), threads,
     )
     return out
 
