@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from backend.engine.model_runner import allocate_kv_cache
 from backend.engine.sampling_params import SamplingParams
 from backend.quant.cpu_gemm import onednn_available
 from tests.engine_helpers import QUESTIONS, assert_no_leaks, chat_ids, make_engine, run_to_completion, token_ids
@@ -75,3 +76,24 @@ def test_a_narrower_pool_is_refused_on_the_triton_path() -> None:
     """The Triton kernels read K/V in the model's dtype."""
     with pytest.raises(ValueError, match="kv_cache_dtype bfloat16 differs"):
         make_engine(kv_cache_memory_mb=BUDGET_MB, kv_cache_dtype="bfloat16", kernel_backend="triton")
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_pool_is_zeros_and_resident_only_where_written(dtype: torch.dtype) -> None:
+    """A pool of hundreds of MB costs no resident memory until its slots are written (calloc'd pages), reads as zeros,
+    and writing a quarter of it makes about that quarter resident."""
+    engine = make_engine(kv_cache_memory_mb=8)
+    before = _resident_mb()
+    pool = allocate_kv_cache(engine.runner.model, engine.kv.pool.num_blocks * 128, engine.kv.block_size, dtype=dtype,
+                             device="cpu")
+    size_mb = pool.numel() * pool.element_size() / 2**20
+    assert size_mb > 256, size_mb
+    assert _resident_mb() - before < 16
+    assert not pool[0, 0, :16].any() and not pool[-1, -1, -16:].any()
+    pool[: max(1, pool.shape[0] // 4)].fill_(1)
+    assert _resident_mb() - before > size_mb / 8

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -48,6 +49,18 @@ def kv_cache_shape(model: ServedModel, num_blocks: int, block_size: int) -> tupl
     """One slice per layer the model holds (a pipeline stage: only its own), KV heads as sharded (TP)."""
     c = model.config
     return (len(model.layer_ids), 2, num_blocks * block_size, c.num_key_value_heads, model.head_dim)
+
+
+def allocate_kv_cache(model: ServedModel, num_blocks: int, block_size: int, *, dtype: torch.dtype,
+                      device: str) -> torch.Tensor:
+    """The KV pool, zeros (a masked-out slot must hold a finite value: SDPA's masked softmax still multiplies it). On a
+    CPU the zeros come from calloc (numpy's zeros): the kernel hands out untouched zero pages, so the pool is resident
+    only as far as it has been written, not its whole budget from the start (`torch.zeros` writes every byte)."""
+    shape = kv_cache_shape(model, num_blocks, block_size)
+    if device != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 def kv_cache_dtype(
@@ -102,7 +115,7 @@ class ModelRunner:
         self.device = device
         self.per_token = per_token
         self.window = max(model.layer_windows, default=0)  # sliding window of the windowed layers (0: none)
-        self.kv_cache = torch.zeros(kv_cache_shape(model, kv.pool.num_blocks, kv.block_size), dtype=kv_dtype, device=device)
+        self.kv_cache = allocate_kv_cache(model, kv.pool.num_blocks, kv.block_size, dtype=kv_dtype, device=device)
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs and device.startswith("cuda") and isinstance(model, LlamaForCausalLM) and model.ops.name == "triton":
             self.graphs = DecodeGraphs(model, self.kv_cache, kv, max_num_seqs, max_model_len=max_model_len)

@@ -49,7 +49,7 @@ def _load_worker_model(cfg: Any) -> tuple[nn.Module, torch.dtype, str]:
 def worker_loop(config: Any) -> None:
     """Ranks > 0: load this rank's part of the model and a KV cache like rank 0's, then run every broadcast batch.
     `config` is an EngineConfig."""
-    from backend.engine.model_runner import kv_cache_shape
+    from backend.engine.model_runner import allocate_kv_cache
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
@@ -57,7 +57,7 @@ def worker_loop(config: Any) -> None:
     model, dtype, device = _load_worker_model(config)
     box: list[object] = [None]
     dist.broadcast_object_list(box, src=0)  # Driver.share_num_blocks
-    kv_cache = torch.zeros(kv_cache_shape(model, int(box[0]), config.block_size), dtype=dtype, device=device)
+    kv_cache = allocate_kv_cache(model, int(box[0]), config.block_size, dtype=dtype, device=device)
     while True:
         box = [None]
         dist.broadcast_object_list(box, src=0)
