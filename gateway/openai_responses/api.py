@@ -149,8 +149,8 @@ class ResponsesAPI:
         record = {"input": req.input, "context": history}
         auth = request.headers.get("authorization")
         if not req.stream:
-            captured, completion = await run_json(inner, request.scope)
-            out = feed_completion(builder, completion)
+            captured, answer = await run_json(inner, request.scope)
+            out = feed_completion(builder, answer)
             if req.store:
                 await self.store.put(auth, builder.id, {**record, "response": out})
             response = json_response(out)

@@ -1,11 +1,10 @@
 """ResponseBuilder: the Response object and its stream events, built from what the chat pipeline produced.
 
-One state machine serves both shapes: the chat answer's events (gateway/protocol/events.py), streamed or
-made from a whole chat.completion, are fed in: text deltas, tool-call starts and argument fragments, a
-finish reason and usage; the builder keeps the
-output items and returns the Responses events each step produces (`sequence_number` counts up from 0).
-A non-streaming request drops the events and keeps the final object, so both paths answer the same.
-"""
+One state machine serves both shapes: the chat answer's events (gateway/protocol/events.py), streamed or those
+of a whole answer (gateway/protocol/answer.py's ChatAnswer), are fed in: text deltas, tool-call starts and argument
+fragments, a finish reason and usage; the builder keeps the output items and returns the Responses events each
+step produces (`sequence_number` counts up from 0). A non-streaming request drops the events and keeps the final
+object, so both paths answer the same."""
 
 from __future__ import annotations
 
@@ -14,28 +13,20 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.protocol.events import (
-    ChatEvent,
-    Failed,
-    Opened,
-    TextDelta,
-    ToolCallDelta,
-    ToolCallStart,
-    UsageReport,
-    completion_events,
-)
+from gateway.protocol.answer import ChatAnswer
+from gateway.protocol.events import ChatEvent, Failed, Opened, TextDelta, ToolCallDelta, ToolCallStart, UsageReport
 
 Event = dict[str, Any]
 
 
-def response_usage(chat_usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if not chat_usage:
+def response_usage(report: UsageReport) -> dict[str, Any] | None:
+    """The Responses usage object of the chat answer's usage (None for an empty one)."""
+    if not report.usage:
         return None
-    details = chat_usage.get("prompt_tokens_details") or {}
-    prompt, completion = int(chat_usage.get("prompt_tokens", 0)), int(chat_usage.get("completion_tokens", 0))
+    prompt, completion = report.prompt_tokens, report.completion_tokens
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": int(details.get("cached_tokens") or 0), "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": report.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
@@ -153,8 +144,8 @@ class ResponseBuilder:
     def finish(self, reason: str | None) -> None:
         self.finish_reason = reason or self.finish_reason
 
-    def set_usage(self, chat_usage: Mapping[str, Any] | None) -> None:
-        self.usage = response_usage(chat_usage) or self.usage
+    def set_usage(self, report: UsageReport) -> None:
+        self.usage = response_usage(report) or self.usage
 
     def complete(self) -> list[Event]:
         """Close the open items; the final response.completed (or .incomplete) event."""
@@ -251,7 +242,7 @@ def feed_events(builder: ResponseBuilder, events: Iterable[ChatEvent]) -> list[E
         if isinstance(e, Opened):
             out += builder.start(e.model)
         elif isinstance(e, UsageReport):
-            builder.set_usage(e.usage)
+            builder.set_usage(e)
         elif isinstance(e, Failed) or e.choice != 0:
             continue
         elif isinstance(e, TextDelta):
@@ -265,10 +256,10 @@ def feed_events(builder: ResponseBuilder, events: Iterable[ChatEvent]) -> list[E
     return out
 
 
-def feed_completion(builder: ResponseBuilder, body: Mapping[str, Any]) -> dict[str, Any]:
-    """A whole chat.completion -> the final Response object."""
-    first = [{**choice, "index": 0} for choice in (body.get("choices") or [{}])[:1]]
-    feed_events(builder, completion_events({**body, "choices": first}))
+def feed_completion(builder: ResponseBuilder, answer: ChatAnswer) -> dict[str, Any]:
+    """A whole chat answer (its first choice) -> the final Response object: the fold of the events its stream would
+    carry."""
+    feed_events(builder, answer.first().events())
     builder.complete()
     return builder.response()
 
