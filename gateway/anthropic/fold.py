@@ -13,13 +13,12 @@ until it is known not to be (the one that ended the answer is never sent).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gateway.anthropic.response import Shape, split_stop, stop_reason, tool_input, tool_use_id, usage
 from gateway.protocol.answer import UNEXPECTED, BadUpstreamShape, ChatAnswer
 from gateway.protocol.events import ChatEvent, Failed, Finish, Opened, TextDelta, ToolCallDelta, ToolCallStart, UsageReport
 
-AnthropicEvent = tuple[str, dict[str, Any]]  # a stream event: its name and its data
+AnthropicEvent = tuple[str, dict[str, object]]  # a stream event: its name and its data
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -42,7 +41,7 @@ class _Block:
     id: str = ""
     name: str = ""
 
-    def content(self) -> dict[str, Any]:
+    def content(self) -> dict[str, object]:
         if self.kind == "text":
             return {"type": "text", "text": self.text}
         return {"type": "tool_use", "id": self.id, "name": self.name, "input": tool_input(self.text)}
@@ -81,7 +80,7 @@ class MessageFold:
         elif isinstance(e, ToolCallStart):
             if e.call not in self.calls:  # some upstreams repeat a call's id on each of its chunks
                 block = _Block("tool_use", id=tool_use_id(e.id), name=e.name)
-                start = {"type": "tool_use", "id": block.id, "name": e.name, "input": {}}
+                start: dict[str, object] = {"type": "tool_use", "id": block.id, "name": e.name, "input": {}}
                 out += self._flush(final=False) + self._open(block, start)
                 self.calls[e.call] = len(self.blocks) - 1
         elif isinstance(e, ToolCallDelta):
@@ -99,7 +98,7 @@ class MessageFold:
         out.append(("message_stop", {"type": "message_stop"}))
         return out
 
-    def message(self) -> dict[str, Any]:
+    def message(self) -> dict[str, object]:
         """The whole Message folded so far (after `end`: the answer's)."""
         return {
             "id": self.shape.message_id,
@@ -117,7 +116,7 @@ class MessageFold:
             return []
         self.started = True
         self.model = model or self.model
-        message: dict[str, Any] = {
+        message: dict[str, object] = {
             "id": self.shape.message_id,
             "type": "message",
             "role": "assistant",
@@ -133,7 +132,7 @@ class MessageFold:
         self.finish = e.reason
         return self._flush(final=True) + self._close()
 
-    def _open(self, block: _Block, start: dict[str, Any]) -> list[AnthropicEvent]:
+    def _open(self, block: _Block, start: dict[str, object]) -> list[AnthropicEvent]:
         out = self._close()
         self.blocks.append(block)
         self.open = True
@@ -176,7 +175,7 @@ class MessageFold:
         return [("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})]
 
 
-def message(answer: ChatAnswer, shape: Shape) -> dict[str, Any]:
+def message(answer: ChatAnswer, shape: Shape) -> dict[str, object]:
     """The Anthropic Message for a whole chat answer (its first choice): the fold of the events its stream would
     carry."""
     first = answer.first()

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -62,7 +61,7 @@ def usage(report: UsageReport | None) -> dict[str, int]:
     }
 
 
-def tool_input(arguments: str) -> dict[str, Any]:
+def tool_input(arguments: str) -> dict[str, object]:
     """A tool call's JSON arguments as the `input` object of its tool_use block."""
     if not arguments:
         return {}
