@@ -20,7 +20,7 @@ from gateway.openai_responses.items import chat_messages, parse_input
 from gateway.openai_responses.request import chat_body, echo_fields, parse_request
 from gateway.openai_responses.store import MemoryResponseStore, StoredResponses
 from gateway.protocol.answer import ChatAnswer, InnerError, run_json
-from gateway.protocol.events import Failed, Opened, Step, chunk_events, steps_of
+from gateway.protocol.events import Failed, Opened, Step, TextDelta, chunk_events, steps_of
 from gateway.protocol.jsonio import json_response
 from gateway.protocol.sse import DONE, ChatStream, StreamLimits, sse_data, sse_error
 
@@ -152,6 +152,20 @@ def test_builder_events_text_then_tool_call_fit_the_spec() -> None:
     assert final["output"][0]["content"][0]["text"] == "Hello" and final["output"][1]["arguments"] == '{"a":1}'
     assert final["usage"]["input_tokens_details"]["cached_tokens"] == 2 and final["usage"]["total_tokens"] == 15
     assert events[2]["item"]["content"] == [] and events[2]["item"]["status"] == "in_progress"
+
+
+def test_sent_events_are_snapshots_later_deltas_do_not_change() -> None:
+    """Events made in one step are written together: an item or part sent as added stays as it was then."""
+    b = _builder()
+    logprobs = {"content": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}]}
+    events = feed_events(b, [Opened("m"), TextDelta(0, "Hi", logprobs), TextDelta(0, "!", logprobs)])
+    added = next(e for e in events if e["type"] == "response.content_part.added")
+    assert added["part"] == {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
+    item = next(e for e in events if e["type"] == "response.output_item.added")["item"]
+    assert item["content"] == [] and item["status"] == "in_progress"
+    done = b.complete()
+    assert done[0]["type"] == "response.output_text.done" and done[0]["text"] == "Hi!" and len(done[0]["logprobs"]) == 2
+    assert b.response()["output"][0]["content"][0]["text"] == "Hi!"
 
 
 def test_non_streaming_equals_the_streamed_final_object() -> None:
