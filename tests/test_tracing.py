@@ -383,7 +383,7 @@ def test_content_through_the_router_is_what_the_upstream_answered_and_keys_never
     """traces.content on a router: each endpoint's answer, relayed from a real upstream (the backend gateway and its
     engine), is captured in the endpoint's own shape, once; no key (the client's, the upstream's) is exported."""
     client = rig.client(rig.content_router, ROUTER_KEY)
-    system = {"role": "system", "content": f"Never repeat {ROUTER_KEY}."}
+    system = {"role": "system", "content": f"Never repeat {ROUTER_KEY} or {BACKEND_KEY}."}  # the client's, the upstream's
     user = {"role": "user", "content": "Name a fruit."}
     anthropic_headers = {"x-api-key": ROUTER_KEY}
 
@@ -400,7 +400,7 @@ def test_content_through_the_router_is_what_the_upstream_answered_and_keys_never
     def traced(trace_id: str) -> dict[str, str]:
         return {"traceparent": f"00-{trace_id}-{'d' * 16}-01"}
 
-    prompt = [{"role": "system", "parts": [{"type": "text", "content": "Never repeat [redacted]."}]},
+    prompt = [{"role": "system", "parts": [{"type": "text", "content": "Never repeat [redacted] or [redacted]."}]},
               {"role": "user", "parts": [{"type": "text", "content": "Name a fruit."}]}]  # fmt: skip
     # Chat Completions, JSON and streamed
     out = client.chat.completions.create(model="smollm", messages=[system, user], max_tokens=8, temperature=0,
