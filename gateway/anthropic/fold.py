@@ -79,9 +79,7 @@ class MessageFold:
             out += self._text(e.text)
         elif isinstance(e, ToolCallStart):
             if e.call not in self.calls:  # some upstreams repeat a call's id on each of its chunks
-                block = _Block("tool_use", id=tool_use_id(e.id), name=e.name)
-                start: dict[str, object] = {"type": "tool_use", "id": block.id, "name": e.name, "input": {}}
-                out += self._flush(final=False) + self._open(block, start)
+                out += self._flush(final=False) + self._open(_Block("tool_use", id=tool_use_id(e.id), name=e.name))
                 self.calls[e.call] = len(self.blocks) - 1
         elif isinstance(e, ToolCallDelta):
             out += self._arguments(e.call, e.arguments)
@@ -132,12 +130,13 @@ class MessageFold:
         self.finish = e.reason
         return self._flush(final=True) + self._close()
 
-    def _open(self, block: _Block, start: dict[str, object]) -> list[AnthropicEvent]:
+    def _open(self, block: _Block) -> list[AnthropicEvent]:
+        """Close the open block, open `block` (empty: its content_block_start says what it is)."""
         out = self._close()
         self.blocks.append(block)
         self.open = True
-        index = len(self.blocks) - 1
-        return [*out, ("content_block_start", {"type": "content_block_start", "index": index, "content_block": start})]
+        start = {"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": block.content()}
+        return [*out, ("content_block_start", start)]
 
     def _close(self) -> list[AnthropicEvent]:
         if not self.open:
@@ -148,7 +147,7 @@ class MessageFold:
     def _emit_text(self, text: str) -> list[AnthropicEvent]:
         if not text:
             return []
-        out = [] if self.open and self.blocks[-1].kind == "text" else self._open(_Block("text"), {"type": "text", "text": ""})
+        out = [] if self.open and self.blocks[-1].kind == "text" else self._open(_Block("text"))
         self.blocks[-1].text += text
         delta = {"type": "content_block_delta", "index": len(self.blocks) - 1, "delta": {"type": "text_delta", "text": text}}
         return [*out, ("content_block_delta", delta)]
