@@ -57,22 +57,27 @@ class Finish:
     reason: str  # OpenAI's: stop | length | tool_calls | content_filter
 
 
+def _count(value: object) -> int:
+    """A token count as the usage object has it (absent or null: 0)."""
+    return int(value) if isinstance(value, int | float | str) and value else 0
+
+
 @dataclass(frozen=True)
 class UsageReport:
-    usage: Mapping[str, Any]  # a chat usage object (prompt_tokens, completion_tokens, prompt_tokens_details...)
+    usage: Mapping[str, object]  # a chat usage object (prompt_tokens, completion_tokens, prompt_tokens_details...)
 
     @property
     def prompt_tokens(self) -> int:
-        return int(self.usage.get("prompt_tokens") or 0)
+        return _count(self.usage.get("prompt_tokens"))
 
     @property
     def completion_tokens(self) -> int:
-        return int(self.usage.get("completion_tokens") or 0)
+        return _count(self.usage.get("completion_tokens"))
 
     @property
     def cached_tokens(self) -> int:
         details = self.usage.get("prompt_tokens_details")
-        return int((details.get("cached_tokens") if isinstance(details, Mapping) else 0) or 0)
+        return _count(details.get("cached_tokens")) if isinstance(details, Mapping) else 0
 
 
 @dataclass(frozen=True)
