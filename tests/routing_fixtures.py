@@ -13,6 +13,7 @@ plays a script of behaviours, one per request, then `default`:
   odd           a JSON answer in a loose shape some providers send: no `object`, no choice `index`, usage
                 without prompt_tokens
   tool          a JSON answer that calls a tool
+  dialect       a 200 JSON answer in another dialect: a text_completion's choices on the chat path
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ class FakeUpstream:
             odd = {"id": "x-odd", "created": 1, "model": body["model"], "usage": {"total_tokens": 5},
                    "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}  # fmt: skip
             return JSONResponse(odd)
+        if behaviour == "dialect":
+            return JSONResponse({"id": "x-d", "object": "text_completion", "created": 1, "model": body["model"],
+                                 "choices": [{"index": 0, "text": text, "finish_reason": "stop"}]})  # fmt: skip
         if behaviour == "tool":
             call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
             message = {"role": "assistant", "content": None, "tool_calls": [call]}

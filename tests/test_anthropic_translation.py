@@ -16,13 +16,15 @@ import pytest
 from gateway_fixtures import API_KEY, LiveStack, gateway_test_config
 
 from backend.errors import InvalidRequestError
+from gateway.anthropic.fold import held_back, message
 from gateway.anthropic.request import translate, translate_count
-from gateway.anthropic.response import message, split_stop
-from gateway.anthropic.stream import PING, EventStream, held_back, ping
+from gateway.anthropic.response import Shape, split_stop
+from gateway.anthropic.stream import PING, EventStream, ping
 from gateway.app import build_context, create_app
 from gateway.cache.config import CacheConfig
 from gateway.errors import GatewayError, InternalError, InvalidRequest, ServiceUnavailable
 from gateway.middleware import _with_api_key
+from gateway.protocol.answer import BadUpstreamShape, ChatAnswer
 from gateway.protocol.events import ChatEvent, Failed, Opened, Step, chunk_events
 from gateway.protocol.requests import parse_chat
 
@@ -156,10 +158,16 @@ def _events(raw: bytes) -> list[dict[str, Any]]:
 
 
 def _run(
-    stream: EventStream, chunks: list[dict[str, Any]], per_step: int, failure: GatewayError | None = None
+    stream: EventStream,
+    chunks: list[dict[str, Any]],
+    per_step: int,
+    failure: GatewayError | None = None,
+    steps: list[ChatEvent] | None = None,
 ) -> list[dict[str, Any]]:
-    """The chunks' events (as an upstream's are read), `per_step` of them to a step; then the end, or `failure`."""
+    """The chunks' events (as an upstream's are read), or `steps`' events, `per_step` of them to a step; then the end,
+    or `failure`."""
     events: list[ChatEvent] = [Opened(str(chunks[0]["model"]))] + [e for chunk in chunks for e in chunk_events(chunk)]
+    events = steps if steps is not None else events
     steps = [Step(tuple(events[i : i + per_step])) for i in range(0, len(events), per_step)]
     if failure is not None:
         steps.append(Step((Failed(failure),)))
@@ -180,7 +188,7 @@ def test_stream_text_with_a_stop_sequence_split_anywhere(per_step: int) -> None:
         _chunk("ND", "stop"),
         {"model": "served", "choices": [], "usage": chat_usage},
     ]
-    events = _run(EventStream("msg_1", "asked", 9, ("END",), request_id="rid"), chunks, per_step)
+    events = _run(EventStream(Shape("msg_1", "asked", ("END",)), 9, request_id="rid"), chunks, per_step)
     kinds = [e["type"] for e in events]
     assert kinds[:3] == ["message_start", "ping", "content_block_start"] and kinds[-2:] == ["message_delta", "message_stop"]
     assert events[0]["message"]["model"] == "served" and events[0]["message"]["usage"] == {"input_tokens": 9, "output_tokens": 0}
@@ -193,7 +201,8 @@ def test_stream_text_with_a_stop_sequence_split_anywhere(per_step: int) -> None:
 
 
 def test_stream_held_back_text_is_sent_when_no_stop_sequence_ends_it() -> None:
-    events = _run(EventStream("m", "asked", 1, ("END",), request_id="rid"), [_chunk("It is EN"), _chunk(None, "length")], 100)
+    chunks = [_chunk("It is EN"), _chunk(None, "length")]
+    events = _run(EventStream(Shape("m", "asked", ("END",)), 1, request_id="rid"), chunks, 100)
     assert _text(events) == "It is EN" and events[-2]["delta"]["stop_reason"] == "max_tokens"
     assert held_back("It is EN", ("END", "NOPE")) == 2 and held_back("xyz", ("END",)) == 0
 
@@ -207,7 +216,7 @@ def test_stream_tool_calls_become_tool_use_blocks() -> None:
         _chunk(tool={"index": 1, "id": "call_def", "type": "function", "function": {"name": "add", "arguments": "{}"}}),
         _chunk(None, "tool_calls"),
     ]
-    events = _run(EventStream("m", "asked", 1, (), request_id="rid"), chunks, 2)
+    events = _run(EventStream(Shape("m", "asked", ()), 1, request_id="rid"), chunks, 2)
     starts = [e for e in events if e["type"] == "content_block_start"]
     assert [s["content_block"] for s in starts] == [
         {"type": "tool_use", "id": "toolu_abc", "name": "get", "input": {}},
@@ -220,17 +229,21 @@ def test_stream_tool_calls_become_tool_use_blocks() -> None:
 
 
 def test_stream_failure_ends_the_stream_with_an_error_event() -> None:
-    stream = EventStream("m", "asked", 1, (), request_id="rid")
+    stream = EventStream(Shape("m", "asked", ()), 1, request_id="rid")
     events = _run(stream, [_chunk("Hi")], 100, InternalError("boom"))
     assert events[-1] == {"type": "error", "error": {"type": "api_error", "message": "boom"}, "request_id": "rid"}
     assert "message_stop" not in [e["type"] for e in events] and _text(events) == "Hi"
     assert stream.feed(Step(tuple(chunk_events(_chunk("late"))))) == b""  # nothing after the error
-    busy = _events(EventStream("m", "asked", 1, (), request_id="rid").feed(Step((Failed(ServiceUnavailable("later")),))))
+    busy = _events(EventStream(Shape("m", "asked", ()), 1, request_id="rid").feed(Step((Failed(ServiceUnavailable("later")),))))
     assert busy[-1]["error"]["type"] == "overloaded_error"
 
 
 def test_stream_keep_alive_is_a_ping_event() -> None:
     assert ping().encode() == PING == b'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+def _message(chat: dict[str, Any], stops: tuple[str, ...] = (), window: bool = False) -> dict[str, Any]:
+    return message(ChatAnswer.of(chat), Shape("msg_1", "asked", stops, window))
 
 
 def test_non_streamed_message() -> None:
@@ -239,20 +252,83 @@ def test_non_streamed_message() -> None:
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi END"}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 2},
     }
-    msg = message(chat, "msg_1", "asked", ("END", "D"))
+    msg = _message(chat, ("END", "D"))
     assert msg["content"] == [{"type": "text", "text": "Hi "}] and msg["stop_sequence"] == "END"
     assert msg["stop_reason"] == "stop_sequence" and msg["usage"] == {
         "input_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 2
     }  # fmt: skip
+    assert msg["id"] == "msg_1" and msg["model"] == "served" and msg["type"] == "message" and msg["role"] == "assistant"
     assert split_stop("Hi END", "length", ("END",)) == ("Hi END", None)
     chat["choices"][0]["finish_reason"] = "length"
-    assert message(chat, "msg_1", "asked", ())["stop_reason"] == "max_tokens"
-    assert message(chat, "msg_1", "asked", (), window=True)["stop_reason"] == "model_context_window_exceeded"
+    assert _message(chat)["stop_reason"] == "max_tokens"
+    assert _message(chat, window=True)["stop_reason"] == "model_context_window_exceeded"
     calls = [{"id": "call_x", "type": "function", "function": {"name": "get", "arguments": '{"a":1}'}}]
     chat["choices"][0] = {"index": 0, "message": {"content": None, "tool_calls": calls}, "finish_reason": "tool_calls"}
-    msg = message(chat, "msg_2", "asked", ())
+    msg = _message(chat)
     assert msg["content"] == [{"type": "tool_use", "id": "toolu_x", "name": "get", "input": {"a": 1}}]
     assert msg["stop_reason"] == "tool_use"
+    calls[0]["function"]["arguments"] = {"a": 2}  # type: ignore[index]  # an upstream that sends the object itself
+    assert _message(chat)["content"][0]["input"] == {"a": 2}
+    del chat["usage"]  # an upstream that counts nothing: zero counts, not a missing field
+    assert set(_message(chat)["usage"].values()) == {0} and len(_message(chat)["usage"]) == 4
+
+
+def _blocks(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The content blocks a client puts together from a stream's events."""
+    blocks = [dict(e["content_block"]) for e in events if e["type"] == "content_block_start"]
+    partial = [""] * len(blocks)
+    for e in events:
+        if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta":
+            blocks[e["index"]]["text"] += e["delta"]["text"]
+        elif e["type"] == "content_block_delta":
+            partial[e["index"]] += e["delta"]["partial_json"]
+    for block, arguments in zip(blocks, partial, strict=True):
+        if block["type"] == "tool_use":
+            block["input"] = orjson.loads(arguments or "{}")
+    return blocks
+
+
+@pytest.mark.parametrize("stops", [(), ("END",), ("END", "D", "xx")])
+def test_the_whole_message_is_the_fold_of_its_stream(stops: tuple[str, ...]) -> None:
+    """One event model, two renderings: a chat answer's Message is what its stream's events add up to."""
+    usage = {"prompt_tokens": 9, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 5}}
+    calls = [{"id": "call_a", "function": {"name": "get", "arguments": '{"city":"Paris"}'}},
+             {"id": "call_b", "function": {"name": "add", "arguments": ""}}]  # fmt: skip
+    answers = [
+        {"content": "Hello ENDING END"},
+        {"content": "Hello xx", "finish": "length"},
+        {"content": "Let me look.", "tool_calls": calls, "finish": "tool_calls"},
+        {"content": None, "tool_calls": calls[:1], "finish": "tool_calls"},
+    ]
+    for a in answers:
+        choice = {"index": 0, "message": {"content": a["content"], "tool_calls": a.get("tool_calls")},
+                  "finish_reason": a.get("finish", "stop")}  # fmt: skip
+        chat = {"model": "served", "choices": [choice], "usage": usage}
+        whole = _message(chat, stops)
+        events = _run(EventStream(Shape("msg_1", "asked", stops), 9, request_id="rid"), [chat], 1,
+                      steps=ChatAnswer.of(chat).events())  # fmt: skip
+        assert events[0]["message"]["model"] == whole["model"] == "served"
+        assert _blocks(events) == whole["content"]
+        (end,) = [e for e in events if e["type"] == "message_delta"]
+        assert end["delta"] == {"stop_reason": whole["stop_reason"], "stop_sequence": whole["stop_sequence"]}
+        assert end["usage"] == whole["usage"]
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"choices": [{"index": 0, "text": "a completion, not a chat answer"}]}, "unexpected shape"),
+        ({"choices": [{"index": 0, "message": {"content": [{"type": "text", "text": "parts"}]}}]}, "unexpected shape"),
+        ({"choices": {"0": {"message": {"content": "a map"}}}}, "unexpected shape"),
+        ({"choices": []}, "unexpected shape"),
+        ({"choices": [{"message": {"tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}}]}, "not valid JSON"),
+        ({"choices": [{"message": {"tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}}]}, "not a JSON object"),
+    ],
+)
+def test_an_answer_in_another_shape_is_a_clear_502(body: dict[str, Any], says: str) -> None:
+    with pytest.raises(BadUpstreamShape) as err:
+        message(ChatAnswer.of(body), Shape("msg_1", "asked", ()))
+    assert err.value.status == 502 and says in err.value.message
 
 
 def test_x_api_key_stands_for_a_bearer_key() -> None:

@@ -123,3 +123,12 @@ def test_upstream_failures_are_anthropic_errors(rig: Rig) -> None:
     assert events[0].startswith("event: message_start") and events[-1].startswith("event: error")
     assert '"type":"api_error"' in events[-1] and "message_stop" not in resp.text
     rig.fakes["c"].play(default="ok")
+
+
+def test_an_upstream_answer_in_another_dialect_is_a_clear_502(rig: Rig) -> None:
+    rig.fakes["c"].play(default="dialect")
+    answer = httpx.post(f"{rig.url}/v1/messages", json={"model": "bad", "max_tokens": 8, "messages": ASK},
+                        headers={"x-api-key": KEY})  # fmt: skip
+    assert answer.status_code == 502
+    assert answer.json()["error"] == {"type": "api_error", "message": "The model's answer came back in an unexpected shape."}
+    rig.fakes["c"].play(default="ok")

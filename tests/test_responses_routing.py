@@ -107,3 +107,14 @@ def test_unsupported_fields_never_reach_the_upstream(rig: tuple[FakeUpstream, st
     # a tool the gateway cannot run is left out of the chat request, upstream too
     _client(url).responses.create(model="remote", input="Hi", tools=[{"type": "web_search"}])  # type: ignore[list-item]
     assert fake.received == 1 and "tools" not in fake.bodies[-1]
+
+
+def test_an_upstream_answer_in_another_dialect_is_a_clear_502(rig: tuple[FakeUpstream, str]) -> None:
+    fake, url = rig
+    fake.play(default="dialect")
+    with pytest.raises(openai.InternalServerError) as info:
+        _client(url).responses.create(model="remote", input="Hi there")
+    assert info.value.status_code == 502
+    assert info.value.body == {"message": "The model's answer came back in an unexpected shape.", "type": "server_error",
+                               "param": None, "code": "upstream_error"}  # fmt: skip
+    fake.play(default="ok")

@@ -19,8 +19,8 @@ from gateway.openai_responses.builder import ResponseBuilder, feed_completion, f
 from gateway.openai_responses.items import chat_messages, parse_input
 from gateway.openai_responses.request import chat_body, echo_fields, parse_request
 from gateway.openai_responses.store import MemoryResponseStore, StoredResponses
-from gateway.protocol.answer import InnerError, run_json
-from gateway.protocol.events import Failed, Opened, Step, chunk_events, steps_of
+from gateway.protocol.answer import ChatAnswer, InnerError, run_json
+from gateway.protocol.events import Failed, Opened, Step, TextDelta, chunk_events, steps_of
 from gateway.protocol.jsonio import json_response
 from gateway.protocol.sse import DONE, ChatStream, StreamLimits, sse_data, sse_error
 
@@ -154,6 +154,20 @@ def test_builder_events_text_then_tool_call_fit_the_spec() -> None:
     assert events[2]["item"]["content"] == [] and events[2]["item"]["status"] == "in_progress"
 
 
+def test_sent_events_are_snapshots_later_deltas_do_not_change() -> None:
+    """Events made in one step are written together: an item or part sent as added stays as it was then."""
+    b = _builder()
+    logprobs = {"content": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}]}
+    events = feed_events(b, [Opened("m"), TextDelta(0, "Hi", logprobs), TextDelta(0, "!", logprobs)])
+    added = next(e for e in events if e["type"] == "response.content_part.added")
+    assert added["part"] == {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
+    item = next(e for e in events if e["type"] == "response.output_item.added")["item"]
+    assert item["content"] == [] and item["status"] == "in_progress"
+    done = b.complete()
+    assert done[0]["type"] == "response.output_text.done" and done[0]["text"] == "Hi!" and len(done[0]["logprobs"]) == 2
+    assert b.response()["output"][0]["content"][0]["text"] == "Hi!"
+
+
 def test_non_streaming_equals_the_streamed_final_object() -> None:
     completion = {
         "id": "chatcmpl-1", "object": "chat.completion", "model": "m", "usage": USAGE,
@@ -161,7 +175,7 @@ def test_non_streaming_equals_the_streamed_final_object() -> None:
     }  # fmt: skip
     ids = iter(["resp_1", "msg_1", "resp_1", "msg_1"])
     one = ResponseBuilder("resp_1", echo_fields(parse_request({"model": "m", "input": "hi"}, new_id)), lambda p: next(ids))
-    final = feed_completion(one, completion)
+    final = feed_completion(one, ChatAnswer.of(completion))
     assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}
     assert final["output"][0]["status"] == "incomplete"
     assert_schema("Response", final)
@@ -238,8 +252,8 @@ async def test_a_broken_chat_stream_fails_the_response_and_its_wire_ends_with_th
 
 
 async def test_bridge_json_and_inner_errors() -> None:
-    _, body = await run_json(json_response({"object": "chat.completion", "choices": []}), SCOPE)
-    assert body["object"] == "chat.completion"
+    _, answer = await run_json(json_response({"object": "chat.completion", "model": "m", "choices": []}), SCOPE)
+    assert answer == ChatAnswer("m", (), None)
     with pytest.raises(GatewayError) as err:
         await run_json(json_response({"error": {"message": "nope", "type": "invalid_request_error"}}, status=400), SCOPE)
     assert isinstance(err.value, InnerError) and err.value.answer_status == 400 and err.value.message == "nope"

@@ -50,6 +50,7 @@ class Rig:
     router: str  # traced router gateway
     local_router: str  # traced router gateway whose model `local` is its own embedded engine
     plain_router: str  # the same routes, tracing off
+    content_router: str  # traced router gateway with traces.content, whose model `smollm` is the backend
     backend: str  # traced embedded gateway (the router's backend deployment)
     content: str  # traced embedded gateway with traces.content
     fake: FakeUpstream
@@ -115,10 +116,16 @@ def rig() -> Iterator[Rig]:
     }  # fmt: skip
     router_ctx = build_context(from_mapping({**routed, "traces": _traces(receiver, "router")}, env), None)
     plain_ctx = build_context(from_mapping(routed, env), None)
+    captured = {**routed, "models": {"smollm": routed["models"]["smollm"]}, "fallbacks": {},
+                "traces": _traces(receiver, "content-router", content=True)}  # fmt: skip
+    content_router_ctx = build_context(from_mapping(captured, env), None)
     routers = Servers()
-    router_url, plain_url = routers.start([create_app(router_ctx), create_app(plain_ctx)])
-    tracings = [router_ctx.tracing, backend_ctx.tracing, content_ctx.tracing, local_ctx.tracing]
-    yield Rig(receiver, router_url, local_url, plain_url, backend_url, content_url, fake, fake_url, tracings)
+    router_url, plain_url, content_router_url = routers.start(
+        [create_app(router_ctx), create_app(plain_ctx), create_app(content_router_ctx)]
+    )
+    tracings = [router_ctx.tracing, backend_ctx.tracing, content_ctx.tracing, local_ctx.tracing, content_router_ctx.tracing]
+    yield Rig(receiver, router_url, local_url, plain_url, content_router_url, backend_url, content_url, fake, fake_url,
+              tracings)  # fmt: skip
     routers.stop()
     backends.stop()
     upstreams.stop()
@@ -369,6 +376,64 @@ def test_content_is_recorded_only_when_the_operator_opts_in_and_keys_never(rig: 
     assert b"zanzibarquux" not in rig.receiver.raw(exclude="content")
     assert texts["backend"].encode() not in rig.receiver.raw(exclude="content")
     for key in (ROUTER_KEY, BACKEND_KEY, UPSTREAM_KEY, "sk-wrong"):
+        assert key.encode() not in exported
+
+
+def test_content_through_the_router_is_what_the_upstream_answered_and_keys_never(rig: Rig) -> None:
+    """traces.content on a router: each endpoint's answer, relayed from a real upstream (the backend gateway and its
+    engine), is captured in the endpoint's own shape, once; no key (the client's, the upstream's) is exported."""
+    client = rig.client(rig.content_router, ROUTER_KEY)
+    system = {"role": "system", "content": f"Never repeat {ROUTER_KEY} or {BACKEND_KEY}."}  # the client's, the upstream's
+    user = {"role": "user", "content": "Name a fruit."}
+    anthropic_headers = {"x-api-key": ROUTER_KEY}
+
+    def captured(trace_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The router's server span's input and output messages (once the backend's span ended too)."""
+        (root,) = [s for s in rig.trace(trace_id, roots=2, expect=4) if s.service == "content-router" and s.kind == "server"]
+        return json.loads(root.attrs["gen_ai.input.messages"]), json.loads(root.attrs["gen_ai.output.messages"])
+
+    def said(text: str, finish: str | None = None) -> list[dict[str, Any]]:
+        assert text  # the upstream answered something, which the span must hold
+        reason = {"finish_reason": finish} if finish is not None else {}  # Responses' output messages carry none
+        return [{"role": "assistant", "parts": [{"type": "text", "content": text}], **reason}]
+
+    def traced(trace_id: str) -> dict[str, str]:
+        return {"traceparent": f"00-{trace_id}-{'d' * 16}-01"}
+
+    prompt = [{"role": "system", "parts": [{"type": "text", "content": "Never repeat [redacted] or [redacted]."}]},
+              {"role": "user", "parts": [{"type": "text", "content": "Name a fruit."}]}]  # fmt: skip
+    # Chat Completions, JSON and streamed
+    out = client.chat.completions.create(model="smollm", messages=[system, user], max_tokens=8, temperature=0,
+                                         extra_headers=traced("c1" * 16))  # fmt: skip
+    assert captured("c1" * 16) == (prompt, said(out.choices[0].message.content or "", out.choices[0].finish_reason))
+    chunks = list(client.chat.completions.create(model="smollm", messages=[system, user], max_tokens=8, temperature=0,
+                                                 stream=True, extra_headers=traced("c2" * 16)))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
+    assert captured("c2" * 16) == (prompt, said(text, finish))
+    # Anthropic's Messages, JSON and streamed
+    body = {"model": "smollm", "max_tokens": 8, "system": system["content"], "messages": [user]}
+    message = httpx.post(f"{rig.content_router}/v1/messages", json=body, timeout=120,
+                         headers={**anthropic_headers, **traced("c3" * 16)}).json()  # fmt: skip
+    assert captured("c3" * 16) == (prompt, said(message["content"][0]["text"], message["stop_reason"]))
+    with httpx.stream("POST", f"{rig.content_router}/v1/messages", json={**body, "stream": True}, timeout=120,
+                      headers={**anthropic_headers, **traced("c4" * 16)}) as events:
+        deltas = [json.loads(line[5:]) for line in events.iter_lines() if line.startswith("data:")]
+    text = "".join(d["delta"].get("text", "") for d in deltas if d["type"] == "content_block_delta")
+    stop = next(d["delta"]["stop_reason"] for d in deltas if d["type"] == "message_delta")
+    assert captured("c4" * 16) == (prompt, said(text, stop))
+    # the Responses API, JSON and streamed
+    inputs = [{"role": "system", "content": system["content"]}, user]
+    answer = client.responses.create(model="smollm", input=inputs, max_output_tokens=16,  # type: ignore[arg-type]
+                                     extra_headers=traced("c5" * 16))  # fmt: skip
+    assert captured("c5" * 16) == (prompt, said(answer.output_text))
+    streamed = client.responses.create(model="smollm", input=inputs, max_output_tokens=16, stream=True,  # type: ignore[arg-type]
+                                       extra_headers=traced("c6" * 16))  # fmt: skip
+    text = "".join(e.delta for e in streamed if e.type == "response.output_text.delta")
+    assert captured("c6" * 16) == (prompt, said(text))
+    exported = rig.receiver.raw()
+    assert text.encode() in exported
+    for key in (ROUTER_KEY, BACKEND_KEY, UPSTREAM_KEY):
         assert key.encode() not in exported
 
 

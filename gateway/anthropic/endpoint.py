@@ -4,8 +4,9 @@ A Messages request is translated (request.py) and its chat body handed to the ch
 pipeline or the router, whichever serves /v1/chat/completions — with the same request (same record, API key,
 cache headers), as /v1/responses does. So keys, model allow-lists, rpm/tpm, priorities, the response cache
 (per-key namespace, replay), routing, metrics and the access log are the chat endpoint's, with no second
-pipeline. A chat.completion (gateway/protocol/answer.py) becomes a Message; a streamed answer's typed steps
-(gateway/protocol/events.py) become Anthropic events (stream.py); failures become Anthropic errors.
+pipeline. The chat answer's events (gateway/protocol/events.py) are folded into a Message (fold.py): a streamed
+answer's steps as they come, sent as Anthropic events (stream.py), a whole one (gateway/protocol/answer.py's
+ChatAnswer) at once; failures become Anthropic errors.
 """
 
 from __future__ import annotations
@@ -18,16 +19,17 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.anthropic import response as out
 from gateway.anthropic.errors import error_response, from_openai_body
+from gateway.anthropic.fold import message
 from gateway.anthropic.request import translate, translate_count
+from gateway.anthropic.response import Shape
 from gateway.anthropic.stream import EventStream, ping
 from gateway.client import NoEngine
 from gateway.context import GatewayContext
 from gateway.errors import InvalidRequest, ModelNotFound, to_gateway_error
 from gateway.ops.record import RequestRecord, record_of
 from gateway.ops.sent import sent
-from gateway.protocol.answer import InnerError, run_json
+from gateway.protocol.answer import UNEXPECTED, BadUpstreamShape, InnerError, run_json
 from gateway.protocol.events import Steps, steps_of
 from gateway.protocol.jsonio import read_json
 from gateway.protocol.requests import parse_chat
@@ -94,8 +96,9 @@ class Messages:
             if cap and chat["max_tokens"] > cap:  # a cap too, then the key's (Claude Code asks for 32,000 or more)
                 chat, window = {**chat, "max_tokens": cap}, False
             inner = await self.chat(request, chat)
+            shape = Shape(message_id, req.model, stops, window)
             if not req.stream:
-                return await self._message(request, inner, out.Shape(message_id, req.model, stops, window), notes)
+                return await self._message(request, inner, shape, notes)
             steps = steps_of(inner)
         except InnerError as exc:  # the chat pipeline answered with an error body: its status, in Anthropic's shape
             body = orjson.dumps(from_openai_body(exc.body, rec.request_id))
@@ -103,25 +106,25 @@ class Messages:
         except Exception as exc:
             return self._error(rec, exc)
         # message_start carries the prompt's size; message_delta the engine's own count
-        events = EventStream(message_id, req.model, prompt, stops, request_id=rec.request_id, window=window)
+        events = EventStream(shape, prompt, request_id=rec.request_id)
         response = SSEStream(_anthropic(events, steps), [steps], StreamLimits.of(self.ctx.config), rec.client_disconnected,
                              ping=ping)
         response.headers.update({**_passed(inner.headers), "request-id": rec.request_id, **notes})
         return response
 
-    async def _message(self, request: Request, inner: Response, shape: out.Shape, notes: dict[str, str]) -> Response:
-        """The chat.completion, run to its end in process, as a Message."""
+    async def _message(self, request: Request, inner: Response, shape: Shape, notes: dict[str, str]) -> Response:
+        """The chat answer, run to its end in process, as a Message."""
         rec = record_of(request)
         try:
-            captured, body = await run_json(inner, request.scope)
+            captured, answer = await run_json(inner, request.scope)
         except InnerError as exc:
             if exc.answer_status != 200:
                 raise
-            raise out.BadUpstreamShape("The model's answer came back in an unexpected shape.") from None
-        message = out.message(body, shape.message_id, shape.model, shape.stops, window=shape.window)
+            raise BadUpstreamShape(UNEXPECTED) from None
+        whole = message(answer, shape)
         headers = {**_passed(captured.headers), "request-id": rec.request_id, **notes}
-        sent(message)
-        return Response(orjson.dumps(message), media_type="application/json", headers=headers)
+        sent(whole)
+        return Response(orjson.dumps(whole), media_type="application/json", headers=headers)
 
     async def count_tokens(self, request: Request) -> Response:
         rec = record_of(request)

@@ -8,8 +8,6 @@ Anthropic paths. Status codes are the gateway's, except that "the server cannot 
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 from starlette.responses import Response
 
@@ -54,9 +52,9 @@ def error_type(status: int) -> str:
     return _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
-def error_body(err: GatewayError, request_id: str | None = None) -> dict[str, Any]:
+def error_body(err: GatewayError, request_id: str | None = None) -> dict[str, object]:
     kind = "billing_error" if err.error_type == "insufficient_quota" else error_type(status_of(err))  # a spent budget
-    body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": err.message}}
+    body: dict[str, object] = {"type": "error", "error": {"type": kind, "message": err.message}}
     if request_id:
         body["request_id"] = request_id
     return body
@@ -69,17 +67,17 @@ def error_response(err: GatewayError, request_id: str | None = None) -> Response
     )
 
 
-def sse_event(name: str, data: dict[str, Any]) -> bytes:
+def sse_event(name: str, data: dict[str, object]) -> bytes:
     sent(data)
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-def from_openai_body(body: object, request_id: str | None = None) -> dict[str, Any]:
+def from_openai_body(body: object, request_id: str | None = None) -> dict[str, object]:
     """An OpenAI `{"error": {...}}` (a chat stream's error event, a non-200 body) in Anthropic's shape."""
     error = body.get("error") if isinstance(body, dict) else None
     error = error if isinstance(error, dict) else {}
     kind = _FROM_OPENAI.get(str(error.get("code")), _FROM_OPENAI.get(str(error.get("type")), "api_error"))
-    out: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": str(error.get("message") or "Upstream error.")}}
+    out: dict[str, object] = {"type": "error", "error": {"type": kind, "message": str(error.get("message") or "Upstream error.")}}
     if request_id:
         out["request_id"] = request_id
     return out

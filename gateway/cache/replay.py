@@ -8,7 +8,8 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from gateway.protocol.events import Step, completion_events
+from gateway.protocol.answer import ChatAnswer
+from gateway.protocol.events import Step
 from gateway.protocol.sse import DONE, sse_data
 
 _CHAT_MESSAGE_KEYS = {"role", "content", "refusal"}
@@ -68,7 +69,7 @@ def completion_chunks(body: dict[str, Any], include_usage: bool) -> list[bytes]:
 
 async def chat_steps(body: dict[str, Any], include_usage: bool) -> AsyncGenerator[Step, None]:
     """The whole answer as one step: its events, and its chunks' bytes in one write."""
-    yield Step(tuple(completion_events(body)), b"".join(chat_chunks(body, include_usage)))
+    yield Step(tuple(ChatAnswer.of(body).events()), b"".join(chat_chunks(body, include_usage)))
 
 
 async def events(chunks: list[bytes]) -> AsyncGenerator[bytes, None]:

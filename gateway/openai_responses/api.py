@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from gateway.context import GatewayContext
 from gateway.errors import GatewayError, InvalidRequest, NotFound, error_body, to_gateway_error
-from gateway.openai_responses.builder import ResponseBuilder, feed_completion, feed_events, replay_events
+from gateway.openai_responses.builder import Event, ResponseBuilder, feed_completion, feed_events, replay_events
 from gateway.openai_responses.items import chat_messages
 from gateway.openai_responses.request import ResponsesRequest, chat_body, echo_fields, parse_request
 from gateway.openai_responses.store import StoredResponses, build_store
@@ -42,10 +42,9 @@ _PARAMS = (
 )
 
 
-def _event_bytes(event: dict[str, Any]) -> bytes:
-    kind: str = event["type"]
+def _event_bytes(event: Event) -> bytes:
     sent(event)
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 class StreamBroke(GatewayError):
@@ -149,8 +148,8 @@ class ResponsesAPI:
         record = {"input": req.input, "context": history}
         auth = request.headers.get("authorization")
         if not req.stream:
-            captured, completion = await run_json(inner, request.scope)
-            out = feed_completion(builder, completion)
+            captured, answer = await run_json(inner, request.scope)
+            out = feed_completion(builder, answer)
             if req.store:
                 await self.store.put(auth, builder.id, {**record, "response": out})
             response = json_response(out)
@@ -158,7 +157,7 @@ class ResponsesAPI:
             return response
         steps = steps_of(inner)
 
-        async def save(out: dict[str, Any]) -> None:
+        async def save(out: dict[str, object]) -> None:
             if req.store:
                 await self.store.put(auth, builder.id, {**record, "response": out})
 
@@ -168,13 +167,13 @@ class ResponsesAPI:
         return stream
 
     async def _events(
-        self, builder: ResponseBuilder, steps: Steps, save: Callable[[dict[str, Any]], Awaitable[None]], rec: RequestRecord
+        self, builder: ResponseBuilder, steps: Steps, save: Callable[[dict[str, object]], Awaitable[None]], rec: RequestRecord
     ) -> AsyncGenerator[bytes, None]:
         """The chat answer's steps in, Responses events out; one write per step. A failure ends the stream with an
         `error` event and response.failed."""
         async with aclosing(steps):
             try:
-                events: list[dict[str, Any]] | None = None
+                events: list[Event] | None = None
                 async for step in steps:
                     failed = next((e for e in step.events if isinstance(e, Failed)), None)
                     if failed is not None:  # reported where it happened; its OpenAI body is what the client reads
@@ -215,7 +214,7 @@ class ResponsesAPI:
         ids = iter([item["id"] for item in stored.get("output") or ()])
         builder = ResponseBuilder(stored["id"], base, lambda prefix: next(ids, f"{prefix}{self.ctx.ids.new()}"))
         builder.created_at = stored["created_at"]
-        events = [e for e in replay_events(builder, stored) if e["sequence_number"] > (after if after is not None else -1)]
+        events = replay_events(builder, stored)[(after if after is not None else -1) + 1 :]  # sequence numbers count from 0
 
         async def send() -> AsyncGenerator[bytes, None]:
             yield b"".join(_event_bytes(e) for e in events)

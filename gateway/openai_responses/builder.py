@@ -1,50 +1,43 @@
 """ResponseBuilder: the Response object and its stream events, built from what the chat pipeline produced.
 
-One state machine serves both shapes: the chat answer's events (gateway/protocol/events.py), streamed or
-made from a whole chat.completion, are fed in: text deltas, tool-call starts and argument fragments, a
-finish reason and usage; the builder keeps the
-output items and returns the Responses events each step produces (`sequence_number` counts up from 0).
-A non-streaming request drops the events and keeps the final object, so both paths answer the same.
-"""
+One state machine serves both shapes: the chat answer's events (gateway/protocol/events.py), streamed or those
+of a whole answer (gateway/protocol/answer.py's ChatAnswer), are fed in: text deltas, tool-call starts and argument
+fragments, a finish reason and usage; the builder keeps the output items and returns the Responses events each
+step produces (`sequence_number` counts up from 0). A non-streaming request drops the events and keeps the final
+object, so both paths answer the same."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.protocol.events import (
-    ChatEvent,
-    Failed,
-    Opened,
-    TextDelta,
-    ToolCallDelta,
-    ToolCallStart,
-    UsageReport,
-    completion_events,
-)
+from gateway.protocol.answer import ChatAnswer
+from gateway.protocol.events import ChatEvent, Failed, Opened, TextDelta, ToolCallDelta, ToolCallStart, UsageReport
 
-Event = dict[str, Any]
+Event = dict[str, object]
+LogProb = dict[str, object]  # one token's entry of a Responses `logprobs` list
 
 
-def response_usage(chat_usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if not chat_usage:
+def response_usage(report: UsageReport) -> dict[str, object] | None:
+    """The Responses usage object of the chat answer's usage (None for an empty one)."""
+    if not report.usage:
         return None
-    details = chat_usage.get("prompt_tokens_details") or {}
-    prompt, completion = int(chat_usage.get("prompt_tokens", 0)), int(chat_usage.get("completion_tokens", 0))
+    prompt, completion = report.prompt_tokens, report.completion_tokens
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": int(details.get("cached_tokens") or 0), "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": report.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
     }
 
 
-def response_logprobs(chat_logprobs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def response_logprobs(chat_logprobs: Mapping[str, Any] | None) -> list[LogProb]:
     """chat `logprobs.content` -> the Responses LogProb list."""
-    out = []
+    out: list[LogProb] = []
     for entry in (chat_logprobs or {}).get("content") or ():
         top = [
             {"token": t["token"], "logprob": t["logprob"], "bytes": t.get("bytes") or []} for t in entry.get("top_logprobs") or ()
@@ -53,27 +46,61 @@ def response_logprobs(chat_logprobs: Mapping[str, Any] | None) -> list[dict[str,
     return out
 
 
+@dataclass(eq=False)
+class _Message:
+    """An assistant message item, its one output_text part once added (`parted`)."""
+
+    id: str
+    status: str = "in_progress"
+    parted: bool = False
+    text: str = ""
+    logprobs: list[LogProb] = field(default_factory=list)
+
+    def part(self) -> dict[str, object]:
+        return {"type": "output_text", "annotations": [], "logprobs": list(self.logprobs), "text": self.text}
+
+    def item(self) -> dict[str, object]:
+        """The item as it is now (a snapshot: later deltas don't change what was sent)."""
+        content = [self.part()] if self.parted else []
+        return {"id": self.id, "type": "message", "status": self.status, "content": content, "role": "assistant"}
+
+
+@dataclass(eq=False)
+class _Call:
+    """A function_call item, its arguments as they arrived so far."""
+
+    id: str
+    call_id: str
+    name: str
+    status: str = "in_progress"
+    arguments: str = ""
+
+    def item(self) -> dict[str, object]:
+        return {"id": self.id, "type": "function_call", "status": self.status, "arguments": self.arguments,
+                "call_id": self.call_id, "name": self.name}  # fmt: skip
+
+
 class ResponseBuilder:
-    def __init__(self, response_id: str, base: Mapping[str, Any], new_id: Callable[[str], str]) -> None:
+    def __init__(self, response_id: str, base: Mapping[str, object], new_id: Callable[[str], str]) -> None:
         self.id = response_id
         self.base = dict(base)
         self.new_id = new_id
         self.created_at = int(time.time())
         self.model = str(base.get("model", ""))
         self.seq = 0
-        self.output: list[dict[str, Any]] = []
-        self.message: dict[str, Any] | None = None  # the open message item
-        self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> its open function_call item
-        self.open_call: dict[str, Any] | None = None
+        self.output: list[_Message | _Call] = []
+        self.message: _Message | None = None  # the open message item
+        self.calls: dict[int, _Call] = {}  # chat tool-call index -> its function_call item
+        self.open_call: _Call | None = None
         self.finish_reason: str | None = None
-        self.usage: dict[str, Any] | None = None
+        self.usage: object = None  # the Responses usage object (None: none reported)
         self.status = "in_progress"
-        self.error: dict[str, Any] | None = None
+        self.error: dict[str, str] | None = None
         self.started = False
 
     # ---- the Response object ---------------------------------------------------------------------------
 
-    def response(self) -> dict[str, Any]:
+    def response(self) -> dict[str, object]:
         incomplete = {"reason": "max_output_tokens"} if self.status == "incomplete" else None
         return {
             "id": self.id,
@@ -84,12 +111,12 @@ class ResponseBuilder:
             "error": self.error,
             "incomplete_details": incomplete,
             "model": self.model,
-            "output": [dict(item) for item in self.output],
+            "output": [item.item() for item in self.output],
             **({"usage": self.usage} if self.usage is not None else {}),  # an object when present (never null)
             **self.base,
         }
 
-    def _event(self, kind: str, **fields: Any) -> Event:
+    def _event(self, kind: str, **fields: object) -> Event:
         event = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
         return event
@@ -104,19 +131,20 @@ class ResponseBuilder:
         snapshot = self.response()
         return [self._event("response.created", response=snapshot), self._event("response.in_progress", response=snapshot)]
 
-    def text(self, delta: str, logprobs: list[dict[str, Any]] | None = None) -> list[Event]:
+    def text(self, delta: str, logprobs: list[LogProb] | None = None) -> list[Event]:
         if not delta and not logprobs:
             return []
-        events = self._close_call() if self.open_call is not None else []
+        events = self._close_call()
         if self.message is None:
             events += self._open_message()
-        part = self.message["content"][0]  # type: ignore[index]
-        part["text"] += delta
-        part["logprobs"].extend(logprobs or ())
+        message = self.message
+        assert message is not None
+        message.text += delta
+        message.logprobs.extend(logprobs or ())
         events.append(
             self._event(
                 "response.output_text.delta",
-                item_id=self.message["id"],  # type: ignore[index]
+                item_id=message.id,
                 output_index=len(self.output) - 1,
                 content_index=0,
                 delta=delta,
@@ -126,40 +154,33 @@ class ResponseBuilder:
         return events
 
     def call_start(self, index: int, call_id: str, name: str) -> list[Event]:
-        events = self._close_message() + (self._close_call() if self.open_call is not None else [])
-        item = {
-            "id": self.new_id("fc_"),
-            "type": "function_call",
-            "status": "in_progress",
-            "arguments": "",
-            "call_id": call_id,
-            "name": name,
-        }
-        self.output.append(item)
-        self.calls[index] = self.open_call = item
-        events.append(self._event("response.output_item.added", output_index=len(self.output) - 1, item=dict(item)))
+        events = self._close_message() + self._close_call()
+        call = _Call(self.new_id("fc_"), call_id, name)
+        self.output.append(call)
+        self.calls[index] = self.open_call = call
+        events.append(self._event("response.output_item.added", output_index=len(self.output) - 1, item=call.item()))
         return events
 
     def call_arguments(self, index: int, fragment: str) -> list[Event]:
-        item = self.calls.get(index)
-        if item is None or not fragment:
+        call = self.calls.get(index)
+        if call is None or not fragment:
             return []
-        item["arguments"] += fragment
-        output_index = self.output.index(item)
+        call.arguments += fragment
+        output_index = self.output.index(call)
         return [
-            self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=output_index, delta=fragment)
+            self._event("response.function_call_arguments.delta", item_id=call.id, output_index=output_index, delta=fragment)
         ]
 
     def finish(self, reason: str | None) -> None:
         self.finish_reason = reason or self.finish_reason
 
-    def set_usage(self, chat_usage: Mapping[str, Any] | None) -> None:
-        self.usage = response_usage(chat_usage) or self.usage
+    def set_usage(self, report: UsageReport) -> None:
+        self.usage = response_usage(report) or self.usage
 
     def complete(self) -> list[Event]:
         """Close the open items; the final response.completed (or .incomplete) event."""
         events = self._open_message() if not self.output else []  # no text, no calls: one empty message
-        events += self._close_message() + (self._close_call() if self.open_call is not None else [])
+        events += self._close_message() + self._close_call()
         self.status = "incomplete" if self.finish_reason == "length" else "completed"
         kind = "response.completed" if self.status == "completed" else "response.incomplete"
         events.append(self._event(kind, response=self.response()))
@@ -172,8 +193,8 @@ class ResponseBuilder:
         code = "rate_limit_exceeded" if err.status == 429 else "server_error"
         self.error = {"code": code, "message": err.message}
         for item in self.output:
-            if item["status"] == "in_progress":
-                item["status"] = "incomplete"
+            if item.status == "in_progress":
+                item.status = "incomplete"
         events.append(self._event("response.failed", response=self.response()))
         return events
 
@@ -183,62 +204,53 @@ class ResponseBuilder:
         return "incomplete" if self.finish_reason == "length" else "completed"
 
     def _open_message(self) -> list[Event]:
-        self.message = {"id": self.new_id("msg_"), "type": "message", "status": "in_progress", "content": [], "role": "assistant"}
-        self.output.append(self.message)
+        message = self.message = _Message(self.new_id("msg_"))
+        self.output.append(message)
         output_index = len(self.output) - 1
-        part = {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
-        events = [self._event("response.output_item.added", output_index=output_index, item=_copy(self.message))]
-        self.message["content"].append(part)
+        events = [self._event("response.output_item.added", output_index=output_index, item=message.item())]
+        message.parted = True
         events.append(
             self._event(
                 "response.content_part.added",
-                item_id=self.message["id"],
+                item_id=message.id,
                 output_index=output_index,
                 content_index=0,
-                part=dict(part),
+                part=message.part(),
             )
         )
         return events
 
     def _close_message(self) -> list[Event]:
-        item = self.message
-        if item is None:
+        message = self.message
+        if message is None:
             return []
         self.message = None
-        output_index = self.output.index(item)
-        part = item["content"][0]
-        item["status"] = self._item_status()
-        common = {"item_id": item["id"], "output_index": output_index, "content_index": 0}
+        output_index = self.output.index(message)
+        message.status = self._item_status()
+        common = {"item_id": message.id, "output_index": output_index, "content_index": 0}
         return [
-            self._event("response.output_text.done", **common, text=part["text"], logprobs=list(part["logprobs"])),
-            self._event("response.content_part.done", **common, part=_copy(part)),
-            self._event("response.output_item.done", output_index=output_index, item=_copy(item)),
+            self._event("response.output_text.done", **common, text=message.text, logprobs=list(message.logprobs)),
+            self._event("response.content_part.done", **common, part=message.part()),
+            self._event("response.output_item.done", output_index=output_index, item=message.item()),
         ]
 
     def _close_call(self) -> list[Event]:
-        item = self.open_call
-        assert item is not None
+        call = self.open_call
+        if call is None:
+            return []
         self.open_call = None
-        output_index = self.output.index(item)
-        item["status"] = self._item_status()
+        output_index = self.output.index(call)
+        call.status = self._item_status()
         return [
             self._event(
                 "response.function_call_arguments.done",
-                item_id=item["id"],
+                item_id=call.id,
                 output_index=output_index,
-                name=item["name"],
-                arguments=item["arguments"],
+                name=call.name,
+                arguments=call.arguments,
             ),
-            self._event("response.output_item.done", output_index=output_index, item=dict(item)),
+            self._event("response.output_item.done", output_index=output_index, item=call.item()),
         ]
-
-
-def _copy(item: dict[str, Any]) -> dict[str, Any]:
-    """A snapshot of an item (its content parts copied, so later deltas don't change sent events)."""
-    out = dict(item)
-    if "content" in out:
-        out["content"] = [{**p, "logprobs": list(p.get("logprobs") or [])} for p in out["content"]]
-    return out
 
 
 # ---- feeding chat output in -------------------------------------------------------------------------------
@@ -251,7 +263,7 @@ def feed_events(builder: ResponseBuilder, events: Iterable[ChatEvent]) -> list[E
         if isinstance(e, Opened):
             out += builder.start(e.model)
         elif isinstance(e, UsageReport):
-            builder.set_usage(e.usage)
+            builder.set_usage(e)
         elif isinstance(e, Failed) or e.choice != 0:
             continue
         elif isinstance(e, TextDelta):
@@ -265,10 +277,10 @@ def feed_events(builder: ResponseBuilder, events: Iterable[ChatEvent]) -> list[E
     return out
 
 
-def feed_completion(builder: ResponseBuilder, body: Mapping[str, Any]) -> dict[str, Any]:
-    """A whole chat.completion -> the final Response object."""
-    first = [{**choice, "index": 0} for choice in (body.get("choices") or [{}])[:1]]
-    feed_events(builder, completion_events({**body, "choices": first}))
+def feed_completion(builder: ResponseBuilder, answer: ChatAnswer) -> dict[str, object]:
+    """A whole chat answer (its first choice) -> the final Response object: the fold of the events its stream would
+    carry."""
+    feed_events(builder, answer.first().events())
     builder.complete()
     return builder.response()
 

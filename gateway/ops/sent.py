@@ -12,17 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
 
 MAX_OBJECTS = 20_000  # a long stream's objects past this are not kept (the attribute is cut at max_content_chars)
 
-_SENT: ContextVar[list[Any] | None] = ContextVar("smolgate_sent", default=None)
+_SENT: ContextVar[list[object] | None] = ContextVar("smolgate_sent", default=None)
 
 
 @contextmanager
-def capturing() -> Iterator[list[Any]]:
+def capturing() -> Iterator[list[object]]:
     """Collect, in this request's context (and the tasks it starts), every answer object sent."""
-    objects: list[Any] = []
+    objects: list[object] = []
     token = _SENT.set(objects)
     try:
         yield objects
@@ -30,7 +29,7 @@ def capturing() -> Iterator[list[Any]]:
         _SENT.reset(token)
 
 
-def sent(obj: Any) -> None:
+def sent(obj: object) -> None:
     objects = _SENT.get()
     if objects is not None and len(objects) < MAX_OBJECTS:
         objects.append(obj)

@@ -4,7 +4,8 @@ The embedded engine (gateway/api/chat.py), a cache replay (gateway/cache/ticket.
 chunks (gateway/routing/proxy.py) each produce `Step`s: the events of one write (one engine step, one upstream
 chunk). Chat Completions SSE, Responses events and Messages events are renderers of them, so no endpoint reads
 another's SSE bytes back. A step may carry `wire`: the chat chunks' bytes as they were made (an upstream's own,
-relayed as they came; a replay's), which the Chat Completions renderer sends as they are.
+relayed as they came; a replay's), which the Chat Completions renderer sends as they are. A whole chat.completion
+is the same answer at once (gateway/protocol/answer.py, `ChatAnswer`): its `events()` are those its stream carries.
 
 Indices: `choice` is the choice's index (n > 1); `call` a tool call's index within its choice.
 Logprobs and usage are OpenAI's chat JSON (`logprobs` of a chunk's choice; a chat usage object), the shape all
@@ -56,22 +57,27 @@ class Finish:
     reason: str  # OpenAI's: stop | length | tool_calls | content_filter
 
 
+def _count(value: object) -> int:
+    """A token count as the usage object has it (absent or null: 0)."""
+    return int(value) if isinstance(value, int | float | str) and value else 0
+
+
 @dataclass(frozen=True)
 class UsageReport:
-    usage: Mapping[str, Any]  # a chat usage object (prompt_tokens, completion_tokens, prompt_tokens_details...)
+    usage: Mapping[str, object]  # a chat usage object (prompt_tokens, completion_tokens, prompt_tokens_details...)
 
     @property
     def prompt_tokens(self) -> int:
-        return int(self.usage.get("prompt_tokens") or 0)
+        return _count(self.usage.get("prompt_tokens"))
 
     @property
     def completion_tokens(self) -> int:
-        return int(self.usage.get("completion_tokens") or 0)
+        return _count(self.usage.get("completion_tokens"))
 
     @property
     def cached_tokens(self) -> int:
         details = self.usage.get("prompt_tokens_details")
-        return int((details.get("cached_tokens") if isinstance(details, Mapping) else 0) or 0)
+        return _count(details.get("cached_tokens")) if isinstance(details, Mapping) else 0
 
 
 @dataclass(frozen=True)
@@ -153,21 +159,3 @@ def chunk_events(chunk: Mapping[str, Any]) -> list[ChatEvent]:
         out.append(UsageReport(chunk["usage"]))
     return out
 
-
-def completion_events(body: Mapping[str, Any]) -> list[ChatEvent]:
-    """A whole chat.completion (a cached one being replayed) as the events a stream of it would carry."""
-    out: list[ChatEvent] = [Opened(str(body.get("model") or ""))]
-    for choice in body.get("choices") or ():
-        index = int(choice.get("index") or 0)
-        message = choice.get("message") or {}
-        if message.get("content") or choice.get("logprobs"):
-            out.append(TextDelta(index, message.get("content") or "", choice.get("logprobs") or None))
-        for i, call in enumerate(message.get("tool_calls") or ()):
-            fn = call.get("function") or {}
-            out.append(ToolCallStart(index, i, str(call.get("id") or ""), str(fn.get("name") or "")))
-            if fn.get("arguments"):
-                out.append(ToolCallDelta(index, i, str(fn["arguments"])))
-        out.append(Finish(index, str(choice.get("finish_reason") or "stop")))
-    if isinstance(body.get("usage"), Mapping):
-        out.append(UsageReport(body["usage"]))
-    return out

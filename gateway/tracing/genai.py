@@ -106,7 +106,7 @@ def input_messages(path: str, body: dict[str, Any], limit: int) -> str | None:
     return orjson.dumps(out).decode()
 
 
-def output_messages(objects: list[Any], path: str, limit: int) -> str | None:
+def output_messages(objects: list[object], path: str, limit: int) -> str | None:
     """gen_ai.output.messages (JSON) from the answer objects the endpoint at `path` sent (gateway/ops/sent.py): OpenAI
     chat / completions, Anthropic Messages, Responses, as JSON or events. An endpoint that runs the chat pipeline in
     process (Messages, Responses) also saw the chat answer it was built from: only the endpoint's own shape counts.

@@ -47,7 +47,7 @@ class TracingMiddleware:
             parent=self.tracing.extract(carrier), start_ns=started_ns,
         )  # fmt: skip
         body: list[bytes] = []
-        answer: list[Any] = []  # with traces.content: the answer objects the endpoint sent (gateway/ops/sent.py)
+        answer: list[object] = []  # with traces.content: the answer objects the endpoint sent (gateway/ops/sent.py)
         status = body_size = 0
 
         async def receive_body() -> Message:
@@ -82,7 +82,7 @@ class TracingMiddleware:
                 started_ns=started_ns)
 
     def _finish(
-        self, span: OtelSpan, path: str, rec: RequestRecord | None, status: int, *, body: list[bytes], answer: list[Any],
+        self, span: OtelSpan, path: str, rec: RequestRecord | None, status: int, *, body: list[bytes], answer: list[object],
         started_ns: int,
     ) -> None:
         """The request's attributes, read once the response is over (it is already the client's: this costs it no
