@@ -79,8 +79,7 @@ class UnreadBlock(AnthropicDeclared):
     """A block this server cannot read (UNREAD): its type is refused by the translation, its other fields unread."""
 
     model_config = ConfigDict(extra="allow")
-    type: Literal["image", "document", "search_result", "container_upload", "server_tool_use", "web_search_tool_result",
-                  "web_fetch_tool_result", "code_execution_tool_result", "mcp_tool_use", "mcp_tool_result"]  # fmt: skip
+    type: Literal[tuple(UNREAD)]  # type: ignore[valid-type]  # a tuple of strings: one Literal of each
 
 
 if TYPE_CHECKING:  # what mypy sees; pydantic validates the tagged union

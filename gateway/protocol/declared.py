@@ -302,7 +302,7 @@ _SHAPE = {*_EXPECTED, "expected"}  # a member of a union whose JSON type the val
 def _fits(error: Any, cut: int) -> bool:
     """Whether a union member's error says the value had the member's shape: the error is inside it, or about
     something other than the value's JSON type (a missing field, a bound, an unknown `type`, a literal's value)."""
-    if len(error["loc"]) > cut + 1:
+    if not all(_is_tag(part) for part in error["loc"][cut + 1 :]):  # inside the member (past any union in it)
         return True
     if error["type"] == "literal_error":
         return isinstance(error["input"], str)
