@@ -84,6 +84,7 @@ RICH: dict[type[Declared], list[dict[str, Any]]] = {
     CompletionBody: [{"model": "m", "prompt": "hi", "stream": True, "stream_options": {"include_usage": True}}],
     MessagesBody: [{
         "model": "m", "max_tokens": 5, "metadata": {"user_id": "u"}, "output_config": {"effort": "low"},
+        "thinking": {"type": "adaptive", "display": "omitted"}, "cache_control": CACHE,
         "system": [{"type": "text", "text": "S", "cache_control": CACHE}],
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": CACHE, "citations": []}],
@@ -106,10 +107,12 @@ RICH: dict[type[Declared], list[dict[str, Any]]] = {
         "tool_choice": {"type": "tool", "name": "get", "disable_parallel_tool_use": True},
     }, {
         "model": "m", "max_tokens": 5, "messages": MSG, "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+        "thinking": {"type": "enabled", "budget_tokens": 1024, "display": "summarized"},
         "tools": [{"name": "get", "input_schema": SCHEMA}], "tool_choice": {"type": "none"},
     }, {
         "model": "m", "max_tokens": 5, "messages": MSG, "tools": [{"name": "get", "input_schema": SCHEMA}],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": False},
+        "thinking": {"type": "disabled"},
     }, {
         "model": "m", "max_tokens": 5, "messages": MSG, "tools": [{"name": "get", "input_schema": SCHEMA}],
         "tool_choice": {"type": "auto", "disable_parallel_tool_use": False},

@@ -118,7 +118,7 @@ SamplingBody.user
 StreamOptions.include_obfuscation
 StreamOptions.include_usage
 
-from gateway.anthropic.blocks import CacheControl, ClientTool, JsonOutputFormat, RedactedThinkingBlock, ServerTool, TextBlock, ThinkingBlock, ToolChoiceAny, ToolChoiceAuto, ToolChoiceNone, ToolChoiceTool, ToolResultBlock, ToolUseBlock, UnreadBlock
+from gateway.anthropic.blocks import CacheControl, ClientTool, JsonOutputFormat, RedactedThinkingBlock, ServerTool, TextBlock, ThinkingAdaptive, ThinkingBlock, ThinkingDisabled, ThinkingEnabled, ToolChoiceAny, ToolChoiceAuto, ToolChoiceNone, ToolChoiceTool, ToolResultBlock, ToolUseBlock, UnreadBlock
 
 CacheControl.ttl
 CacheControl.type
@@ -143,10 +143,16 @@ TextBlock.cache_control
 TextBlock.citations
 TextBlock.text
 TextBlock.type
+ThinkingAdaptive.display
+ThinkingAdaptive.type
 ThinkingBlock.cache_control
 ThinkingBlock.signature
 ThinkingBlock.thinking
 ThinkingBlock.type
+ThinkingDisabled.type
+ThinkingEnabled.budget_tokens
+ThinkingEnabled.display
+ThinkingEnabled.type
 ToolChoiceAny.disable_parallel_tool_use
 ToolChoiceAny.type
 ToolChoiceAuto.disable_parallel_tool_use

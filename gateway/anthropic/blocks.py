@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from gateway.protocol.declared import ANTHROPIC, Declared, Hint, Only, tagged
+from gateway.protocol.declared import ANTHROPIC, Declared, Hint, Int, Only, tagged
 
 NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # the chat pipeline's limit (gateway/protocol/tools.py)
 _Id = Annotated[str, Field(min_length=1)]
@@ -176,6 +176,27 @@ if TYPE_CHECKING:
     ToolChoice = ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone
 else:
     ToolChoice = tagged(ToolChoiceAuto, ToolChoiceAny, ToolChoiceTool, ToolChoiceNone)
+
+
+class ThinkingEnabled(AnthropicDeclared):
+    type: Literal["enabled"]
+    budget_tokens: Int
+    display: str | None = None
+
+
+class ThinkingAdaptive(AnthropicDeclared):
+    type: Literal["adaptive"]
+    display: str | None = None
+
+
+class ThinkingDisabled(AnthropicDeclared):
+    type: Literal["disabled"]
+
+
+if TYPE_CHECKING:  # the request's `thinking`: a hint (this model has no extended thinking)
+    Thinking = ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled
+else:
+    Thinking = tagged(ThinkingEnabled, ThinkingAdaptive, ThinkingDisabled)
 
 
 class JsonOutputFormat(AnthropicDeclared):

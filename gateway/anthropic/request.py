@@ -27,12 +27,15 @@ from gateway.anthropic.blocks import (
     UNREAD,
     AnthropicDeclared,
     Block,
+    CacheControl,
     ClientTool,
     JsonOutputFormat,
     RedactedThinkingBlock,
     ServerTool,
     TextBlock,
+    Thinking,
     ThinkingBlock,
+    ThinkingDisabled,
     Tool,
     ToolChoice,
     ToolChoiceAny,
@@ -52,11 +55,11 @@ _EFFORT = Hint("this model has no effort levels: every answer is generated alike
 
 class OutputConfig(AnthropicDeclared):
     format: JsonOutputFormat | None = None  # constrained decoding: _output_config
-    effort: Annotated[Any, _EFFORT] = None
+    effort: Annotated[str | None, _EFFORT] = None
 
 
 class TurnOutputConfig(AnthropicDeclared):
-    effort: Annotated[Any, _EFFORT] = None
+    effort: Annotated[str | None, _EFFORT] = None
 
 
 class MessageParam(AnthropicDeclared):
@@ -81,15 +84,15 @@ class CountTokensBody(AnthropicDeclared):
     tool_choice: ToolChoice | None = None
     output_config: OutputConfig | None = None
     speed: Annotated[Literal["standard"] | None, Only("only the standard speed is served here.")] = None
-    thinking: Annotated[Any, Hint(_NO_THINKING, neutral=lambda v: isinstance(v, dict) and v.get("type") == "disabled")] = None
+    thinking: Annotated[Thinking | None, Hint(_NO_THINKING, neutral=lambda v: isinstance(v, ThinkingDisabled))] = None
     context_management: Annotated[Any, Hint("nothing to clear: no thinking or tool results are kept between requests")] = None
-    cache_control: Annotated[Any, Hint("the prefix cache reuses every shared prompt prefix by itself "
+    cache_control: Annotated[CacheControl | None, Hint("the prefix cache reuses every shared prompt prefix by itself "
                                        "(no breakpoints needed)")] = None
-    service_tier: Annotated[Any, Hint("one tier here")] = None
-    inference_geo: Annotated[Any, Hint("one place here")] = None
+    service_tier: Annotated[str | None, Hint("one tier here")] = None
+    inference_geo: Annotated[str | None, Hint("one place here")] = None
     diagnostics: Annotated[Any, Hint("no diagnostics are collected")] = None
-    user_profile_id: Annotated[Any, Hint("no profiles here")] = None
-    workspace_id: Annotated[Any, Hint("no workspaces here")] = None
+    user_profile_id: Annotated[str | None, Hint("no profiles here")] = None
+    workspace_id: Annotated[str | None, Hint("no workspaces here")] = None
     container: Annotated[Any, Refused("code execution containers are not available on this server.")] = None
     mcp_servers: Annotated[Any, Refused("MCP connectors are not available on this server.")] = None
 
@@ -108,9 +111,6 @@ class MessagesBody(CountTokensBody):
     top_k: Annotated[Int | None, Field(ge=0)] = None
     metadata: Metadata | None = None
     cache: Any = None  # smolgate's response-cache control, as on chat
-
-
-_THINKING_TYPES = {"enabled", "adaptive", "disabled"}
 
 
 @dataclass(frozen=True)
@@ -297,17 +297,6 @@ def names_repeat(tools: list[dict[str, Any]]) -> bool:
     return len(set(names)) != len(names)
 
 
-def _thinking(raw: object) -> None:
-    """Any thinking setting is served without thinking (a hint: _FIELDS), but it must be one Anthropic knows."""
-    if raw is None:
-        return
-    if not isinstance(raw, dict):
-        raise _bad("'thinking' must be an object.", "thinking")
-    kind = raw.get("type")
-    if kind not in _THINKING_TYPES:
-        raise _bad(f"Invalid value for 'thinking.type': {kind!r}; expected 'enabled', 'adaptive' or 'disabled'.", "thinking.type")
-
-
 def _output_config(config: OutputConfig | None, chat: dict[str, Any]) -> None:
     if config is None or config.format is None:
         return
@@ -325,7 +314,6 @@ def _common(body: Body, chat: dict[str, Any], declared: type[_Body], strict: boo
     if not isinstance(body, dict):
         raise _bad("The request body must be a JSON object.", "")
     req = declared.parse(body, strict_params=strict)
-    _thinking(req.thinking)
     chat["messages"] = _messages(req.messages, _system(req.system))
     last = chat["messages"][-1]
     prefill = last["content"] if last["role"] == "assistant" and not last.get("tool_calls") else ""

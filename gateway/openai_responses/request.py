@@ -83,7 +83,7 @@ class ResponsesBody(Declared):
     prompt_cache_key: str | None = None  # the prefix-affinity key across replicas (gateway/routing/router.py)
     reasoning: Annotated[Reasoning | None, Hint(_NO_REASONING, neutral=_no_reasoning_asked)] = None
     client_metadata: Annotated[Any, Hint("not stored or logged: `metadata` is what a response keeps")] = None
-    prompt_cache_retention: Annotated[Any, Hint("the prefix cache keeps prefixes while memory allows, whatever the "
+    prompt_cache_retention: Annotated[str | None, Hint("the prefix cache keeps prefixes while memory allows, whatever the "
                                                 "retention")] = None  # fmt: skip
     prompt_cache_options: Annotated[Any, Hint("the prefix cache needs no options")] = None
     # the gateway's extensions, as on /v1/chat/completions
