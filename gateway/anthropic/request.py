@@ -1,9 +1,10 @@
 """A Messages request body -> a Chat Completions body (the gateway's one internal request shape).
 
-Every Anthropic field is either translated, accepted as a no-op (prompt-caching hints, service tier),
-or refused with a 400 that names it (images, documents, thinking, server tools, prefill...). Only the
-fields the client sent are set on the chat body, so a Messages request and the equivalent chat request
-share cache entries.
+The body is declared (MessagesBody here, the objects inside it in blocks.py), so the translation reads typed
+objects. Every Anthropic field is either translated, accepted as a no-op (thinking, prompt-caching hints,
+service tier), left out (server tools) or refused with a 400 that names it (images, documents, server tool
+blocks, MCP...). Only the fields the client sent are set on the chat body, so a Messages request and the
+equivalent chat request share cache entries.
 
     system                      -> a leading system message
     messages[].content blocks   -> text; tool_use -> assistant tool_calls; tool_result -> a `tool` message

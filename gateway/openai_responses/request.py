@@ -1,9 +1,10 @@
 """A /v1/responses body -> a validated ResponsesRequest, and that request -> a chat-completions body.
 
-Everything the gateway cannot honour is a 400 that names the field: built-in tools (web search, file
-search, code interpreter, computer use...), reasoning options (the model does not reason), background
-mode, conversations, prompt templates, media inputs. Fields that change nothing here (service_tier,
-prompt_cache_key, safety_identifier...) are accepted and echoed like OpenAI does.
+The body is declared (ResponsesBody here, the objects inside it in params.py). Everything the gateway cannot
+honour is a 400 that names the field: a built-in tool in tool_choice, background mode, conversations, prompt
+templates, media inputs, reasoning items; built-in tools themselves are left out of what the model sees.
+Fields that change nothing here (reasoning, service_tier, prompt_cache_key, safety_identifier...) are
+accepted, and echoed like OpenAI does.
 """
 
 from __future__ import annotations

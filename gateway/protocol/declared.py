@@ -120,24 +120,18 @@ def integral(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(integral)]  # a JSON integer
 
 
-def _type_of(value: Mapping[str, Any]) -> object:
-    return value.get("type")
-
-
-def tagged(*classes: type[BaseModel], other: type[BaseModel] | None = None,
-           kind: Callable[[Mapping[str, Any]], object] = _type_of) -> Any:  # fmt: skip
+def tagged(*classes: type[BaseModel], other: type[BaseModel] | None = None) -> Any:
     """One of `classes`, told apart by the object's `type` (each class's `type` field is a Literal of the values it
     takes, None among them for a class the type may be left out of): only that class validates it, so an error
     inside it keeps its own path (`messages[0].content[1].text`). `other` takes any other string type; without it an
-    unknown type is a 400 at `<path>.type` listing the known ones. `kind` reads the type (a default may depend on
-    other fields)."""
+    unknown type is a 400 at `<path>.type` listing the known ones."""
     by_kind = {value: cls.__name__ for cls in classes for value in _literal_values(cls.model_fields["type"].annotation)}
     known = " or ".join(", ".join(repr(v) for v in by_kind if v is not None).rsplit(", ", 1))
 
     def pick(value: object) -> str | None:
         if not isinstance(value, Mapping):
             return classes[0].__name__  # its own error: "an object"
-        found = kind(value)
+        found = value.get("type")
         if isinstance(found, str | NoneType) and found in by_kind:
             return by_kind[found]
         return other.__name__ if other is not None and isinstance(found, str) else None
