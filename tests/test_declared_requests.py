@@ -232,6 +232,40 @@ def test_objects_declared_by_their_type_alone_are_refused_by_it(body: dict[str, 
     assert err.value.param == param and "not supported" in err.value.message
 
 
+@pytest.mark.parametrize(("cls", "change", "param", "message"), [
+    (MessagesBody, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": 3}]}]},
+     "messages[0].content[1].text", "messages[0].content[1].text: Input should be a valid string"),
+    (MessagesBody, {"messages": [{"role": "user", "content": [{"type": "picture"}]}]},
+     "messages[0].content[0].type", "messages[0].content[0].type: Input should be 'text', 'tool_use', 'tool_result', "),
+    (MessagesBody, {"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}]},
+     "messages[0].content[0].type", "content blocks of type 'tool_use' are not accepted in a user turn"),
+    (MessagesBody, {"messages": [{"role": "user", "content": 3}]},
+     "messages[0].content", "messages[0].content: Input should be a string or an array"),
+    (MessagesBody, {"tools": [{"name": "f", "input_schema": {}, "cache_control": {"type": "ephemeral", "ttl": "2h"}}]},
+     "tools[0].cache_control.ttl", "tools[0].cache_control.ttl: Input should be '5m' or '1h'"),
+    (MessagesBody, {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "none", "name": "f"}},
+     "tool_choice.name", "tool_choice.name: Extra inputs are not permitted."),
+    (ResponsesBody, {"input": [{"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"}]},
+     "input[0].call_id", "'input[0].call_id' must not be empty."),
+    (ResponsesBody, {"input": [{"role": "user", "content": [{"type": "input_text", "text": "a", "lang": "en"}]}]},
+     "input[0].content[0].lang", "Unrecognized request argument supplied: input[0].content[0].lang"),
+    (ResponsesBody, {"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "function", "name": 3}]}]},
+     "tools[0].tools[0].name", "Invalid type for 'tools[0].tools[0].name': expected a string, but got an integer instead."),
+    (ResponsesBody, {"tool_choice": "sometimes"},
+     "tool_choice", "Invalid value for 'tool_choice': 'sometimes'. Supported values are: 'auto', 'none' or 'required'."),
+    (ResponsesBody, {"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function"}]}},
+     "tool_choice.tools[0].name", "Missing required parameter: 'tool_choice.tools[0].name'."),
+])  # fmt: skip
+def test_an_error_inside_a_nested_object_names_its_own_path(
+    cls: type[Declared], change: dict[str, Any], param: str, message: str
+) -> None:
+    """A union's error is its fitting member's (a list for `str | list[Block]`, the class a `type` picks), at the
+    API's path, in the API's words; an unknown type lists the known ones."""
+    with pytest.raises(InvalidRequest) as err:
+        PARSE[cls]({**BASE[cls], **change})
+    assert err.value.param == param and message in err.value.message, err.value.message
+
+
 def test_wrong_types_and_bounds_in_the_apis_words() -> None:
     with pytest.raises(InvalidRequest) as err:
         parse_chat({**BASE[ChatBody], "temperature": "hot"})

@@ -357,7 +357,7 @@ def _translate(error: Any, wording: Wording) -> InvalidRequest:
                               param=name)
     if kind == "string_pattern_mismatch":
         return InvalidRequest(f"'{name}' must match {ctx['pattern']}.", param=name)
-    if kind == "too_short":
+    if kind in ("too_short", "string_too_short") and ctx.get("min_length") == 1:
         return InvalidRequest(f"'{name}' must not be empty.", param=name)
     if kind == "value_error":  # a validator's own message (`ValueError("...")`)
         return InvalidRequest(str(ctx.get("error", error["msg"])), param=name)
