@@ -64,7 +64,7 @@ class TurnOutputConfig(AnthropicDeclared):
 
 
 class MessageParam(AnthropicDeclared):
-    """One turn; which blocks each role may hold is read by _user / _assistant / _system."""
+    """One turn; which blocks each role may hold is read by _user, _assistant and _texts (system turns)."""
 
     role: Literal["user", "assistant", "system"]  # system: Claude Code's per-turn system text
     content: str | list[Block]  # a string is one text block
@@ -143,27 +143,18 @@ def _blocks(content: str | Sequence[Block], where: str) -> list[tuple[str, Block
     return [(f"{where}[{j}]", block) for j, block in enumerate(content)]
 
 
-def _system(content: str | Sequence[Block] | None, path: str = "system") -> str | None:
-    if content is None:
-        return None
+def _texts(content: str | Sequence[Block], where: str, holder: str) -> str:
+    """The text of a content that holds text only (a system prompt, a tool result); other blocks are a 400."""
     texts = []
-    for where, block in _blocks(content, path):
+    for path, block in _blocks(content, where):
         if not isinstance(block, TextBlock):
-            raise _bad(f"'{where}.type' must be 'text': the system prompt holds text blocks only.", f"{where}.type")
+            raise _unread(block, path, holder)
         texts.append(block.text)
     return "\n".join(texts)
 
 
 def _tool_result(block: ToolResultBlock, where: str) -> dict[str, Any]:
-    content = block.content
-    texts: list[str] = []
-    if isinstance(content, str):
-        texts.append(content)
-    for j, part in enumerate(content if isinstance(content, list) else ()):
-        if not isinstance(part, TextBlock):
-            raise _unread(part, f"{where}.content[{j}]", "a tool result")
-        texts.append(part.text)
-    text = "\n".join(texts)
+    text = _texts(block.content or "", f"{where}.content", "a tool result")
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": f"Error: {text}" if block.is_error else text}
 
 
@@ -217,7 +208,7 @@ def _messages(turns: list[MessageParam], system: str | None) -> list[dict[str, A
         elif msg.role == "assistant":  # a final one is a prefill: the answer continues it (translate)
             out.append(_assistant(msg.content, where))
         else:  # Claude Code's per-turn system text: a system message where it was sent
-            out.append({"role": "system", "content": _system(msg.content, f"{where}.content")})
+            out.append({"role": "system", "content": _texts(msg.content, f"{where}.content", "a system turn")})
     return _merged(out)
 
 
@@ -315,7 +306,8 @@ def _common(body: Body, chat: dict[str, Any], declared: type[_Body], strict: boo
     if not isinstance(body, dict):
         raise _bad("The request body must be a JSON object.", "")
     req = declared.parse(body, strict_params=strict)
-    chat["messages"] = _messages(req.messages, _system(req.system))
+    system = _texts(req.system, "system", "the system prompt") if req.system is not None else None
+    chat["messages"] = _messages(req.messages, system)
     last = chat["messages"][-1]
     prefill = last["content"] if last["role"] == "assistant" and not last.get("tool_calls") else ""
     if last["role"] == "assistant" and not prefill:
