@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -16,7 +16,7 @@ from starlette.responses import Response
 from gateway.errors import GatewayError, InternalError, InvalidRequest, error_body
 from gateway.openai_responses.api import StreamBroke
 from gateway.openai_responses.builder import ResponseBuilder, feed_completion, feed_events
-from gateway.openai_responses.items import chat_messages, parse_input
+from gateway.openai_responses.items import chat_messages
 from gateway.openai_responses.request import chat_body, echo_fields, parse_request
 from gateway.openai_responses.store import MemoryResponseStore, StoredResponses
 from gateway.protocol.answer import ChatAnswer, InnerError, run_json
@@ -92,8 +92,13 @@ def test_tools_and_tool_choices_translate() -> None:
     assert req.tools[0]["strict"] is True  # Responses function tools are strict unless told otherwise
 
 
+def _items(given: list[dict[str, Any]], new_id: Callable[[str], str]) -> list[dict[str, Any]]:
+    """The input items as stored (declared by ResponsesBody, then given ids)."""
+    return parse_request({"model": "m", "input": given}, new_id).input
+
+
 def test_items_become_chat_messages() -> None:
-    items = parse_input(
+    items = _items(
         [
             {"role": "system", "content": "S"},
             {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
@@ -114,7 +119,7 @@ def test_items_become_chat_messages() -> None:
         {"role": "tool", "tool_call_id": "c2", "content": "two"},
     ]
     with pytest.raises(InvalidRequest) as err:
-        chat_messages(parse_input([{"type": "function_call_output", "call_id": "zz", "output": "x"}], new_id), 0)
+        chat_messages(_items([{"type": "function_call_output", "call_id": "zz", "output": "x"}], new_id), 0)
     assert err.value.param == "input[0]"
 
 

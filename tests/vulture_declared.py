@@ -118,6 +118,62 @@ SamplingBody.user
 StreamOptions.include_obfuscation
 StreamOptions.include_usage
 
+from gateway.anthropic.blocks import CacheControl, ClientTool, JsonOutputFormat, RedactedThinkingBlock, ServerTool, TextBlock, ThinkingAdaptive, ThinkingBlock, ThinkingDisabled, ThinkingEnabled, ToolChoiceAny, ToolChoiceAuto, ToolChoiceNone, ToolChoiceTool, ToolResultBlock, ToolUseBlock, UnreadBlock
+
+CacheControl.ttl
+CacheControl.type
+ClientTool.allowed_callers
+ClientTool.cache_control
+ClientTool.defer_loading
+ClientTool.description
+ClientTool.eager_input_streaming
+ClientTool.input_examples
+ClientTool.input_schema
+ClientTool.name
+ClientTool.strict
+ClientTool.type
+JsonOutputFormat.schema_
+JsonOutputFormat.type
+RedactedThinkingBlock.cache_control
+RedactedThinkingBlock.data
+RedactedThinkingBlock.type
+ServerTool.name
+ServerTool.type
+TextBlock.cache_control
+TextBlock.citations
+TextBlock.text
+TextBlock.type
+ThinkingAdaptive.display
+ThinkingAdaptive.type
+ThinkingBlock.cache_control
+ThinkingBlock.signature
+ThinkingBlock.thinking
+ThinkingBlock.type
+ThinkingDisabled.type
+ThinkingEnabled.budget_tokens
+ThinkingEnabled.display
+ThinkingEnabled.type
+ToolChoiceAny.disable_parallel_tool_use
+ToolChoiceAny.type
+ToolChoiceAuto.disable_parallel_tool_use
+ToolChoiceAuto.type
+ToolChoiceNone.type
+ToolChoiceTool.disable_parallel_tool_use
+ToolChoiceTool.name
+ToolChoiceTool.type
+ToolResultBlock.cache_control
+ToolResultBlock.content
+ToolResultBlock.is_error
+ToolResultBlock.tool_use_id
+ToolResultBlock.type
+ToolUseBlock.cache_control
+ToolUseBlock.caller
+ToolUseBlock.id
+ToolUseBlock.input
+ToolUseBlock.name
+ToolUseBlock.type
+UnreadBlock.type
+
 from gateway.anthropic.request import CountTokensBody, MessageParam, MessagesBody, Metadata, OutputConfig, TurnOutputConfig
 
 CountTokensBody.cache_control
@@ -170,6 +226,63 @@ OutputConfig.effort
 OutputConfig.format
 TurnOutputConfig.effort
 
+from gateway.openai_responses.params import AllowedTools, BuiltinChoice, BuiltinTool, FunctionCallItem, FunctionCallOutputItem, FunctionChoice, FunctionTool, InputText, JsonObjectFormat, JsonSchemaFormat, MediaPart, MessageItem, NamespaceTool, OutputText, Reasoning, RefusalPart, TextFormat, UnreadItem
+
+AllowedTools.mode
+AllowedTools.tools
+AllowedTools.type
+BuiltinChoice.type
+BuiltinTool.name
+BuiltinTool.type
+FunctionCallItem.arguments
+FunctionCallItem.call_id
+FunctionCallItem.id
+FunctionCallItem.name
+FunctionCallItem.status
+FunctionCallItem.type
+FunctionCallOutputItem.call_id
+FunctionCallOutputItem.id
+FunctionCallOutputItem.output
+FunctionCallOutputItem.status
+FunctionCallOutputItem.type
+FunctionChoice.name
+FunctionChoice.type
+FunctionTool.description
+FunctionTool.name
+FunctionTool.parameters
+FunctionTool.strict
+FunctionTool.type
+InputText.text
+InputText.type
+JsonObjectFormat.type
+JsonSchemaFormat.description
+JsonSchemaFormat.name
+JsonSchemaFormat.schema_
+JsonSchemaFormat.strict
+JsonSchemaFormat.type
+MediaPart.type
+MessageItem.content
+MessageItem.id
+MessageItem.phase
+MessageItem.role
+MessageItem.status
+MessageItem.type
+NamespaceTool.description
+NamespaceTool.name
+NamespaceTool.tools
+NamespaceTool.type
+OutputText.annotations
+OutputText.logprobs
+OutputText.text
+OutputText.type
+Reasoning.effort
+Reasoning.generate_summary
+Reasoning.summary
+RefusalPart.refusal
+RefusalPart.type
+TextFormat.type
+UnreadItem.type
+
 from gateway.openai_responses.request import ResponsesBody, StreamOptionsParam, TextParam
 
 ResponsesBody.background
@@ -212,13 +325,18 @@ StreamOptionsParam.include_obfuscation
 TextParam.format
 TextParam.verbosity
 
-from gateway.batches.endpoints import BatchCreateBody
+from gateway.batches.endpoints import BatchCreateBody, ExpiresAfter, UploadForm
 
 BatchCreateBody.completion_window
 BatchCreateBody.endpoint
 BatchCreateBody.input_file_id
 BatchCreateBody.metadata
 BatchCreateBody.output_expires_after
+ExpiresAfter.anchor
+ExpiresAfter.seconds
+UploadForm.expires_after
+UploadForm.file
+UploadForm.purpose
 
 from bench.request_types import MChatBody, MFunction, MStreamOptions, MTool
 

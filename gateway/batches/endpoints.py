@@ -6,7 +6,8 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Literal
 
-from starlette.datastructures import UploadFile
+from pydantic import ConfigDict
+from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, Response
@@ -34,6 +35,36 @@ class BatchCreateBody(Declared):
     completion_window: Literal["24h"]
     metadata: dict[str, Any] | None = None  # at most 16 keys (64 chars) to strings (512 chars): _valid_metadata
     output_expires_after: dict[str, Any] | None = None  # {"anchor": "created_at", "seconds": N}: expiry_seconds
+
+
+class ExpiresAfter(Declared):
+    """OpenAI's {"anchor": "created_at", "seconds": N}, as text fields of a form: checked by expiry_seconds."""
+
+    anchor: str | None = None
+    seconds: str | None = None
+
+
+class UploadForm(Declared):
+    """POST /v1/files: the multipart form's fields (Starlette parses the body; the handler checks the file's size)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    file: UploadFile  # the file part itself
+    purpose: Literal[PURPOSES]  # type: ignore[valid-type]  # a tuple of strings: one Literal of each
+    expires_after: ExpiresAfter | None = None
+
+    @classmethod
+    def of(cls, form: FormData) -> UploadForm:
+        """The form's fields; `a[b]` names a field of object `a`, as the SDKs send objects in a form."""
+        fields: dict[str, Any] = {}
+        for name, value in form.items():
+            outer, _, inner = name.partition("[")
+            if inner.endswith("]") and "[" not in inner:
+                held = fields.setdefault(outer, {})
+                if isinstance(held, dict):
+                    held[inner[:-1]] = value
+                    continue
+            fields[name] = value
+        return cls.parse(fields)
 
 
 class Conflict(GatewayError):
@@ -127,33 +158,30 @@ class BatchEndpoints:
         except MultiPartException as exc:
             raise InvalidRequest(f"Could not parse the multipart body: {exc.message}") from None
         try:
-            purpose, upload = form.get("purpose"), form.get("file")
-            if purpose not in PURPOSES:
-                raise InvalidRequest(f"'purpose' must be one of {list(PURPOSES)}.", param="purpose")
-            if not isinstance(upload, UploadFile):
-                raise InvalidRequest("The multipart body needs a `file` part (the file itself).", param="file")
+            fields = UploadForm.of(form)
+            upload, purpose = fields.file, str(fields.purpose)
             size = upload.size if upload.size is not None else 0
             if size > limit:
                 raise PayloadTooLarge(f"File too large: {size} bytes, the limit is {limit} bytes.", param="file")
             if size == 0:
                 raise InvalidRequest("The file is empty.", param="file")
-            expires_s = self._upload_expiry(form, str(purpose))
+            expires_s = self._upload_expiry(fields, purpose)
             tmp = self.files.temp_path(tenant)
             with open(tmp, "wb") as out:
                 await upload.seek(0)
                 while chunk := await upload.read(1 << 20):
                     out.write(chunk)
-            meta = self.files.create(tenant, upload.filename or "upload.jsonl", str(purpose), tmp, expires_s=expires_s)
+            meta = self.files.create(tenant, upload.filename or "upload.jsonl", purpose, tmp, expires_s=expires_s)
         finally:
             await form.close()
         return json_response(_shown(meta))
 
-    def _upload_expiry(self, form: Any, purpose: str) -> int | None:
-        """Seconds until the upload expires: its `expires_after` (multipart fields `expires_after[anchor]` and
-        `expires_after[seconds]`, as the SDKs send it), else `batch_file_expiry_s` for purpose batch, else never."""
-        anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
-        if anchor is not None or seconds is not None:
-            return expiry_seconds({"anchor": anchor, "seconds": seconds}, "expires_after", self.cfg.min_expiry_s)
+    def _upload_expiry(self, form: UploadForm, purpose: str) -> int | None:
+        """Seconds until the upload expires: its `expires_after`, else `batch_file_expiry_s` for purpose batch, else
+        never."""
+        given = form.expires_after
+        if given is not None and (given.anchor is not None or given.seconds is not None):
+            return expiry_seconds(given.model_dump(), "expires_after", self.cfg.min_expiry_s)
         if purpose == "batch" and self.cfg.batch_file_expiry_s:
             return self.cfg.batch_file_expiry_s
         return None

@@ -1,9 +1,10 @@
 """A /v1/responses body -> a validated ResponsesRequest, and that request -> a chat-completions body.
 
-Everything the gateway cannot honour is a 400 that names the field: built-in tools (web search, file
-search, code interpreter, computer use...), reasoning options (the model does not reason), background
-mode, conversations, prompt templates, media inputs. Fields that change nothing here (service_tier,
-prompt_cache_key, safety_identifier...) are accepted and echoed like OpenAI does.
+The body is declared (ResponsesBody here, the objects inside it in params.py). Everything the gateway cannot
+honour is a 400 that names the field: a built-in tool in tool_choice, background mode, conversations, prompt
+templates, media inputs, reasoning items; built-in tools themselves are left out of what the model sees.
+Fields that change nothing here (reasoning, service_tier, prompt_cache_key, safety_identifier...) are
+accepted, and echoed like OpenAI does.
 """
 
 from __future__ import annotations
@@ -16,42 +17,58 @@ from pydantic import Field
 
 from gateway.errors import InvalidRequest
 from gateway.openai_responses.items import NewId, parse_input
-from gateway.protocol import fields as f
+from gateway.openai_responses.params import (
+    BUILTIN_TOOLS,
+    AllowedTools,
+    BuiltinTool,
+    Format,
+    FunctionChoice,
+    FunctionTool,
+    Item,
+    JsonSchemaFormat,
+    NamespaceTool,
+    Reasoning,
+    Tool,
+    ToolChoice,
+)
 from gateway.protocol.declared import OPENAI, Declared, Hint, Int, Only, Refused, left_out
 from gateway.protocol.fields import Body
 
 _NO_REASONING = "this model is not a reasoning model: it answers without reasoning, and returns no reasoning items"
 
 
-def _no_reasoning_asked(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("effort") in (None, "none") and value.get("summary") is None \
-        and value.get("generate_summary") is None  # fmt: skip
+def _no_reasoning_asked(value: Reasoning) -> bool:
+    return value.effort in (None, "none") and value.summary is None and value.generate_summary is None
 
 
 class TextParam(Declared):
-    format: dict[str, Any] | None = None  # text, json_object or json_schema (_format)
-    verbosity: Annotated[Any, Hint("this model has no verbosity control", neutral=lambda v: v == "medium")] = None
+    format: Format | None = None  # text, json_object or json_schema (_format)
+    verbosity: Annotated[Literal["low", "medium", "high"] | None,
+                         Hint("this model has no verbosity control", neutral=lambda v: v == "medium")] = None  # fmt: skip
 
 
 class StreamOptionsParam(Declared):
     include_obfuscation: bool | None = None  # no obfuscation padding is ever added
 
 
+_Metadata = Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)]
+
+
 class ResponsesBody(Declared):
-    """POST /v1/responses (and /v1/responses/input_tokens): every field a client may send. The items of `input`,
-    `tools` and `tool_choice` are read by gateway/openai_responses/items.py and the functions below."""
+    """POST /v1/responses (and /v1/responses/input_tokens): every field a client may send; the items of `input`,
+    `tools` and `tool_choice` are declared in params.py."""
 
     model: str | None = None  # required to create a response (parse_request), not to count its tokens
-    input: str | list[Any] | None = None
+    input: str | list[Item] | None = None  # required to create a response (parse_request)
     instructions: str | None = None
     max_output_tokens: Int | None = None  # at least 16, as OpenAI's (parse_request)
     temperature: Annotated[float | None, Field(ge=0, le=2)] = None
     top_p: Annotated[float | None, Field(gt=0, le=1)] = None
     text: TextParam | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    metadata: Any = None  # at most 16 string pairs (_metadata)
+    metadata: _Metadata | None = None  # at most 16 pairs; keys of at most 64 characters (_metadata)
     user: str | None = None
     store: bool | None = None
     previous_response_id: str | None = None
@@ -65,9 +82,9 @@ class ResponsesBody(Declared):
     max_tool_calls: Annotated[Int | None, Field(ge=1)] = None  # echoed
     background: Annotated[Literal[False] | None, Only("responses are generated while the request waits.")] = None
     prompt_cache_key: str | None = None  # the prefix-affinity key across replicas (gateway/routing/router.py)
-    reasoning: Annotated[Any, Hint(_NO_REASONING, neutral=_no_reasoning_asked)] = None
+    reasoning: Annotated[Reasoning | None, Hint(_NO_REASONING, neutral=_no_reasoning_asked)] = None
     client_metadata: Annotated[Any, Hint("not stored or logged: `metadata` is what a response keeps")] = None
-    prompt_cache_retention: Annotated[Any, Hint("the prefix cache keeps prefixes while memory allows, whatever the "
+    prompt_cache_retention: Annotated[str | None, Hint("the prefix cache keeps prefixes while memory allows, whatever the "
                                                 "retention")] = None  # fmt: skip
     prompt_cache_options: Annotated[Any, Hint("the prefix cache needs no options")] = None
     # the gateway's extensions, as on /v1/chat/completions
@@ -81,18 +98,8 @@ class ResponsesBody(Declared):
     personality: Annotated[Any, Refused("this model has no personality presets.")] = None
 
 
-# Tools this server cannot run: left out of what the model sees (under strict_params, refused)
-_BUILTIN_TOOLS = {
-    "web_search": "web search", "web_search_preview": "web search", "web_search_preview_2025_03_11": "web search",
-    "web_search_2025_08_26": "web search", "file_search": "file search", "code_interpreter": "the code interpreter",
-    "computer": "computer use", "computer_use": "computer use", "computer_use_preview": "computer use",
-    "image_generation": "image generation", "local_shell": "the local shell", "shell": "the shell", "mcp": "MCP servers",
-    "apply_patch": "apply_patch", "custom": "custom (free-form grammar) tools", "tool_search": "tool search",
-}  # fmt: skip
 _INCLUDE_HINTS = {"reasoning.encrypted_content"}  # no reasoning items to include
-_FUNCTION_KEYS = {"type", "name", "description", "parameters", "strict"}
 _INCLUDE_OK = {"message.output_text.logprobs"}
-_FORMAT_KEYS = {"type", "name", "schema", "strict", "description"}
 
 
 @dataclass(frozen=True)
@@ -121,72 +128,52 @@ class ResponsesRequest:
 
 def parse_request(body: Body, new_id: NewId, *, counting: bool = False, strict: bool = False) -> ResponsesRequest:
     """`counting`: POST /v1/responses/input_tokens (no model needed, nothing generated). `strict`: strict_params."""
-    ResponsesBody.parse(body, strict_params=strict)
-    _check_reasoning(body.get("reasoning"))
-    top_logprobs = _logprobs(body, strict)
-    stream = bool(f.opt_bool(body, "stream"))
-    opts = f.opt_object(body, "stream_options")
-    if opts is not None:
-        if not stream:
-            raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
-        f.reject_unknown(opts, {"include_obfuscation"})
-    truncation = f.opt_str(body, "truncation") or "disabled"
-    if truncation not in ("auto", "disabled"):
-        raise InvalidRequest(
-            f"Invalid value for 'truncation': {truncation!r}; expected 'auto' or 'disabled'.", param="truncation"
-        )
-    max_out = f.opt_int(body, "max_output_tokens")
+    req = ResponsesBody.parse(body, strict_params=strict)
+    top_logprobs = _logprobs(req, strict)
+    if req.stream_options is not None and not req.stream:
+        raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+    max_out = req.max_output_tokens
     if max_out is not None and max_out < 16:
         raise InvalidRequest(
             f"Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got {max_out} instead.",
             param="max_output_tokens",
         )
-    tools, left = _tools(body.get("tools"), strict)
-    model = f.opt_str(body, "model") if counting else f.req_str(body, "model")
-    previous = f.opt_str(body, "previous_response_id")
-    raw_input = body.get("input")
-    if raw_input is None and not counting:
+    tools, left = _tools(req.tools or [], strict)
+    if not counting and req.model is None:
+        raise InvalidRequest("Missing required parameter: 'model'.", param="model")
+    if req.input is None and not counting:
         raise InvalidRequest("Missing required parameter: 'input'.", param="input")
     return ResponsesRequest(
-        model=model or "",
-        input=parse_input(raw_input, new_id) if raw_input is not None else [],
-        instructions=f.opt_str(body, "instructions"),
-        stream=stream,
-        store=f.opt_bool(body, "store") is not False,
-        previous_response_id=previous,
-        truncation=truncation,
+        model=req.model or "",
+        input=parse_input(req.input, new_id) if req.input is not None else [],
+        instructions=req.instructions,
+        stream=bool(req.stream),
+        store=req.store is not False,
+        previous_response_id=req.previous_response_id,
+        truncation=req.truncation or "disabled",
         max_output_tokens=max_out,
-        temperature=f.opt_float(body, "temperature"),
-        top_p=f.opt_float(body, "top_p"),
+        temperature=req.temperature,
+        top_p=req.top_p,
         tools=tools,
-        tool_choice=_tool_choice(body.get("tool_choice"), tools),
-        parallel_tool_calls=f.opt_bool(body, "parallel_tool_calls") is not False,
-        text=_text(body.get("text")),
-        metadata=_metadata(body.get("metadata")),
-        user=f.opt_str(body, "user"),
+        tool_choice=_tool_choice(req.tool_choice, tools),
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        text=_text(req.text),
+        metadata=_metadata(req.metadata),
+        user=req.user,
         top_logprobs=top_logprobs,
         echo={
-            "service_tier": _service_tier(body),
-            "safety_identifier": f.opt_str(body, "safety_identifier"),
-            "prompt_cache_key": f.opt_str(body, "prompt_cache_key"),
-            "max_tool_calls": f.opt_int(body, "max_tool_calls", lo=1),
+            "service_tier": _service_tier(req.service_tier),
+            "safety_identifier": req.safety_identifier,
+            "prompt_cache_key": req.prompt_cache_key,
+            "max_tool_calls": req.max_tool_calls,
         },
-        extensions={k: body[k] for k in ("seed", "priority", "cache") if body.get(k) is not None},
+        extensions={k: getattr(req, k) for k in ("seed", "priority", "cache") if getattr(req, k) is not None},
         left_out=left,
     )
 
 
-def _check_reasoning(raw: object) -> None:
-    """Any reasoning setting is served without reasoning (a hint: _FIELDS), but it must be an object."""
-    if raw is not None and not isinstance(raw, dict):
-        raise InvalidRequest("Invalid type for 'reasoning': expected an object.", param="reasoning")
-
-
-def _logprobs(body: Body, strict: bool) -> int | None:
-    include = body.get("include")
-    if include is not None and (not isinstance(include, list) or not all(isinstance(v, str) for v in include)):
-        raise InvalidRequest("Invalid type for 'include': expected an array of strings.", param="include")
-    for value in include or ():
+def _logprobs(req: ResponsesBody, strict: bool) -> int | None:
+    for value in req.include or ():
         if value in _INCLUDE_HINTS and not strict:
             continue
         if value not in _INCLUDE_OK:
@@ -194,14 +181,12 @@ def _logprobs(body: Body, strict: bool) -> int | None:
                 f"'include' value {value!r} is not supported: this server only adds 'message.output_text.logprobs'.",
                 param="include",
             )
-    top = f.opt_int(body, "top_logprobs", lo=0, hi=20)
-    if "message.output_text.logprobs" in (include or ()):
-        return top or 0
+    if "message.output_text.logprobs" in (req.include or ()):
+        return req.top_logprobs or 0
     return None
 
 
-def _service_tier(body: Body) -> str:
-    tier = f.opt_str(body, "service_tier")
+def _service_tier(tier: str | None) -> str:
     if tier not in (None, "auto", "default"):
         raise InvalidRequest(
             f"'service_tier' {tier!r} is not supported: this server has one tier ('default').", param="service_tier"
@@ -209,166 +194,81 @@ def _service_tier(body: Body) -> str:
     return "default"
 
 
-def _tools(raw: object, strict: bool) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+def _tools(given: list[Tool], strict: bool) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
     """The function tools the model is shown (a namespace's ones by their names), and the names of those left out."""
-    if raw is None:
-        return [], ()
-    if not isinstance(raw, list):
-        raise InvalidRequest("Invalid type for 'tools': expected an array of tool objects.", param="tools")
     out: list[dict[str, Any]] = []
     dropped: list[str] = []
-    for i, tool in enumerate(raw):
-        _collect(f"tools[{i}]", tool, strict, out, dropped=dropped)
+    for i, tool in enumerate(given):
+        where = f"tools[{i}]"
+        members = [(f"{where}.tools[{j}]", t) for j, t in enumerate(tool.tools)] if isinstance(tool, NamespaceTool) \
+            else [(where, tool)]  # fmt: skip
+        for path, member in members:
+            if isinstance(member, BuiltinTool):
+                why = f"this server cannot run {BUILTIN_TOOLS[member.type]}; only 'function' tools are supported."
+                left_out(strict, OPENAI, f"{path}.type", why)
+                dropped.append(member.name or member.type)
+            else:
+                out.append(_function(member))
     names = [t["name"] for t in out]
     if len(set(names)) != len(names):
         raise InvalidRequest("Tool names in 'tools' must be unique.", param="tools")
     return out, tuple(dropped)
 
 
-def _collect(where: str, tool: object, strict: bool, out: list[dict[str, Any]], *, dropped: list[str]) -> None:
-    if not isinstance(tool, dict):
-        raise InvalidRequest(f"Invalid type for '{where}': expected an object.", param=where)
-    kind = tool.get("type")
-    if kind == "namespace":  # a group of tools (an MCP server's, say): its function tools are offered by name
-        members = tool.get("tools")
-        if not isinstance(members, list):
-            raise InvalidRequest(f"Invalid type for '{where}.tools': expected an array of tools.", param=f"{where}.tools")
-        for j, member in enumerate(members):
-            _collect(f"{where}.tools[{j}]", member, strict, out, dropped=dropped)
-    elif isinstance(kind, str) and kind in _BUILTIN_TOOLS:
-        why = f"this server cannot run {_BUILTIN_TOOLS[kind]}; only 'function' tools are supported."
-        left_out(strict, OPENAI, f"{where}.type", why)
-        dropped.append(str(tool.get("name") or kind))
-    else:
-        out.append(_tool(where, tool))
-
-
-def _tool(where: str, tool: dict[str, Any]) -> dict[str, Any]:
-    kind = tool.get("type")
-    if kind != "function":
-        raise InvalidRequest(
-            f"Invalid value for '{where}.type': {kind!r}; only 'function' tools are supported.", param=f"{where}.type"
-        )
-    for key in tool:
-        if key not in _FUNCTION_KEYS:
-            raise InvalidRequest(f"Unknown parameter: '{where}.{key}'.", param=f"{where}.{key}")
-    name = f.req_str(tool, "name", param=f"{where}.name")
-    params = tool.get("parameters")
-    if params is not None and not isinstance(params, dict):
-        raise InvalidRequest(
-            f"Invalid type for '{where}.parameters': expected a JSON schema object.", param=f"{where}.parameters"
-        )
-    strict = f.opt_bool(tool, "strict", param=f"{where}.strict")
+def _function(tool: FunctionTool) -> dict[str, Any]:
     return {
         "type": "function",
-        "name": name,
-        "description": f.opt_str(tool, "description", param=f"{where}.description"),
-        "parameters": params if params is not None else {"type": "object", "properties": {}},
-        "strict": strict is not False,
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": tool.parameters if tool.parameters is not None else {"type": "object", "properties": {}},
+        "strict": tool.strict is not False,
     }
 
 
-def _tool_choice(raw: object, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
+def _tool_choice(choice: ToolChoice | None, tools: list[dict[str, Any]]) -> str | dict[str, Any]:
+    """The choice as echoed (a built-in tool's was refused by BuiltinChoice)."""
     names = {t["name"] for t in tools}
-    if raw is None:
+    if choice is None:
         return "auto"
-    if raw in ("auto", "none", "required"):
-        if raw == "required" and not tools:
+    if isinstance(choice, str):
+        if choice == "required" and not tools:
             raise InvalidRequest("'tool_choice' 'required' needs at least one tool in 'tools'.", param="tool_choice")
-        return raw
-    if not isinstance(raw, dict):
-        raise InvalidRequest(
-            "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or an object.", param="tool_choice"
-        )
-    kind = raw.get("type")
-    if kind == "function":
-        name = raw.get("name")
-        if name not in names:
-            raise InvalidRequest(f"'tool_choice' names function {name!r}, which is not in 'tools'.", param="tool_choice.name")
-        return {"type": "function", "name": name}
-    if kind == "allowed_tools":
-        mode = raw.get("mode")
-        allowed = raw.get("tools")
-        if mode not in ("auto", "required") or not isinstance(allowed, list) or not allowed:
-            raise InvalidRequest(
-                "'tool_choice' allowed_tools needs 'mode' ('auto' or 'required') and a non-empty 'tools'.", param="tool_choice"
-            )
-        for j, t in enumerate(allowed):
-            if not isinstance(t, dict) or t.get("type") != "function" or t.get("name") not in names:
-                raise InvalidRequest(
-                    f"'tool_choice.tools[{j}]' must name a function in 'tools'.", param=f"tool_choice.tools[{j}]"
-                )
-        return {"type": "allowed_tools", "mode": mode, "tools": [{"type": "function", "name": t["name"]} for t in allowed]}
-    if isinstance(kind, str) and kind in _BUILTIN_TOOLS:
-        raise InvalidRequest(
-            f"'tool_choice' type '{kind}' is not supported: this server cannot run {_BUILTIN_TOOLS[kind]}.",
-            param="tool_choice.type",
-        )
-    raise InvalidRequest(f"Invalid value for 'tool_choice.type': {kind!r}.", param="tool_choice.type")
+        return choice
+    if isinstance(choice, FunctionChoice):
+        if choice.name not in names:
+            raise InvalidRequest(f"'tool_choice' names function {choice.name!r}, which is not in 'tools'.",
+                                 param="tool_choice.name")  # fmt: skip
+        return {"type": "function", "name": choice.name}
+    assert isinstance(choice, AllowedTools)  # the built-in choice is refused when parsed
+    for j, t in enumerate(choice.tools):
+        if t.name not in names:
+            raise InvalidRequest(f"'tool_choice.tools[{j}]' must name a function in 'tools'.", param=f"tool_choice.tools[{j}]")
+    return {"type": "allowed_tools", "mode": choice.mode, "tools": [{"type": "function", "name": t.name} for t in choice.tools]}
 
 
-def _text(raw: object) -> dict[str, Any]:
-    """`text`; its fields were checked by TextParam (verbosity is a hint, echoed as sent)."""
-    if raw is None:
+def _text(text: TextParam | None) -> dict[str, Any]:
+    """`text` as echoed (verbosity is a hint, echoed as sent)."""
+    if text is None:
         return {"format": {"type": "text"}, "verbosity": "medium"}
-    if not isinstance(raw, dict):
-        raise InvalidRequest("Invalid type for 'text': expected an object.", param="text")
-    verbosity = raw.get("verbosity") or "medium"
-    if verbosity not in ("low", "medium", "high"):
-        raise InvalidRequest(
-            f"Invalid value for 'text.verbosity': {verbosity!r}; expected 'low', 'medium' or 'high'.", param="text.verbosity"
-        )
-    return {"format": _format(raw.get("format")), "verbosity": verbosity}
+    return {"format": _format(text.format), "verbosity": text.verbosity or "medium"}
 
 
-def _format(raw: object) -> dict[str, Any]:
-    if raw is None:
+def _format(fmt: Format | None) -> dict[str, Any]:
+    if fmt is None:
         return {"type": "text"}
-    if not isinstance(raw, dict):
-        raise InvalidRequest("Invalid type for 'text.format': expected an object.", param="text.format")
-    kind = raw.get("type")
-    if kind in ("text", "json_object"):
-        extra = set(raw) - {"type"}
-        if extra:
-            raise InvalidRequest(f"Unknown parameter: 'text.format.{sorted(extra)[0]}'.", param=f"text.format.{sorted(extra)[0]}")
-        return {"type": kind}
-    if kind != "json_schema":
-        raise InvalidRequest(
-            f"Invalid value for 'text.format.type': {kind!r}; expected 'text', 'json_object' or 'json_schema'.",
-            param="text.format.type",
-        )
-    for key in raw:
-        if key not in _FORMAT_KEYS:
-            raise InvalidRequest(f"Unknown parameter: 'text.format.{key}'.", param=f"text.format.{key}")
-    name = f.req_str(raw, "name", param="text.format.name")
-    schema = raw.get("schema")
-    if not isinstance(schema, dict):
-        raise InvalidRequest(
-            "Missing required parameter: 'text.format.schema' (a JSON schema object).", param="text.format.schema"
-        )
-    out: dict[str, Any] = {"type": "json_schema", "name": name, "schema": schema}
-    out["strict"] = bool(f.opt_bool(raw, "strict", param="text.format.strict"))
-    description = f.opt_str(raw, "description", param="text.format.description")
-    if description is not None:
-        out["description"] = description
+    if not isinstance(fmt, JsonSchemaFormat):
+        return {"type": fmt.type}
+    out: dict[str, Any] = {"type": "json_schema", "name": fmt.name, "schema": fmt.schema_, "strict": bool(fmt.strict)}
+    if fmt.description is not None:
+        out["description"] = fmt.description
     return out
 
 
-def _metadata(raw: object) -> dict[str, str]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise InvalidRequest("Invalid type for 'metadata': expected an object.", param="metadata")
-    if len(raw) > 16:
-        raise InvalidRequest("Invalid 'metadata': at most 16 key-value pairs are allowed.", param="metadata")
-    for key, value in raw.items():
+def _metadata(metadata: dict[str, str] | None) -> dict[str, str]:
+    for key in metadata or {}:
         if len(key) > 64:
             raise InvalidRequest(f"Invalid 'metadata': key {key[:20]!r}... is longer than 64 characters.", param="metadata")
-        if not isinstance(value, str) or len(value) > 512:
-            raise InvalidRequest(
-                f"Invalid 'metadata.{key}': values must be strings of at most 512 characters.", param=f"metadata.{key}"
-            )
-    return dict(raw)
+    return dict(metadata or {})
 
 
 def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]], model: str) -> dict[str, Any]:

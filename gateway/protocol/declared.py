@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Self
+from types import NoneType
+from typing import Annotated, Any, ClassVar, Literal, Self, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, GetCoreSchemaHandler, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, GetCoreSchemaHandler, Tag, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
 from gateway.errors import InvalidRequest
@@ -117,6 +118,36 @@ def integral(value: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(integral)]  # a JSON integer
+
+
+def tagged(*classes: type[BaseModel], other: type[BaseModel] | None = None) -> Any:
+    """One of `classes`, told apart by the object's `type` (each class's `type` field is a Literal of the values it
+    takes, None among them for a class the type may be left out of): only that class validates it, so an error
+    inside it keeps its own path (`messages[0].content[1].text`). `other` takes any other string type; without it an
+    unknown type is a 400 at `<path>.type` listing the known ones."""
+    by_kind = {value: cls.__name__ for cls in classes for value in _literal_values(cls.model_fields["type"].annotation)}
+    known = " or ".join(", ".join(repr(v) for v in by_kind if v is not None).rsplit(", ", 1))
+
+    def pick(value: object) -> str | None:
+        if not isinstance(value, Mapping):
+            return classes[0].__name__  # its own error: "an object"
+        found = value.get("type")
+        if isinstance(found, str | NoneType) and found in by_kind:
+            return by_kind[found]
+        return other.__name__ if other is not None and isinstance(found, str) else None
+
+    members = tuple(Annotated[cls, Tag(cls.__name__)] for cls in (*classes, *([other] if other else [])))
+    return Annotated[Union[members], Discriminator(pick, custom_error_type="unknown_type", custom_error_message=known)]  # noqa: UP007
+
+
+def _literal_values(annotation: Any) -> Iterator[object]:
+    if annotation is NoneType:
+        yield None
+    elif get_origin(annotation) is Literal:
+        yield from get_args(annotation)
+    else:
+        for arg in get_args(annotation):
+            yield from _literal_values(arg)
 
 
 class Declared(BaseModel):
@@ -255,12 +286,27 @@ def _tag_phrase(tag: str) -> str:
     if tag.startswith(("list[", "tuple[")):
         return "an array"
     if tag.startswith("literal["):
-        return tag[len("literal["):-1].replace("'", "")
+        return tag[len("literal[") : -1].replace(",", ", ")
     return "an object"  # dict[...] or a declared class
 
 
+_SHAPE = {*_EXPECTED, "expected"}  # a member of a union whose JSON type the value does not have
+
+
+def _fits(error: Any, cut: int) -> bool:
+    """Whether a union member's error says the value had the member's shape: the error is inside it, or about
+    something other than the value's JSON type (a missing field, a bound, an unknown `type`, a literal's value)."""
+    if not all(_is_tag(part) for part in error["loc"][cut + 1 :]):  # inside the member (past any union in it)
+        return True
+    if error["type"] == "literal_error":
+        return isinstance(error["input"], str)
+    return error["type"] not in _SHAPE
+
+
 def _first(errors: list[Any]) -> Any:
-    """The first error, with a union's per-member errors folded into one type error at the union's own path:
+    """The first error at the API's path. pydantic names the member of a union in an error's location: when one
+    member fits the value (a list for `str | list[Block]`, the one class a `tagged` union picks), the error is that
+    member's, with its name dropped; otherwise the members' errors fold into one type error at the union's own path:
     `expected a string or an array` for `input`, not `input.str`."""
     first = errors[0]
     loc = first["loc"]
@@ -268,10 +314,15 @@ def _first(errors: list[Any]) -> Any:
     if cut is None:
         return first
     prefix = loc[:cut]
-    tags = dict.fromkeys(e["loc"][cut] for e in errors if e["loc"][:cut] == prefix and len(e["loc"]) > cut)
+    mine = [e for e in errors if e["loc"][:cut] == prefix and len(e["loc"]) > cut]
+    tags = dict.fromkeys(e["loc"][cut] for e in mine)
+    fitting = list(dict.fromkeys(e["loc"][cut] for e in mine if _fits(e, cut)))
+    if len(tags) == 1 or len(fitting) == 1:
+        tag = fitting[0] if len(fitting) == 1 else first["loc"][cut]
+        return _first([{**e, "loc": (*prefix, *e["loc"][cut + 1 :])} for e in mine if e["loc"][cut] == tag])
     what = " or ".join(dict.fromkeys(_tag_phrase(str(t)) for t in tags))
     # the union's own value is in the errors of members that failed on it, not deeper inside it
-    value = next((e["input"] for e in errors if e["loc"][:cut] == prefix and len(e["loc"]) == cut + 1), first["input"])
+    value = next((e["input"] for e in mine if len(e["loc"]) == cut + 1), first["input"])
     return {"type": "expected", "loc": prefix, "input": value, "msg": f"Input should be {what}", "ctx": {"what": what}}
 
 
@@ -280,6 +331,12 @@ def _translate(error: Any, wording: Wording) -> InvalidRequest:
     ctx = error.get("ctx") or {}
     if kind == "extra_forbidden":
         return InvalidRequest(wording.unknown(name), param=name)
+    if kind == "unknown_type":  # a `tagged` union's: the object's `type` names none of its classes
+        given = value.get("type") if isinstance(value, dict) else None
+        if wording.invalid is not None:
+            return InvalidRequest(wording.invalid(f"{name}.type", f"Input should be {error['msg']}"), param=f"{name}.type")
+        return InvalidRequest(f"Invalid value for '{name}.type': {given!r}. Supported values are: {error['msg']}.",
+                              param=f"{name}.type")
     if kind == "unsupported_value":
         return InvalidRequest(f"'{name}' value {value!r} is not supported: {ctx['why']}", param=name)
     if wording.invalid is not None:
@@ -300,7 +357,7 @@ def _translate(error: Any, wording: Wording) -> InvalidRequest:
                               param=name)
     if kind == "string_pattern_mismatch":
         return InvalidRequest(f"'{name}' must match {ctx['pattern']}.", param=name)
-    if kind == "too_short":
+    if kind in ("too_short", "string_too_short") and ctx.get("min_length") == 1:
         return InvalidRequest(f"'{name}' must not be empty.", param=name)
     if kind == "value_error":  # a validator's own message (`ValueError("...")`)
         return InvalidRequest(str(ctx.get("error", error["msg"])), param=name)

@@ -19,33 +19,6 @@ def _type_error(param: str, expected: str, value: object) -> InvalidRequest:
     return InvalidRequest(f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param=param)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def opt_int(body: Body, key: str, *, lo: int | None = None, hi: int | None = None, param: str = "") -> int | None:
-    value = body.get(key)
-    name = param or key
-    if value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not _is_int(value):
-        raise _type_error(name, "an integer", value)
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise InvalidRequest(f"Invalid value for '{name}': {value} is outside [{lo}, {hi}].", param=name)
-    return int(value)
-
-
-def opt_float(body: Body, key: str) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise _type_error(key, "a number", value)
-    return float(value)
-
-
 def opt_bool(body: Body, key: str, *, param: str = "") -> bool | None:
     value = body.get(key)
     if value is None:
@@ -69,15 +42,6 @@ def req_str(body: Body, key: str, *, param: str = "") -> str:
     if value is None:
         name = param or key
         raise InvalidRequest(f"Missing required parameter: '{name}'.", param=name)
-    return value
-
-
-def opt_object(body: Body, key: str, *, param: str = "") -> Mapping[str, Any] | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise _type_error(param or key, "an object", value)
     return value
 
 
