@@ -154,7 +154,7 @@ def test_the_suite_passes_peers_to_the_benches_that_measure_them() -> None:
     assert [b.name for b in args.benches] == ["throughput", "cache_pairs"] and args.timeout == suite.QUICK_TIMEOUT_S
     extra = suite.peer_args(args)
     assert extra == ["--llama-server", "/opt/llama-server"]
-    assert {b.name for b in suite.SUITE if b.peer} == {"throughput", "prefill"}
+    assert {b.name for b in suite.SUITE if b.peer} == {"throughput", "prefill", "peer_agreement"}
     assert "--quick" in suite.BY_NAME["throughput"].argv(quick=True)
     assert [b.name for b in suite.parse_args(["--skip", "soak"]).benches] == [b.name for b in suite.SUITE if b.name != "soak"]
     with pytest.raises(SystemExit):
