@@ -8,7 +8,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read by @triton.jit when the k
 import pytest
 import torch
 
-from kernels.cpu.wg8a8 import GroupedInt8, pack
+from kernels.cpu.wg8a8 import GroupedInt8
 from kernels.triton import gguf_gemm as gg
 from kernels.triton.testing import TOL, device_for, generator, poison, ready
 

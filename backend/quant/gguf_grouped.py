@@ -144,7 +144,8 @@ def harmonize(hf: dict[str, torch.Tensor], fused: Iterable[tuple[str, ...]]) -> 
 
 
 def dense_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every grouped weight as its float32 values (a GPU, or tensor/pipeline parallelism: no grouped kernel there)."""
+    """Every grouped weight as its float32 values (tensor/pipeline parallelism, or a device neither the C kernel nor the
+    Triton GEMM runs on: no grouped layer there)."""
     for stem in sorted({k.rsplit(".", 1)[0] for k in hf if k.endswith(".gq")}):
         g = grouped_of(hf, stem)
         assert g is not None

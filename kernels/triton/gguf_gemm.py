@@ -62,10 +62,8 @@ def _gguf_gemm_kernel(
         x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :], mask=m_mask[:, None],
                     other=0.0)
         q = tl.load(q_ptr + offs_k[:, None].to(tl.int64) * N + offs_n[None, :], mask=n_mask[None, :], other=0)
-        if UPCAST:  # the interpreter's int8 -> bfloat16 cast is not one (bf16 held as raw uint16): go through fp32
-            qx = q.to(tl.float32)
-        else:
-            qx = q.to(x.dtype)
+        # UPCAST (bf16 under the interpreter, which holds bf16 as raw uint16 and casts int8 to it wrongly): via fp32
+        qx = q.to(tl.float32) if UPCAST else q.to(x.dtype)
         part = mma(x, qx, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
         sc = tl.load(s_ptr + (k0 // GROUP) * N + offs_n, mask=n_mask, other=0.0)
         acc += part * sc[None, :]
