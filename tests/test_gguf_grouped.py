@@ -204,6 +204,14 @@ def test_a_small_grouped_checkpoint_is_served_in_its_own_bits_on_the_cpu(tmp_pat
     assert (forced["grouped"] - forced["dense"]).abs().max().item() < 0.1  # measured 0.045 with the C kernel
 
 
+def test_where_grouped_weights_stay_grouped() -> None:
+    """One process on a CPU (the C kernel) or a CUDA GPU (the Triton GEMM): grouped; sharded or elsewhere: float32."""
+    from backend.model.weights import grouped_kernel_runs
+
+    assert [grouped_kernel_runs(d, parallel=False) for d in ("cpu", "cuda", "cuda:1", "mps")] == [True, True, True, False]
+    assert not any(grouped_kernel_runs(d, parallel=True) for d in ("cpu", "cuda"))
+
+
 NEON = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 
 

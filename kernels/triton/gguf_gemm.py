@@ -7,7 +7,7 @@ Q4_0 ... Q8_0, the K-quants), copied once at load time into a column layout (`co
     scales_t  (K / G, N) float32   G = 16 (Q3_K, Q6_K) or 32 (the rest); one row of a group's scales is contiguous too
     zeros_t   (K / 32, N) float32  the term added per group of 32 (types with a minimum), or None
     w[n, k] = scales_t[k // G, n] * qt[k, n] (+ zeros_t[k // 32, n])    (the values GroupedInt8.dequantized() gives)
-The same bytes as the CPU's layout: ~1.06-1.38 a weight (q, plus 4 / G for the scales, 4 / 32 for the terms).
+The same bytes as the CPU's layout: 1.125-1.375 a weight (q, plus 4 / G for the scales, 4 / 32 for the terms).
 
 Algorithm: two kinds (`GroupedConfig.kind`), one chosen per M
     mma   Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split_k). The K loop steps one scale group (G inputs) at a time:
