@@ -7,6 +7,8 @@ On a CPU (--dry-run) every case runs once at toy sizes under Triton's interprete
 reference; no time is reported there.
 
     gemm      W4A16 (AWQ, group 128; GGUF blocks, group 32) against cuBLAS bf16, M = 1, 16, 64, 256, 8B's projections
+    grouped   the grouped-int8 GEMM (GGUF blocks in their own bits: Q4_K/Q5_0/Q8_0's groups of 32, with terms; Q6_K's
+              groups of 16) against cuBLAS bf16 on the dequantized weight, the same shapes; both kernel kinds timed
     decode    paged decode attention against SDPA's flash and cuDNN backends on the same K/V made contiguous
     prefill   causal flash prefill over the paged cache against SDPA flash, 2k-16k tokens
 """
@@ -158,6 +160,58 @@ def _gemm_case(m: int, k: int, n: int, fmt: str, *, group: int, device: str, g: 
         us_cublas, _ = graph_us([lambda w=w: F.linear(x, w) for w in w16])
         row.update({"cublas_bf16_us": round(us_cublas, 2), "speedup_vs_cublas": round(us_cublas / us, 3),
                     "cublas_share_of_copy_bw": _share(2 * k * n + 2 * m * (k + n), us_cublas, ceil.copy_bytes_per_s)})
+    return row
+
+
+# ---- grouped-int8 GEMM (GGUF blocks in their own bits) ---------------------------------------------------------
+GROUPED_FORMATS = (("g32_terms", 32, True), ("g16", 16, False))  # Q4_K-like (Q5_0 / Q8_0: no terms); Q6_K-like
+
+
+def bench_grouped(device: str, ceil: Ceilings, dry: bool) -> list[dict[str, Any]]:
+    g = torch.Generator(device=device).manual_seed(0)
+    return [_grouped_case(m, k, n, fmt, device=device, g=g, ceil=ceil, dry=dry)
+            for m, k, n in gemm_cases(dry) for fmt in GROUPED_FORMATS]
+
+
+def _grouped_case(m: int, k: int, n: int, fmt: tuple[str, int, bool], *, device: str, g: torch.Generator,
+                  ceil: Ceilings, dry: bool) -> dict[str, Any]:
+    from kernels.cpu.wg8a8 import GroupedInt8
+    from kernels.triton import gguf_gemm as gg
+
+    name, group, terms = fmt
+    nbytes = k * n + 4 * n * (k // group + (k // 32 if terms else 0))
+
+    def weight() -> GroupedInt8:
+        q = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device, generator=g)
+        s = torch.rand(n, k // group, device=device, generator=g) * 0.002 + 1e-4
+        z = torch.randn(n, k // 32, device=device, generator=g) * 0.01 if terms else None
+        return GroupedInt8(q, s, z)
+
+    first = weight()
+    sets = [gg.columns(first, device)] + [gg.columns(weight(), device) for _ in range(0 if dry else copies_for(nbytes) - 1)]
+    x = torch.randn(m, k, device=device, generator=g).to(torch.bfloat16)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+    row: dict[str, Any] = {"kernel": "grouped_int8_gemm", "format": name, "group": group, "m": m, "k": k, "n": n,
+                           "weight_bytes": nbytes}
+
+    def call(w: gg.GroupedColumns, config: gg.GroupedConfig | None = None) -> torch.Tensor:
+        return gg.gguf_gemm(x, w.qt, w.scales_t, w.zeros_t, out=out, config=config)
+
+    if dry:
+        row["rel_err"] = rel_err(call(sets[0]), gg.gguf_gemm_ref(x.cpu(), GroupedInt8(*(
+            None if t is None else t.cpu() for t in (first.q, first.scales, first.zeros)))))
+        return row
+    default = gg.default_config(m)
+    # the other kind too, at its own default tile: where the switch between them (DECODE_ROWS) belongs
+    other = gg.GroupedConfig("mma", 16, 64) if default.kind == "gemv" else gg.GroupedConfig("gemv", 1, 128, 64)
+    us, how = graph_us([lambda w=w: call(w, default) for w in sets])
+    us_other, _ = graph_us([lambda w=w: call(w, other) for w in sets])
+    deq = [w.dequantized().to(torch.bfloat16) for w in sets[:copies_for(2 * k * n)]]
+    us_cublas, _ = graph_us([lambda w=w: F.linear(x, w) for w in deq])
+    row.update({"us": round(us, 2), "timing": how, "config": default.label(), "other_config": other.label(),
+                "other_us": round(us_other, 2), "cublas_bf16_us": round(us_cublas, 2),
+                "speedup_vs_cublas": round(us_cublas / us, 3),
+                "share_of_copy_bw": _share(nbytes + 2 * m * (k + n), us, ceil.copy_bytes_per_s)})
     return row
 
 

@@ -12,6 +12,7 @@ kv_store.py            store_kv(key, value, k_cache, v_cache, slots)  store_kv_r
 flash_prefill.py       flash_prefill(q, k_cache, v_cache, ...)         flash_prefill_ref
 paged_decode.py        paged_decode(q, k_cache, v_cache, ...)          paged_decode_ref
 awq_gemm.py            awq_gemm(x, qweight, qzeros, scales, group)     awq_gemm_ref (+ pack/unpack)
+gguf_gemm.py           gguf_gemm(x, qt, scales_t, zeros_t)             gguf_gemm_ref (+ columns)
 rmsnorm.py             rms_norm(x, weight, eps, residual=None)         rms_norm_ref
 rotary.py              rotary_embedding(positions, q, k, cos_sin, ..)  rotary_embedding_ref
 =====================  =============================================  ==========================
@@ -26,7 +27,7 @@ call ``use_interpreter()``, which sets it and re-imports what was already import
 """
 
 # The Triton kernels of kernels/triton/ (the C kernels of kernels/cpu/ are not listed here).
-KERNEL_MODULES = ("kv_store", "flash_prefill", "paged_decode", "awq_gemm", "rmsnorm", "rotary")
+KERNEL_MODULES = ("kv_store", "flash_prefill", "paged_decode", "awq_gemm", "gguf_gemm", "rmsnorm", "rotary")
 
 
 def use_interpreter() -> None:

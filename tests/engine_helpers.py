@@ -187,3 +187,42 @@ def write_tokenizer(path: Path, vocab_size: int) -> None:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="w1").save_pretrained(path)
+
+
+def save_grouped_model(config: object, grouped: Path, dense: Path) -> None:
+    """A random HF model of `config` with its projections and embedding table as GGUF-style grouped int8 (what
+    backend/quant/gguf_grouped.py writes: <stem>.gq / .gs / .gz, quant_method gguf_grouped) at `grouped`, and the same
+    values as float32 weights at `dense`. Attention: groups of 32, no terms (Q8_0's form); MLP: groups of 16 with a term
+    per 32 (the K-quants' form); the embedding (tied head): groups of 32 with terms."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from kernels.cpu.wg8a8 import GroupedInt8
+
+    save_random_model(config, dense)
+    file = dense / "model.safetensors"
+    state = load_file(str(file))
+    out: dict[str, torch.Tensor] = {}
+    for name, w in state.items():
+        stem, kind = name.rsplit(".", 1)
+        if kind != "weight" or w.dim() != 2:
+            out[name] = w
+            continue
+        group, terms = (16, True) if ".mlp." in name else (32, ".embed_tokens" in name)
+        n, k = w.shape
+        z = w.view(n, k // 32, 32).mean(-1) if terms else None
+        centred = w - z.repeat_interleave(32, dim=1) if z is not None else w
+        s = centred.view(n, k // group, group).abs().amax(-1).clamp(min=1e-8) / 127
+        q = (centred / s.repeat_interleave(group, dim=1)).round().clamp(-128, 127).to(torch.int8)
+        g = GroupedInt8(q, s.contiguous(), z)
+        out[f"{stem}.gq"], out[f"{stem}.gs"] = g.q, g.scales
+        if z is not None:
+            out[f"{stem}.gz"] = z.contiguous()
+        state[name] = g.dequantized()  # the dense copy holds the grouped values exactly
+    save_file(state, str(file), metadata={"format": "pt"})
+    shutil.copytree(dense, grouped)
+    save_file(out, str(grouped / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((grouped / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "gguf_grouped"}
+    (grouped / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -29,7 +29,7 @@ def test_dry_run_covers_every_section(tmp_path: Path) -> None:
     assert last == json.loads(out.read_text())
     assert last["errors"] == {} and last["skipped"] == []
     kernels = [row for rows in last["kernels"].values() for row in rows]
-    assert {r["kernel"] for r in kernels} == {"w4a16_gemm", "paged_decode", "flash_prefill"}
+    assert {r["kernel"] for r in kernels} == {"w4a16_gemm", "grouped_int8_gemm", "paged_decode", "flash_prefill"}
     assert all(r["rel_err"] < 2e-2 for r in kernels), kernels
     assert {(e["format"], tuple(e["decode"])) for e in last["engine"]} == {
         (f, ("1", "32", "128")) for f in ("bf16", "awq", "gguf")}

@@ -184,3 +184,38 @@ def test_llama_1b_shapes_match_hf_and_graphs_change_no_token(model_1b: Path, pro
         bf16.append([token_ids(outs[f"r{i}"]) for i in range(len(prompts))])
         del eng
     assert bf16[0] == bf16[1]
+
+
+def test_gguf_grouped_weights_run_the_triton_gemm(tmp_path: Path, prompts: list[list[int]]) -> None:
+    """A GGUF's grouped int8 weights on one GPU (tests/engine_helpers.save_grouped_model: groups of 16 and 32, with
+    and without terms, the tied embedding too) stay grouped on the device and run kernels/triton/gguf_gemm.py: fp32
+    greedy tokens equal those of the same values as float32 weights (cuBLAS), and bf16's with CUDA graphs equal
+    bf16's without."""
+    from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
+    from tests.engine_helpers import save_grouped_model
+
+    save_grouped_model(SMOL_SHAPES, tmp_path / "grouped", tmp_path / "dense")
+    arrivals = {0: [(f"r{i}", p, GREEDY) for i, p in enumerate(prompts)]}
+    runs = {}
+    for name in ("dense", "grouped"):
+        eng = engine(tmp_path / name)
+        outs = run_to_completion(eng, arrivals)
+        runs[name] = [token_ids(outs[f"r{i}"]) for i in range(len(prompts))]
+        if name == "grouped":
+            model = eng.runner.model
+            linears = [m for m in model.modules() if isinstance(m, GgufLinear)]
+            assert len(linears) == 30 * 4 + 1 and all(m.mode == "triton" for m in linears)
+            assert isinstance(model.embed_tokens, GgufEmbedding) and model.lm_head.weight_q is model.embed_tokens.weight_q
+            assert all(m.weight_q.qt.device.type == "cuda" for m in linears)
+            assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())  # no float copy of a projection
+            assert_graphs_replayed(eng)
+        assert_no_leaks(eng)
+        del eng
+    assert runs["grouped"] == runs["dense"]
+    bf16 = []
+    for graphs in (True, False):
+        eng = engine(tmp_path / "grouped", dtype="bfloat16", cuda_graphs=graphs)
+        outs = run_to_completion(eng, arrivals)
+        bf16.append([token_ids(outs[f"r{i}"]) for i in range(len(prompts))])
+        del eng
+    assert bf16[0] == bf16[1]

@@ -38,7 +38,7 @@ from backend.quant.gguf_types import SERVED, decode
 from kernels.cpu import build as build_py
 from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
 from tests.c_kernels import ISAS, build, requires_avx512, requires_c_kernels
-from tests.engine_helpers import assert_no_leaks, run_to_completion, teacher_forced, token_ids
+from tests.engine_helpers import assert_no_leaks, run_to_completion, save_grouped_model, teacher_forced, token_ids
 
 # byte offsets of each type's fp16 fields (d, m / dmin) within a block: set to finite values (random bytes may be NaN)
 FP16_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q3_K": [108], "Q4_K": [0, 2],
@@ -177,6 +177,39 @@ def test_gemma_served_in_its_own_bits(gguf: Path, reference: dict, caplog: pytes
     alone = run_to_completion(engine, {0: [("alone", prompts[2], greedy)]})["alone"]
     assert token_ids(alone) == token_ids(outs["r2"])  # the same tokens without batch-mates
     assert_no_leaks(engine)
+
+
+def test_a_small_grouped_checkpoint_is_served_in_its_own_bits_on_the_cpu(tmp_path: Path) -> None:
+    """tests/engine_helpers.save_grouped_model's checkpoint (what tests/test_engine_cuda.py serves on a GPU): on the CPU
+    every projection and the tied head stay grouped (the C kernel, or torch where it cannot build; never the Triton
+    path), and the tokens are the float32 copy's, whose log-probabilities they keep within the activations' rounding."""
+    from transformers import LlamaConfig
+
+    tiny = LlamaConfig(vocab_size=256, hidden_size=96, intermediate_size=128, num_hidden_layers=2, num_attention_heads=6,
+                       num_key_value_heads=2, head_dim=16, max_position_embeddings=128, tie_word_embeddings=True,
+                       initializer_range=0.1)
+    save_grouped_model(tiny, tmp_path / "grouped", tmp_path / "dense")
+    prompts, params = [[5, 9, 11, 40], [7, 3]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    tokens, forced = {}, {}
+    for name in ("dense", "grouped"):
+        engine = LLMEngine(EngineConfig(model=str(tmp_path / name), packed_copy=False))
+        outs = run_to_completion(engine, {0: [(f"r{i}", p, params) for i, p in enumerate(prompts)]})
+        tokens[name] = [token_ids(outs[f"r{i}"]) for i in range(len(prompts))]
+        forced[name] = teacher_forced(engine, prompts, tokens["dense"])
+    model = engine.runner.model
+    linears = [m for m in model.modules() if isinstance(m, GgufLinear)]
+    assert len(linears) == 2 * 4 + 1 and isinstance(model.embed_tokens, GgufEmbedding)
+    assert all(m.mode == ("torch" if build_py.c_gemms_unavailable() else "wg8a8") for m in linears)
+    assert tokens["grouped"] == tokens["dense"]
+    assert (forced["grouped"] - forced["dense"]).abs().max().item() < 0.1  # measured 0.045 with the C kernel
+
+
+def test_where_grouped_weights_stay_grouped() -> None:
+    """One process on a CPU (the C kernel) or a CUDA GPU (the Triton GEMM): grouped; sharded or elsewhere: float32."""
+    from backend.model.weights import grouped_kernel_runs
+
+    assert [grouped_kernel_runs(d, parallel=False) for d in ("cpu", "cuda", "cuda:1", "mps")] == [True, True, True, False]
+    assert not any(grouped_kernel_runs(d, parallel=True) for d in ("cpu", "cuda"))
 
 
 NEON = "aarch64-linux-gnu-gcc", "qemu-aarch64"

@@ -79,7 +79,9 @@ def serving_quantization(path: Path, model_dir: Path, quantization: str, device:
     if is_gguf_grouped(model_dir):
         own = ", ".join(f"{name} x{n}" for name, n in types.most_common() if name in SERVED)
         rest = ", ".join(f"{name} x{n}" for name, n in types.most_common() if name not in SERVED + FLOAT_TYPES)
-        where = "grouped int8 kernel" if device == "cpu" and not parallel else "float32 values (no grouped kernel here)"
+        where = "float32 values (no grouped kernel here)"
+        if grouped_kernel_runs(device, parallel=parallel):
+            where = "grouped int8 kernel" if device == "cpu" else "grouped int8 Triton GEMM"
         log.info("%s: %s served in their own bits (%s)%s", path.name, own, where,
                  f"; {rest} dequantized to float32" if rest else "")
         return quantization
@@ -88,6 +90,12 @@ def serving_quantization(path: Path, model_dir: Path, quantization: str, device:
     log.info("%s: %s not served in their own bits yet: dequantized, projections served as %s (quantization: none keeps "
              "full precision)", path.name, kept or "no quantized tensors", "INT8" if choice == "int8" else "full precision")
     return choice
+
+
+def grouped_kernel_runs(device: str, *, parallel: bool) -> bool:
+    """Whether a gguf_grouped checkpoint's weights stay grouped int8 on `device`: in one process, on a CPU (the C
+    kernel, or torch on each call's dequantized weight) or a CUDA GPU (the Triton GEMM); sharded, float32."""
+    return not parallel and (device == "cpu" or device.startswith("cuda"))
 
 
 def load_config(model_dir: Path) -> PretrainedConfig:
@@ -210,8 +218,11 @@ def load_model(
     if gptq is not None:
         awq = AwqConfig(group_size=gptq.group_size)
     blocks = is_gguf_blocks(model_dir)  # a GGUF's Q4_0/Q4_1 blocks: INT4 layers where the state holds them
-    # a GGUF's blocks as grouped int8 (gguf_grouped.py): on one CPU process; elsewhere their values as float32
-    grouped = ("kept" if device == "cpu" and tp is None and pp is None else "dense") if is_gguf_grouped(model_dir) else None
+    # a GGUF's blocks as grouped int8 (gguf_grouped.py) in one process: the C kernel on a CPU, the Triton GEMM on a GPU;
+    # with tensor/pipeline parallelism (no sharded grouped layer) or on another device their values as float32
+    grouped = None
+    if is_gguf_grouped(model_dir):
+        grouped = "kept" if grouped_kernel_runs(device, parallel=tp is not None or pp is not None) else "dense"
     if blocks and tp is not None:
         raise ValueError("tensor parallelism needs full-precision weights (quantization: none)")
     if (tp is not None or pp is not None) and not arch_of(config).is_llama:
@@ -222,7 +233,10 @@ def load_model(
         from backend.quant.gguf_grouped import swap_in_grouped
         from kernels.cpu.wg8a8 import load_wg8a8
 
-        swap_in_grouped(model, state, load_wg8a8(cache_dir() / "kernels"))
+        if device == "cpu":
+            swap_in_grouped(model, state, load_wg8a8(cache_dir() / "kernels"))
+        else:  # q, scales and terms go to the GPU now, in the Triton GEMM's layout (kernels/triton/gguf_gemm.py)
+            swap_in_grouped(model, state, None, device=device)
     if blocks:
         from backend.quant.convert import swap_in_gguf_blocks
 

@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from backend.quant.gguf_blocks import PER_LAYER, TOP, _unpermute, quant_method, write_converted
-from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
+from backend.quant.gguf_linear import GgufEmbedding, GgufLinear, Grouped
 from backend.quant.gguf_types import decode
 from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, pack
+from kernels.triton.gguf_gemm import columns
 
 QUANT_METHOD = "gguf_grouped"
 TENSORS = ("gq", "gs", "gz")
@@ -143,7 +144,8 @@ def harmonize(hf: dict[str, torch.Tensor], fused: Iterable[tuple[str, ...]]) -> 
 
 
 def dense_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every grouped weight as its float32 values (a GPU, or tensor/pipeline parallelism: no grouped kernel there)."""
+    """Every grouped weight as its float32 values (tensor/pipeline parallelism, or a device neither the C kernel nor the
+    Triton GEMM runs on: no grouped layer there)."""
     for stem in sorted({k.rsplit(".", 1)[0] for k in hf if k.endswith(".gq")}):
         g = grouped_of(hf, stem)
         assert g is not None
@@ -151,11 +153,18 @@ def dense_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return hf
 
 
-def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: ctypes.CDLL | None) -> None:
+def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: ctypes.CDLL | None,
+                    device: str | None = None) -> None:
     """Before load_state_dict: each linear whose grouped tensors `state` holds (our names) -> a GgufLinear on them, the
-    embedding -> a GgufEmbedding, a tied LM head -> a GgufLinear on the embedding's tensors (held once); each packed
-    in `lib`'s layout."""
+    embedding -> a GgufEmbedding, a tied LM head -> a GgufLinear on the embedding's tensors (held once). Without
+    `device`, each packed in `lib`'s layout (the CPU's C kernel, or torch); with one (a GPU: "cuda", "cuda:1"; "cpu"
+    runs the same path under Triton's interpreter), in the Triton GEMM's column layout, already on that device
+    (`model.to(device)` leaves plain attributes where they are)."""
     lanes = lanes_of(lib)
+
+    def layout(g: GroupedInt8) -> Grouped:
+        return pack(g, lanes) if device is None else columns(g, device)
+
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             stem = f"{name}.{child_name}" if name else child_name
@@ -163,10 +172,10 @@ def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: ctype
             if g is None:
                 continue
             if isinstance(child, nn.Embedding):
-                setattr(module, child_name, GgufEmbedding(pack(g, lanes)))
+                setattr(module, child_name, GgufEmbedding(layout(g)))
             else:
                 assert isinstance(child, nn.Linear) and child.bias is None, f"{stem}: a grouped weight with a bias"
-                setattr(module, child_name, GgufLinear(pack(g, lanes), lib))  # type: ignore[arg-type]
+                setattr(module, child_name, GgufLinear(layout(g), lib if device is None else None))  # type: ignore[arg-type]
     embed, head = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
     if isinstance(embed, GgufEmbedding) and isinstance(head, nn.Linear) and model.config.tie_word_embeddings:
-        model.lm_head = GgufLinear(embed.weight_q, lib)
+        model.lm_head = GgufLinear(embed.weight_q, lib if device is None else None)
