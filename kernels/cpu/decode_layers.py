@@ -11,6 +11,7 @@ kernels (backend/model/llama.py with CpuOps), which the result equals bit for bi
 
 from __future__ import annotations
 
+import _ctypes  # CFuncPtr: what ctypes re-exports as _CFuncPtr at runtime, which its stubs do not
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +73,7 @@ def load_decode_layers(build_dir: Path) -> ctypes.CDLL | None:
 
 def entry_points(w4a8: ctypes.CDLL, elementwise: ctypes.CDLL, paged_decode: ctypes.CDLL) -> Kernels:
     """The other kernels' C functions, which the stack calls directly."""
-    def address(fn: ctypes._CFuncPtr) -> int:
+    def address(fn: _ctypes.CFuncPtr) -> int:
         return ctypes.cast(fn, _p).value or 0
 
     return Kernels(address(w4a8.w4a8_linear), address(elementwise.rms_norm_residual), address(elementwise.rotary_neox),

@@ -12,6 +12,7 @@ layer-by-layer path over the same kernels: everything but the attention is the s
 
 from __future__ import annotations
 
+import _ctypes  # CFuncPtr: what ctypes re-exports as _CFuncPtr at runtime, which its stubs do not
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +76,7 @@ def load_encoder_layers(build_dir: Path) -> ctypes.CDLL | None:
 def entry_points(w8a8: ctypes.CDLL, elementwise: ctypes.CDLL) -> Kernels:
     """The other kernels' C functions, which the stack calls directly."""
 
-    def address(fn: ctypes._CFuncPtr) -> int:
+    def address(fn: _ctypes.CFuncPtr) -> int:
         return ctypes.cast(fn, _p).value or 0
 
     return Kernels(address(w8a8.w8a8_linear), address(elementwise.layer_norm_residual))

@@ -123,8 +123,8 @@ def pack_w4a8_blocks(
         return W4A8Weight(packed, d.contiguous(), z.T.contiguous(), 32, blocks=True, octets=True)
     slots = q.to(torch.uint8).reshape(n, k // 64, 64)[:, :, BLOCK_SLOTS]
     nibbles = slots[:, :, :32] | (slots[:, :, 32:] << 4)  # (N, blocks, 32)
-    halves = torch.cat([t.half().reshape(n, k // 64, 2) for t in (d, z)], dim=2)  # (N, blocks, [d0, d1, z0, z1])
-    packed = torch.cat([nibbles, halves.view(torch.uint8)], dim=2).reshape(n, -1).contiguous()
+    block_halves = torch.cat([t.half().reshape(n, k // 64, 2) for t in (d, z)], dim=2)  # (N, blocks, [d0, d1, z0, z1])
+    packed = torch.cat([nibbles, block_halves.view(torch.uint8)], dim=2).reshape(n, -1).contiguous()
     return W4A8Weight(packed, d.contiguous(), z.T.contiguous(), 32, blocks=True)
 
 
