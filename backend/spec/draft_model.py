@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from backend.config import EngineConfig, default_gguf_model_path
+from backend.engine.block_pool import KVBlock
 from backend.engine.kv_cache import KVCacheManager
 from backend.engine.model_runner import ModelRunner, kv_cache_shape
 from backend.engine.request import Sequence
@@ -68,7 +69,7 @@ class _View:
 
     token_ids: list[int]
     num_computed_tokens: int
-    block_table: list
+    block_table: list[KVBlock]
 
 
 @dataclass
@@ -114,7 +115,8 @@ class DraftModel:
         q: dict[Sequence, list[torch.Tensor]] = {s: [] for s in seqs}
         consumed = dict.fromkeys(seqs, 0)  # grammar tokens consumed while drafting, rolled back at the end
         for j in range(max(s.num_draft for s in seqs)):
-            decodes, prefills = [], []
+            decodes: list[tuple[Sequence, _Chunk]] = []
+            prefills: list[tuple[Sequence, _Chunk]] = []
             for s in (s for s in seqs if j < want[s]):
                 start = min(s.num_draft_computed, base[s] - 1) if j == 0 else base[s] - 1 + j
                 chunk = _Chunk(_View(s.token_ids, start, s.block_table), base[s] + j - start)

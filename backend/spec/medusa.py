@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,8 @@ class ResBlock(nn.Module):
         self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.act(self.linear(x))
+        h: torch.Tensor = self.act(self.linear(x))  # a Module call is typed Any
+        return x + h
 
 
 class MedusaHeads(nn.ModuleList):
@@ -58,8 +60,12 @@ class MedusaHeads(nn.ModuleList):
         self.shared_lm_head = False  # set by share_lm_head() / after loading when all final linears are equal
         self.draft_vocab: torch.Tensor | None = None  # DRAFT_VOCAB: the token ids proposals are chosen among
 
+    def sequentials(self) -> list[nn.Sequential]:
+        # a ModuleList yields plain Modules; ours holds only the Sequentials __init__ builds (load_state_dict keeps them)
+        return [cast(nn.Sequential, head) for head in self]
+
     def lm_heads(self) -> list[nn.Linear]:
-        return [head[-1] for head in self]
+        return [cast(nn.Linear, head[-1]) for head in self.sequentials()]  # each head ends in its linear (__init__)
 
     def share_lm_head(self, weight: torch.Tensor | None = None) -> None:
         """Point every head's final linear at one weight (default: head 0's), if all are equal (or one is given)."""
@@ -74,15 +80,14 @@ class MedusaHeads(nn.ModuleList):
 
     def transform(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """(num_heads, rows, hidden): the heads' ResBlocks, before the final linear."""
-        return torch.stack([head[:-1](hidden) for head in list(self)[:num_heads]])
+        return torch.stack([head[:-1](hidden) for head in self.sequentials()[:num_heads]])
 
     def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """num_heads: only the first ones (a draft of k < len(self) tokens needs no more vocab-sized rows)."""
-        heads = list(self)[:num_heads]
         z = self.transform(hidden, num_heads)
         if self.shared_lm_head:  # one GEMM: the vocab-sized weight is read once for all heads
             return F.linear(z, self.lm_heads()[0].weight)
-        return torch.stack([head[-1](z_i) for head, z_i in zip(heads, z, strict=True)])
+        return torch.stack([linear(z_i) for linear, z_i in zip(self.lm_heads()[:num_heads], z, strict=True)])
 
 
 def save_medusa(heads: MedusaHeads, path: Path, base_model: str, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -147,8 +152,8 @@ class MedusaDrafter:
         # Drafts stop at the first head whose guess is less likely than this (0 = always all k): an unsure guess
         # mostly costs a verified position. Decided from the heads alone, so the draft is still a point mass.
         self.min_confidence = min_confidence
-        vocab = heads.draft_vocab if heads.shared_lm_head else None
-        self._vocab_weight = None if vocab is None else heads.lm_heads()[0].weight[vocab].contiguous()
+        self._vocab = heads.draft_vocab if heads.shared_lm_head else None  # proposals among these ids (None: all)
+        self._vocab_weight = None if self._vocab is None else heads.lm_heads()[0].weight[self._vocab].contiguous()
         self._hidden: dict[Sequence, tuple[int, torch.Tensor]] = {}  # seq -> (num_tokens it belongs to, (hidden,))
 
     def remember(self, seq: Sequence, hidden: torch.Tensor, num_tokens: int) -> None:
@@ -168,12 +173,12 @@ class MedusaDrafter:
         k = min(max(k for _, k in ready), len(self.heads))
         hidden = torch.stack([self._hidden[s][1] for s, _ in ready])
         if self._vocab_weight is None:
-            logits = self.heads(hidden, k)  # (k, seqs, vocab)
+            logits: torch.Tensor = self.heads(hidden, k)  # (k, seqs, vocab)
         else:  # the draft vocabulary's rows only (its softmax, too: a slightly higher confidence)
             logits = F.linear(self.heads.transform(hidden, k), self._vocab_weight)
         probs, tokens = torch.softmax(logits.float(), dim=-1).max(dim=-1)  # (k, seqs)
-        if self._vocab_weight is not None:
-            tokens = self.heads.draft_vocab[tokens]  # type: ignore[index]
+        if self._vocab is not None:
+            tokens = self._vocab[tokens]
         sure = (probs >= self.min_confidence).int().cumprod(dim=0).sum(dim=0).tolist()  # leading confident heads
-        tokens = tokens.t().tolist()
-        return {s: tokens[j][: min(n, sure[j])] for j, (s, n) in enumerate(ready)}
+        drafts = tokens.t().tolist()
+        return {s: drafts[j][: min(n, sure[j])] for j, (s, n) in enumerate(ready)}

@@ -67,7 +67,8 @@ def cached_answers(
 ) -> list[tuple[list[int], int]]:
     """generate_answers over chat_requests(path), kept in `cache` (a torch file) for the next run."""
     if cache.exists():
-        return torch.load(cache)
+        cached: list[tuple[list[int], int]] = torch.load(cache)  # what the torch.save below wrote
+        return cached
     samples = generate_answers(model_dir, chat_requests(tokenizer, path, limit), max_tokens)
     cache.parent.mkdir(parents=True, exist_ok=True)
     torch.save(samples, cache)

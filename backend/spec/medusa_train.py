@@ -22,9 +22,11 @@ import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from backend.config import default_medusa_path, default_model_path
 from backend.model.tokenizer import apply_chat_template
@@ -35,6 +37,15 @@ from backend.spec.medusa_data import VERSION, cached_answers
 
 PROMPT_TOKENS = 48  # of each passage quoted in the user turn; the rest is the assistant's answer
 IGNORE = -100
+
+
+class CausalLM(Protocol):
+    """What training reads of the base: an HF causal LM (which mypy reads as Any: pyproject.toml's transformers)."""
+
+    model: nn.Module  # the decoder: (1, T) ids -> outputs whose last_hidden_state is after the final norm
+    lm_head: nn.Linear
+
+    def requires_grad_(self, requires_grad: bool = True) -> object: ...
 
 
 @dataclass
@@ -56,7 +67,7 @@ def chat_samples(tokenizer: object, path: Path, chunk_tokens: int) -> list[list[
 
 
 @torch.inference_mode()
-def features(model: torch.nn.Module, samples: list[list[int]], num_heads: int, starts: list[int] | None = None) -> Features:
+def features(model: CausalLM, samples: list[list[int]], num_heads: int, starts: list[int] | None = None) -> Features:
     """Run the frozen base once over every sample (precomputed: training never runs the base again).
     starts: per sample, the first position to learn from (the answer's start; earlier ones are only context)."""
     hidden, targets = [], []
@@ -76,11 +87,11 @@ def features(model: torch.nn.Module, samples: list[list[int]], num_heads: int, s
 def head_loss(heads: MedusaHeads, hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """weight: the shared lm_head in the CPU's dense dtype (bf16 with AMX: ~3x fp32; the vocab matmul is nearly
     all of a step; fp32 on an AVX2 CPU, which emulates bf16)."""
-    z = torch.stack([head[:-1](hidden) for head in heads])  # (num_heads, rows, hidden)
+    z = heads.transform(hidden)  # (num_heads, rows, hidden)
     logits = F.linear(z.to(weight.dtype), weight).float()  # (num_heads, rows, len(vocab))
     weights = [0.8**i for i in range(len(heads))]
     losses = [F.cross_entropy(logits[i], targets[:, i], ignore_index=IGNORE) * w for i, w in enumerate(weights)]
-    return sum(losses) / sum(weights)  # type: ignore[return-value]
+    return sum(losses, torch.zeros((), device=logits.device)) / sum(weights)  # a Tensor start: sum's 0 is an int
 
 
 def train(heads: MedusaHeads, data: Features, seconds: float, lr: float, *, batch: int, max_steps: int = 10**9,
@@ -142,10 +153,11 @@ def confidence_sweep(heads: MedusaHeads, data: Features, thresholds: tuple[float
 def draft_vocab(data: Features) -> torch.Tensor:
     """The token ids the heads learn to say (medusa.DRAFT_VOCAB): the drafter proposes among these only."""
     targets = data.targets[data.targets != IGNORE]
-    return torch.unique(targets)
+    vocab: torch.Tensor = torch.unique(targets)  # torch.unique is typed Any
+    return vocab
 
 
-def new_heads(model: torch.nn.Module, num_heads: int, num_layers: int) -> MedusaHeads:
+def new_heads(model: CausalLM, num_heads: int, num_layers: int) -> MedusaHeads:
     """Heads whose final linear is the base's lm_head weight (frozen, shared); only the ResBlocks train."""
     model.requires_grad_(False)
     weight = model.lm_head.weight  # (vocab, hidden)
@@ -193,12 +205,13 @@ def main(argv: list[str] | None = None) -> Path:
     report("heldout after", acceptance(heads, heldout))
     for c, (proposed, accepted) in confidence_sweep(heads, heldout).items():
         print(f"heldout min_confidence {c}: {proposed:.2f} proposed, {accepted:.2f} accepted per draft")
-    save_medusa(heads, args.out, str(args.model))
-    print(f"saved {args.out} ({time.monotonic() - start:.0f}s in all)")
-    return args.out
+    out: Path = args.out
+    save_medusa(heads, out, str(args.model))
+    print(f"saved {out} ({time.monotonic() - start:.0f}s in all)")
+    return out
 
 
-def training_sets(args: argparse.Namespace, model: torch.nn.Module, tokenizer: object) -> tuple[Features, Features]:
+def training_sets(args: argparse.Namespace, model: CausalLM, tokenizer: object) -> tuple[Features, Features]:
     """(train, heldout) features: generated answers about calibration.txt / heldout.txt, or the passages."""
     if args.data == "passages":
         return (features(model, chat_samples(tokenizer, CALIBRATION, args.chunk), args.heads),

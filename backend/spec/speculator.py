@@ -72,7 +72,8 @@ def _grammar_prefix(seq: Sequence, draft: list[int]) -> list[int]:
 def _state(seq: Sequence) -> SeqSpecState:
     if seq.speculation is None:
         seq.speculation = SeqSpecState()
-    return seq.speculation
+    state: SeqSpecState = seq.speculation  # Any on Sequence: backend/engine does not import backend/spec
+    return state
 
 
 class Speculator:
