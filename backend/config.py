@@ -165,7 +165,7 @@ def engine_config_from_env(base: EngineConfig | None = None, environ: dict[str, 
     """Override `base` with SMOLGATE_<FIELD> variables (e.g. SMOLGATE_KV_CACHE_MEMORY_MB=2048)."""
     base = base or EngineConfig()
     env = os.environ if environ is None else environ
-    changes = {
+    changes: dict[str, Any] = {  # field name -> a value of that field's type (_parse follows the default's)
         f.name: _parse(env[f"{ENV_PREFIX}{f.name.upper()}"], getattr(base, f.name))
         for f in fields(base)
         if f"{ENV_PREFIX}{f.name.upper()}" in env
