@@ -13,13 +13,14 @@ build), which shares the /v1/embeddings embedder's tokenizer, thread and embeddi
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from tokenizers import Tokenizer
-from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from backend.config import default_embedding_model_path
 from backend.embed.minilm import BertEncoder
@@ -28,18 +29,25 @@ from backend.quant.cpu_gemm import half_weight_gemm_available, onednn_available
 from kernels.cpu.build import c_kernels_unavailable
 
 MODEL_NAME = "all-MiniLM-L6-v2"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
+_T = TypeVar("_T")
 
 
 class Submitter(Protocol):
     """Runs a callable on another thread (concurrent.futures.Executor.submit; AsyncEngine.submit)."""
 
-    def submit(self, fn: Any, /, *args: Any) -> Future: ...
+    def submit(self, fn: Callable[..., _T], /, *args: Any) -> Future[_T]: ...
 
 
 class Embedder:
     """Loads the model once (blocking); `embed` is safe to call from many coroutines."""
 
     model_name: str = MODEL_NAME
+    _executor: Submitter
+    path: Path
+    tokenizer: PreTrainedTokenizerBase
+    _core: Tokenizer | None
+    _encoder: BertEncoder | None
 
     def __init__(
         self, model_path: str | Path | None = None, batch_size: int = 32, dtype: str = "auto",
@@ -70,7 +78,8 @@ class Embedder:
         weights = _encoder_dtype(dtype)
         shared = share._encoder if share else None
         self._encoder = self._executor.submit(BertEncoder, model, weights, shared).result() if bert else None
-        self.model = None if self._encoder else model  # the weights live in the encoder's packed copies
+        # transformers' forward where there is no encoder (the weights live in the encoder's packed copies)
+        self.model: PreTrainedModel | None = None if self._encoder else model
         self.dtype: str = _name(weights) if bert else "float32"  # what the forward runs in
         # What produced a vector: the semantic cache keys its scopes by it (vectors of another model or dtype differ).
         self.identity = f"{self.path.name}/{self.dtype}"
@@ -106,11 +115,16 @@ class Embedder:
                 param="input",
             )
         with torch.inference_mode():
-            if self._encoder is not None:
-                hidden = self._encoder(input_ids, attention_mask)
-            else:
-                hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            hidden = self._hidden(input_ids, attention_mask)
         return mean_pool_normalize(hidden, attention_mask).tolist(), int(lengths.sum())
+
+    def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(batch, tokens, dimensions): the final hidden states, from our encoder or transformers' forward."""
+        if self._encoder is not None:
+            return self._encoder(input_ids, attention_mask)
+        assert self.model is not None  # one of the two is set (__init__)
+        hidden: torch.Tensor = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return hidden
 
     async def token_states(self, texts: list[str]) -> list[tuple[list[str], Any, list[float], Any]]:
         """Per text, its word-piece tokens (special tokens left out), their final hidden states (a float32 numpy
@@ -121,7 +135,11 @@ class Embedder:
 
     def token_states_sync(self, texts: list[str]) -> list[tuple[list[str], Any, list[float], Any]]:
         out: list[tuple[list[str], Any, list[float], Any]] = []
-        table = self._encoder.word if self._encoder is not None else self.model.get_input_embeddings().weight
+        if self._encoder is not None:
+            table = self._encoder.word
+        else:
+            assert self.model is not None  # one of the two is set (__init__)
+            table = self.model.get_input_embeddings().weight
         for start in range(0, len(texts), self.batch_size):
             batch = texts[start : start + self.batch_size]
             input_ids, attention_mask = self._tokenize(batch)
@@ -131,10 +149,7 @@ class Embedder:
                     f"An input is {longest} tokens long; {self.model_name} reads at most {self.max_length}.", param="input"
                 )
             with torch.inference_mode():
-                if self._encoder is not None:
-                    hidden = self._encoder(input_ids, attention_mask)
-                else:
-                    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                hidden = self._hidden(input_ids, attention_mask)
                 vectors = mean_pool_normalize(hidden, attention_mask).tolist()
             states = hidden.float().numpy()
             for i in range(len(batch)):
@@ -175,7 +190,7 @@ def _padding_core(tokenizer: PreTrainedTokenizerBase) -> Tokenizer | None:
     return core
 
 
-def _load(path: Path) -> torch.nn.Module:
+def _load(path: Path) -> PreTrainedModel:
     return AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
@@ -184,9 +199,9 @@ def _encoder_dtype(name: str) -> torch.dtype:
         if onednn_available(torch.bfloat16):
             return torch.bfloat16
         return torch.float16 if half_weight_gemm_available() else torch.float32
-    if name not in ("float32", "bfloat16", "float16", "int8"):
+    if name not in _DTYPES:
         raise ValueError(f"embedding dtype {name!r}: use auto, float32, bfloat16, float16 or int8")
-    return getattr(torch, name)
+    return _DTYPES[name]
 
 
 def _name(dtype: torch.dtype) -> str:

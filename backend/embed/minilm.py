@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,10 @@ from kernels.cpu import encoder_layers as stack_kernel
 from kernels.cpu.elementwise import layer_norm_residual, load_elementwise
 from kernels.cpu.encoder_layers import encoder_attention_ref
 from kernels.cpu.w8a8 import load_w8a8, w8a8_group
+
+if TYPE_CHECKING:  # what transformers loads (which mypy reads as Any: pyproject.toml's transformers override)
+    from transformers import BertModel
+    from transformers.models.bert.modeling_bert import BertLayer
 
 Gemm = PackedLinear | HalfWeightLinear | Int8ActLinear
 
@@ -83,7 +88,7 @@ class _Layer:
 class BertEncoder:
     """Last hidden states of a BertModel (post-norm encoder, absolute positions, token type 0)."""
 
-    def __init__(self, bert: nn.Module, dtype: torch.dtype = torch.float32, share: BertEncoder | None = None) -> None:
+    def __init__(self, bert: BertModel, dtype: torch.dtype = torch.float32, share: BertEncoder | None = None) -> None:
         """dtype: float32 or bfloat16 (weights and arithmetic), float16 (fp16 weights, fp32 arithmetic) or int8 (int8
         weights and activations, fp32 elsewhere). share: an encoder of the same model whose embedding tables (the word
         table is 47 MB of MiniLM's ~90) this one reuses where its activations have the same dtype."""
@@ -91,9 +96,12 @@ class BertEncoder:
         if cfg.hidden_act != "gelu" or getattr(cfg, "position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"unsupported BERT variant: hidden_act={cfg.hidden_act}, positions={cfg.position_embedding_type}")
         self.dtype = torch.float32 if dtype in (torch.float16, torch.int8) else dtype  # the activations'
-        self.num_heads = cfg.num_attention_heads
+        self.num_heads: int = cfg.num_attention_heads
         norm_lib = load_elementwise(cache_dir() / "kernels")  # None where the C kernels cannot run
         emb = bert.embeddings
+        self.word: torch.Tensor
+        self.position: torch.Tensor
+        self.emb_norm: _Norm
         if share is not None and share.dtype == self.dtype:
             self.word, self.position, self.emb_norm = share.word, share.position, share.emb_norm
         else:
@@ -106,7 +114,7 @@ class BertEncoder:
         self.stack = _stack(self.layers, self.num_heads, cfg.intermediate_size)
 
     @staticmethod
-    def _layer(layer: nn.Module, weights: torch.dtype, activations: torch.dtype, norm_lib: ctypes.CDLL | None) -> _Layer:
+    def _layer(layer: BertLayer, weights: torch.dtype, activations: torch.dtype, norm_lib: ctypes.CDLL | None) -> _Layer:
         att = layer.attention
         return _Layer(
             qkv=_packed(att.self.query, att.self.key, att.self.value, dtype=weights),
@@ -138,13 +146,15 @@ def _stack(layers: list[_Layer], heads: int, intermediate: int) -> stack_kernel.
     the C one: the same arithmetic as the layer loop but for attention, without ~40 Python-side calls a query."""
     gemms = [g for layer in layers for g in (layer.qkv, layer.out, layer.up, layer.down)]
     norms = [n for layer in layers for n in (layer.attn_norm, layer.mlp_norm)]
-    if not layers or not all(isinstance(g, Int8ActLinear) for g in gemms) or any(n.lib is None for n in norms):
+    int8 = [g for g in gemms if isinstance(g, Int8ActLinear)]
+    norm_libs = [n.lib for n in norms if n.lib is not None]
+    if not layers or len(int8) < len(gemms) or len(norm_libs) < len(norms):
         return None
     lib = stack_kernel.load_encoder_layers(cache_dir() / "kernels")
     hidden = norms[0].weight.shape[0]
     if lib is None or hidden % heads or (hidden // heads) % 8:
         return None
-    kernels = stack_kernel.entry_points(gemms[0].lib, norms[0].lib)
+    kernels = stack_kernel.entry_points(int8[0].lib, norm_libs[0])
     dims = stack_kernel.Dims(hidden, heads, hidden // heads, intermediate, norms[0].eps)
     return stack_kernel.EncoderLayers(lib, kernels, dims, [_weights(layer) for layer in layers])
 
