@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from backend.config import load_engine_config
+from backend.config import EngineConfig, load_engine_config
 from backend.model.ranks import STOP, parallel_ranks
 
+if TYPE_CHECKING:
+    from backend.model.llama import LlamaForCausalLM
 
-def _load_worker_model(cfg: Any) -> tuple[nn.Module, torch.dtype, str]:
+
+def _load_worker_model(cfg: EngineConfig) -> tuple[LlamaForCausalLM, torch.dtype, str]:
     """This rank's part of the model, loaded exactly as rank 0 loads its own (max_model_len, ops, dtype)."""
     from backend.engine.model_runner import DTYPES
     from backend.model.ops import select_ops
@@ -46,20 +48,19 @@ def _load_worker_model(cfg: Any) -> tuple[nn.Module, torch.dtype, str]:
 
 
 @torch.inference_mode()
-def worker_loop(config: Any) -> None:
-    """Ranks > 0: load this rank's part of the model and a KV cache like rank 0's, then run every broadcast batch.
-    `config` is an EngineConfig."""
+def worker_loop(config: EngineConfig) -> None:
+    """Ranks > 0: load this rank's part of the model and a KV cache like rank 0's, then run every broadcast batch."""
     from backend.engine.model_runner import allocate_kv_cache
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.set_flush_denormal(True)  # as rank 0 does
     model, dtype, device = _load_worker_model(config)
-    box: list[object] = [None]
-    dist.broadcast_object_list(box, src=0)  # Driver.share_num_blocks
-    kv_cache = allocate_kv_cache(model, int(box[0]), config.block_size, dtype=dtype, device=device)
+    num_blocks: list[int] = [0]
+    dist.broadcast_object_list(num_blocks, src=0)  # Driver.share_num_blocks: an int
+    kv_cache = allocate_kv_cache(model, num_blocks[0], config.block_size, dtype=dtype, device=device)
     while True:
-        box = [None]
+        box: list[object] = [None]
         dist.broadcast_object_list(box, src=0)
         if box[0] == STOP:
             return

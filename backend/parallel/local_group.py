@@ -9,10 +9,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
+from backend.model.ranks import Driver
 
 Job = Callable[[LLMEngine], Any]  # a module-level function: spawn pickles it by name
 
@@ -20,10 +21,11 @@ Job = Callable[[LLMEngine], Any]  # a module-level function: spawn pickles it by
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) of an AF_INET socket; typeshed says Any
+        return port
 
 
-def rank_main(rank: int, world: int, port: int, config: EngineConfig, *, job: Job, results: mp.Queue) -> None:
+def rank_main(rank: int, world: int, port: int, config: EngineConfig, *, job: Job, results: mp.Queue[tuple[str, object]]) -> None:
     import torch.distributed as dist
 
     from backend.parallel.driver import worker_loop
@@ -42,7 +44,7 @@ def rank_main(rank: int, world: int, port: int, config: EngineConfig, *, job: Jo
                 results.put(("error", repr(e)))
                 raise
             finally:
-                engine.runner.model.stop_workers()
+                cast(Driver, engine.runner.model).stop_workers()  # with > 1 rank the runner's model is the Driver
         else:
             worker_loop(config)
     finally:
