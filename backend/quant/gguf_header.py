@@ -71,7 +71,8 @@ class _Cursor:
 
     def skip_value(self, kind: int) -> None:
         if kind == STRING:
-            n = int(self.take("Q"))  # type: ignore[call-overload]  (read first: `pos += take()` would lose take's step)
+            n = self.take("Q")  # read first: `pos += take()` would lose take's step
+            assert isinstance(n, int)
             self.pos += n
         elif kind in _FIXED:
             self.pos += struct.calcsize("<" + _FIXED[kind])
