@@ -85,8 +85,8 @@ def _resident_mb() -> float:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_cpu_pool_is_zeros_and_resident_only_where_written(dtype: torch.dtype) -> None:
-    """A pool of hundreds of MB costs no resident memory until its slots are written (calloc'd pages), reads as zeros,
-    and writing a quarter of it makes about that quarter resident."""
+    """A pool of hundreds of MB costs no resident memory until its slots are written (an anonymous map's zero pages),
+    reads as zeros, and writing a quarter of it makes about that quarter resident."""
     engine = make_engine(kv_cache_memory_mb=8)
     before = _resident_mb()
     pool = allocate_kv_cache(engine.runner.model, engine.kv.pool.num_blocks * 128, engine.kv.block_size, dtype=dtype,

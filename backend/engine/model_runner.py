@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
 from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -54,13 +54,14 @@ def kv_cache_shape(model: ServedModel, num_blocks: int, block_size: int) -> tupl
 def allocate_kv_cache(model: ServedModel, num_blocks: int, block_size: int, *, dtype: torch.dtype,
                       device: str) -> torch.Tensor:
     """The KV pool, zeros (a masked-out slot must hold a finite value: SDPA's masked softmax still multiplies it). On a
-    CPU the zeros come from calloc (numpy's zeros): the kernel hands out untouched zero pages, so the pool is resident
-    only as far as it has been written, not its whole budget from the start (`torch.zeros` writes every byte)."""
+    CPU it is an anonymous memory map: the kernel hands out zero pages as they are first written, so the pool is
+    resident only as far as it has been written, not its whole budget from the start (`torch.zeros` writes every
+    byte; calloc's zeros are lazy only where the allocator happens to map fresh memory)."""
     shape = kv_cache_shape(model, num_blocks, block_size)
     if device != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = torch.Size(shape).numel() * dtype.itemsize
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    pages = mmap.mmap(-1, torch.Size(shape).numel() * dtype.itemsize)  # the tensor keeps the map alive
+    return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def kv_cache_dtype(
