@@ -55,6 +55,10 @@ class PostgresLock:
         import psycopg
 
         self.db = psycopg.connect(url)
+        deadline = time.monotonic() + 60  # the gateway's writer thread connects, and creates the table, on its own
+        while self.db.execute("SELECT to_regclass('ledger')").fetchone() == (None,) and time.monotonic() < deadline:
+            self.db.rollback()
+            time.sleep(0.1)
         self.db.execute("LOCK TABLE ledger IN SHARE MODE")  # INSERTs wait behind it
 
     def release(self) -> None:
