@@ -11,7 +11,7 @@ kernels (backend/model/llama.py with CpuOps), which the result equals bit for bi
 
 from __future__ import annotations
 
-import _ctypes  # CFuncPtr: what ctypes re-exports as _CFuncPtr at runtime, which its stubs do not
+import _ctypes  # CFuncPtr: ctypes re-exports it as _CFuncPtr at runtime; only _ctypes names it in the type hints
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path

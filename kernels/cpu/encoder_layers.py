@@ -12,7 +12,7 @@ layer-by-layer path over the same kernels: everything but the attention is the s
 
 from __future__ import annotations
 
-import _ctypes  # CFuncPtr: what ctypes re-exports as _CFuncPtr at runtime, which its stubs do not
+import _ctypes  # CFuncPtr: ctypes re-exports it as _CFuncPtr at runtime; only _ctypes names it in the type hints
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path

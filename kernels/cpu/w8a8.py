@@ -130,4 +130,4 @@ def w8a8_linear_ref(x: torch.Tensor, w: W8A8Weight, bias: torch.Tensor | None = 
 def gelu_ref(y: torch.Tensor) -> torch.Tensor:
     """GELU's erf form in float64 as 0.5 y erfc(-y / sqrt 2): F.gelu's 1 + erf(y / sqrt 2) cancels to 0 below y ~ -8."""
     y = y.double()
-    return 0.5 * y * torch.erfc(-y / math.sqrt(2))  # torch.special.erfc's alias, typed in torch's stubs
+    return 0.5 * y * torch.erfc(-y / math.sqrt(2))  # torch.special.erfc's alias; this name carries a type
