@@ -85,6 +85,9 @@ class EngineConfig:
     device: str = "auto"  # auto -> cuda when available, else cpu
     block_size: int = 16
     kv_cache_memory_mb: int = 1024  # memory budget of the KV block pool
+    # Where full and sliding-window layers mix (Gemma 3), the windowed layers' K/V in a pool of their own, sized by the
+    # window (backend/engine/kv_cache.py); false: one pool, every layer's memory growing with the context
+    kv_window_pool: bool = True
     # auto (the model's dtype; bfloat16 for INT4/INT8 weights on a CPU with native bf16) | float32 | bfloat16 | float16
     kv_cache_dtype: str = "auto"
     max_model_len: int = 0  # 0 -> the model's max_position_embeddings; more than it needs allow_long_max_model_len

@@ -61,7 +61,7 @@ def load(model: Path, quantization: str) -> tuple[LLMEngine, dict[str, Any]]:
     gc.collect()
     info = {"load_s": round(time.perf_counter() - t0, 2), "rss_added_mb": round(rss_mb() - before, 1),
             "weights_mb": round(weight_bytes(engine.runner.model) / 2**20, 1),
-            "kv_pool_mb": round(engine.runner.kv_cache.nbytes / 2**20, 1),  # zero pages: resident once written
+            "kv_pool_mb": round(engine.runner.kv_bytes / 2**20, 1),  # zero pages: resident once written
             "layers": sorted(set(engine.output_identity["layers"]))}
     return engine, info
 

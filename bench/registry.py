@@ -47,6 +47,8 @@ SUITE: tuple[Bench, ...] = (
     Bench("awq", ("--threads", "1"), ("--streams", "1", "--new-tokens", "8", "--rounds", "1", "--window", "128"),
           what="AWQ INT4 vs RTN vs fp32: perplexity, decode speed"),
     Bench("gguf_models", (), ("--quick",), what="another architecture's GGUF (Gemma 3 270M): start, memory, speed, quality"),
+    Bench("kv_window", (), ("--tokens", "300", "--new-tokens", "4"),
+          what="KV memory with the windowed layers' own pool vs one pool (Gemma 3 270M)"),
     Bench("peer_agreement", (), ("--quick",), peer=True,
           what="greedy continuations of a GGUF against llama.cpp's server on the same file"),
     Bench("quant", ("--threads", "1"),

@@ -136,9 +136,10 @@ def text(outputs: list[RequestOutput], index: int = 0) -> str:
 
 
 def assert_no_leaks(engine: LLMEngine) -> None:
-    pool = engine.kv.pool
-    assert pool.num_free == pool.num_blocks, f"{pool.num_blocks - pool.num_free} KV blocks leaked"
-    assert all(b.ref_cnt == 0 for b in pool.blocks)
+    for pool in (engine.kv.pool, engine.kv.window_pool):
+        if pool is not None:
+            assert pool.num_free == pool.num_blocks, f"{pool.num_blocks - pool.num_free} KV blocks leaked"
+            assert all(b.ref_cnt == 0 for b in pool.blocks)
     assert not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
 
 

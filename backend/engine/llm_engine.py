@@ -19,7 +19,15 @@ from backend.engine.block_pool import BlockPool
 from backend.engine.detokenizer import IncrementalDetokenizer
 from backend.engine.guided import GrammarCache, advance
 from backend.engine.kv_cache import KVCacheManager
-from backend.engine.model_runner import DTYPES, ModelRunner, kv_cache_dtype, num_kv_blocks, per_token_prefill
+from backend.engine.model_runner import (
+    DTYPES,
+    ModelRunner,
+    kv_cache_dtype,
+    num_kv_blocks,
+    per_token_prefill,
+    split_kv_blocks,
+    window_pool_blocks,
+)
 from backend.engine.outputs import EngineStats, RequestOutput, SpecSourceStats, TokenLogprob
 from backend.engine.request import Sequence, request_output
 from backend.engine.sampler import Sampler
@@ -92,8 +100,18 @@ class LLMEngine:
             kv_blocks_for_both(model, draft, config.block_size, config.kv_cache_memory_mb, dtype=kv_dtype)
         if isinstance(served, Driver):
             served.share_num_blocks(blocks)
-        pool = BlockPool(blocks, config.enable_prefix_caching)
-        self.kv = KVCacheManager(pool, config.block_size, freeable_window(model.config))
+        # windowed and full layers mixed (Gemma 3): the windowed layers' K/V in a pool of their own, sized by the window
+        # (not with a draft model, which reads the target's one table, nor under CUDA graphs' static tables)
+        split = config.kv_window_pool and single and draft is None and not (config.cuda_graphs and self.device.startswith("cuda"))
+        window_blocks = window_pool_blocks(model, blocks, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
+                                           max_num_batched_tokens=config.max_num_batched_tokens) if split else 0
+        if window_blocks:
+            self.kv = KVCacheManager(
+                BlockPool(split_kv_blocks(model, blocks, window_blocks), config.enable_prefix_caching), config.block_size,
+                max(model.layer_windows), window_pool=BlockPool(window_blocks, config.enable_prefix_caching))
+        else:
+            self.kv = KVCacheManager(BlockPool(blocks, config.enable_prefix_caching), config.block_size,
+                                     freeable_window(model.config))
         self.scheduler = Scheduler(self.kv, config)
         self.runner = ModelRunner(
             served, self.kv, kv_dtype, self.device, per_token=per_token, cuda_graphs=config.cuda_graphs and single,
@@ -117,8 +135,9 @@ class LLMEngine:
         self.generation_tokens_total = 0
         self._rate_window: deque[tuple[float, int]] = deque()
         release_freed_memory()  # the loader's transient copies (a GGUF's float32 state dict, fused projections)
-        log.info("%s loaded on %s: %s kernels, quantization %s, %d KV blocks of %d tokens, context %d", self.model_name,
-                 self.device, ops.name, quantization, blocks, config.block_size, self.max_model_len)
+        log.info("%s loaded on %s: %s kernels, quantization %s, %d KV blocks of %d tokens%s, context %d", self.model_name,
+                 self.device, ops.name, quantization, self.kv.pool.num_blocks, config.block_size,
+                 f" (+ {window_blocks} for the windowed layers)" if window_blocks else "", self.max_model_len)
 
     # ---- requests in ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:

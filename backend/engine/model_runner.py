@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -12,7 +13,7 @@ from backend.engine.cuda_graphs import DecodeGraphs, GraphStats
 from backend.engine.kv_cache import KVCacheManager
 from backend.engine.scheduler import ScheduledSeq, SchedulerOutput
 from backend.errors import EngineError
-from backend.model.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
+from backend.model.forward_batch import DecodeMetadata, ForwardBatch, LayerCaches, PrefillMetadata
 from backend.model.llama import LlamaForCausalLM
 from backend.quant.cpu_gemm import onednn_available
 from backend.quant.gguf_linear import GgufLinear
@@ -42,22 +43,24 @@ class ServedModel(Protocol):
     def layer_ids(self) -> range: ...
     @property
     def layer_windows(self) -> list[int]: ...
-    def __call__(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, batch: ForwardBatch, kv_cache: LayerCaches) -> torch.Tensor: ...
 
 
-def kv_cache_shape(model: ServedModel, num_blocks: int, block_size: int) -> tuple[int, ...]:
-    """One slice per layer the model holds (a pipeline stage: only its own), KV heads as sharded (TP)."""
+def kv_cache_shape(model: ServedModel, num_blocks: int, block_size: int, num_layers: int | None = None) -> tuple[int, ...]:
+    """One slice per layer the model holds (a pipeline stage: only its own; or `num_layers`), KV heads as sharded
+    (TP)."""
     c = model.config
-    return (len(model.layer_ids), 2, num_blocks * block_size, c.num_key_value_heads, model.head_dim)
+    layers = len(model.layer_ids) if num_layers is None else num_layers
+    return (layers, 2, num_blocks * block_size, c.num_key_value_heads, model.head_dim)
 
 
 def allocate_kv_cache(model: ServedModel, num_blocks: int, block_size: int, *, dtype: torch.dtype,
-                      device: str) -> torch.Tensor:
+                      device: str, num_layers: int | None = None) -> torch.Tensor:
     """The KV pool, zeros (a masked-out slot must hold a finite value: SDPA's masked softmax still multiplies it). On a
     CPU it is an anonymous memory map: the kernel hands out zero pages as they are first written, so the pool is
     resident only as far as it has been written, not its whole budget from the start (`torch.zeros` writes every
     byte; calloc's zeros are lazy only where the allocator happens to map fresh memory)."""
-    shape = kv_cache_shape(model, num_blocks, block_size)
+    shape = kv_cache_shape(model, num_blocks, block_size, num_layers)
     if device != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     pages = mmap.mmap(-1, torch.Size(shape).numel() * dtype.itemsize)  # the tensor keeps the map alive
@@ -90,6 +93,30 @@ def num_kv_blocks(model: LlamaForCausalLM, block_size: int, memory_mb: int, dtyp
     return max(1, memory_mb * 2**20 // per_block)
 
 
+def window_pool_blocks(model: LlamaForCausalLM, blocks: int, *, block_size: int, max_num_seqs: int,
+                       max_num_batched_tokens: int) -> int:
+    """Blocks for a pool of the windowed layers' own, where full and windowed layers mix (0: none, one pool as
+    before). Every running sequence's window, plus one step's chunks, always fits it: with its room the pool is never
+    what stops a step (about 2 blocks of slack per sequence: the block being written and the window's ragged first
+    one), and a quarter of the unsplit budget's blocks when that is more (room for windows a prefix hit can reuse).
+    The rest of the budget goes to the full layers. None when that would not hold more context than one pool of
+    `blocks`."""
+    windows = model.layer_windows
+    window = max(windows, default=0)
+    if not window or windows.count(0) == 0 or set(windows) != {0, window}:
+        return 0
+    need = max_num_seqs * (-(-window // block_size) + 2) + -(-max_num_batched_tokens // block_size) + 1
+    window_blocks = max(need, blocks // 4)
+    return window_blocks if window_blocks < blocks else 0
+
+
+def split_kv_blocks(model: LlamaForCausalLM, blocks: int, window_blocks: int) -> int:
+    """The full layers' blocks when the windowed layers take `window_blocks` of a budget that holds `blocks` for all."""
+    windows = model.layer_windows
+    full, windowed = windows.count(0), len(windows) - windows.count(0)
+    return (blocks * len(windows) - window_blocks * windowed) // full
+
+
 def per_token_prefill(model: LlamaForCausalLM, ops_name: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
     """Whether every prefill chunk attends through the C paged decode kernel, one decode query per token: on the C
     kernels (CpuOps) where the kernel takes the model. A token's attention is then the same arithmetic whatever
@@ -116,7 +143,16 @@ class ModelRunner:
         self.device = device
         self.per_token = per_token
         self.window = max(model.layer_windows, default=0)  # sliding window of the windowed layers (0: none)
-        self.kv_cache = allocate_kv_cache(model, kv.pool.num_blocks, kv.block_size, dtype=kv_dtype, device=device)
+        windows = model.layer_windows
+        self.kv_cache = allocate_kv_cache(model, kv.pool.num_blocks, kv.block_size, dtype=kv_dtype, device=device,
+                                          num_layers=None if kv.window_pool is None else windows.count(0))
+        self.window_cache: torch.Tensor | None = None  # the windowed layers' own pool (KVCacheManager.window_pool)
+        self.layer_caches: LayerCaches = self.kv_cache  # what each layer reads, by layer index
+        if kv.window_pool is not None:
+            self.window_cache = allocate_kv_cache(model, kv.window_pool.num_blocks, kv.block_size, dtype=kv_dtype,
+                                                  device=device, num_layers=len(windows) - windows.count(0))
+            full, windowed = iter(self.kv_cache), iter(self.window_cache)
+            self.layer_caches = [next(windowed) if w else next(full) for w in windows]
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs and device.startswith("cuda") and isinstance(model, LlamaForCausalLM) and model.ops.name == "triton":
             self.graphs = DecodeGraphs(model, self.kv_cache, kv, max_num_seqs, max_model_len=max_model_len)
@@ -130,25 +166,32 @@ class ModelRunner:
     def _tensor(self, data: list[int] | list[list[int]], dtype: torch.dtype = torch.long) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
 
-    def _block_tables(self, chunks: list[ScheduledSeq]) -> torch.Tensor:
-        width = max(len(c.seq.block_table) for c in chunks)
-        rows = [[b.block_id for b in c.seq.block_table] + [0] * (width - len(c.seq.block_table)) for c in chunks]
-        return self._tensor(rows, torch.int32)
+    @property
+    def kv_bytes(self) -> int:
+        """The KV pools' size (on a CPU resident only as far as written: allocate_kv_cache)."""
+        return self.kv_cache.nbytes + (0 if self.window_cache is None else self.window_cache.nbytes)
 
-    def _context(self, chunks: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def _block_tables(self, chunks: list[ScheduledSeq], *, windowed: bool) -> torch.Tensor:
+        """Each chunk's block table, padded with block 0: the windowed layers' (`windowed`) or the others'."""
+        tables = [c.seq.window_table if windowed else c.seq.block_table for c in chunks]
+        width = max(len(t) for t in tables)
+        return self._tensor([[b.block_id for b in t] + [0] * (width - len(t)) for t in tables], torch.int32)
+
+    def _context(self, chunks: list[ScheduledSeq], *, windowed: bool) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """(block_tables (num_seqs, max_blocks) int32, context_blocks (num_seqs, ctx_blocks) long, context lens):
         the blocks holding every token up to the end of this step's chunk; ctx_blocks * block_size is the padded
         context width the masks cover (padding columns point at block 0 and are masked)."""
         lens = [c.seq.num_computed_tokens + c.num_new_tokens for c in chunks]
-        tables = self._block_tables(chunks)
+        tables = self._block_tables(chunks, windowed=windowed)
         ctx_blocks = -(-max(lens) // self.kv.block_size)
         return tables, tables[:, :ctx_blocks].long(), lens
 
-    def _decode_metadata(self, decodes: list[ScheduledSeq]) -> DecodeMetadata:
+    def _decode_metadata(self, decodes: list[ScheduledSeq], *, windowed: bool = False) -> DecodeMetadata:
         """One decode query per token: a plain decode's one token, or each token of a verified draft (1 + k) over
-        its causal prefix (context up to and including it), as the plain decode steps would attend them."""
+        its causal prefix (context up to and including it), as the plain decode steps would attend them.
+        windowed: for the windowed layers' own pool (their tables; both masks, to be swapped by with_window)."""
         lens = [c.seq.num_computed_tokens + j + 1 for c in decodes for j in range(c.num_new_tokens)]
-        tables = self._block_tables(decodes)
+        tables = self._block_tables(decodes, windowed=windowed)
         if len(lens) > len(decodes):
             tables = tables.repeat_interleave(self._tensor([c.num_new_tokens for c in decodes]), dim=0)
         blocks = tables[:, : -(-max(lens) // self.kv.block_size)].long()
@@ -157,14 +200,14 @@ class ModelRunner:
         zeros = torch.zeros(valid.shape, dtype=self.kv_cache.dtype, device=self.device)
         mask = zeros.masked_fill(~valid, -float("inf"))
         window_mask = None
-        if self.window:  # the query at position len - 1 sees keys >= len - window
+        if self.window and (windowed or self.kv.window_pool is None):  # the query at len - 1 sees keys >= len - window
             first = self._tensor(lens)[:, None] - self.window
             in_window = valid & (torch.arange(width, device=self.device)[None, :] >= first)
             window_mask = zeros.masked_fill(~in_window, -float("inf"))[:, None, None, :]
         return DecodeMetadata(blocks, mask[:, None, None, :], tables, self._tensor(lens, torch.int32), window_mask, max(lens))
 
-    def _prefill_metadata(self, prefills: list[ScheduledSeq], first_row: int) -> PrefillMetadata:
-        tables, blocks, lens = self._context(prefills)
+    def _prefill_metadata(self, prefills: list[ScheduledSeq], first_row: int, *, windowed: bool = False) -> PrefillMetadata:
+        tables, blocks, lens = self._context(prefills, windowed=windowed)
         q_lens = [c.num_new_tokens for c in prefills]
         cu = [0]
         for q in q_lens:
@@ -176,7 +219,7 @@ class ModelRunner:
         k_pos = torch.arange(blocks.shape[1] * self.kv.block_size, device=self.device)
         mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & query_valid[:, :, None]
         window_mask = None
-        if self.window:  # and k > q - window; padded rows see key 0 (a finite softmax)
+        if self.window and (windowed or self.kv.window_pool is None):  # and k > q - window; padded rows see key 0
             window_mask = mask & (k_pos[None, None, :] > q_pos[:, :, None] - self.window)
             window_mask[:, :, 0] |= ~query_valid
             window_mask = window_mask[:, None]
@@ -200,7 +243,7 @@ class ModelRunner:
             slots.extend(self.kv.slot(seq, p) for p in span)
             logits_rows.extend(range(len(ids) - chunk.num_logit_rows, len(ids)))
         num_decodes = sum(c.num_new_tokens for c in out.decodes)  # verified drafts are decode rows too
-        return ForwardBatch(
+        batch = ForwardBatch(
             input_ids=self._tensor(ids),
             positions=self._tensor(positions),
             slot_mapping=self._tensor(slots),
@@ -210,13 +253,25 @@ class ModelRunner:
             logits_index=self._tensor(logits_rows),
             block_size=self.kv.block_size,
         )
+        return batch if self.kv.window_pool is None else replace(batch, windowed=self._windowed(out, batch))
+
+    def _windowed(self, out: SchedulerOutput, batch: ForwardBatch) -> ForwardBatch:
+        """The batch as the windowed layers see it: their pool's slots and tables, the window masks in place."""
+        slots = [self.kv.window_slot(c.seq, p) for c in out.scheduled
+                 for p in range(c.seq.num_computed_tokens, c.seq.num_computed_tokens + c.num_new_tokens)]
+        view = replace(
+            batch, slot_mapping=self._tensor(slots),
+            decode=self._decode_metadata(out.decodes, windowed=True) if out.decodes else None,
+            prefill=self._prefill_metadata(out.prefills, batch.num_decode_tokens, windowed=True) if out.prefills else None,
+        )
+        return view.with_window(self.window)
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> torch.Tensor:
         """(num_logit_rows, vocab) fp32 logits: each scheduled chunk's `num_logit_rows` rows, in order. From a CUDA
         graph they are a view of its static output, valid until the next step."""
         logits = self.graphs.run(out) if self.graphs is not None else None
-        return logits if logits is not None else self.model(self.prepare(out), self.kv_cache)
+        return logits if logits is not None else self.model(self.prepare(out), self.layer_caches)
 
     @torch.inference_mode()
     def run_with_hidden(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,5 +279,5 @@ class ModelRunner:
         model = self.model
         if not isinstance(model, LlamaForCausalLM) or model.lm_head is None:  # was an AttributeError / TypeError
             raise EngineError("Medusa heads need the whole model in one process (no tensor or pipeline parallelism)")
-        hidden = model.hidden_states(self.prepare(out), self.kv_cache)
+        hidden = model.hidden_states(self.prepare(out), self.layer_caches)
         return model.lm_head(hidden).float(), hidden

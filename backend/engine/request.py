@@ -48,6 +48,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = -1  # prefix-cache hit tokens at first admission (-1: not yet admitted)
     block_table: list[KVBlock] = field(default_factory=list)
+    window_table: list[KVBlock] = field(default_factory=list)  # the windowed layers' own pool, if any (kv_cache.py)
     block_hashes: list[int] = field(default_factory=list)
     num_registered_blocks: int = 0
     finish_reason: str | None = None

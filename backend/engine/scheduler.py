@@ -136,11 +136,12 @@ class Scheduler:
             if not seq.ready_to_admit:
                 continue  # a sibling waits for its first sibling's prompt KV
             cached = self.kv.find_cached_prefix(seq)
-            n = min(seq.num_tokens - seq.num_computed_tokens - len(cached) * self.kv.block_size, budget)
+            hit = cached.num_blocks * self.kv.block_size
+            n = min(seq.num_tokens - seq.num_computed_tokens - hit, budget)
             if not self.kv.allocate_slots(seq, n, cached):
                 return  # in order: don't let less urgent (smaller) requests jump the queue
             if seq.num_cached_tokens < 0:  # its first admission
-                seq.num_cached_tokens = len(cached) * self.kv.block_size
+                seq.num_cached_tokens = hit
                 seq.scheduled_time = now
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from backend.config import cache_dir
-from backend.model.forward_batch import ForwardBatch
+from backend.model.forward_batch import ForwardBatch, LayerCaches
 from backend.model.llama import DecoderLayer, LlamaForCausalLM
 from backend.model.ops import CpuOps, Ops
 from backend.quant.int4_linear import Int4Linear
@@ -43,10 +43,10 @@ class DecodeStack:
         kernels = entry_points(first.mlp.down_proj.w4a8_lib, ops.elementwise, ops.decode_kernel)
         return cls(DecodeLayers(lib, kernels, dims, [_weights(layer) for layer in model.layers]))
 
-    def takes(self, batch: ForwardBatch, residual: torch.Tensor | None, kv_cache: torch.Tensor) -> bool:
-        """A batch of decode tokens from the start of the stack, on a cache the kernels read."""
+    def takes(self, batch: ForwardBatch, residual: torch.Tensor | None, kv_cache: LayerCaches) -> bool:
+        """A batch of decode tokens from the start of the stack, on one cache tensor the kernels read."""
         return (batch.prefill is None and batch.decode is not None and residual is None
-                and kv_cache.dtype in (torch.float32, torch.bfloat16))
+                and isinstance(kv_cache, torch.Tensor) and kv_cache.dtype in (torch.float32, torch.bfloat16))
 
     def __call__(
         self, x: torch.Tensor, rope: torch.Tensor, batch: ForwardBatch, kv_cache: torch.Tensor

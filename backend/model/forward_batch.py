@@ -7,9 +7,15 @@ prefill group, both batched (padded), so no Python loop runs per sequence inside
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
+
+# Each decoder layer's KV cache, indexed by the model's layer index: one tensor over all layers (num_layers, 2,
+# num_slots, kv_heads, head_dim), or a list of per-layer tensors where the layers' pools differ in size (windowed
+# layers in a pool of their own).
+LayerCaches = torch.Tensor | Sequence[torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -54,12 +60,18 @@ class ForwardBatch:
     logits_index: torch.Tensor  # (num_sampled,) long: rows whose next token is sampled
     block_size: int  # tokens per KV block (the metadata's block ids are in these units)
     window: int = 0  # the sliding window the masks implement (0: full attention); see with_window
+    # The batch as the windowed layers see it when their K/V live in a pool of their own (backend/engine/kv_cache.py):
+    # its slots, block tables and window masks index that pool
+    windowed: ForwardBatch | None = None
 
     def with_window(self, window: int) -> ForwardBatch:
-        """The batch as a layer with this sliding window (0: full) sees it: window masks swapped in (torch path),
-        `window` set (the Triton kernels take it as an argument). The model runner built both masks."""
+        """The batch as a layer with this sliding window (0: full) sees it: the windowed layers' own view, or the
+        window masks swapped in (torch path) and `window` set (the Triton kernels take it as an argument). The model
+        runner built both."""
         if window == self.window:
             return self
+        if self.windowed is not None:
+            return self.windowed
         decode, prefill = self.decode, self.prefill
         if decode is not None:
             decode = replace(decode, mask=decode.window_mask, window_mask=decode.mask)

@@ -19,7 +19,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from backend.model.arch import Arch, arch_of
-from backend.model.forward_batch import ForwardBatch
+from backend.model.forward_batch import ForwardBatch, LayerCaches
 from backend.model.ops import Ops, TorchOps
 from backend.model.rope import RotaryEmbedding
 from backend.model.sliding_window import layer_windows
@@ -29,7 +29,7 @@ class FusedLayers(Protocol):
     """Every decoder layer of a step in one call, where it applies (backend/model/decode_stack.py's DecodeStack, which
     the loader sets; typed here by what the model calls, so the model does not import its optional fast path)."""
 
-    def takes(self, batch: ForwardBatch, residual: torch.Tensor | None, kv_cache: torch.Tensor) -> bool: ...
+    def takes(self, batch: ForwardBatch, residual: torch.Tensor | None, kv_cache: LayerCaches) -> bool: ...
 
     def __call__(
         self, x: torch.Tensor, rope: torch.Tensor, batch: ForwardBatch, kv_cache: torch.Tensor
@@ -177,11 +177,12 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def run_layers(
-        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv_cache: torch.Tensor
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv_cache: LayerCaches
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This model's decoder layers; kv_cache[i] belongs to self.layers[i]. Returns (last delta, stream)."""
         ropes = [self.ops.rope_table(batch.positions, r.cos_sin, x.dtype) for r in self.ropes]  # shared by the layers
         if self.decode_stack is not None and self.decode_stack.takes(batch, residual, kv_cache):
+            assert isinstance(kv_cache, torch.Tensor)  # takes() checked: one tensor over all layers
             return self.decode_stack(x, ropes[0], batch, kv_cache)  # the same kernels, from C (backend/model/decode_stack.py)
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, ropes[layer.rope_index], kv_cache[i], batch, self.ops)
@@ -196,13 +197,13 @@ class LlamaForCausalLM(nn.Module):
         """Final norm and lm_head over rows already narrowed to the logits rows. (rows, vocab) fp32 logits."""
         return self.lm_head(self.final_norm(x, residual)).float()
 
-    def forward(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
-        """kv_cache: (num_layers, 2, num_slots, kv_heads, head_dim). Returns (num_logit_rows, vocab) fp32 logits."""
+    def forward(self, batch: ForwardBatch, kv_cache: LayerCaches) -> torch.Tensor:
+        """kv_cache: each layer's (2, num_slots, kv_heads, head_dim). Returns (num_logit_rows, vocab) fp32 logits."""
         x, residual = self.run_layers(self.embed(batch), None, batch, kv_cache)
         rows = batch.logits_index  # only rows whose logits are needed
         return self.head(x[rows], residual[rows])
 
-    def hidden_states(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, batch: ForwardBatch, kv_cache: LayerCaches) -> torch.Tensor:
         """(num_logit_rows, hidden): the final hidden states (after the final norm) of the logits rows."""
         x, residual = self.run_layers(self.embed(batch), None, batch, kv_cache)
         rows = batch.logits_index

@@ -6,9 +6,9 @@ A windowed layer's query at position p sees the keys at positions p - W < k <= p
   config.sliding_window, every other type attends fully;
 - otherwise config.sliding_window (Mistral): every layer.
 
-KV blocks: once every layer is windowed, a block whose positions all lie at or before p - W for the next
-query p is never read again, so the KV cache frees it early (KVCacheManager.free_out_of_window). With a mix
-of full and windowed layers nothing is freed: the full layers still read every block.
+KV blocks: a block whose positions all lie at or before p - W for the next query p is never read again by a windowed
+layer, so the KV cache frees it early (KVCacheManager.free_out_of_window): the block itself once every layer is
+windowed; with full and windowed layers mixed, the windowed layers' copy, which they keep in a pool of their own.
 """
 
 from __future__ import annotations
