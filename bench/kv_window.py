@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> None:
         from backend.fetch import fetch_gemma_gguf
 
         args.model = fetch_gemma_gguf()
-    from backend.quant.calibration import HELDOUT
     from backend.model.tokenizer import load_tokenizer
     from backend.model.weights import resolve_model_dir
+    from backend.quant.calibration import HELDOUT
 
     tokenizer = load_tokenizer(resolve_model_dir(args.model, gguf_blocks=True))
     text = tokenizer.encode(HELDOUT.read_text(), add_special_tokens=False)
