@@ -99,7 +99,7 @@ def window_pool_blocks(model: LlamaForCausalLM, blocks: int, *, block_size: int,
     before). Every running sequence's window, plus one step's chunks, always fits it: with its room the pool is never
     what stops a step (about 2 blocks of slack per sequence: the block being written and the window's ragged first
     one), and a quarter of the unsplit budget's blocks when that is more (room for windows a prefix hit can reuse).
-    The rest of the budget goes to the full layers. None when that would not hold more context than one pool of
+    The rest of the budget goes to the full layers. 0 when that would not hold more context than one pool of
     `blocks`."""
     windows = model.layer_windows
     window = max(windows, default=0)
