@@ -79,4 +79,5 @@ def test_gateway_exits_with_the_line_and_no_traceback(smollm2_gguf: Path, tmp_pa
                           text=True, timeout=120)
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert lines == ["model error: odd.gguf: GGUF architecture 'falcn' is not supported; supported: llama, qwen2, qwen3, gemma3, phi3"]
+    assert lines == ["model error: odd.gguf: GGUF architecture 'falcn' is not supported; "
+                     "supported: llama, qwen2, qwen3, gemma3, phi3"]

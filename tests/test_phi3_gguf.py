@@ -4,7 +4,8 @@ writes (convert_hf_to_gguf.py, run as it ships) from tiny random-weight Phi3 mod
 What holds, and is checked here:
 - the header names the architecture, and the config completed from it (backend/quant/gguf_config.py) is the
   checkpoint's: the partial rotary (rope.dimension_count), longrope's short and long factors (two tensors in the file),
-  its original context and attention factor; a longrope file is served up to its original context;
+  its original context and attention factor; a longrope file is served up to its original context; a rotary wider
+  than the heads, or half of longrope's factors, is refused with one line naming the file;
 - the float32 copy (`quantization: none`) gives HF transformers' fp32 greedy output token for token, with HF's own
   model class and the checkpoint's own config on the GGUF's weights: Phi-4-mini's form (partial rotary 0.75, longrope,
   tied head; the converter's float32 file, whose weights are the checkpoint's bit for bit; prompt log-probabilities
@@ -16,8 +17,8 @@ What holds, and is checked here:
   tokens' log-probabilities within the bars tests/test_gguf_grouped.py states.
 
 llama.cpp's converter is not a Python package: SMOLGATE_LLAMA_CPP names a llama.cpp source tree (convert_hf_to_gguf.py,
-conversion/ and gguf-py/ beside it; llama-cpp-python's sdist carries one in vendor/llama.cpp); without it these tests
-skip, saying so. The tokenizer is SmolLM2's (`make test-models`), a GPT-2 BPE the converter knows, as Phi-4-mini's is.
+conversion/ and gguf-py/ beside it; llama-cpp-python's sdist carries one in vendor/llama.cpp); without it the tests on
+its files skip, saying so. The tokenizer is SmolLM2's (`make test-models`), a GPT-2 BPE the converter knows, as Phi-4-mini's is.
 """
 
 from __future__ import annotations
@@ -41,14 +42,14 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.model.arch import context_limit
 from backend.model.weights import read_hf_tensors, resolve_model_dir
-from backend.quant.gguf_config import gguf_config
+from backend.quant.gguf_config import ROPE_FACTORS, gguf_config
 from backend.quant.gguf_grouped import grouped_of, is_gguf_grouped
 from backend.quant.gguf_header import read_header
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
 from tests.engine_helpers import assert_no_leaks, model_path, run_to_completion, teacher_forced, token_ids
 
 LLAMA_CPP = os.environ.get("SMOLGATE_LLAMA_CPP", "")
-pytestmark = pytest.mark.skipif(not (Path(LLAMA_CPP) / "convert_hf_to_gguf.py").is_file(), reason=(
+requires_converter = pytest.mark.skipif(not (Path(LLAMA_CPP) / "convert_hf_to_gguf.py").is_file(), reason=(
     "SMOLGATE_LLAMA_CPP does not name a llama.cpp source tree with convert_hf_to_gguf.py "
     "(llama-cpp-python's sdist carries one in vendor/llama.cpp)"))
 
@@ -164,6 +165,35 @@ def hf_on_gguf_weights(hf_dir: Path, gguf: Path) -> torch.nn.Module:
     return hf
 
 
+def test_a_rope_the_model_cannot_take_is_refused_by_name(tmp_path: Path) -> None:
+    """A rotary wider than the heads, or one set of longrope factors without the other: one line naming the file."""
+    from gguf import GGUFWriter
+
+    from backend.quant.gguf_config import complete_config
+    from backend.quant.gguf_header import GgufError
+
+    def header(name: str, dims: int, factors: list[str]) -> Path:
+        writer = GGUFWriter(tmp_path / name, arch="phi3")
+        writer.add_rope_dimension_count(dims)
+        writer.add_uint32("phi3.rope.scaling.original_context_length", 256)
+        for factor in factors:
+            writer.add_tensor(factor, np.ones(dims // 2, dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return tmp_path / name
+
+    config = CONFIGS["phi3"]
+    with pytest.raises(GgufError, match=r"^wide.gguf: phi3 rope.dimension_count 80 does not fit heads of 64 dims$"):
+        complete_config(Phi3Config(**config.to_dict()), read_header(header("wide.gguf", 80, [])))
+    with pytest.raises(GgufError, match=r"^long.gguf: phi3 longrope needs rope_factors_short and rope_factors_long"):
+        complete_config(Phi3Config(**config.to_dict()), read_header(header("long.gguf", 48, ["rope_factors_long.weight"])))
+    done = complete_config(Phi3Config(**config.to_dict()), read_header(header("both.gguf", 48, list(ROPE_FACTORS))))
+    assert done.rope_parameters["rope_type"] == "longrope" and done.rope_parameters["short_factor"] == [1.0] * 24
+
+
+@requires_converter
 def test_the_config_is_the_checkpoints(files: dict[str, tuple[Path, Path]]) -> None:
     gguf = files["phi4-mini"][1]
     header = read_header(gguf)
@@ -178,6 +208,7 @@ def test_the_config_is_the_checkpoints(files: dict[str, tuple[Path, Path]]) -> N
     assert config.max_position_embeddings == 1024 and context_limit(config) == 256
 
 
+@requires_converter
 def test_phi4_minis_form_equals_hf_token_for_token(files: dict[str, tuple[Path, Path]]) -> None:
     """Partial rotary, longrope, a tied head: the float32 copy against HF, greedy tokens and prompt log-probabilities."""
     hf_dir, gguf = files["phi4-mini"]
@@ -203,6 +234,7 @@ def test_phi4_minis_form_equals_hf_token_for_token(files: dict[str, tuple[Path, 
     assert_no_leaks(engine)
 
 
+@requires_converter
 def test_served_in_its_own_bits(files: dict[str, tuple[Path, Path]]) -> None:
     hf_dir, gguf = files["own-bits"]
     assert read_header(gguf).tensor_types == {"Q4_K": 2, "Q6_K": 2, "Q5_0": 2, "Q4_0": 2, "Q8_0": 2, "F32": 5}
