@@ -50,7 +50,7 @@ def test_unsupported_architecture_is_one_line(smollm2_gguf: Path, tmp_path: Path
     odd = with_architecture(smollm2_gguf, tmp_path / "odd.gguf", b"falcn")
     with pytest.raises(UnsupportedArchitecture) as err:
         preflight(odd)
-    assert str(err.value) == "odd.gguf: GGUF architecture 'falcn' is not supported; supported: llama, qwen2, qwen3, gemma3"
+    assert str(err.value) == "odd.gguf: GGUF architecture 'falcn' is not supported; supported: llama, qwen2, qwen3, gemma3, phi3"
 
 
 def test_missing_truncated_and_foreign_files_name_the_path(smollm2_gguf: Path, tmp_path: Path) -> None:
@@ -79,4 +79,5 @@ def test_gateway_exits_with_the_line_and_no_traceback(smollm2_gguf: Path, tmp_pa
                           text=True, timeout=120)
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert lines == ["model error: odd.gguf: GGUF architecture 'falcn' is not supported; supported: llama, qwen2, qwen3, gemma3"]
+    assert lines == ["model error: odd.gguf: GGUF architecture 'falcn' is not supported; "
+                     "supported: llama, qwen2, qwen3, gemma3, phi3"]

@@ -1,8 +1,9 @@
-"""Convert a Llama-family GGUF file to an HF safetensors directory, once.
+"""Convert a GGUF file to an HF safetensors directory, once.
 
 transformers de-quantizes GGUF weights (and undoes llama.cpp's q/k permutation) on load,
 but refuses `save_pretrained` for a GGUF-loaded model, so we write the state dict, the
-config and the tokenizer ourselves. Later loads read safetensors directly (about 1 s).
+config (completed where transformers' mapping drops parts of it: backend/quant/gguf_config.py)
+and the tokenizer ourselves. Later loads read safetensors directly (about 1 s).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ def convert_gguf_to_hf(gguf_path: Path, out: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from backend.quant.gguf_config import complete_config
+    from backend.quant.gguf_header import read_header
+
     print(f"converting {gguf_path.name} to safetensors (one time, under a minute) ...", flush=True)
     folder, name = str(gguf_path.parent), gguf_path.name
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -37,7 +41,7 @@ def convert_gguf_to_hf(gguf_path: Path, out: Path) -> Path:
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
-    model.config.save_pretrained(partial)
+    complete_config(model.config, read_header(gguf_path)).save_pretrained(partial)
     drop_gguf_marker(partial)
     model.generation_config.save_pretrained(partial)
     tokenizer.save_pretrained(partial)

@@ -8,8 +8,11 @@
     <name>.gz  (out, in / 32) fp32 the term added per group (types with a minimum only)
 
 and everything else (norms, F32/F16 tensors, any type not served) is dequantized by gguf-py's reference, as transformers
-loads it (llama's q/k rows un-permuted, Gemma's norms stored as w - 1). No float copy of a served weight is written
-or built: the file's ~1 byte a weight stays ~1.1-1.25 in memory (GgufLinear / GgufEmbedding, gguf_linear.py).
+loads it (llama's q/k rows un-permuted, Gemma's norms stored as w - 1). phi3 files hold q/k/v in one tensor
+(`attn_qkv`, rows q then k then v, not permuted: llama.cpp's phi3 rotary is NeoX's, HF's rotate-half) and gate/up in
+one (`ffn_up`, gate's rows first, as HF's Phi3MLP chunks it): our fused layers' own layout, kept as they are. No float
+copy of a served weight is written or built: the file's ~1 byte a weight stays ~1.1-1.25 in memory (GgufLinear /
+GgufEmbedding, gguf_linear.py).
 config.json gets quantization_config = {quant_method: gguf_grouped}.
 
 The loader fuses q/k/v and gate/up (`harmonize` first makes the parts agree: one group size, terms on all or none,
@@ -27,6 +30,7 @@ import torch
 from torch import nn
 
 from backend.quant.gguf_blocks import PER_LAYER, TOP, _unpermute, quant_method, write_converted
+from backend.quant.gguf_config import ROPE_FACTORS, gguf_config
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear, Grouped
 from backend.quant.gguf_types import decode
 from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, pack
@@ -34,11 +38,12 @@ from kernels.triton.gguf_gemm import columns
 
 QUANT_METHOD = "gguf_grouped"
 TENSORS = ("gq", "gs", "gz")
-ARCHITECTURES = {"llama", "qwen2", "qwen3", "gemma3"}  # GGUF's general.architecture names
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "gemma3", "phi3"}  # GGUF's general.architecture names
 # per-layer names beyond Llama's: QK-norm (qwen3, gemma3) and Gemma's sandwich norms, where ffn_norm is the pre-MLP one
 EXTRA = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
          "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 GEMMA = {**EXTRA, "ffn_norm": "pre_feedforward_layernorm"}
+PHI3 = {**EXTRA, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}  # fused in the file: our layout
 
 
 def hf_name(gguf_name: str, arch: str) -> str:
@@ -47,7 +52,7 @@ def hf_name(gguf_name: str, arch: str) -> str:
     if stem in TOP:
         return f"{TOP[stem]}.{kind}"
     blk, layer, part = stem.split(".", 2)
-    names = {**PER_LAYER, **(GEMMA if arch == "gemma3" else EXTRA)}
+    names = {**PER_LAYER, **{"gemma3": GEMMA, "phi3": PHI3}.get(arch, EXTRA)}
     if blk != "blk" or part not in names:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a {arch} model")
     return f"model.layers.{layer}.{names[part]}.{kind}"
@@ -59,6 +64,8 @@ def read_gguf_grouped(gguf_path: Path, arch: str, heads: int, kv_heads: int) -> 
 
     state: dict[str, torch.Tensor] = {}
     for t in GGUFReader(gguf_path).tensors:
+        if t.name in ROPE_FACTORS:
+            continue  # phi3's longrope factors: the config's (gguf_config.py)
         name = hf_name(t.name, arch)
         shape = tuple(reversed(t.shape.tolist()))
         rows = {".attn_q.": heads, ".attn_k.": kv_heads}
@@ -84,14 +91,11 @@ def read_gguf_grouped(gguf_path: Path, arch: str, heads: int, kv_heads: int) -> 
 def convert_gguf_grouped(gguf_path: Path, out: Path) -> Path:
     """Write `out`: the tensors above, config.json (marked gguf_grouped), the tokenizer. Seconds: nothing is dequantized
     but the small tensors."""
-    from transformers import AutoConfig
-
     from backend.quant.gguf_header import read_header
 
     print(f"reading {gguf_path.name}'s blocks as they are (one time, seconds) ...", flush=True)
-    folder, name = str(gguf_path.parent), gguf_path.name
     arch = read_header(gguf_path).architecture
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    config = gguf_config(gguf_path)
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     state = read_gguf_grouped(gguf_path, arch, config.num_attention_heads, kv_heads)
     if "lm_head.weight" not in state and "lm_head.gq" not in state:

@@ -4,7 +4,9 @@ gguf-py's GGUFReader parses every metadata array into Python objects (26 s for G
 two cores); startup only needs a few scalars and the tensor table, so this walks the header with `struct` and skips
 what it does not need. Layout (GGUF v2/v3, little-endian): magic "GGUF", version u32, tensor count u64, metadata count
 u64; each metadata entry a string key, a u32 value type and the value (arrays: element type u32, count u64, elements);
-then per tensor: name, n_dims u32, dims u64 x n_dims, type u32, offset u64.
+then per tensor: name, n_dims u32, dims u64 x n_dims, type u32, offset u64 (from the data section, which starts at the
+next multiple of general.alignment, default 32). Each tensor's place is kept: a few small ones are config, not weights
+(phi3's longrope factors: `f32_tensor`).
 """
 
 from __future__ import annotations
@@ -15,14 +17,19 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # GGUF metadata value types -> struct format of a fixed-size value (8: string, 9: array)
 _FIXED = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 STRING, ARRAY = 8, 9
+F32 = 0  # ggml's type id of float32
 # GGUF architecture names the engine serves -> the transformers model type it becomes
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text", "phi3": "phi3"}
 
 
 class GgufError(ModelLoadError):
@@ -37,6 +44,7 @@ class GgufHeader:
     metadata: dict[str, object]  # scalar and string entries (arrays are counted, not kept: `array_lengths`)
     array_lengths: dict[str, int]
     tensor_types: Counter[str] = field(default_factory=Counter)  # ggml type name -> how many tensors
+    tensors: dict[str, tuple[int, tuple[int, ...], int]] = field(default_factory=dict)  # name -> (type, dims, file offset)
 
     @property
     def model_type(self) -> str | None:
@@ -47,6 +55,18 @@ class GgufHeader:
     def chat_template(self) -> str | None:
         value = self.metadata.get("tokenizer.chat_template")
         return value if isinstance(value, str) and value.strip() else None
+
+    def f32_tensor(self, name: str) -> np.ndarray | None:
+        """A float32 tensor's values (flat), read from its place in the file; None when the file has no such tensor."""
+        import numpy as np
+
+        if name not in self.tensors:
+            return None
+        kind, dims, offset = self.tensors[name]
+        if kind != F32:
+            raise GgufError(f"{self.path}: tensor {name} is not float32 (ggml type {kind})")
+        count = int(np.prod(dims))
+        return np.fromfile(self.path, dtype="<f4", count=count, offset=offset).astype(np.float32)
 
 
 class _Cursor:
@@ -129,17 +149,22 @@ def _read_header(path: Path, size: int, mtime_ns: int) -> GgufHeader:  # noqa: V
                 else:
                     arrays[key] = length
             types: Counter[str] = Counter()
+            places: dict[str, tuple[int, tuple[int, ...], int]] = {}
             for _ in range(n_tensors):
-                cur.string()
+                name = cur.string()
                 n_dims = int(cur.take("I"))  # type: ignore[call-overload]
-                cur.pos += 8 * n_dims
-                kind = int(cur.take("I"))  # type: ignore[call-overload]
-                cur.pos += 8
+                dims = tuple(int(cur.take("Q")) for _ in range(n_dims))  # type: ignore[call-overload]
+                kind, offset = int(cur.take("I")), int(cur.take("Q"))  # type: ignore[call-overload]
+                places[name] = (kind, dims, offset)
                 try:
                     types[GGMLQuantizationType(kind).name] += 1
                 except ValueError:
                     types[f"type {kind}"] += 1
+            align = metadata.get("general.alignment", 32)
+            assert isinstance(align, int)
+            start = -(-cur.pos // align) * align
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise GgufError(f"{path}: the GGUF header names no general.architecture")
-    return GgufHeader(path, version, arch, metadata, arrays, types)
+    tensors = {name: (kind, dims, start + offset) for name, (kind, dims, offset) in places.items()}
+    return GgufHeader(path, version, arch, metadata, arrays, types, tensors)
