@@ -137,9 +137,12 @@ def test_engine_matches_hf_beyond_the_window(family: str, tmp_path: Path) -> Non
         assert most >= -(-len(PROMPTS[2]) // 4)
 
 
-def test_triton_path_matches_torch_with_window(tmp_path: Path) -> None:
-    save_random_model(MISTRAL, tmp_path)
-    _, torch_outs, _ = engine_run(tmp_path, "torch", block_size=4)
-    _, triton_outs, _ = engine_run(tmp_path, "triton", block_size=4)
+@pytest.mark.parametrize("family", ["mistral", "qwen2-per-layer"])
+def test_triton_path_matches_torch_with_window(family: str, tmp_path: Path) -> None:
+    """Every layer windowed (blocks freed), and full and windowed layers mixed (the windowed layers' own pool)."""
+    save_random_model(MISTRAL if family == "mistral" else QWEN2, tmp_path)
+    torch_engine, torch_outs, _ = engine_run(tmp_path, "torch", block_size=4)
+    triton_engine, triton_outs, _ = engine_run(tmp_path, "triton", block_size=4)
+    assert (torch_engine.kv.window_pool is None) == (triton_engine.kv.window_pool is None) == (family == "mistral")
     for i in range(len(PROMPTS)):
         assert token_ids(triton_outs[f"r{i}"]) == token_ids(torch_outs[f"r{i}"]), f"prompt {i} diverged"
