@@ -49,8 +49,8 @@ class CacheConfig:
     semantic_verify: str = "auto"  # VERIFY_MODES (lexical matching only)
     semantic_match: str = "lexical"  # MATCH_MODES
     # learned (and union) matching: serve at or above this matcher score; 0 = the threshold calibrated with the shipped
-    # matcher
-    # (gateway/cache/matcher.json: wrong hits at most 1% at 95% confidence on the calibration split, when reachable)
+    # matcher (gateway/cache/matcher.json: wrong hits at most 1% at 95% confidence on the calibration split, when
+    # reachable; for the union, on the union's hits)
     matcher_threshold: float = 0.0
     # The verifier's criterion (gateway/cache/verify.py), calibrated on tests/data/cache_pairs/dev.tsv: the largest
     # single-token and the mean drop in log-probability (nats) of the cached answer under the new question, for
