@@ -28,9 +28,9 @@ hit/miss latency through the full HTTP path with the real engine and embedder.
    prompt position's log-probability against only the answer's (`prompt_logprobs_from`: the prefix cache serves
    the rest, as the verifier asks), next to generating 64 tokens;
 5. matcher (only with `--only matcher`, no engine): each `--pairs` file (repeatable) through the real `match` in
-   the engine-free modes, embedding, lexical and learned (`cache.semantic_match: learned`: the shipped matcher,
-   gateway/cache/matcher.py), per set: paraphrases served, wrong hits and the 95% upper bound of their share; and
-   the learned matcher's CPU time per lookup;
+   the engine-free modes, embedding, lexical, learned (`cache.semantic_match: learned`: the shipped matcher,
+   gateway/cache/matcher.py) and union (`cache.semantic_match: union`), per set: paraphrases served, wrong hits
+   and the 95% upper bound of their share; and the learned matcher's CPU time per lookup;
 6. agreement (only with `--only agreement`): the sampled check of third-party models (gateway/cache/sampled.py)
    compares two answers; both questions of every pair of dev.tsv (or `--pairs`) at or above the similarity threshold
    are answered by the embedded engine, or by `--provider URL --provider-model NAME` (an OpenAI-compatible API, its
@@ -120,11 +120,12 @@ def score_quality(lookups: list[Any], pairs_file: str, t: float) -> dict[str, An
 
 def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
     """The engine-free mechanisms on each pair file, through the real `match`: embedding alone (the nearest cached
-    question at or above the cosine threshold), lexical (guards + the lexical check, `semantic_verify: lexical`) and
-    learned (`semantic_match: learned`, the shipped matcher at its calibrated threshold, or `cache.matcher_threshold`),
-    every cached question of the file in one index. Per set: paraphrases served, hits, wrong hits, and the one-sided
-    95% Clopper-Pearson upper bound of the wrong-hit share; and the learned matcher's CPU time per lookup (the
-    query's token states, the features of every candidate from the floor up, the head)."""
+    question at or above the cosine threshold), lexical (guards + the lexical check, `semantic_verify: lexical`),
+    learned (`semantic_match: learned`, the shipped matcher at its calibrated threshold, or `cache.matcher_threshold`)
+    and union (`semantic_match: union`: the matcher at its union threshold, else the lexical mode), every cached
+    question of the file in one index. Per set: paraphrases served, hits, wrong hits, and the one-sided 95%
+    Clopper-Pearson upper bound of the wrong-hit share; and the learned matcher's CPU time per lookup (the query's
+    token states, the features of every candidate from the floor up, the head)."""
     from backend.embed.embeddings import Embedder, for_cache
     from bench.cache_pairs import _norm, load_pairs
     from gateway.cache.matcher import LearnedMatcher, MatcherModel
@@ -146,11 +147,13 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
             await store.put(text, b"answer", 3600)
             await store.add_vector("scope", text, text, vec[text], ttl_s=3600)
         learned = LearnedMatcher(model, embedder, cfg.matcher_threshold)
+        joint = LearnedMatcher(model, embedder, cfg.matcher_threshold, union=True)
         await learned.read(cached)  # cached questions are read once, when first met: not a lookup's cost
+        await joint.read(cached)
         for p in pairs:  # the encoder's first forward at each input length is slow (~0.25 s): warm every length up
             await learned.query(p.query)
         costs: list[float] = []
-        tallies = {m: [0, 0, 0] for m in ("embedding", "lexical", "learned")}  # paraphrase hits, hits, wrong
+        tallies = {m: [0, 0, 0] for m in ("embedding", "lexical", "learned", "union")}  # paraphrase hits, hits, wrong
         for p in pairs:
             for mode in tallies:
                 if mode == "embedding":
@@ -158,11 +161,15 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
                     hit = top[0] if top else None
                 elif mode == "lexical":
                     hit = (await match(store, "scope", p.query, vec[p.query], threshold=cfg.similarity_threshold, margin=0.0)).hit
-                else:  # the query's forward (its vector too: it replaces the embedding), the features, the heads
+                elif mode == "learned":  # the query's forward (its vector too: it replaces the embedding), features, heads
                     t0 = time.perf_counter()
                     scorer = await learned.query(p.query)
                     hit = (await match(store, "scope", p.query, scorer.vector, threshold=0.0, margin=0.0, learned=scorer)).hit
                     costs.append(time.perf_counter() - t0)
+                else:  # the union: the matcher at its union threshold, else the lexical mode
+                    scorer = await joint.query(p.query)
+                    hit = (await match(store, "scope", p.query, scorer.vector, threshold=cfg.similarity_threshold,
+                                       margin=0.0, learned=scorer)).hit  # fmt: skip
                 if hit is None:
                     continue
                 ok = _norm(hit.text) == _norm(p.query) or (_norm(hit.text), _norm(p.query)) in right
@@ -178,6 +185,7 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
                          "wrong_hit_upper95": round(binomial_upper(wrong, hits, 0.95), 4)}  # fmt: skip
         out["learned"]["threshold"] = learned.threshold
         out["learned"]["floor"] = learned.floor
+        out["union"]["threshold"] = joint.threshold
         out["learned_lookup_cpu"] = _pct(costs)
         return out
 

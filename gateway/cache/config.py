@@ -15,8 +15,9 @@ EMBEDDING_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8")
 VERIFY_MODES = ("auto", "all", "lexical")
 # What decides a semantic candidate (docs/caching.md): lexical = the key-term guards and the WordNet lexical check
 # (then the verifier, per semantic_verify); learned = the learned, calibrated matcher (gateway/cache/matcher.py),
-# which reads those signals as features.
-MATCH_MODES = ("lexical", "learned")
+# which reads those signals as features; union = served if the learned matcher (at its union threshold) or the guards
+# and the lexical check accept (no engine verifier).
+MATCH_MODES = ("lexical", "learned", "union")
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,9 @@ class CacheConfig:
     embedding_dtype: str = "auto"  # the semantic cache's embedder: EMBEDDING_DTYPES
     semantic_verify: str = "auto"  # VERIFY_MODES (lexical matching only)
     semantic_match: str = "lexical"  # MATCH_MODES
-    # learned matching: serve at or above this matcher score; 0 = the threshold calibrated with the shipped matcher
-    # (gateway/cache/matcher.json: wrong hits at most 1% at 95% confidence on the calibration split, when reachable)
+    # learned (and union) matching: serve at or above this matcher score; 0 = the threshold calibrated with the shipped
+    # matcher (gateway/cache/matcher.json: wrong hits at most 1% at 95% confidence on the calibration split, when
+    # reachable; for the union, on the union's hits)
     matcher_threshold: float = 0.0
     # The verifier's criterion (gateway/cache/verify.py), calibrated on tests/data/cache_pairs/dev.tsv: the largest
     # single-token and the mean drop in log-probability (nats) of the cached answer under the new question, for

@@ -203,21 +203,29 @@ class MatcherModel:
     threshold: float  # serve at or above this score (calibrated: gateway/cache/train.py)
     floor: float  # candidates are examined from this cosine up (the index finds them; the head decides)
     report: dict[str, Any]  # how it was trained and calibrated
+    # in the union with the lexical check (cache.semantic_match: union), calibrated on the union's hits
+    union_threshold: float
 
     @classmethod
     def load(cls, path: Path = MODEL_PATH) -> MatcherModel:
         raw = json.loads(path.read_text())
-        return cls(Ensemble.from_json(raw["heads"]), float(raw["threshold"]), float(raw["floor"]), raw.get("report", {}))
+        threshold = float(raw["threshold"])
+        return cls(Ensemble.from_json(raw["heads"]), threshold, float(raw["floor"]), raw.get("report", {}),
+                   float(raw.get("union_threshold", threshold)))  # fmt: skip
 
 
 class LearnedMatcher:
     """Scores candidates for one query; the cached questions' token states are kept (LRU) so that a cached question
     is encoded once, not on every lookup."""
 
-    def __init__(self, model: MatcherModel, embedder: TokenEmbedder, threshold: float = 0.0, memo: int = MEMO) -> None:
-        """`threshold`: serve at or above this score; 0 = the model's calibrated threshold."""
+    def __init__(
+        self, model: MatcherModel, embedder: TokenEmbedder, threshold: float = 0.0, memo: int = MEMO, *, union: bool = False
+    ) -> None:
+        """`threshold`: serve at or above this score; 0 = the model's calibrated threshold (its union threshold with
+        `union`). `union`: a candidate it rejects may still be served by the lexical check (gateway/cache/semantic.py)."""
         self.model = model
-        self._threshold = threshold or model.threshold
+        self.union = union
+        self._threshold = threshold or (model.union_threshold if union else model.threshold)
         self.embedder = embedder
         self._memo: OrderedDict[str, Question] = OrderedDict()
         self._limit = memo
@@ -256,7 +264,7 @@ class QueryScorer:
 
     def __init__(self, matcher: LearnedMatcher, text: str, question: Question) -> None:
         self.matcher, self.text, self.question = matcher, text, question
-        self.threshold, self.floor = matcher.threshold, matcher.floor
+        self.threshold, self.floor, self.union = matcher.threshold, matcher.floor, matcher.union
 
     @property
     def vector(self) -> list[float]:

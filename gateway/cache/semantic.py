@@ -15,7 +15,9 @@
 
 With `cache.semantic_match: learned` steps 2 and 3 (and the engine verifier) give way to the learned matcher
 (gateway/cache/matcher.py): every candidate from the matcher's floor up is scored by it, the guards and the lexical
-verdict among its inputs, and the best-scoring one is served if its score reaches the calibrated threshold.
+verdict among its inputs, and the best-scoring one is served if its score reaches the calibrated threshold. With
+`cache.semantic_match: union` a lookup the matcher does not serve goes on to steps 1-3 (never the engine verifier):
+either may serve it, the matcher at a threshold calibrated on the union's hits.
 
 The best rejected candidate comes back as `near_miss`: the extension point for speculative
 decoding (a near miss's answer is a good draft for the engine, never served as the answer).
@@ -92,10 +94,14 @@ async def match(
 ) -> SemanticMatch:
     """The first candidate (best cosine first) that passes every check. `relevance_margin`: None skips the
     answer-relevance check; otherwise an entry stored without its answer's vector is never served. `learned`: the
-    learned matcher, with `query` read, decides instead of the guards, the lexical check and the verifier."""
-    if learned is not None:
-        return await _match_learned(store, scope, vector, learned, relevance_margin=relevance_margin)
+    learned matcher, with `query` read, decides instead of the guards, the lexical check and the verifier; in its
+    union with them (`learned.union`) what it does not serve goes on to the guards and the lexical check."""
     near: NearMiss | None = None
+    if learned is not None:
+        found = await _match_learned(store, scope, vector, learned, relevance_margin=relevance_margin)
+        if found.hit is not None or not learned.union:
+            return found
+        near, verify = found.near_miss, None  # the union was calibrated without the engine
     for cand in await store.search(scope, vector, TOP_K, threshold - margin):
         if cand.similarity < threshold:
             near = near or NearMiss(cand, "threshold")

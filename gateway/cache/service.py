@@ -45,7 +45,8 @@ class ResponseCache:
         learned: LearnedMatcher | None = None,
     ) -> None:
         """`verifier`: scores semantic candidates with the embedded engine; None = the lexical check alone.
-        `learned`: the learned matcher (`cache.semantic_match: learned`), which then decides every candidate."""
+        `learned`: the learned matcher (`cache.semantic_match: learned` or `union`), which then decides every
+        candidate (with `union`, together with the lexical check)."""
         self.cfg = cfg
         self.store = SafeStore(store, self.backend_error, cfg.redis_retry_s) if store is not None else None
         self.embedder = embedder if cfg.semantic else None
@@ -171,10 +172,10 @@ def build_cache(
 
 
 def build_matcher(cfg: CacheConfig, embedder: EmbeddingClient | None, logger: Logger) -> LearnedMatcher | None:
-    """The learned matcher when `cache.semantic_match` is learned and the embedder can hand it token states."""
-    if not (cfg.semantic and cfg.semantic_match == "learned" and embedder is not None):
+    """The learned matcher when `cache.semantic_match` is learned or union and the embedder can hand it token states."""
+    if not (cfg.semantic and cfg.semantic_match in ("learned", "union") and embedder is not None):
         return None
     if not isinstance(embedder, TokenEmbedder):
-        raise ValueError("cache.semantic_match: learned needs an embedder with token states (all-MiniLM-L6-v2 as "
-                         "the gateway loads it)")  # fmt: skip
-    return LearnedMatcher(MatcherModel.load(), embedder, cfg.matcher_threshold)
+        raise ValueError(f"cache.semantic_match: {cfg.semantic_match} needs an embedder with token states "
+                         "(all-MiniLM-L6-v2 as the gateway loads it)")  # fmt: skip
+    return LearnedMatcher(MatcherModel.load(), embedder, cfg.matcher_threshold, union=cfg.semantic_match == "union")

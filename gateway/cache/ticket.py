@@ -69,7 +69,7 @@ class CacheParts(Protocol):
     @property
     def sampled(self) -> SampledCheck | None: ...  # for a third-party model's entries (the engine cannot verify them)
     @property
-    def learned(self) -> LearnedMatcher | None: ...  # cache.semantic_match: learned
+    def learned(self) -> LearnedMatcher | None: ...  # cache.semantic_match: learned or union
 
 
 class Ticket:

@@ -18,6 +18,10 @@
    score reaches the threshold), the red-team files (`ADVERSARIAL`) aside. The threshold is the lowest at which the
    one-sided 95% Clopper-Pearson upper bound of the share of wrong hits is at most `MAX_WRONG` (1%). The bound, the
    point estimate and the hit rate are written into the model file's report.
+4. The union (`cache.semantic_match: union`): the same lookups, each served by the matcher's best candidate if its
+   score reaches the union threshold, else by the lexical mode's hit (the first candidate from the cosine threshold
+   up whose key terms and words agree, gateway/cache/semantic.py). The union threshold is calibrated as above, on
+   the union's hits.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from gateway.cache import lexical
+from gateway.cache.config import CacheConfig
+from gateway.cache.guards import same_key_terms
 from gateway.cache.hard_negatives import Generator, restyle, rng_for
 from gateway.cache.matcher import MODEL_PATH, Ensemble, Head, MatcherModel, Question, TokenStates, features
 from gateway.cache.thresholds import binomial_upper
@@ -41,7 +48,7 @@ from gateway.cache.thresholds import binomial_upper
 PAIRS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "cache_pairs"
 # tuned on (docs/caching.md "What it guarantees, measured")
 TUNING = ("dev", "holdout", "independent_b", "independent_c", "independent_d", "independent_e", "independent_g",
-          "independent_h", "redteam", "redteam_rules")  # fmt: skip
+          "independent_h", "tune_o", "tune_p", "tune_q", "redteam", "redteam_rules")  # fmt: skip
 # never read here: scored only (bench/cache.py)
 HELD_OUT = ("test", "independent_a", "independent_f", "independent_i", "independent_j", "independent_k",
             "independent_l", "independent_m", "independent_n")  # fmt: skip
@@ -50,6 +57,7 @@ ADVERSARIAL = ("redteam", "redteam_rules")
 CAL_SHARE = 0.35  # of the cached questions, by hash
 FLOOR = 0.45  # candidates are examined from this cosine up
 TOP_K = 8  # as gateway/cache/semantic.py searches
+LEXICAL_FROM = CacheConfig().similarity_threshold  # the lexical mode examines candidates from this cosine up
 MAX_WRONG = 0.01
 CONFIDENCE = 0.95
 SEEDS = (41, 42, 43)  # one head each, averaged
@@ -236,6 +244,44 @@ def served(looked: list[Lookup], enc: Encoded, head: Ensemble) -> list[Served | 
     return out
 
 
+def lexical_hits(looked: list[Lookup]) -> list[Served | None]:
+    """What the lexical mode serves for each lookup (score 1: it has no score): the first candidate (best cosine
+    first) from `LEXICAL_FROM` up whose key terms agree and whose words keep their roles (SAME, REORDERED)."""
+    out: list[Served | None] = []
+    for look in looked:
+        hit = None
+        for cached, sim, right in look.candidates:
+            if sim >= LEXICAL_FROM and same_key_terms(look.query, cached) and lexical.compare(look.query, cached) in (
+                    lexical.SAME, lexical.REORDERED):  # fmt: skip
+                partner = look.paraphrase_of is not None and norm(cached) == norm(look.paraphrase_of)
+                hit = Served(1.0, right, right and partner)
+                break
+        out.append(hit)
+    return out
+
+
+def union(learned: list[Served | None], lexical_hit: list[Served | None], threshold: float) -> list[Served | None]:
+    """Each lookup's outcome in the union at `threshold`: the matcher's best candidate if it reaches the threshold,
+    else the lexical mode's hit (None: neither serves)."""
+    return [s if s is not None and s.score >= threshold else lx for s, lx in zip(learned, lexical_hit, strict=True)]
+
+
+def calibrate_union(learned: list[Served | None], lexical_hit: list[Served | None], paraphrases: int) -> dict[str, Any]:
+    """The lowest matcher threshold at which the union's wrong-hit share has a 95% upper bound <= MAX_WRONG (else
+    the one with the lowest bound)."""
+    best_ok: float | None = None
+    lowest = (2.0, 1.0)
+    for t in sorted({s.score for s in learned if s is not None}, reverse=True):
+        hits = [s for s in union(learned, lexical_hit, t) if s is not None]
+        bound = binomial_upper(sum(not s.right for s in hits), len(hits), CONFIDENCE)
+        if bound <= MAX_WRONG:
+            best_ok = t
+        if bound < lowest[0]:
+            lowest = (bound, t)
+    threshold = best_ok if best_ok is not None else lowest[1]
+    return {**rates(union(learned, lexical_hit, threshold), paraphrases, threshold), "met": best_ok is not None}
+
+
 def rates(outcomes: list[Served | None], paraphrases: int, threshold: float) -> dict[str, Any]:
     hits = [s for s in outcomes if s is not None and s.score >= threshold]
     wrong = sum(not s.right for s in hits)
@@ -272,7 +318,6 @@ def calibrate(outcomes: list[Served | None], paraphrases: int) -> dict[str, Any]
 def encoder_of_embedder() -> Encode:
     """The cache's own embedder as the gateway builds it (cache.embedding_dtype: auto)."""
     from backend.embed.embeddings import Embedder, for_cache
-    from gateway.cache.config import CacheConfig
 
     embedder = for_cache(Embedder(batch_size=64), CacheConfig().embedding_dtype)
 
@@ -308,12 +353,21 @@ def train(files: Sequence[str], encoder: Encode, limit: int | None = None, log: 
     cal_looks = [look for n, looks in looked["cal"].items() if n not in ADVERSARIAL for look in looks]
     paraphrases = sum(look.paraphrase_of is not None for look in cal_looks)
     chosen = calibrate(served(cal_looks, enc, head), paraphrases)
+    by_lexical = {n: lexical_hits(looks) for n, looks in looked["cal"].items()}
+    by_head = {n: served(looks, enc, head) for n, looks in looked["cal"].items()}
+    natural = [n for n in looked["cal"] if n not in ADVERSARIAL]
+    joint = calibrate_union([s for n in natural for s in by_head[n]], [s for n in natural for s in by_lexical[n]],
+                            paraphrases)  # fmt: skip
     generated = [ex for ex in items["cal"] if ex.source == "generated"]
     gen_scores = head.scores(feature_matrix(generated, enc)) if generated else np.zeros(0)
     restyled = [ex for ex in items["cal"] if ex.source == "restyled"]
     style_scores = head.scores(feature_matrix(restyled, enc)) if restyled else np.zeros(0)
-    per_file = {n: rates(served(looks, enc, head), sum(lk.paraphrase_of is not None for lk in looks), chosen["threshold"])
+    per_file = {n: rates(by_head[n], sum(lk.paraphrase_of is not None for lk in looks), chosen["threshold"])
                 for n, looks in looked["cal"].items()}  # fmt: skip
+    count = {n: sum(lk.paraphrase_of is not None for lk in looks) for n, looks in looked["cal"].items()}
+    lexical_per_file = {n: rates(by_lexical[n], count[n], 1.0) for n in looked["cal"]}
+    union_per_file = {n: rates(union(by_head[n], by_lexical[n], joint["threshold"]), count[n], joint["threshold"])
+                      for n in looked["cal"]}  # fmt: skip
     report = {
         "trained_on": list(files), "held_out_never_read": list(HELD_OUT), "calibration_share": CAL_SHARE,
         "training_examples": {src: sum(ex.source == src for ex in items["train"]) for src in
@@ -321,10 +375,14 @@ def train(files: Sequence[str], encoder: Encode, limit: int | None = None, log: 
         "calibration": chosen, "calibration_per_file": per_file,
         "calibration_generated_look_alikes_accepted": f"{int((gen_scores >= chosen['threshold']).sum())}/{len(gen_scores)}",
         "calibration_restyled_paraphrases_accepted": f"{int((style_scores >= chosen['threshold']).sum())}/{len(style_scores)}",
+        "lexical_calibration": rates([s for n in natural for s in by_lexical[n]], paraphrases, 1.0),
+        "lexical_calibration_per_file": lexical_per_file,
+        "union_calibration": joint, "union_calibration_per_file": union_per_file,
         "max_wrong": MAX_WRONG, "confidence": CONFIDENCE, "seeds": list(SEEDS), "hidden": HIDDEN, "steps": STEPS,
     }  # fmt: skip
-    log(f"trained and calibrated in {time.perf_counter() - t0:.1f}s: {json.dumps(chosen)}")
-    return {"floor": FLOOR, "threshold": chosen["threshold"], "heads": head.to_json(), "report": report}
+    log(f"trained and calibrated in {time.perf_counter() - t0:.1f}s: {json.dumps(chosen)}; union: {json.dumps(joint)}")
+    return {"floor": FLOOR, "threshold": chosen["threshold"], "union_threshold": joint["threshold"],
+            "heads": head.to_json(), "report": report}  # fmt: skip
 
 
 def dumps(model: dict[str, Any]) -> str:
