@@ -6,6 +6,7 @@ import os
 import shutil
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -125,6 +126,18 @@ def teacher_forced(engine: LLMEngine, prompts: list[list[int]], tokens: list[lis
     outs = run_to_completion(engine, {0: [(f"t{i}", p + tokens[i], forced) for i, p in enumerate(prompts)]})
     return torch.cat([torch.tensor([lp.logprob for lp in outs[f"t{i}"][0].prompt_logprobs[len(p):]])
                       for i, p in enumerate(prompts)])
+
+
+def greedy_reference(engine: LLMEngine, texts: list[str], new_tokens: int) -> dict[str, Any]:
+    """A reference engine's greedy continuation of each text: prompts, tokens, each token's top-2 logprob margin and
+    the teacher-forced log-probabilities of the tokens (what a quantized copy is held against)."""
+    prompts = [engine.tokenizer.encode(t) for t in texts]
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True, logprobs=2)
+    outs = run_to_completion(engine, {0: [(f"r{i}", p, params) for i, p in enumerate(prompts)]})
+    tokens = [token_ids(outs[f"r{i}"]) for i in range(len(prompts))]
+    margins = [[lp.top[0][2] - lp.top[1][2] for o in outs[f"r{i}"] for d in o.deltas for lp in d.logprobs]
+               for i in range(len(prompts))]
+    return {"prompts": prompts, "tokens": tokens, "margins": margins, "forced": teacher_forced(engine, prompts, tokens)}
 
 
 def token_ids(outputs: list[RequestOutput], index: int = 0) -> list[int]:

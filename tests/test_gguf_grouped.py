@@ -38,7 +38,14 @@ from backend.quant.gguf_types import SERVED, decode
 from kernels.cpu import build as build_py
 from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
 from tests.c_kernels import ISAS, build, requires_avx512, requires_c_kernels
-from tests.engine_helpers import assert_no_leaks, run_to_completion, save_grouped_model, teacher_forced, token_ids
+from tests.engine_helpers import (
+    assert_no_leaks,
+    greedy_reference,
+    run_to_completion,
+    save_grouped_model,
+    teacher_forced,
+    token_ids,
+)
 
 # byte offsets of each type's fp16 fields (d, m / dmin) within a block: set to finite values (random bytes may be NaN)
 FP16_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q3_K": [108], "Q4_K": [0, 2],
@@ -138,14 +145,7 @@ def test_gemma_weights_kept_are_the_reference_weights(gguf: Path) -> None:
 @pytest.fixture(scope="module")
 def reference(gguf: Path) -> dict[str, object]:
     """The full-precision engine's greedy tokens, their top-2 margins and teacher-forced log-probabilities."""
-    engine = LLMEngine(EngineConfig(model=str(gguf), quantization="none", packed_copy=False))
-    prompts = [engine.tokenizer.encode(t) for t in TEXTS]
-    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=2)
-    outs = run_to_completion(engine, {0: [(f"r{i}", p, params) for i, p in enumerate(prompts)]})
-    tokens = [token_ids(outs[f"r{i}"]) for i in range(len(prompts))]
-    margins = [[lp.top[0][2] - lp.top[1][2] for o in outs[f"r{i}"] for d in o.deltas for lp in d.logprobs]
-               for i in range(len(prompts))]
-    return {"prompts": prompts, "tokens": tokens, "margins": margins, "forced": teacher_forced(engine, prompts, tokens)}
+    return greedy_reference(LLMEngine(EngineConfig(model=str(gguf), quantization="none", packed_copy=False)), TEXTS, NEW)
 
 
 @requires_c_kernels

@@ -46,7 +46,14 @@ from backend.quant.gguf_config import ROPE_FACTORS, gguf_config
 from backend.quant.gguf_grouped import grouped_of, is_gguf_grouped
 from backend.quant.gguf_header import read_header
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
-from tests.engine_helpers import assert_no_leaks, model_path, run_to_completion, teacher_forced, token_ids
+from tests.engine_helpers import (
+    assert_no_leaks,
+    greedy_reference,
+    model_path,
+    run_to_completion,
+    teacher_forced,
+    token_ids,
+)
 
 LLAMA_CPP = os.environ.get("SMOLGATE_LLAMA_CPP", "")
 requires_converter = pytest.mark.skipif(not (Path(LLAMA_CPP) / "convert_hf_to_gguf.py").is_file(), reason=(
@@ -252,13 +259,8 @@ def test_served_in_its_own_bits(files: dict[str, tuple[Path, Path]]) -> None:
 
     reference = LLMEngine(EngineConfig(model=str(gguf), quantization="none", packed_copy=False))
     assert reference.runner.model.arch.rotary_fraction == 1.0
-    prompts = [reference.tokenizer.encode(t) for t in TEXTS]
-    greedy = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, logprobs=2)
-    outs = run_to_completion(reference, {0: [(f"r{i}", p, greedy) for i, p in enumerate(prompts)]})
-    want_all = [token_ids(outs[f"r{i}"]) for i in range(len(prompts))]
-    margins = [[lp.top[0][2] - lp.top[1][2] for o in outs[f"r{i}"] for d in o.deltas for lp in d.logprobs]
-               for i in range(len(prompts))]
-    forced = teacher_forced(reference, prompts, want_all)
+    ref = greedy_reference(reference, TEXTS, NEW)
+    prompts, want_all, margins, forced = ref["prompts"], ref["tokens"], ref["margins"], ref["forced"]
     del reference
     hf = hf_on_gguf_weights(hf_dir, gguf)
     with torch.inference_mode():  # the float32 copy of these weights is HF's, token for token
@@ -271,6 +273,7 @@ def test_served_in_its_own_bits(files: dict[str, tuple[Path, Path]]) -> None:
     assert isinstance(model.embed_tokens, GgufEmbedding) and isinstance(model.lm_head, GgufLinear)
     assert len([m for m in model.modules() if isinstance(m, GgufLinear)]) == 2 * 4 + 1
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())  # no float copy of any projection
+    greedy = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
     outs = run_to_completion(engine, {0: [(f"r{i}", p, greedy) for i, p in enumerate(prompts)]})
     for i, want in enumerate(want_all):
         got = token_ids(outs[f"r{i}"])
