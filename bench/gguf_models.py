@@ -11,7 +11,8 @@ What it measures, in one run on this machine:
 - per serving copy: `none` (the file dequantized to float32, the reference), `int8` (dequantized, then re-quantized to
   INT8 per channel at load: what `auto` served before the file's own bits were) and `auto` (what `make serve` serves:
   the file's blocks in their own bits, backend/quant/gguf_grouped.py): load time, the process's resident memory added
-  by the engine and the bytes of the weights it holds, each against the file's size, perplexity on
+  by the engine and the bytes of the weights it holds, each against the file's size, and the rest of that memory (the
+  rope tables' computed rows; the remainder, mostly the tokenizer), perplexity on
   backend/quant/data/heldout.txt
   (non-overlapping windows, prompt log-probabilities through the engine), and decode tok/s at each --streams level
   (completion prompts, greedy, ignore_eos, the clock from the moment every stream has its first token), the two copies
@@ -59,17 +60,28 @@ def load(model: Path, quantization: str) -> tuple[LLMEngine, dict[str, Any]]:
     before, t0 = rss_mb(), time.perf_counter()
     engine = LLMEngine(EngineConfig(model=str(model), quantization=quantization, enable_prefix_caching=False))
     gc.collect()
-    info = {"load_s": round(time.perf_counter() - t0, 2), "rss_added_mb": round(rss_mb() - before, 1),
-            "weights_mb": round(weight_bytes(engine.runner.model) / 2**20, 1),
+    added, model = rss_mb() - before, engine.runner.model
+    weights, rope = weight_bytes(model) / 2**20, rope_bytes(model) / 2**20
+    info = {"load_s": round(time.perf_counter() - t0, 2), "rss_added_mb": round(added, 1), "weights_mb": round(weights, 1),
+            "rope_mb": round(rope, 1),  # the rows computed so far (on a CPU, as positions are served)
+            "other_mb": round(added - weights - rope, 1),  # mostly the tokenizer (its Rust tables)
             "kv_pool_mb": round(engine.runner.kv_cache.nbytes / 2**20, 1),  # zero pages: resident once written
             "layers": sorted(set(engine.output_identity["layers"]))}
     return engine, info
 
 
+def rope_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the rope tables' computed rows (on a CPU the rest of a table is zero pages, not resident)."""
+    from backend.model.rope import RotaryEmbedding
+
+    ropes = [m for m in model.modules() if isinstance(m, RotaryEmbedding)]
+    return sum(m.filled * m.cos_sin.shape[1] * m.cos_sin.element_size() for m in ropes)
+
+
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of every weight the model holds (parameters, buffers, and the quantized layers' tensors kept as attributes
-    or in dataclasses), each storage counted once (a tied head shares the embedding's); not the rope tables (angles
-    for max_model_len positions: Gemma 3's two at 32k positions are 64 MB, not in the file)."""
+    or in dataclasses), each storage counted once (a tied head shares the embedding's); not the rope tables (angles,
+    not in the file: `rope_bytes`)."""
     from backend.model.rope import RotaryEmbedding
 
     seen: dict[int, int] = {}

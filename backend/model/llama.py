@@ -156,7 +156,10 @@ class LlamaForCausalLM(nn.Module):
                  for i in range(config.num_hidden_layers)]
         self.layers = nn.ModuleList(
             DecoderLayer(config, self.head_dim, self.layer_windows[i], self.arch, rope_index=kinds[i]) for i in self.layer_ids)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if ends else None
+        # No initial values: the loader assigns the checkpoint's (and on the meta device, nn.Embedding's normal_ runs a
+        # Python decomposition that imports torch._dynamo and sympy: 72 MB resident for nothing)
+        shape = (config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(*shape, _weight=torch.empty(shape)) if ends else None
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if ends else None
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if ends else None
         if ends and config.tie_word_embeddings:
