@@ -70,8 +70,9 @@ def load(model: Path, quantization: str) -> tuple[LLMEngine, dict[str, Any]]:
 def load_memory(model: Path, quantization: str) -> dict[str, float]:
     """`measure_load` in a process of its own, as a server holds its engine: in this one the engines loaded before
     left freed heap that a later load reuses (Gemma 3's `auto` measured 333 MB third in line, 425 MB alone)."""
-    code = f"import json; from pathlib import Path; from bench.gguf_models import measure_load; " \
-           f"print(json.dumps(measure_load(Path({str(model)!r}), {quantization!r})))"
+    name = measure_load.__name__
+    code = f"import json; from pathlib import Path; from bench.gguf_models import {name}; " \
+           f"print(json.dumps({name}(Path({str(model)!r}), {quantization!r})))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
