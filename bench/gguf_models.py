@@ -10,8 +10,9 @@ What it measures, in one run on this machine:
   start, the embedding model and the HTTP server add a few seconds, not measured here);
 - per serving copy: `none` (the file dequantized to float32, the reference), `int8` (dequantized, then re-quantized to
   INT8 per channel at load: what `auto` served before the file's own bits were) and `auto` (what `make serve` serves:
-  the file's blocks in their own bits, backend/quant/gguf_grouped.py): load time, the process's resident memory added
-  by the engine and the bytes of the weights it holds, each against the file's size, perplexity on
+  the file's blocks in their own bits, backend/quant/gguf_grouped.py): load time, the resident memory the engine adds
+  to a process of its own (as a server holds it) and the bytes of the weights it holds, each against the file's size,
+  and the rest of that memory (the rope tables' computed rows; the remainder, mostly the tokenizer), perplexity on
   backend/quant/data/heldout.txt
   (non-overlapping windows, prompt log-probabilities through the engine), and decode tok/s at each --streams level
   (completion prompts, greedy, ignore_eos, the clock from the moment every stream has its first token), the two copies
@@ -26,8 +27,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +40,7 @@ from typing import Any
 import torch
 
 from backend.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
+from backend.engine.llm_engine import LLMEngine, release_freed_memory
 from backend.engine.sampling_params import SamplingParams
 from bench.awq import perplexity
 from bench.report import default_out, emit
@@ -55,21 +59,51 @@ def rss_mb() -> float:
 
 
 def load(model: Path, quantization: str) -> tuple[LLMEngine, dict[str, Any]]:
-    gc.collect()
-    before, t0 = rss_mb(), time.perf_counter()
+    t0 = time.perf_counter()
     engine = LLMEngine(EngineConfig(model=str(model), quantization=quantization, enable_prefix_caching=False))
-    gc.collect()
-    info = {"load_s": round(time.perf_counter() - t0, 2), "rss_added_mb": round(rss_mb() - before, 1),
-            "weights_mb": round(weight_bytes(engine.runner.model) / 2**20, 1),
+    info = {"load_s": round(time.perf_counter() - t0, 2), **load_memory(model, quantization),
             "kv_pool_mb": round(engine.runner.kv_bytes / 2**20, 1),  # zero pages: resident once written
             "layers": sorted(set(engine.output_identity["layers"]))}
     return engine, info
 
 
+def load_memory(model: Path, quantization: str) -> dict[str, float]:
+    """`measure_load` in a process of its own, as a server holds its engine: in this one the engines loaded before
+    left freed heap that a later load reuses (Gemma 3's `auto` measured 333 MB third in line, 425 MB alone)."""
+    name = measure_load.__name__
+    code = f"import json; from pathlib import Path; from bench.gguf_models import {name}; " \
+           f"print(json.dumps({name}(Path({str(model)!r}), {quantization!r})))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_load(model: Path, quantization: str) -> dict[str, float]:
+    """The resident memory a load adds to a process whose imports are done and whose heap is trimmed, and what it is:
+    the weights, the rope tables' computed rows (on a CPU, as positions are served: none yet) and the rest (mostly
+    the tokenizer's Rust tables)."""
+    gc.collect()
+    release_freed_memory()
+    before = rss_mb()
+    engine = LLMEngine(EngineConfig(model=str(model), quantization=quantization, enable_prefix_caching=False))
+    gc.collect()
+    added, served = rss_mb() - before, engine.runner.model
+    weights, rope = weight_bytes(served) / 2**20, rope_bytes(served) / 2**20
+    return {"rss_added_mb": round(added, 1), "weights_mb": round(weights, 1), "rope_mb": round(rope, 1),
+            "other_mb": round(added - weights - rope, 1)}
+
+
+def rope_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the rope tables' computed rows (on a CPU the rest of a table is zero pages, not resident)."""
+    from backend.model.rope import RotaryEmbedding
+
+    ropes = [m for m in model.modules() if isinstance(m, RotaryEmbedding)]
+    return sum(m.filled * m.cos_sin.shape[1] * m.cos_sin.element_size() for m in ropes)
+
+
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of every weight the model holds (parameters, buffers, and the quantized layers' tensors kept as attributes
-    or in dataclasses), each storage counted once (a tied head shares the embedding's); not the rope tables (angles
-    for max_model_len positions: Gemma 3's two at 32k positions are 64 MB, not in the file)."""
+    or in dataclasses), each storage counted once (a tied head shares the embedding's); not the rope tables (angles,
+    not in the file: `rope_bytes`)."""
     from backend.model.rope import RotaryEmbedding
 
     seen: dict[int, int] = {}

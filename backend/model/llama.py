@@ -156,7 +156,10 @@ class LlamaForCausalLM(nn.Module):
                  for i in range(config.num_hidden_layers)]
         self.layers = nn.ModuleList(
             DecoderLayer(config, self.head_dim, self.layer_windows[i], self.arch, rope_index=kinds[i]) for i in self.layer_ids)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if ends else None
+        # No initial values: the loader assigns the checkpoint's (and on the meta device, nn.Embedding's normal_ runs a
+        # Python decomposition that imports torch._dynamo and sympy: 72 MB resident for nothing)
+        shape = (config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(*shape, _weight=torch.empty(shape)) if ends else None
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if ends else None
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if ends else None
         if ends and config.tie_word_embeddings:
@@ -167,7 +170,7 @@ class LlamaForCausalLM(nn.Module):
     def set_rope(self, max_positions: int, device: torch.device | str = "cpu") -> None:
         """The rope tables (fp32 whatever the model's dtype: the loader calls this after casting)."""
         dim = rotary_dim(self.head_dim, self.arch)
-        ropes = [RotaryEmbedding(self.config, dim, max_positions, t).to(device=device) for t in self.rope_types]
+        ropes = [RotaryEmbedding(self.config, dim, max_positions, t, device=device) for t in self.rope_types]
         self.rope, self.ropes = ropes[0], nn.ModuleList(ropes)
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
@@ -180,6 +183,9 @@ class LlamaForCausalLM(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv_cache: LayerCaches
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This model's decoder layers; kv_cache[i] belongs to self.layers[i]. Returns (last delta, stream)."""
+        end = batch.positions_end() if any(r.filled < r.max_positions for r in self.ropes) else 0
+        for r in self.ropes:
+            r.cover(end)  # a CPU table computes the rows this batch's positions reach, once
         ropes = [self.ops.rope_table(batch.positions, r.cos_sin, x.dtype) for r in self.ropes]  # shared by the layers
         if self.decode_stack is not None and self.decode_stack.takes(batch, residual, kv_cache):
             assert isinstance(kv_cache, torch.Tensor)  # takes() checked: one tensor over all layers

@@ -33,8 +33,18 @@ CHAT_TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+# What transformers' tokenizer classes (GemmaTokenizer, Qwen2Tokenizer, LlamaTokenizer, ...) keep after building the
+# Rust tokenizer from them: Python copies of the vocabulary and the merges, read by nothing after __init__ (encoding,
+# decoding, special tokens and get_vocab go through the Rust tokenizer). Gemma 3's 262,144 tokens and 514,906 merges
+# held 146 MB of Python objects for the life of the engine.
+BUILD_COPIES = ("_vocab", "_merges")
+
+
 def load_tokenizer(model_dir: Path) -> Any:
-    return AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    for name in BUILD_COPIES:
+        vars(tokenizer).pop(name, None)
+    return tokenizer
 
 
 def set_chat_template(tokenizer: Any, spec: str) -> list[int]:
