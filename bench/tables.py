@@ -194,6 +194,18 @@ def kv_dtype(r: Result) -> Figures:
             ("step time ratio (second / first)", f"x{num(r['step_time_ratio'], 3)}")]
 
 
+def kv_window(r: Result) -> Figures:
+    one, own = r["one_pool"], r["window_pool"]
+    return [
+        (f"context the KV budget holds, one pool / the windowed layers' own ({r['model']})",
+         f"{num(one['context_tokens_budget'], 0)} / {num(own['context_tokens_budget'], 0)} tokens"),
+        (f"KV held at the peak of one {num(r['prompt_tokens'], 0)}-token prompt, one pool / own pool",
+         f"{num(one['kv_held_peak_mb'])} / {num(own['kv_held_peak_mb'])} MiB"),
+        ("time to first token, own pool / one pool; same tokens",
+         f"x{num(r['ttft_ratio'], 2)}; {'yes' if r['same_tokens'] else 'no'}"),
+    ]
+
+
 def cpu_kernels(r: Result) -> Figures:
     rows = [(f"decode step, torch ops / C kernels, {k.removeprefix('step_ms_b')} rows ({r.get('quantization', '?')})",
              f"x{num(v, 2)}") for k, v in r.get("speedup", {}).items()]
@@ -295,7 +307,8 @@ def kernels(r: Result) -> Figures:
 SUMMARIES: dict[str, Callable[[Result], Figures]] = {
     "throughput": throughput, "gateway_overhead": gateway_overhead, "stream_http": stream_http,
     "cache_pairs": cache_pairs, "cache": cache,
-    "prefill": prefill, "prefill_attention": prefill_attention, "kv_dtype": kv_dtype, "cpu_kernels": cpu_kernels,
+    "prefill": prefill, "prefill_attention": prefill_attention, "kv_dtype": kv_dtype, "kv_window": kv_window,
+    "cpu_kernels": cpu_kernels,
     "profile_step": profile_step, "gemm": gemm, "structured": structured, "awq": awq, "quant": quant,
     "speculative": speculative, "pipeline": pipeline, "routing": routing, "overload": overload, "soak": soak,
     "kernels": kernels, "request_types": request_types,
