@@ -95,15 +95,15 @@ def num_kv_blocks(model: LlamaForCausalLM, block_size: int, memory_mb: int, dtyp
 
 def window_pool_blocks(model: LlamaForCausalLM, blocks: int, *, block_size: int, max_num_seqs: int,
                        max_num_batched_tokens: int) -> int:
-    """Blocks for a pool of the windowed layers' own, where full and windowed layers mix (0: none, one pool as
-    before). Every running sequence's window, plus one step's chunks, always fits it: with its room the pool is never
-    what stops a step (about 2 blocks of slack per sequence: the block being written and the window's ragged first
-    one), and a quarter of the unsplit budget's blocks when that is more (room for windows a prefix hit can reuse).
-    The rest of the budget goes to the full layers. 0 when that would not hold more context than one pool of
-    `blocks`."""
+    """Blocks for a pool of the windowed layers' own, where full layers and windowed layers of one window mix; 0: one
+    pool for every layer. Every running sequence's window, plus one step's chunks, always fits it: with its room the
+    pool is never what stops a step (about 2 blocks of slack per sequence: the block being written and the window's
+    ragged first one), and a quarter of the one-pool budget's blocks when that is more (room for windows a prefix hit
+    can reuse). The rest of the budget goes to the full layers (split_kv_blocks). Also 0 when that would not hold more
+    context than one pool of `blocks`."""
     windows = model.layer_windows
     window = max(windows, default=0)
-    if not window or windows.count(0) == 0 or set(windows) != {0, window}:
+    if set(windows) != {0, window} or not window:
         return 0
     need = max_num_seqs * (-(-window // block_size) + 2) + -(-max_num_batched_tokens // block_size) + 1
     window_blocks = max(need, blocks // 4)
