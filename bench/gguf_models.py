@@ -93,11 +93,10 @@ def measure_load(model: Path, quantization: str) -> dict[str, float]:
 
 
 def rope_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the rope tables' computed rows (on a CPU the rest of a table is zero pages, not resident)."""
+    """Bytes of the rope tables (every position's angles, computed at load)."""
     from backend.model.rope import RotaryEmbedding
 
-    ropes = [m for m in model.modules() if isinstance(m, RotaryEmbedding)]
-    return sum(m.filled * m.cos_sin.shape[1] * m.cos_sin.element_size() for m in ropes)
+    return sum(m.cos_sin.nbytes for m in model.modules() if isinstance(m, RotaryEmbedding))
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
