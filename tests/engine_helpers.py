@@ -98,9 +98,9 @@ def hf_model() -> torch.nn.Module:
 
 
 @torch.inference_mode()
-def hf_greedy(prompt: list[int], max_new_tokens: int) -> list[int]:
-    """Reference: greedy decoding with HF transformers' own forward and its KV cache."""
-    out = hf_model().generate(
+def hf_greedy(prompt: list[int], max_new_tokens: int, model: torch.nn.Module | None = None) -> list[int]:
+    """Reference: greedy decoding with HF transformers' own forward and its KV cache (the default model's, or `model`'s)."""
+    out = (model or hf_model()).generate(
         torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=[], pad_token_id=0
     )
     return out[0, len(prompt) :].tolist()

@@ -20,7 +20,7 @@ from backend.model.sliding_window import blocks_out_of_window, freeable_window, 
 from kernels.triton import flash_prefill as fp
 from kernels.triton import paged_decode as pd
 from kernels.triton.testing import assert_close, device_for, generator, poison, ready
-from tests.engine_helpers import assert_no_leaks, save_random_model, token_ids
+from tests.engine_helpers import assert_no_leaks, hf_greedy, save_random_model, token_ids
 from tests.test_kernels_attention import make_paged
 
 ready(pd)
@@ -117,12 +117,6 @@ def engine_run(model_dir: Path, backend: str = "torch", **kw: object) -> tuple[L
     return engine, outs, most
 
 
-@torch.inference_mode()
-def hf_greedy(hf: torch.nn.Module, prompt: list[int]) -> list[int]:
-    ref = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, eos_token_id=[], pad_token_id=0)
-    return ref[0, len(prompt) :].tolist()
-
-
 @pytest.mark.parametrize("family", ["mistral", "qwen2-per-layer"])
 def test_engine_matches_hf_beyond_the_window(family: str, tmp_path: Path) -> None:
     config = MISTRAL if family == "mistral" else QWEN2
@@ -130,7 +124,7 @@ def test_engine_matches_hf_beyond_the_window(family: str, tmp_path: Path) -> Non
     engine, outs, most = engine_run(tmp_path, block_size=4)
     assert engine.max_model_len == config.max_position_embeddings  # the window no longer caps the context
     for i, prompt in enumerate(PROMPTS):
-        assert token_ids(outs[f"r{i}"]) == hf_greedy(hf, prompt), f"{family}: prompt {i} diverged"
+        assert token_ids(outs[f"r{i}"]) == hf_greedy(prompt, NEW, hf), f"{family}: prompt {i} diverged"
     if family == "mistral":  # the window (20 tokens) spans at most 6 blocks of 4, plus this step's chunk
         assert most <= WINDOW // 4 + 1 + 13 // 4 + 1, most
     else:  # the full layer needs every block: nothing is freed

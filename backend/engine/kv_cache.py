@@ -157,9 +157,10 @@ class KVCacheManager:
     def slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size].block_id * self.block_size + position % self.block_size
 
-    def window_slot(self, seq: Sequence, position: int) -> int:
-        """Where the windowed layers keep position's K/V (with a window pool)."""
-        return seq.window_table[position // self.block_size].block_id * self.block_size + position % self.block_size
+    def slots(self, table: list[KVBlock], span: range) -> list[int]:
+        """Where each position of `span` keeps its K/V in `table`'s pool (a sequence's block or window table)."""
+        bs = self.block_size
+        return [table[p // bs].block_id * bs + p % bs for p in span]
 
 
 def _room(pool: BlockPool, need: int, cached: list[KVBlock]) -> bool:

@@ -234,13 +234,16 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        window_slots: list[int] = []  # with a window pool: where the windowed layers keep the same positions
         logits_rows: list[int] = []
         for chunk in out.scheduled:
             seq, start = chunk.seq, chunk.seq.num_computed_tokens
             span = range(start, start + chunk.num_new_tokens)
             ids.extend(seq.token_ids[start : start + chunk.num_new_tokens])
             positions.extend(span)
-            slots.extend(self.kv.slot(seq, p) for p in span)
+            slots.extend(self.kv.slots(seq.block_table, span))
+            if self.kv.window_pool is not None:
+                window_slots.extend(self.kv.slots(seq.window_table, span))
             logits_rows.extend(range(len(ids) - chunk.num_logit_rows, len(ids)))
         num_decodes = sum(c.num_new_tokens for c in out.decodes)  # verified drafts are decode rows too
         batch = ForwardBatch(
@@ -253,12 +256,10 @@ class ModelRunner:
             logits_index=self._tensor(logits_rows),
             block_size=self.kv.block_size,
         )
-        return batch if self.kv.window_pool is None else replace(batch, windowed=self._windowed(out, batch))
+        return batch if self.kv.window_pool is None else replace(batch, windowed=self._windowed(out, batch, window_slots))
 
-    def _windowed(self, out: SchedulerOutput, batch: ForwardBatch) -> ForwardBatch:
+    def _windowed(self, out: SchedulerOutput, batch: ForwardBatch, slots: list[int]) -> ForwardBatch:
         """The batch as the windowed layers see it: their pool's slots and tables, the window masks in place."""
-        slots = [self.kv.window_slot(c.seq, p) for c in out.scheduled
-                 for p in range(c.seq.num_computed_tokens, c.seq.num_computed_tokens + c.num_new_tokens)]
         view = replace(
             batch, slot_mapping=self._tensor(slots),
             decode=self._decode_metadata(out.decodes, windowed=True) if out.decodes else None,
