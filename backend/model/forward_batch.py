@@ -82,3 +82,11 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
+
+    def positions_end(self) -> int:
+        """One past the highest position in the batch: from the metadata's host-side context lengths where they say it
+        (a token's position is below its context length), else read from the positions (a device sync on a GPU)."""
+        known = [m.max_context_len for m in (self.decode, self.prefill) if m is not None]
+        if known and all(known):
+            return max(known)
+        return int(self.positions.max()) + 1 if self.num_tokens else 0

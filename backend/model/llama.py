@@ -170,7 +170,7 @@ class LlamaForCausalLM(nn.Module):
     def set_rope(self, max_positions: int, device: torch.device | str = "cpu") -> None:
         """The rope tables (fp32 whatever the model's dtype: the loader calls this after casting)."""
         dim = rotary_dim(self.head_dim, self.arch)
-        ropes = [RotaryEmbedding(self.config, dim, max_positions, t).to(device=device) for t in self.rope_types]
+        ropes = [RotaryEmbedding(self.config, dim, max_positions, t, device=device) for t in self.rope_types]
         self.rope, self.ropes = ropes[0], nn.ModuleList(ropes)
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
@@ -183,6 +183,9 @@ class LlamaForCausalLM(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv_cache: LayerCaches
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This model's decoder layers; kv_cache[i] belongs to self.layers[i]. Returns (last delta, stream)."""
+        end = batch.positions_end() if any(r.filled < r.max_positions for r in self.ropes) else 0
+        for r in self.ropes:
+            r.cover(end)  # a CPU table computes the rows this batch's positions reach, once
         ropes = [self.ops.rope_table(batch.positions, r.cos_sin, x.dtype) for r in self.ropes]  # shared by the layers
         if self.decode_stack is not None and self.decode_stack.takes(batch, residual, kv_cache):
             assert isinstance(kv_cache, torch.Tensor)  # takes() checked: one tensor over all layers
