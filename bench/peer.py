@@ -58,12 +58,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, *, ctx_per_slot: int) -> Iterator[str]:
-    """`llama-server` on a free loopback port with `parallel` slots; yields its base URL, stops it on exit."""
+def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, *, ctx_per_slot: int,
+                 extra: tuple[str, ...] = ()) -> Iterator[str]:
+    """`llama-server` on a free loopback port with `parallel` slots (and `extra` flags); yields its base URL, stops it
+    on exit."""
     port = free_port()
     cmd = [
         str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
         "-tb", str(threads), "--parallel", str(parallel), "-c", str(ctx_per_slot * parallel), "--no-webui",
+        *extra,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"

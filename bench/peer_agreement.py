@@ -12,9 +12,21 @@ identical, and the mean and median length of the common prefix. Two correct impl
 part at near ties (where rounding differs, in activations' quantization or summation order), so `none` against
 `auto` is printed beside the peer pairs as the scale of that, and at each prompt where the engine (`auto`) and the peer
 part, the engine's own log-probability margin between its token and the peer's (`fork_margins_nats`: a near tie is a
-small one). --peer-url URL takes a llama-server already running on
-the same file instead (its native `/completion`); without either the peer is absent and only the engine pair is
-measured; --peer-gguf is not read (the peer serves --model). Last line: one JSON object, also bench/results/peer_agreement.json.
+small one).
+
+Whole continuations part at the first near tie and never meet again, so two more figures say how close the two are:
+- `teacher_forced`: the engine reads each prompt with the peer's continuation appended (prompt log-probabilities),
+  and at each of the peer's tokens its own greedy choice is compared with the peer's: the share of the peer's tokens
+  the engine would have chosen given the same text.
+- `float_vs_peer_float`: the same weights in float32 on both sides: the engine's `none` against llama-server serving a
+  float32 copy of the file (every tensor dequantized by gguf-py, the header as it is): whether the two compute the
+  same model, apart from the quantized arithmetic.
+- `peer_vs_peer_float`: llama-server on the file against llama-server on that float32 copy: how far the peer's own
+  quantized arithmetic moves its continuations, the scale against which `auto_vs_peer` is read.
+
+--peer-url URL takes a llama-server already running on the same file instead (its native `/completion`; then no
+float32 runs); without either the peer is absent and only the engine pair is measured; --peer-gguf is not read
+(the peer serves --model). Last line: one JSON object, also bench/results/peer_agreement.json.
 """
 
 from __future__ import annotations
@@ -22,6 +34,8 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +86,57 @@ def margins(engine: LLMEngine, prompts: list[list[int]], ours: list[list[int]], 
         assert isinstance(first, TokenLogprob) and first.token_id == a[n], "the engine repeats its own greedy choice"
         top = {t: lp for t, _, lp in first.top}
         out.append(round(first.logprob - top.get(b[n], min(top.values())), 3))
+    return out
+
+
+def teacher_forced(engine: LLMEngine, prompts: list[list[int]], theirs: list[list[int]]) -> dict[str, Any]:
+    """At every token of the peer's continuations, whether the engine's greedy choice on the same text (the prompt and
+    the peer's tokens before it) is the peer's token; where not, the engine's margin between its choice and the
+    peer's token (nats; past its top 20, the 20th's)."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=20)
+    for i, (prompt, tokens) in enumerate(zip(prompts, theirs, strict=True)):
+        engine.add_request(f"tf{i}", prompt + tokens, replace(params, prompt_logprobs_from=len(prompt)))
+    read: dict[str, tuple[TokenLogprob | None, ...]] = {}
+    while engine.has_work:
+        read.update((o.request_id, o.prompt_logprobs) for o in engine.step() if o.prompt_logprobs is not None)
+    chosen, margins_ = 0, []
+    for i, (prompt, tokens) in enumerate(zip(prompts, theirs, strict=True)):
+        scored = read[f"tf{i}"][len(prompt) :]
+        assert len(scored) == len(tokens), "one log-probability per peer token"
+        for lp, token in zip(scored, tokens, strict=True):
+            assert lp is not None and lp.token_id == token
+            top = {t: v for t, _, v in lp.top}
+            best = lp.top[0]
+            if best[0] == token:
+                chosen += 1
+            else:
+                margins_.append(round(best[2] - top.get(token, min(top.values())), 3))
+    total = sum(len(t) for t in theirs)
+    return {"peer_tokens": total, "engine_chose_the_same": chosen, "share": round(chosen / total, 4),
+            "margins_where_not_nats": sorted(margins_),
+            "margin_median_nats": statistics.median(margins_) if margins_ else None}
+
+
+def float_copy(model: Path, out: Path) -> Path:
+    """`model` with every tensor dequantized to float32 (gguf-py's reference dequantization: the values the engine's
+    `none` serves) and its header (architecture, hyperparameters, tokenizer) as it is."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(model)
+    writer = gguf.GGUFWriter(out, str(reader.fields["general.architecture"].contents()))
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue  # the writer writes these itself
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        shape = [int(d) for d in reversed(t.shape)]
+        writer.add_tensor(t.name, gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     return out
 
 
@@ -134,8 +199,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     del probe
     gc.collect()
     none_engine, none_tokens = engine_side(args.model, "none", prompts, args.new_tokens)
-    del none_engine
-    gc.collect()
     auto_engine, auto_tokens = engine_side(args.model, "auto", prompts, args.new_tokens)
     sides = {"auto": auto_tokens, "none": none_tokens}
     result: dict[str, Any] = {"bench": "peer_agreement", "model": args.model.name, "prompts": len(prompts),
@@ -145,9 +208,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         theirs = peer_continuations(args.peer_url.rstrip("/"), prompts, args.new_tokens)
         result["peer"] = {"status": "measured", "peer": "llama-server", "url": args.peer_url, "gguf": str(args.model)}
     elif args.llama_server is not None:
-        with peer.llama_server(args.llama_server, args.model, args.threads, 1,
-                               ctx_per_slot=args.prompt_tokens + args.new_tokens + 64) as url:
+        ctx = args.prompt_tokens + args.new_tokens + 64
+        with peer.llama_server(args.llama_server, args.model, args.threads, 1, ctx_per_slot=ctx) as url:
             theirs = peer_continuations(url, prompts, args.new_tokens)
+        with tempfile.TemporaryDirectory() as tmp:
+            floats = float_copy(args.model, Path(tmp) / "float32.gguf")
+            with peer.llama_server(args.llama_server, floats, args.threads, 1, ctx_per_slot=ctx) as url:
+                theirs_float = peer_continuations(url, prompts, args.new_tokens)
+        result["peer_vs_peer_float"] = agreement(theirs, theirs_float, args.new_tokens)
         result["peer"] = {"status": "measured", "peer": "llama-server", "binary": str(args.llama_server),
                           "version": peer.peer_version(args.llama_server), "gguf": str(args.model)}
         result["auto_vs_peer"] = agreement(sides["auto"], theirs, args.new_tokens)
@@ -156,9 +224,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if forks:
             result["auto_vs_peer"]["fork_margin_median_nats"] = statistics.median(forks)
         result["none_vs_peer"] = agreement(sides["none"], theirs, args.new_tokens)
+        result["teacher_forced"] = teacher_forced(auto_engine, prompts, theirs)
+        result["float_vs_peer_float"] = agreement(sides["none"], theirs_float, args.new_tokens)
+        result["float_vs_peer_float"]["teacher_forced"] = teacher_forced(none_engine, prompts, theirs_float)
     else:
         result["peer"] = peer.absent()
-    for key in ("auto_vs_peer", "none_vs_peer", "auto_vs_none"):
+    for key in ("auto_vs_peer", "none_vs_peer", "auto_vs_none", "teacher_forced", "peer_vs_peer_float",
+                "float_vs_peer_float"):
         if key in result:
             print(key, result[key], flush=True)
     return emit(result, args.out or default_out("peer_agreement"))
