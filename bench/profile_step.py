@@ -67,7 +67,7 @@ def phases(engine: LLMEngine, reps: int) -> dict[str, float]:
     out = engine.scheduler.schedule()
     batch = runner.prepare(out)
     x = model.embed(batch)
-    h, stream = model.run_layers(x, None, batch, runner.kv_cache)
+    h, stream = model.run_layers(x, None, batch, runner.layer_caches)
     normed = model.final_norm(h, stream)
     logits = model.lm_head(normed).float()
     seqs = [chunk.seq for chunk in out.scheduled]
@@ -83,7 +83,7 @@ def phases(engine: LLMEngine, reps: int) -> dict[str, float]:
     parts = {
         "prepare_batch": ms(lambda: runner.prepare(out)),
         "embed_and_rope": ms(lambda: model.ops.rope_table(batch.positions, model.rope.cos_sin, model.embed(batch).dtype)),
-        "decoder_layers": ms(lambda: model.run_layers(x, None, batch, runner.kv_cache)),
+        "decoder_layers": ms(lambda: model.run_layers(x, None, batch, runner.layer_caches)),
         "final_norm": ms(lambda: model.final_norm(h, stream)),
         "lm_head": ms(lambda: model.lm_head(normed).float()),
         "sampler": ms(lambda: engine.sampler(logits, seqs)),

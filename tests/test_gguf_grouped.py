@@ -109,6 +109,24 @@ def test_the_kernel_computes_the_reference_arithmetic(lib: object, group: int, z
     assert ((y - exact).norm() / exact.norm()).item() < 0.01
 
 
+@requires_c_kernels
+def test_a_kept_output_gives_the_same_logits_in_one_tensor(lib: object) -> None:
+    """The LM head keeps its output tensor (GgufLinear.keep_output): each call's values are a fresh call's, calls of up
+    to KEEP_ROWS rows write into the one tensor (grown where a call has more rows), longer ones get their own."""
+    torch.manual_seed(3)
+    g = GroupedInt8(torch.randint(-128, 128, (48, 64), dtype=torch.int8), torch.rand(48, 2) * 0.01, None)
+    fresh, kept = GgufLinear(pack(g, lanes_of(lib)), lib), GgufLinear(pack(g, lanes_of(lib)), lib)  # type: ignore[arg-type]
+    kept.keep_output = True
+    storages = []
+    for m in (4, 9, 2, GgufLinear.KEEP_ROWS + 1):
+        x = torch.randn(m, 64)
+        y = kept(x)
+        assert torch.equal(y, fresh(x))
+        storages.append(y.untyped_storage().data_ptr())
+    assert storages[1] == storages[2] != storages[3]  # grown once for 9 rows, then reused; past KEEP_ROWS its own
+    assert kept._output is not None and kept._output.shape[0] == 9
+
+
 @requires_avx512
 def test_avx2_and_avx512_give_the_same_bits(tmp_path_factory: pytest.TempPathFactory) -> None:
     libs = [build(partial(load_wg8a8, isa=isa), tmp_path_factory, f"wg8a8-same-{isa}") for isa in ("avx2", "avx512")]
@@ -158,6 +176,8 @@ def test_gemma_served_in_its_own_bits(gguf: Path, reference: dict, caplog: pytes
     model = engine.runner.model
     assert isinstance(model.embed_tokens, GgufEmbedding) and isinstance(model.lm_head, GgufLinear)
     assert model.lm_head.weight_q is model.embed_tokens.weight_q  # the tied table held once
+    assert model.lm_head.keep_output and not any(  # the head's logits tensor is kept from step to step; no other's
+        m.keep_output for m in model.modules() if isinstance(m, GgufLinear) and m is not model.lm_head)
     linears = [m for m in model.modules() if isinstance(m, GgufLinear)]
     assert len(linears) == 18 * 4 + 1 and all(m.lib is not None for m in linears)
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())  # no float copy of any projection

@@ -134,14 +134,16 @@ def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
     return lib
 
 
-def wg8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: PackedGrouped) -> torch.Tensor:
-    """y = x @ w.dequantized().T with x quantized per (row, group of 32) to int8; x (M, K) float32 -> (M, N) float32."""
+def wg8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: PackedGrouped, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ w.dequantized().T with x quantized per (row, group of 32) to int8; x (M, K) float32 -> (M, N) float32.
+    out: where to write y, (M, N rounded up to w.lanes) float32 contiguous (default: a new tensor)."""
     padded, k = w.q.shape[0] * w.lanes, w.q.shape[1] * 4
     assert w.lanes == lanes_of(lib), f"w is packed in chunks of {w.lanes} rows; this kernel reads {lanes_of(lib)}"
     assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1, f"x must be (M, {k}) with unit column stride"
     assert x.dtype == torch.float32 and x.device.type == "cpu", "x must be a float32 CPU tensor"
     m = x.shape[0]
-    y = torch.empty(m, padded)
+    y = torch.empty(m, padded) if out is None else out
+    assert y.shape == (m, padded) and y.dtype == torch.float32 and y.is_contiguous(), f"out must be ({m}, {padded}) float32"
     rc = lib.wg8a8_linear(x.data_ptr(), x.stride(0), *w.args, m, padded, k, w.group, y.data_ptr(), torch.get_num_threads())
     if rc:
         raise MemoryError(f"wg8a8_linear: no memory for the quantized activations ({m} x {k})") if rc == -1 else \
