@@ -22,15 +22,19 @@ gets quantization_config = {quant_method: gguf_blocks, group_size: 32}.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+from backend.quant.gguf_header import read_header, read_tensors
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -103,10 +107,10 @@ def _unpermute(t: torch.Tensor, heads: int) -> torch.Tensor:
 def read_gguf_blocks(gguf_path: Path, heads: int, kv_heads: int, permute: bool) -> dict[str, torch.Tensor]:
     """HF-named tensors: q4 / q4_scales / q4_mins for the Q4_0/Q4_1 projections, float32 for everything else."""
     from gguf import GGMLQuantizationType as T
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
 
     state: dict[str, torch.Tensor] = {}
-    for t in GGUFReader(gguf_path).tensors:
+    for t in read_tensors(read_header(gguf_path)):
         name = hf_name(t.name)
         rows = {".attn_q.": heads, ".attn_k.": kv_heads}
         heads_of = next((h for key, h in rows.items() if key in t.name), 0) if permute else 0
@@ -114,19 +118,52 @@ def read_gguf_blocks(gguf_path: Path, heads: int, kv_heads: int, permute: bool) 
         def fix(x: torch.Tensor, h: int = heads_of) -> torch.Tensor:
             return _unpermute(x, h) if h else x
 
-        in_features = int(t.shape[0])
+        in_features = t.dims[0]
         if t.tensor_type in (T.Q4_0, T.Q4_1) and name.endswith(".weight") and in_features % 64 == 0:
             q, d, m = q4_blocks(t.data, t.tensor_type == T.Q4_0)
             stem = name.removesuffix(".weight")
             state[f"{stem}.q4"], state[f"{stem}.q4_scales"], state[f"{stem}.q4_mins"] = fix(pack_q4(q)), fix(d), fix(m)
         else:
             values = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
-            state[name] = fix(torch.from_numpy(values).reshape(tuple(reversed(t.shape.tolist()))))
+            state[name] = fix(torch.from_numpy(values).reshape(tuple(reversed(t.dims))))
     return state
+
+
+_SHARING = threading.Lock()
+
+
+@contextlib.contextmanager
+def shared_gguf_readers() -> Iterator[None]:
+    """Within it, gguf-py's GGUFReader is built once per file and handed out again. transformers builds one for the
+    config and another for the tokenizer, and each parses every metadata array into Python objects, element by element
+    (8 s each for Gemma 3's 262,144-token vocabulary on 2 cores); both only read it. One conversion at a time swaps
+    the class (a lock), and it is put back on the way out."""
+    import gguf
+
+    with _SHARING:
+        original = gguf.GGUFReader
+        built: dict[tuple[str, str], Any] = {}
+
+        def shared(path: str | Path, mode: str = "r") -> Any:
+            key = (str(Path(path).resolve()), mode)
+            if key not in built:
+                built[key] = original(path, mode)  # type: ignore[arg-type]
+            return built[key]
+
+        setattr(gguf, "GGUFReader", shared)  # noqa: B010 (transformers imports it from the package at call time)
+        try:
+            yield
+        finally:
+            setattr(gguf, "GGUFReader", original)  # noqa: B010
 
 
 def convert_gguf_blocks(gguf_path: Path, out: Path) -> Path:
     """Write `out`: the blocks above, config.json (marked gguf_blocks), the tokenizer; seconds, not the minutes of AWQ."""
+    with shared_gguf_readers():
+        return _convert_gguf_blocks(gguf_path, out)
+
+
+def _convert_gguf_blocks(gguf_path: Path, out: Path) -> Path:
     from transformers import AutoConfig
 
     folder, name = str(gguf_path.parent), gguf_path.name

@@ -29,8 +29,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from backend.quant.gguf_blocks import PER_LAYER, TOP, _unpermute, quant_method, write_converted
+from backend.quant.gguf_blocks import PER_LAYER, TOP, _unpermute, quant_method, shared_gguf_readers, write_converted
 from backend.quant.gguf_config import ROPE_FACTORS, gguf_config
+from backend.quant.gguf_header import read_header, read_tensors
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear, Grouped
 from backend.quant.gguf_types import decode
 from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, pack
@@ -60,14 +61,14 @@ def hf_name(gguf_name: str, arch: str) -> str:
 
 def read_gguf_grouped(gguf_path: Path, arch: str, heads: int, kv_heads: int) -> dict[str, torch.Tensor]:
     """HF-named tensors: .gq/.gs/.gz for the weights of a served type, float32 for the rest."""
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
 
     state: dict[str, torch.Tensor] = {}
-    for t in GGUFReader(gguf_path).tensors:
+    for t in read_tensors(read_header(gguf_path)):
         if t.name in ROPE_FACTORS:
             continue  # phi3's longrope factors: the config's (gguf_config.py)
         name = hf_name(t.name, arch)
-        shape = tuple(reversed(t.shape.tolist()))
+        shape = tuple(reversed(t.dims))
         rows = {".attn_q.": heads, ".attn_k.": kv_heads}
         heads_of = next((h for key, h in rows.items() if key in t.name), 0) if arch == "llama" else 0
 
@@ -91,8 +92,11 @@ def read_gguf_grouped(gguf_path: Path, arch: str, heads: int, kv_heads: int) -> 
 def convert_gguf_grouped(gguf_path: Path, out: Path) -> Path:
     """Write `out`: the tensors above, config.json (marked gguf_grouped), the tokenizer. Seconds: nothing is dequantized
     but the small tensors."""
-    from backend.quant.gguf_header import read_header
+    with shared_gguf_readers():
+        return _convert_gguf_grouped(gguf_path, out)
 
+
+def _convert_gguf_grouped(gguf_path: Path, out: Path) -> Path:
     print(f"reading {gguf_path.name}'s blocks as they are (one time, seconds) ...", flush=True)
     arch = read_header(gguf_path).architecture
     config = gguf_config(gguf_path)
