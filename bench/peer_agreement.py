@@ -23,6 +23,8 @@ Whole continuations part at the first near tie and never meet again, so two more
   same model, apart from the quantized arithmetic.
 - `peer_vs_peer_float`: llama-server on the file against llama-server on that float32 copy: how far the peer's own
   quantized arithmetic moves its continuations, the scale against which `auto_vs_peer` is read.
+- `peer_vs_peer_fa_off`: llama-server on the file against itself with flash attention off (`-fa off`): the same
+  weights and the same quantized matmuls, only the attention's rounding changed.
 
 --peer-url URL takes a llama-server already running on the same file instead (its native `/completion`; then no
 float32 runs); without either the peer is absent and only the engine pair is measured; --peer-gguf is not read
@@ -216,6 +218,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with peer.llama_server(args.llama_server, floats, args.threads, 1, ctx_per_slot=ctx) as url:
                 theirs_float = peer_continuations(url, prompts, args.new_tokens)
         result["peer_vs_peer_float"] = agreement(theirs, theirs_float, args.new_tokens)
+        with peer.llama_server(args.llama_server, args.model, args.threads, 1, ctx_per_slot=ctx,
+                               extra=("-fa", "off")) as url:
+            result["peer_vs_peer_fa_off"] = agreement(theirs, peer_continuations(url, prompts, args.new_tokens),
+                                                      args.new_tokens)
         result["peer"] = {"status": "measured", "peer": "llama-server", "binary": str(args.llama_server),
                           "version": peer.peer_version(args.llama_server), "gguf": str(args.model)}
         result["auto_vs_peer"] = agreement(sides["auto"], theirs, args.new_tokens)
@@ -230,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         result["peer"] = peer.absent()
     for key in ("auto_vs_peer", "none_vs_peer", "auto_vs_none", "teacher_forced", "peer_vs_peer_float",
-                "float_vs_peer_float"):
+                "peer_vs_peer_fa_off", "float_vs_peer_float"):
         if key in result:
             print(key, result[key], flush=True)
     return emit(result, args.out or default_out("peer_agreement"))
