@@ -94,7 +94,7 @@ def margins(engine: LLMEngine, prompts: list[list[int]], ours: list[list[int]], 
 def teacher_forced(engine: LLMEngine, prompts: list[list[int]], theirs: list[list[int]]) -> dict[str, Any]:
     """At every token of the peer's continuations, whether the engine's greedy choice on the same text (the prompt and
     the peer's tokens before it) is the peer's token; where not, the engine's margin between its choice and the
-    peer's token (nats; past its top 20, the 20th's)."""
+    peer's token (nats, from the peer token's own log-probability)."""
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=20)
     for i, (prompt, tokens) in enumerate(zip(prompts, theirs, strict=True)):
         engine.add_request(f"tf{i}", prompt + tokens, replace(params, prompt_logprobs_from=len(prompt)))
@@ -107,12 +107,11 @@ def teacher_forced(engine: LLMEngine, prompts: list[list[int]], theirs: list[lis
         assert len(scored) == len(tokens), "one log-probability per peer token"
         for lp, token in zip(scored, tokens, strict=True):
             assert lp is not None and lp.token_id == token
-            top = {t: v for t, _, v in lp.top}
             best = lp.top[0]
             if best[0] == token:
                 chosen += 1
             else:
-                margins_.append(round(best[2] - top.get(token, min(top.values())), 3))
+                margins_.append(round(best[2] - lp.logprob, 3))
     total = sum(len(t) for t in theirs)
     return {"peer_tokens": total, "engine_chose_the_same": chosen, "share": round(chosen / total, 4),
             "margins_where_not_nats": sorted(margins_),
@@ -127,8 +126,11 @@ def float_copy(model: Path, out: Path) -> Path:
 
     reader = gguf.GGUFReader(model)
     writer = gguf.GGUFWriter(out, str(reader.fields["general.architecture"].contents()))
+    alignment = reader.fields.get("general.alignment")
+    if alignment is not None:  # the writer places the tensors by it, and writes the key itself
+        writer.add_custom_alignment(int(alignment.contents()))
     for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment"):
             continue  # the writer writes these itself
         sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"bench": "peer_agreement", "model": args.model.name, "prompts": len(prompts),
                               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
                               "auto_vs_none": agreement(sides["auto"], sides["none"], args.new_tokens)}
+    theirs: list[list[int]] | None = None
     if args.peer_url:  # a llama-server already running on the same file (its native /completion)
         theirs = peer_continuations(args.peer_url.rstrip("/"), prompts, args.new_tokens)
         result["peer"] = {"status": "measured", "peer": "llama-server", "url": args.peer_url, "gguf": str(args.model)}
@@ -213,6 +216,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ctx = args.prompt_tokens + args.new_tokens + 64
         with peer.llama_server(args.llama_server, args.model, args.threads, 1, ctx_per_slot=ctx) as url:
             theirs = peer_continuations(url, prompts, args.new_tokens)
+        result["peer"] = {"status": "measured", "peer": "llama-server", "binary": str(args.llama_server),
+                          "version": peer.peer_version(args.llama_server), "gguf": str(args.model)}
         with tempfile.TemporaryDirectory() as tmp:
             floats = float_copy(args.model, Path(tmp) / "float32.gguf")
             with peer.llama_server(args.llama_server, floats, args.threads, 1, ctx_per_slot=ctx) as url:
@@ -222,8 +227,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                extra=("-fa", "off")) as url:
             result["peer_vs_peer_fa_off"] = agreement(theirs, peer_continuations(url, prompts, args.new_tokens),
                                                       args.new_tokens)
-        result["peer"] = {"status": "measured", "peer": "llama-server", "binary": str(args.llama_server),
-                          "version": peer.peer_version(args.llama_server), "gguf": str(args.model)}
+        result["float_vs_peer_float"] = agreement(sides["none"], theirs_float, args.new_tokens)
+        result["float_vs_peer_float"]["teacher_forced"] = teacher_forced(none_engine, prompts, theirs_float)
+    else:
+        result["peer"] = peer.absent()
+    if theirs is not None:
         result["auto_vs_peer"] = agreement(sides["auto"], theirs, args.new_tokens)
         forks = margins(auto_engine, prompts, sides["auto"], theirs)
         result["auto_vs_peer"]["fork_margins_nats"] = sorted(forks)
@@ -231,10 +239,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["auto_vs_peer"]["fork_margin_median_nats"] = statistics.median(forks)
         result["none_vs_peer"] = agreement(sides["none"], theirs, args.new_tokens)
         result["teacher_forced"] = teacher_forced(auto_engine, prompts, theirs)
-        result["float_vs_peer_float"] = agreement(sides["none"], theirs_float, args.new_tokens)
-        result["float_vs_peer_float"]["teacher_forced"] = teacher_forced(none_engine, prompts, theirs_float)
-    else:
-        result["peer"] = peer.absent()
     for key in ("auto_vs_peer", "none_vs_peer", "auto_vs_none", "teacher_forced", "peer_vs_peer_float",
                 "peer_vs_peer_fa_off", "float_vs_peer_float"):
         if key in result:

@@ -242,6 +242,27 @@ def test_phi4_minis_form_equals_hf_token_for_token(files: dict[str, tuple[Path, 
 
 
 @requires_converter
+def test_a_conversion_builds_one_gguf_reader(files: dict[str, tuple[Path, Path]], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tensors come through the header's table and transformers' config and tokenizer share one gguf-py reader
+    (backend/quant/gguf_blocks.py's shared_gguf_readers): a conversion into an empty cache builds one GGUFReader."""
+    import gguf as gguf_py
+
+    built: list[object] = []
+
+    class Counted(gguf_py.GGUFReader):
+        def __init__(self, path: object, mode: str = "r") -> None:
+            built.append(path)
+            super().__init__(path, mode)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gguf_py, "GGUFReader", Counted)
+    monkeypatch.setenv("SMOLGATE_CACHE", str(tmp_path))
+    _, gguf = files["own-bits"]
+    assert is_gguf_grouped(resolve_model_dir(gguf, gguf_blocks=True))
+    assert len(built) == 1 and gguf_py.GGUFReader is Counted
+
+
+@requires_converter
 def test_served_in_its_own_bits(files: dict[str, tuple[Path, Path]]) -> None:
     hf_dir, gguf = files["own-bits"]
     assert read_header(gguf).tensor_types == {"Q4_K": 2, "Q6_K": 2, "Q5_0": 2, "Q4_0": 2, "Q8_0": 2, "F32": 5}

@@ -63,6 +63,10 @@ def test_a_cast_or_a_move_computes_every_row_first() -> None:
     assert torch.equal(cast.cos_sin, whole(config, 256, "full_attention").bfloat16())
     cast.cover(POSITIONS)  # a copy is whole: nothing left to compute
     assert cast.filled == POSITIONS and cast.cos_sin.dtype == torch.bfloat16
+    moved = RotaryEmbedding(config, 256, POSITIONS, "full_attention")
+    moved.cover(3)
+    moved.to("meta")  # a move to another device (the meta device stands in for a GPU): every row first
+    assert moved.filled == POSITIONS and moved.cos_sin.device.type == "meta"
 
 
 def test_the_engine_covers_every_position_it_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -191,6 +191,8 @@ def _read_header(path: Path, size: int, mtime_ns: int) -> GgufHeader:  # noqa: V
                 n_dims = int(cur.take("I"))  # type: ignore[call-overload]
                 dims = tuple(int(cur.take("Q")) for _ in range(n_dims))  # type: ignore[call-overload]
                 kind, offset = int(cur.take("I")), int(cur.take("Q"))  # type: ignore[call-overload]
+                if name in places:
+                    raise GgufError(f"{path}: two tensors named {name!r}")
                 places[name] = (kind, dims, offset)
                 try:
                     types[GGMLQuantizationType(kind).name] += 1
