@@ -35,6 +35,7 @@ from backend.model.weights import resolve_model_dir
 from backend.quant.gguf_grouped import grouped_of, is_gguf_grouped
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
 from backend.quant.gguf_types import SERVED, decode
+from backend.quant.kept_output import KeptOutput
 from kernels.cpu import build as build_py
 from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
 from tests.c_kernels import ISAS, build, requires_avx512, requires_c_kernels
@@ -111,20 +112,19 @@ def test_the_kernel_computes_the_reference_arithmetic(lib: object, group: int, z
 
 @requires_c_kernels
 def test_a_kept_output_gives_the_same_logits_in_one_tensor(lib: object) -> None:
-    """The LM head keeps its output tensor (GgufLinear.keep_output): each call's values are a fresh call's, calls of up
-    to KEEP_ROWS rows write into the one tensor (grown where a call has more rows), longer ones get their own."""
+    """The LM head's kept output (backend/quant/kept_output.py): each call's values are a fresh call's, calls of up to
+    MAX_ROWS rows write into the one tensor (made anew where a call has more rows), longer ones get their own."""
     torch.manual_seed(3)
     g = GroupedInt8(torch.randint(-128, 128, (48, 64), dtype=torch.int8), torch.rand(48, 2) * 0.01, None)
     fresh, kept = GgufLinear(pack(g, lanes_of(lib)), lib), GgufLinear(pack(g, lanes_of(lib)), lib)  # type: ignore[arg-type]
-    kept.keep_output = True
+    kept.kept_output = KeptOutput()
     storages = []
-    for m in (4, 9, 2, GgufLinear.KEEP_ROWS + 1):
+    for m in (4, 9, 2, KeptOutput.MAX_ROWS + 1):
         x = torch.randn(m, 64)
         y = kept(x)
         assert torch.equal(y, fresh(x))
         storages.append(y.untyped_storage().data_ptr())
-    assert storages[1] == storages[2] != storages[3]  # grown once for 9 rows, then reused; past KEEP_ROWS its own
-    assert kept._output is not None and kept._output.shape[0] == 9
+    assert storages[1] == storages[2] != storages[3]  # made anew once for 9 rows, then reused; past MAX_ROWS its own
 
 
 @requires_avx512
@@ -176,8 +176,8 @@ def test_gemma_served_in_its_own_bits(gguf: Path, reference: dict, caplog: pytes
     model = engine.runner.model
     assert isinstance(model.embed_tokens, GgufEmbedding) and isinstance(model.lm_head, GgufLinear)
     assert model.lm_head.weight_q is model.embed_tokens.weight_q  # the tied table held once
-    assert model.lm_head.keep_output and not any(  # the head's logits tensor is kept from step to step; no other's
-        m.keep_output for m in model.modules() if isinstance(m, GgufLinear) and m is not model.lm_head)
+    assert model.lm_head.kept_output is not None and not any(  # the head's logits tensor is kept; no other's
+        m.kept_output for m in model.modules() if isinstance(m, GgufLinear) and m is not model.lm_head)
     linears = [m for m in model.modules() if isinstance(m, GgufLinear)]
     assert len(linears) == 18 * 4 + 1 and all(m.lib is not None for m in linears)
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())  # no float copy of any projection

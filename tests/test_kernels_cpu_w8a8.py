@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from backend.quant.kept_output import KeptOutput
 from backend.quant.lm_head import LowBitHead
 from kernels.cpu.w8a8 import (
     gelu_ref,
@@ -158,3 +159,21 @@ def test_lm_head_without_bias_runs_octets(lib, rows: int) -> None:
     assert ((head(x) - ref).norm() / ref.norm()).item() < 0.02
     assert not LowBitHead(weight, torch.zeros(304), lib).w8a8.octets
     assert not LowBitHead(weight[:300], None, lib).w8a8.octets
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["octets", "rows"])
+def test_lm_head_with_a_kept_output_gives_the_same_logits_in_one_tensor(lib, bias: bool) -> None:
+    """The head's kept output (backend/quant/kept_output.py), both W8A8 layouts: each call's values are a fresh call's,
+    and calls of up to MAX_ROWS rows write into the one tensor."""
+    weight = torch.randn(304, 128, generator=torch.Generator().manual_seed(5)) * 0.05
+    fresh = LowBitHead(weight, torch.randn(304) if bias else None, lib)
+    kept = LowBitHead(weight, fresh.bias, lib)
+    kept.kept_output = KeptOutput()
+    assert kept.w8a8.octets == (has_octets(lib) and not bias)
+    storages = []
+    for rows in (3, 7, 5):
+        x = torch.randn(rows, 128)
+        y = kept(x)
+        assert torch.equal(y, fresh(x))
+        storages.append(y.untyped_storage().data_ptr())
+    assert storages[1] == storages[2]

@@ -29,6 +29,7 @@ from backend.quant.gguf_grouped import TENSORS as GROUPED_TENSORS
 from backend.quant.gguf_grouped import dense_state, harmonize, is_gguf_grouped
 from backend.quant.gguf_header import read_header
 from backend.quant.gguf_types import SERVED
+from backend.quant.kept_output import keep_head_output
 
 log = logging.getLogger(__name__)
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -275,6 +276,7 @@ def load_model(
         from backend.model.tensor_parallel import make_row_parallel
 
         make_row_parallel(model)
+    keep_head_output(model)  # the logits tensor kept from step to step (backend/quant/kept_output.py)
     model.set_rope(max_positions, device)  # angles stay fp32
     return model
 

@@ -187,5 +187,3 @@ def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: ctype
     embed, head = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
     if isinstance(embed, GgufEmbedding) and isinstance(head, nn.Linear) and model.config.tie_word_embeddings:
         model.lm_head = GgufLinear(embed.weight_q, lib if device is None else None)
-    if isinstance(head := getattr(model, "lm_head", None), GgufLinear):
-        head.keep_output = True  # the engine reads a step's logits before the next forward

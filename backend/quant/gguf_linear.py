@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backend.quant.kept_output import KeptOutput
 from kernels.cpu.wg8a8 import PackedGrouped, wg8a8_linear
 from kernels.triton.gguf_gemm import GroupedColumns
 
@@ -28,20 +29,12 @@ Grouped = PackedGrouped | GroupedColumns
 
 
 class GgufLinear(nn.Module):
-    # The LM head keeps its output tensor from call to call (`keep_output`, which the loader sets on the head). At a
-    # large vocabulary one decode step's logits pass glibc's mmap threshold (32 MB; 32 rows of Gemma 3's 262,144
-    # tokens are 33.5 MB), so a new tensor was mapped, faulted in page by page and unmapped again at every step: 4-5 ms
-    # of a 42 ms step at 32 streams. The engine reads a step's logits before the next forward, so one tensor serves;
-    # a call of more rows than KEEP_ROWS (prompt log-probabilities over a prefill chunk) gets a tensor of its own.
-    KEEP_ROWS = 64
-
     def __init__(self, weight: Grouped, lib: ctypes.CDLL | None) -> None:
         super().__init__()
         self.weight_q = weight
         self.out_features, self.in_features = weight.shape
         self.lib = lib
-        self.keep_output = False
-        self._output: torch.Tensor | None = None
+        self.kept_output: KeptOutput | None = None  # the LM head's (backend/quant/kept_output.py)
         # "triton": the column layout on its device (a GPU; the interpreter on a CPU); else the C kernel or torch
         self.mode = "triton" if not isinstance(weight, PackedGrouped) else "wg8a8" if lib is not None else "torch"
 
@@ -54,18 +47,13 @@ class GgufLinear(nn.Module):
         if not isinstance(self.weight_q, PackedGrouped):  # (not by GroupedColumns: use_interpreter() reloads its module)
             return self._forward_triton(x, self.weight_q)
         rows = x.reshape(-1, self.in_features).float().contiguous()
-        y = wg8a8_linear(self.lib, rows, self.weight_q, self._kept(rows.shape[0])) if self.lib is not None \
-            else F.linear(rows, self.weight_q.dequantized())
+        if self.lib is None:
+            y = F.linear(rows, self.weight_q.dequantized())
+        else:
+            w = self.weight_q
+            out = None if self.kept_output is None else self.kept_output.rows(rows.shape[0], w.q.shape[0] * w.lanes)
+            y = wg8a8_linear(self.lib, rows, w, out)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
-
-    def _kept(self, m: int) -> torch.Tensor | None:
-        """The kept output's first m rows (grown to m where it is smaller), or None: a new tensor for this call."""
-        if not self.keep_output or m > self.KEEP_ROWS:
-            return None
-        if self._output is None or self._output.shape[0] < m:
-            assert isinstance(self.weight_q, PackedGrouped)
-            self._output = torch.empty(m, self.weight_q.q.shape[0] * self.weight_q.lanes)
-        return self._output[:m]
 
     def _forward_triton(self, x: torch.Tensor, w: GroupedColumns) -> torch.Tensor:
         from kernels.triton.gguf_gemm import gguf_gemm  # looked up per call: kernels.use_interpreter() may reload it

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from backend.quant.cpu_gemm import PackedLinear, dense_dtype
+from backend.quant.kept_output import KeptOutput
 from kernels.cpu.w8a8 import has_octets, pack_w8a8, w8a8_group, w8a8_linear
 
 # fewer rows than this: int8 kernel; more: the dense GEMM (measured crossovers, by the dense copy's dtype)
@@ -39,6 +40,7 @@ class LowBitHead(nn.Module):
         self.out_features, self.in_features = weight.shape
         w = weight.detach()
         self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.kept_output: KeptOutput | None = None  # (backend/quant/kept_output.py; the W8A8 kernel writes into it)
         self.w8a8_lib = w8a8 if w.device.type == "cpu" and w8a8_group(self.in_features) else None
         if self.w8a8_lib is not None:  # in octets of rows where the kernel has them (x86) and there is no bias
             octets = has_octets(self.w8a8_lib) and self.out_features % 8 == 0 and self.bias is None
@@ -58,7 +60,8 @@ class LowBitHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if self.w8a8_lib is not None:  # the bias added in the kernel's epilogue, in fp32
-            y = w8a8_linear(self.w8a8_lib, rows.float().contiguous(), self.w8a8, self.bias)
+            out = None if self.kept_output is None else self.kept_output.rows(rows.shape[0], self.out_features)
+            y = w8a8_linear(self.w8a8_lib, rows.float().contiguous(), self.w8a8, self.bias, out=out)
             return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         if self.use_int8 and rows.shape[0] < self.int8_max_rows:
             y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.weight_int8, self.scale)

@@ -92,16 +92,19 @@ def load_w8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
 
 
 def w8a8_linear(
-    lib: ctypes.CDLL, x: torch.Tensor, w: W8A8Weight, bias: torch.Tensor | None = None, *, gelu: bool = False
+    lib: ctypes.CDLL, x: torch.Tensor, w: W8A8Weight, bias: torch.Tensor | None = None, *, gelu: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y = x @ (q * scale).T (+ bias, then GELU if `gelu`) with x quantized per (row, group) to int8; x (M, K)
-    float32 -> (M, N) float32; bias (N,) float32, contiguous."""
+    float32 -> (M, N) float32; bias (N,) float32, contiguous. out: where to write y, (M, N) float32 contiguous
+    (default: a new tensor)."""
     n, k = w.q.shape
     assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1, f"x must be (M, {k}) with unit column stride"
     assert x.dtype == torch.float32 and x.device.type == "cpu", "x must be a float32 CPU tensor"
     assert bias is None or (bias.shape == (n,) and bias.dtype == torch.float32 and bias.is_contiguous()), "bias: (N,) fp32"
     m = x.shape[0]
-    y = torch.empty(m, n)
+    y = torch.empty(m, n) if out is None else out
+    assert y.shape == (m, n) and y.dtype == torch.float32 and y.is_contiguous(), f"out must be ({m}, {n}) float32"
     if w.octets:
         assert bias is None and not gelu, "the octets layout has no epilogue"
         if lib.w8a8_octets_linear(x.data_ptr(), x.stride(0), *w.args, m, n, k, w.group_size, y.data_ptr(),
