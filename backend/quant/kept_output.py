@@ -31,10 +31,8 @@ class KeptOutput:
 
 
 def keep_head_output(model: nn.Module) -> None:
-    """Give the model's LM head a kept output where its kernel writes into one (GgufLinear, LowBitHead)."""
-    from backend.quant.gguf_linear import GgufLinear
-    from backend.quant.lm_head import LowBitHead
-
+    """Give the model's LM head a kept output where it takes one: a head whose kernel writes into it declares a
+    `kept_output` attribute (GgufLinear, LowBitHead)."""
     head = getattr(model, "lm_head", None)
-    if isinstance(head, GgufLinear | LowBitHead):
+    if head is not None and hasattr(head, "kept_output"):
         head.kept_output = KeptOutput()
