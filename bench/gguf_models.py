@@ -93,7 +93,7 @@ def measure_load(model: Path, quantization: str) -> dict[str, float]:
 
 
 def rope_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the rope tables (every position's angles, computed at load)."""
+    """Bytes of the rope tables: on a CPU the rows computed so far (backend/model/rope.py), on a GPU every position's."""
     from backend.model.rope import RotaryEmbedding
 
     return sum(m.cos_sin.nbytes for m in model.modules() if isinstance(m, RotaryEmbedding))

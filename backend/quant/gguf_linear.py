@@ -50,9 +50,8 @@ class GgufLinear(nn.Module):
         if self.lib is None:
             y = F.linear(rows, self.weight_q.dequantized())
         else:
-            w = self.weight_q
-            out = None if self.kept_output is None else self.kept_output.rows(rows.shape[0], w.q.shape[0] * w.lanes)
-            y = wg8a8_linear(self.lib, rows, w, out)
+            out = None if self.kept_output is None else self.kept_output.rows(rows.shape[0], self.weight_q.padded)
+            y = wg8a8_linear(self.lib, rows, self.weight_q, out)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def _forward_triton(self, x: torch.Tensor, w: GroupedColumns) -> torch.Tensor:

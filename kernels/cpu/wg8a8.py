@@ -89,6 +89,11 @@ class PackedGrouped:
     def lanes(self) -> int:
         return self.q.shape[2]
 
+    @property
+    def padded(self) -> int:
+        """The rows with the last chunk's padding: the width of the kernel's output."""
+        return self.q.shape[0] * self.lanes
+
     def nbytes(self) -> int:
         return self.q.numel() + 4 * (self.scales.numel() + (0 if self.zeros is None else self.zeros.numel()))
 
@@ -137,7 +142,7 @@ def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
 def wg8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: PackedGrouped, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.dequantized().T with x quantized per (row, group of 32) to int8; x (M, K) float32 -> (M, N) float32.
     out: where to write y, (M, N rounded up to w.lanes) float32 contiguous (default: a new tensor)."""
-    padded, k = w.q.shape[0] * w.lanes, w.q.shape[1] * 4
+    padded, k = w.padded, w.q.shape[1] * 4
     assert w.lanes == lanes_of(lib), f"w is packed in chunks of {w.lanes} rows; this kernel reads {lanes_of(lib)}"
     assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1, f"x must be (M, {k}) with unit column stride"
     assert x.dtype == torch.float32 and x.device.type == "cpu", "x must be a float32 CPU tensor"
