@@ -60,6 +60,7 @@ from bench.report import default_out, emit
 from bench.server import free_port, wait_ready
 from gateway.cache.semantic import match
 from gateway.cache.stores import MemoryStore
+from gateway.cache.train import AnswerKey
 
 API_KEY = "sk-bench-cache"
 DIM = 384
@@ -138,7 +139,7 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
 
     async def one(path: Path) -> dict[str, Any]:
         pairs = load_pairs(path)
-        right = {(_norm(p.cached), _norm(p.query)) for p in pairs if p.label == "paraphrase"}
+        right = AnswerKey(pairs)
         cached = sorted({p.cached for p in pairs})
         texts = sorted({p.cached for p in pairs} | {p.query for p in pairs})
         vec = dict(zip(texts, (await embedder.embed(texts))[0], strict=True))
@@ -172,7 +173,7 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
                                        margin=0.0, learned=scorer)).hit  # fmt: skip
                 if hit is None:
                     continue
-                ok = _norm(hit.text) == _norm(p.query) or (_norm(hit.text), _norm(p.query)) in right
+                ok = right(hit.text, p.query)
                 tally = tallies[mode]
                 tally[1] += 1
                 tally[2] += not ok

@@ -20,7 +20,7 @@ from typing import Any
 
 from gateway.cache.semantic import match
 from gateway.cache.stores import MemoryStore
-from gateway.cache.train import Pair, read_pairs
+from gateway.cache.train import AnswerKey, Pair, read_pairs
 
 PAIRS_PATH = Path(__file__).resolve().parents[1] / "tests" / "data" / "semantic_cache_pairs.tsv"
 SPLITS_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "cache_pairs"  # dev.tsv (tune) and test.tsv
@@ -57,7 +57,7 @@ def _norm(text: str) -> str:
 
 
 async def score_pairs(pairs: list[Pair], embed: Embed, threshold: float, margin: float = 0.1) -> PairScore:
-    equivalent = {(_norm(p.cached), _norm(p.query)) for p in pairs if p.label == "paraphrase"}
+    right_answer = AnswerKey(pairs)
     cached = sorted({p.cached for p in pairs})
     queries = sorted({p.query for p in pairs})
     vectors = await embed(cached + queries)
@@ -74,7 +74,7 @@ async def score_pairs(pairs: list[Pair], embed: Embed, threshold: float, margin:
         hit = found.hit
         if hit is not None:
             hits += 1
-            right = _norm(hit.key) == _norm(p.query) or (_norm(hit.key), _norm(p.query)) in equivalent
+            right = right_answer(hit.key, p.query)
             if not right:
                 false_hits += 1
                 false_examples.append((hit.key, p.query, round(hit.similarity, 3)))
@@ -290,7 +290,7 @@ async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float,
     from gateway.cache.verify import Answer, Criterion, EngineVerifier
     from gateway.protocol.generation import collect as drain
 
-    equivalent = {(_norm(p.cached), _norm(p.query)) for p in pairs if p.label == "paraphrase"}
+    is_right = AnswerKey(pairs)
     cached = sorted({p.cached for p in pairs})
     queries = sorted({p.query for p in pairs})
     prompt = {q: engine.apply_chat_template([{"role": "user", "content": q}]) for q in cached + queries}  # type: ignore[attr-defined]
@@ -313,9 +313,6 @@ async def collect(pairs: list[Pair], engine: object, embed: Embed, floor: float,
         await store.add_vector("scope", text, text, vec[text], ttl_s=3600)
     counter = iter(range(10**9))
     verifier = EngineVerifier(engine, Criterion(max_tokens=max_tokens), lambda: str(next(counter)))
-
-    def is_right(text: str, query: str) -> bool:
-        return _norm(text) == _norm(query) or (_norm(text), _norm(query)) in equivalent
 
     async def look(p: Pair) -> Lookup:
         seen: list[Examined] = []

@@ -23,7 +23,7 @@ from gateway_fixtures import API_KEY, gateway_test_config
 from gateway.cache import train
 from gateway.cache.config import CacheConfig
 from gateway.cache.hard_negatives import Generator, restyle, rng_for
-from gateway.cache.matcher import LearnedMatcher, MatcherModel, Question, features
+from gateway.cache.matcher import LearnedMatcher, MatcherModel, Question, features, style_free
 from gateway.cache.semantic import match
 from gateway.cache.service import build_matcher
 from gateway.cache.stores import MemoryStore
@@ -94,6 +94,7 @@ def test_training_is_deterministic_to_the_byte(tmp_path: Any) -> None:
     (tmp_path / "m.json").write_text(first)
     model = MatcherModel.load(tmp_path / "m.json")
     assert 0 < model.threshold <= 1 and model.floor == train.FLOOR and model.report["trained_on"] == list(files)
+    assert model.report["left_out_sharing_a_held_out_question"]["dev"] > 0  # train reads the pairs through tuning_pairs
 
 
 def test_held_out_sets_are_never_read_for_training() -> None:
@@ -115,6 +116,21 @@ def test_no_pair_trained_on_shares_a_question_with_a_held_out_set() -> None:
         used = train.tuning_pairs(name)
         assert not [q for p in used for q in (p.cached, p.query) if train.norm(q) in held], name
         assert len(used) >= 0.7 * len(rows), name
+
+
+def test_the_answer_key_trusts_a_look_alike_label_over_the_same_words() -> None:
+    """What the calibration and the benches count as a right hit: a labelled paraphrase, or the same words unless the
+    file labels the pair a look-alike (a sign is a word: "0.9" / "-0.9" are not the same words either)."""
+    pairs = [train.Pair("paraphrase", "reword", "How many people live in Canada?", "what's the population of canada"),
+             train.Pair("negative", "number", "What does a coefficient of 0.9 indicate?",
+                        "What does a coefficient of -0.9 indicate?"),
+             train.Pair("negative", "sibling", "is it safe to use public wifi", "Is it safe to use public WiFi?")]  # fmt: skip
+    right = train.AnswerKey(pairs)
+    assert right("How many people live in Canada?", "What's the population of Canada?")  # spelt otherwise
+    assert right("How do I fix it?", "how do i fix it")  # unlabelled, the same words
+    assert not right("What does a coefficient of 0.9 indicate?", "What does a coefficient of -0.9 indicate?")
+    assert not right("is it safe to use public wifi", "Is it safe to use public WiFi?")  # labelled a look-alike
+    assert not right("How many people live in Canada?", "how many people live in canada now")
 
 
 @cache
@@ -159,15 +175,26 @@ def test_the_shipped_matcher_accepts_clear_paraphrases() -> None:
     assert len(clear) >= 40 and sum(accepted) >= 0.75 * len(clear), [c for c, ok in zip(clear, accepted, strict=True) if not ok]
 
 
+def test_only_capitals_and_the_punctuation_around_words_are_style() -> None:
+    """The same-words rule (score 1) reads capitals, sentence punctuation and quotes as style, and nothing else."""
+    same = [("How do I fix it?", "how do i fix it"), ("What’s a \"mortgage\"?", "what's a mortgage"),
+            ("Email the report, please.", "email the report please")]  # fmt: skip
+    other = [("What is C++?", "what is c"), ("What is -5 squared?", "what is 5 squared"), ("Is it 5%?", "is it 5"),
+             ("Is 1,000 enough?", "is 1.000 enough"), ("Its price?", "it's price"), ("Is U.S. mail late?", "is us mail late"),
+             ("how do i fix it", "how do i fix it now")]  # fmt: skip
+    assert all(style_free(a) == style_free(b) for a, b in same)
+    assert not any(style_free(a) == style_free(b) for a, b in other)
+
+
 def test_the_shipped_matcher_serves_a_change_of_style_only() -> None:
     """A cached question asked again with capitals and punctuation, or in lowercase without them (calibration side
-    of two tuning sets): the same question, served (the exact cache misses it: the bytes differ)."""
+    of three tuning sets): the same words, served by the same-words rule whatever the heads say (the exact cache
+    misses it: the bytes differ)."""
     cached = sorted({p.cached for p in _calibration_pairs("paraphrase", ("dev", "independent_g", "tune_o"))})
     variants = [(c, c.lower().rstrip("?.!") if c[:1].isupper() else c[:1].upper() + c[1:].rstrip("?.!") + "?")
                 for c in cached]  # fmt: skip
     accepted = _accepted(variants)
-    assert len(variants) >= 40 and sum(accepted) >= 0.9 * len(variants), [v for v, ok in zip(variants, accepted, strict=True)
-                                                                            if not ok]  # fmt: skip
+    assert len(variants) >= 40 and all(accepted), [v for v, ok in zip(variants, accepted, strict=True) if not ok]
 
 
 def _served(cached: str, query: str, matcher: LearnedMatcher) -> bool:
