@@ -58,6 +58,7 @@ import numpy as np
 
 from bench.report import default_out, emit
 from bench.server import free_port, wait_ready
+from gateway.cache.matcher import norm
 from gateway.cache.semantic import match
 from gateway.cache.stores import MemoryStore
 from gateway.cache.train import AnswerKey
@@ -128,7 +129,7 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
     Clopper-Pearson upper bound of the wrong-hit share; and the learned matcher's CPU time per lookup (the query's
     token states, the features of every candidate from the floor up, the head)."""
     from backend.embed.embeddings import Embedder, for_cache
-    from bench.cache_pairs import _norm, load_pairs
+    from bench.cache_pairs import load_pairs
     from gateway.cache.matcher import LearnedMatcher, MatcherModel
     from gateway.cache.thresholds import binomial_upper
     from gateway.config import GatewayConfig, apply_env
@@ -177,7 +178,7 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
                 tally = tallies[mode]
                 tally[1] += 1
                 tally[2] += not ok
-                tally[0] += ok and p.label == "paraphrase" and _norm(hit.text) == _norm(p.cached)
+                tally[0] += ok and p.label == "paraphrase" and norm(hit.text) == norm(p.cached)
         paraphrases = sum(p.label == "paraphrase" for p in pairs)
         out: dict[str, Any] = {"pairs_file": path.name, "pairs": len(pairs), "paraphrases": paraphrases}
         for mode, (ph, hits, wrong) in tallies.items():

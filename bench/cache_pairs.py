@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.cache.matcher import norm
 from gateway.cache.semantic import match
 from gateway.cache.stores import MemoryStore
 from gateway.cache.train import AnswerKey, Pair, read_pairs
@@ -52,10 +52,6 @@ def load_pairs(path: Path = PAIRS_PATH) -> list[Pair]:
     return read_pairs(path)
 
 
-def _norm(text: str) -> str:
-    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
-
-
 async def score_pairs(pairs: list[Pair], embed: Embed, threshold: float, margin: float = 0.1) -> PairScore:
     right_answer = AnswerKey(pairs)
     cached = sorted({p.cached for p in pairs})
@@ -78,7 +74,7 @@ async def score_pairs(pairs: list[Pair], embed: Embed, threshold: float, margin:
             if not right:
                 false_hits += 1
                 false_examples.append((hit.key, p.query, round(hit.similarity, 3)))
-            elif p.label == "paraphrase" and _norm(hit.key) == _norm(p.cached):
+            elif p.label == "paraphrase" and norm(hit.key) == norm(p.cached):
                 paraphrase_hits += 1
         elif p.label == "paraphrase":
             missed.append((p.cached, p.query))
@@ -364,7 +360,7 @@ def score_lookups(
                 continue
             hits += 1
             false_hits += not near[2]
-            paraphrase_hits += near[2] and look.pair.label == "paraphrase" and _norm(near[0]) == _norm(look.pair.cached)
+            paraphrase_hits += near[2] and look.pair.label == "paraphrase" and norm(near[0]) == norm(look.pair.cached)
             continue
         served = None
         for ex in look.examined:
@@ -389,7 +385,7 @@ def score_lookups(
         hits += 1
         if not served.right:
             false_hits += 1
-        elif look.pair.label == "paraphrase" and _norm(served.cached) == _norm(look.pair.cached):
+        elif look.pair.label == "paraphrase" and norm(served.cached) == norm(look.pair.cached):
             paraphrase_hits += 1
     paraphrases = sum(look.pair.label == "paraphrase" for look in lookups)
     return MechanismScore(mode, threshold, paraphrases, paraphrase_hits, hits, false_hits, verifications)

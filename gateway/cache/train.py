@@ -402,12 +402,12 @@ def train(files: Sequence[str], encoder: Encode, limit: int | None = None, log: 
     natural = [n for n in looked["cal"] if n not in ADVERSARIAL]
     joint = calibrate_union([s for n in natural for s in by_head[n]], [s for n in natural for s in by_lexical[n]],
                             paraphrases)  # fmt: skip
-    generated = [ex for ex in items["cal"] if ex.source == "generated"]
-    gen_scores = head.scores(feature_matrix(generated, enc)) if generated else np.zeros(0)
-    restyled = [ex for ex in items["cal"] if ex.source == "restyled"]
-    style_scores = head.scores(feature_matrix(restyled, enc)) if restyled else np.zeros(0)
-    style_only = [ex for ex in items["cal"] if ex.source == "style"]
-    style_only_scores = head.scores(feature_matrix(style_only, enc)) if style_only else np.zeros(0)  # the heads alone
+    def accepted(source: str) -> str:
+        """How many of the calibration side's examples of `source` the heads alone score at the threshold."""
+        chosen_items = [ex for ex in items["cal"] if ex.source == source]
+        scores = head.scores(feature_matrix(chosen_items, enc)) if chosen_items else np.zeros(0)
+        return f"{int((scores >= chosen['threshold']).sum())}/{len(scores)}"
+
     per_file = {n: rates(by_head[n], sum(lk.paraphrase_of is not None for lk in looks), chosen["threshold"])
                 for n, looks in looked["cal"].items()}  # fmt: skip
     count = {n: sum(lk.paraphrase_of is not None for lk in looks) for n, looks in looked["cal"].items()}
@@ -421,9 +421,9 @@ def train(files: Sequence[str], encoder: Encode, limit: int | None = None, log: 
         "training_examples": {src: sum(ex.source == src for ex in items["train"]) for src in
                               ("labelled", "retrieval", "generated", "restyled", "style")},
         "calibration": chosen, "calibration_per_file": per_file,
-        "calibration_generated_look_alikes_accepted": f"{int((gen_scores >= chosen['threshold']).sum())}/{len(gen_scores)}",
-        "calibration_restyled_paraphrases_accepted": f"{int((style_scores >= chosen['threshold']).sum())}/{len(style_scores)}",
-        "calibration_style_only_accepted": f"{int((style_only_scores >= chosen['threshold']).sum())}/{len(style_only_scores)}",
+        "calibration_generated_look_alikes_accepted": accepted("generated"),
+        "calibration_restyled_paraphrases_accepted": accepted("restyled"),
+        "calibration_style_only_accepted": accepted("style"),
         "lexical_calibration": rates([s for n in natural for s in by_lexical[n]], paraphrases, 1.0),
         "lexical_calibration_per_file": lexical_per_file,
         "union_calibration": joint, "union_calibration_per_file": union_per_file,
