@@ -1,7 +1,7 @@
 """A GGUF of another architecture as a user brings it (Gemma 3 270M Q4_K_M by default): start-up, memory, speed, quality.
 
     python -m bench.gguf_models [--model FILE.gguf] [--streams 1,32] [--new-tokens 64] [--rounds 2] [--window 256]
-                                [--max-windows 16] [--no-cold] [--quick]
+                                [--max-windows 16] [--no-cold] [--quick] [--llama-server PATH]
 
 What it measures, in one run on this machine:
 
@@ -18,8 +18,13 @@ What it measures, in one run on this machine:
   (completion prompts, greedy, ignore_eos, the clock from the moment every stream has its first token), the two copies
   measured back to back each round, their ratio the median of the rounds.
 
-No peer runs here (llama.cpp's server is not built by this bench): the figures compare the engine with itself. The last
-line printed is one JSON object, also written to bench/results/gguf_models.json.
+With --llama-server PATH (llama.cpp's server, built as docs/benchmarks.md says), the peer's memory on the same file is
+measured beside the engine's: its whole process's resident memory after load and one short completion (one slot of
+512 positions, so its KV cache is a few MB; the file's pages are mapped, file-backed), against the file's size. The
+engine's own figures are the memory a load adds to a Python process whose imports are done (`rss_added_mb`) and that
+process's whole resident memory (`process_rss_mb`: Python, torch and the libraries on top). The peer's speed on this
+file is bench.throughput's (`--peer-gguf`). The last line printed is one JSON object, also written to
+bench/results/gguf_models.json.
 """
 
 from __future__ import annotations
@@ -88,8 +93,22 @@ def measure_load(model: Path, quantization: str) -> dict[str, float]:
     gc.collect()
     added, served = rss_mb() - before, engine.runner.model
     weights, rope = weight_bytes(served) / 2**20, rope_bytes(served) / 2**20
-    return {"rss_added_mb": round(added, 1), "weights_mb": round(weights, 1), "rope_mb": round(rope, 1),
-            "other_mb": round(added - weights - rope, 1)}
+    return {"rss_added_mb": round(added, 1), "process_rss_mb": round(before + added, 1), "weights_mb": round(weights, 1),
+            "rope_mb": round(rope, 1), "other_mb": round(added - weights - rope, 1)}
+
+
+def peer_memory(binary: Path, model: Path, file_mb: float) -> dict[str, Any]:
+    """llama-server's resident memory on `model` after load and one 8-token completion (its compute buffers are
+    allocated by then), one slot of 512 positions, on torch's thread count."""
+    import httpx
+
+    from bench import peer
+
+    with peer.llama_server_process(binary, model, torch.get_num_threads(), 1, ctx_per_slot=512) as (url, proc):
+        httpx.post(f"{url}/completion", json={"prompt": PROMPTS[0], "n_predict": 8}, timeout=120).raise_for_status()
+        memory = peer.resident_mb(proc.pid)
+    return {"version": peer.peer_version(binary), "ctx": 512, **memory,
+            "memory_over_file": round(memory["rss_mb"] / file_mb, 2)}
 
 
 def rope_bytes(model: torch.nn.Module) -> int:
@@ -171,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-windows", type=int, default=16)
     ap.add_argument("--no-cold", action="store_true", help="skip the cold start (conversion into a fresh cache)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 stream, 8 tokens, 2 windows, no cold start")
+    ap.add_argument("--llama-server", type=Path, default=None, help="llama.cpp's server: its memory on the same file")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.quick:
@@ -185,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_cold:
         result["cold_start"] = cold_start(args.model)
         print("cold start:", result["cold_start"], flush=True)
+    if args.llama_server:
+        result["peer_memory"] = peer_memory(args.llama_server, args.model, result["file_mb"])
+        print("llama-server:", result["peer_memory"], flush=True)
     from backend.quant.calibration import HELDOUT
 
     engines, copies = {}, {}

@@ -62,6 +62,22 @@ def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, *, ctx_p
                  extra: tuple[str, ...] = ()) -> Iterator[str]:
     """`llama-server` on a free loopback port with `parallel` slots (and `extra` flags); yields its base URL, stops it
     on exit."""
+    with llama_server_process(binary, gguf, threads, parallel, ctx_per_slot=ctx_per_slot, extra=extra) as (url, _):
+        yield url
+
+
+def resident_mb(pid: int) -> dict[str, float]:
+    """A process's resident memory, MiB: all of it (VmRSS), and its anonymous and file-backed parts (a server that
+    maps its GGUF holds the file's pages as file-backed)."""
+    fields = {"VmRSS:": "rss_mb", "RssAnon:": "anon_mb", "RssFile:": "file_mb"}
+    return {fields[line.split()[0]]: round(int(line.split()[1]) / 1024, 1)
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.split()[:1] and line.split()[0] in fields}
+
+
+@contextlib.contextmanager
+def llama_server_process(binary: Path, gguf: Path, threads: int, parallel: int, *, ctx_per_slot: int,
+                         extra: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`llama_server`, yielding the process beside the URL (for its memory: `resident_mb`)."""
     port = free_port()
     cmd = [
         str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
@@ -72,7 +88,7 @@ def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, *, ctx_p
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:

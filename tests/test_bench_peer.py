@@ -66,3 +66,27 @@ def test_an_answer_with_no_text_is_timed_by_its_last_event() -> None:
               b'data: {"choices":[],"usage":{"completion_tokens":2,"prompt_tokens":2}}\n\ndata: [DONE]\n\n')
     timing, calls = asyncio.run(run(drop_first=None, events=events))
     assert calls == 1 and timing.new_tokens == 2 and timing.ttft_s > 0  # type: ignore[union-attr]
+
+
+def test_resident_memory_counts_a_child_process_pages_as_they_are_touched() -> None:
+    """bench.peer.resident_mb reads a live process's resident memory and its anonymous / file-backed parts: a child
+    that writes 64 MiB shows them as anonymous memory it did not hold before."""
+    import subprocess
+    import sys
+
+    from bench.peer import resident_mb
+
+    code = "import sys; sys.stdin.readline(); b = bytearray(64 << 20); print(flush=True); sys.stdin.readline()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        before = resident_mb(child.pid)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        child.stdout.readline()  # the 64 MiB are written
+        after = resident_mb(child.pid)
+    finally:
+        child.communicate("\n", timeout=30)
+    assert set(before) == set(after) == {"rss_mb", "anon_mb", "file_mb"}
+    assert 60 <= after["anon_mb"] - before["anon_mb"] <= 80 and 60 <= after["rss_mb"] - before["rss_mb"] <= 80
+    assert before["file_mb"] > 0  # the interpreter's own mapped binary and libraries
