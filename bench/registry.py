@@ -41,6 +41,7 @@ SUITE: tuple[Bench, ...] = (
     Bench("profile_step", ("--batch", "32"), ("--batch", "4", "--steps", "5", "--profile-steps", "2"), quantization=True,
           what="where a decode step goes, by op"),
     Bench("gemm", (), ("--batches", "1", "--steps", "3"), what="prepacked oneDNN GEMM vs F.linear"),
+    Bench("gguf_layouts", (), ("--rows", "1", "--reps", "5"), what="a GGUF's 4-bit values in the grouped GEMM: int8 vs nibbles"),
     Bench("structured", (), ("--streams", "1,4", "--new-tokens", "8", "--valid-requests", "4"), quantization=True,
           what="constrained decoding overhead, compile time, validity"),
     Bench("cache", (), ("--hits", "20"), what="semantic-cache quality on the held-out split, hit latency over HTTP"),

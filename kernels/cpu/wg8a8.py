@@ -4,6 +4,7 @@ GGUF file's blocks served in their own values (backend/quant/gguf_types.py decod
     g = GroupedInt8(q, scales, zeros)         # q (N, K) int8; scales (N, K/16 or K/32) fp32; zeros (N, K/32) or None
     lib = load_wg8a8(build_dir)               # None where it cannot run (no C compiler: torch on the values instead)
     w = pack(g, lanes_of(lib))                # once: the kernel's layout, the only copy a layer keeps
+    w = pack(g, lanes_of(lib), nibbles=True)  # or, for values 0..15 in groups of 32, two a byte (wg4a8_linear)
     y = wg8a8_linear(lib, x, w)               # x (M, K) float32 -> (M, N) float32
     w.rows(ids), w.dequantized()              # the float32 weights served: scale * q (+ zero), per group
 
@@ -70,11 +71,12 @@ class PackedGrouped:
     """The kernel's layout (wg8a8_octets.h): rows in chunks of L = `lanes` (8, octets; 16 for wg8a8_avx512.c), N
     padded to a multiple of L with zero rows."""
 
-    q: torch.Tensor  # (N / L, K / 4, L, 4) int8
+    q: torch.Tensor  # (N / L, K / 4, L, 4) int8, or with `nibbles` (N / L, K / 8, L, 4) uint8 (wg8a8_entry.h)
     scales: torch.Tensor  # (N / L, K / group, L) float32
     zeros: torch.Tensor | None  # (N / L, K / 32, L) float32
     n: int  # the rows that are real
     group: int
+    nibbles: bool = False  # q holds values 0..15, chunks t and t + 1 in one: its low and high nibbles
     args: tuple[int, int, int | None] = field(init=False)  # the kernel's pointer arguments, looked up once
 
     def __post_init__(self) -> None:
@@ -83,7 +85,7 @@ class PackedGrouped:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.n, self.q.shape[1] * 4)
+        return (self.n, self.q.shape[1] * (8 if self.nibbles else 4))
 
     @property
     def lanes(self) -> int:
@@ -100,7 +102,10 @@ class PackedGrouped:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 (len(ids), K): the served values of those rows (an embedding lookup: no float copy of the table)."""
         chunk, lane = ids // self.lanes, ids % self.lanes
-        q = self.q[chunk, :, lane, :].reshape(len(ids), -1)
+        q = self.q[chunk, :, lane, :]  # (rows, K / 4, 4), or (rows, K / 8, 4) nibble pairs
+        if self.nibbles:
+            q = torch.stack([q & 15, q >> 4], dim=2).to(torch.int8)  # (rows, K / 8, 2: chunks t and t + 1, 4)
+        q = q.reshape(len(ids), -1)
         z = None if self.zeros is None else self.zeros[chunk, :, lane]
         return _dequantize(q, self.scales[chunk, :, lane], z)
 
@@ -108,9 +113,11 @@ class PackedGrouped:
         return self.rows(torch.arange(self.n))
 
 
-def pack(g: GroupedInt8, lanes: int = 8) -> PackedGrouped:
-    """g in the layout of a kernel whose chunks hold `lanes` rows (lanes_of(lib): 8, or 16 for wg8a8_avx512.c)."""
+def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False) -> PackedGrouped:
+    """g in the layout of a kernel whose chunks hold `lanes` rows (lanes_of(lib): 8, or 16 for wg8a8_avx512.c); with
+    `nibbles`, its values (0..15, groups of 32) two a byte: chunk t's in the low nibbles, t + 1's in the high ones."""
     assert lanes in (8, 16), f"lanes: 8 or 16, got {lanes}"
+    assert not nibbles or (g.group == 32 and int(g.q.min()) >= 0 and int(g.q.max()) <= 15), "nibbles: 0..15, group 32"
     n = g.shape[0]
     pad = -n % lanes
 
@@ -119,7 +126,11 @@ def pack(g: GroupedInt8, lanes: int = 8) -> PackedGrouped:
         return t.view(-1, lanes, t.shape[1] // width, width).transpose(1, 2).contiguous()
 
     zeros = None if g.zeros is None else chunks(g.zeros, 1).squeeze(-1)
-    return PackedGrouped(chunks(g.q, 4), chunks(g.scales, 1).squeeze(-1), zeros, n, g.group)
+    q = chunks(g.q, 4)
+    if nibbles:  # (N / L, K / 4, L, 4) -> pairs of chunks (t, t + 1) -> one byte a pair of values
+        pairs = q.view(torch.uint8).view(q.shape[0], -1, 2, lanes, 4)
+        q = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
+    return PackedGrouped(q, chunks(g.scales, 1).squeeze(-1), zeros, n, g.group, nibbles)
 
 
 def lanes_of(lib: ctypes.CDLL | None) -> int:
@@ -133,8 +144,9 @@ def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
     lib = load_c_kernel(SOURCES[isa or cpu_isa()], Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.wg8a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
-        lib.wg8a8_linear.restype = ctypes.c_int
+        for entry in (lib.wg8a8_linear, lib.wg4a8_linear):
+            entry.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
+            entry.restype = ctypes.c_int
         lib.wg8a8_lanes.argtypes, lib.wg8a8_lanes.restype = [], ctypes.c_int
     return lib
 
@@ -142,14 +154,15 @@ def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
 def wg8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: PackedGrouped, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.dequantized().T with x quantized per (row, group of 32) to int8; x (M, K) float32 -> (M, N) float32.
     out: where to write y, (M, N rounded up to w.lanes) float32 contiguous (default: a new tensor)."""
-    padded, k = w.padded, w.q.shape[1] * 4
+    padded, k = w.padded, w.shape[1]
     assert w.lanes == lanes_of(lib), f"w is packed in chunks of {w.lanes} rows; this kernel reads {lanes_of(lib)}"
     assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1, f"x must be (M, {k}) with unit column stride"
     assert x.dtype == torch.float32 and x.device.type == "cpu", "x must be a float32 CPU tensor"
     m = x.shape[0]
     y = torch.empty(m, padded) if out is None else out
     assert y.shape == (m, padded) and y.dtype == torch.float32 and y.is_contiguous(), f"out must be ({m}, {padded}) float32"
-    rc = lib.wg8a8_linear(x.data_ptr(), x.stride(0), *w.args, m, padded, k, w.group, y.data_ptr(), torch.get_num_threads())
+    entry = lib.wg4a8_linear if w.nibbles else lib.wg8a8_linear
+    rc = entry(x.data_ptr(), x.stride(0), *w.args, m, padded, k, w.group, y.data_ptr(), torch.get_num_threads())
     if rc:
         raise MemoryError(f"wg8a8_linear: no memory for the quantized activations ({m} x {k})") if rc == -1 else \
             ValueError(f"wg8a8_linear: shape ({padded}, {k}) group {w.group} not taken")

@@ -26,17 +26,19 @@ static inline __m512i wg_broadcast4(const int8_t *p) {
 }
 
 /* MT rows of x times H hexadecets (16 H weight rows, consecutive in the layout): each hexadecet's w (K / 4, 16, 4)
- * int8, ws (K / G, 16), wz (K / 32, 16) or NULL. MT, H and G are constants where it is inlined (wg_rows), so the
- * loops unroll and the sums stay in registers. With H = 2 each broadcast of x feeds two dot products (from 16 rows of
+ * int8, or with NIB (K / 8, 16, 4) bytes of two 4-bit values 0..15 (wg8a8_entry.h: chunks t and t + 1 in the low and
+ * high nibbles, unsigned as vpdpbusd takes them: no flip, the sums start at 0), ws (K / G, 16), wz (K / 32, 16) or
+ * NULL. MT, H, G and NIB are constants where it is inlined (wg_rows), so the loops unroll and the sums stay in
+ * registers. With H = 2 each broadcast of x feeds two dot products (from 16 rows of
  * x on: below, the weights' bandwidth bounds it and H = 1 measured faster), and MT = 6 keeps 12 sums, 12 accumulators
  * and the chunks in the 32 registers. */
-static inline __attribute__((always_inline)) void wgtile(const int MT, const int H, const int64_t G, const wg_args *a,
-                                                         int64_t n, int64_t m) {
-  const int64_t K = a->K, nb = K / 32, ng = K / G, per = 32 / G;
-  const int8_t *w = a->w + n * K, *xq = a->xq + m * K;
+static inline __attribute__((always_inline)) void wgtile(const int MT, const int H, const int64_t G, const int NIB,
+                                                         const wg_args *a, int64_t n, int64_t m) {
+  const int64_t K = a->K, nb = K / 32, ng = K / G, per = 32 / G, row_bytes = NIB ? K / 2 : K;
+  const int8_t *w = a->w + n * row_bytes, *xq = a->xq + m * K;
   const float *ws = a->ws + n * ng, *wz = a->wz ? a->wz + n * nb : 0, *xd = a->xd + m * nb, *xs = a->xs + m * nb;
   const int32_t *xsum = a->xsum + m * ng;
-  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  const __m512i flip = _mm512_set1_epi8((char)0x80), low = _mm512_set1_epi8(15);
   __m512 acc[6][2];
   for (int r = 0; r < MT; r++)
     for (int j = 0; j < H; j++) acc[r][j] = _mm512_setzero_ps();
@@ -45,18 +47,27 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
       const int64_t g = b * per + h;
       __m512i sum[6][2];
       for (int r = 0; r < MT; r++) {
-        const __m512i start = _mm512_set1_epi32(-128 * xsum[r * ng + g]);
+        const __m512i start = NIB ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xsum[r * ng + g]);
         for (int j = 0; j < H; j++) sum[r][j] = start;
       }
-      const int8_t *p = w + g * G * 16;
-      for (int j = 0; j < H; j++) _mm_prefetch((const char *)(p + j * K * 16 + 4096), _MM_HINT_T0);
-      for (int64_t t = 0; t < G / 4; t++) { /* 1. the group's exact integer sums */
-        __m512i u[2];
-        for (int j = 0; j < H; j++)
-          u[j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(p + j * K * 16 + 64 * t)), flip);
+      const int8_t *p = w + g * G * (NIB ? 8 : 16);
+      for (int j = 0; j < H; j++) _mm_prefetch((const char *)(p + j * row_bytes * 16 + 4096), _MM_HINT_T0);
+      for (int64_t t = 0; t < G / 4; t += 2) { /* 1. the group's exact integer sums, chunks t and t + 1 */
+        __m512i u[2][2];
+        for (int j = 0; j < H; j++) {
+          const int8_t *c = p + j * row_bytes * 16;
+          if (NIB) {
+            const __m512i v = _mm512_loadu_si512((const void *)(c + 32 * t));
+            u[0][j] = _mm512_and_si512(v, low);
+            u[1][j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+          } else {
+            u[0][j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 64 * t)), flip);
+            u[1][j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 64 * t + 64)), flip);
+          }
+        }
         for (int r = 0; r < MT; r++) {
-          const __m512i xb = wg_broadcast4(xq + r * K + g * G + 4 * t);
-          for (int j = 0; j < H; j++) sum[r][j] = _mm512_dpbusd_epi32(sum[r][j], u[j], xb);
+          const __m512i x0 = wg_broadcast4(xq + r * K + g * G + 4 * t), x1 = wg_broadcast4(xq + r * K + g * G + 4 * t + 4);
+          for (int j = 0; j < H; j++) sum[r][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum[r][j], u[0][j], x0), u[1][j], x1);
         }
       }
       for (int j = 0; j < H; j++) { /* 2. times the rows' group scales and x's block scale */
@@ -76,10 +87,10 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
     for (int j = 0; j < H; j++) _mm512_storeu_ps(a->y + (m + r) * a->N + n + 16 * j, acc[r][j]);
 }
 
-#define WG_TILES(H, G)                                                                                            \
-  for (; m + 6 <= me; m += 6) wgtile(6, H, G, a, n, m);                                                          \
-  for (; m + 4 <= me; m += 4) wgtile(4, H, G, a, n, m);                                                          \
-  for (; m < me; m++) wgtile(1, H, G, a, n, m);
+#define WG_TILES(H, G, NIB)                                                                                       \
+  for (; m + 6 <= me; m += 6) wgtile(6, H, G, NIB, a, n, m);                                                     \
+  for (; m + 4 <= me; m += 4) wgtile(4, H, G, NIB, a, n, m);                                                     \
+  for (; m < me; m++) wgtile(1, H, G, NIB, a, n, m);
 
 static void wg_rows(const wg_args *a, int64_t n0, int64_t n1) {
   for (int64_t mb = 0; mb < a->M; mb += 32) { /* 32 rows of x stay in L1 while the rows' weights pass */
@@ -87,14 +98,20 @@ static void wg_rows(const wg_args *a, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1;) {
       const int two = a->M >= 16 && n + 32 <= n1; /* memory-bound below: one stream a core reads faster */
       int64_t m = mb;
-      if (two && a->G == 32) {
-        WG_TILES(2, 32)
+      if (a->nib) { /* 4-bit values come in groups of 32 (Q4_0, Q4_1, Q4_K) */
+        if (two) {
+          WG_TILES(2, 32, 1)
+        } else {
+          WG_TILES(1, 32, 1)
+        }
+      } else if (two && a->G == 32) {
+        WG_TILES(2, 32, 0)
       } else if (two) {
-        WG_TILES(2, 16)
+        WG_TILES(2, 16, 0)
       } else if (a->G == 32) {
-        WG_TILES(1, 32)
+        WG_TILES(1, 32, 0)
       } else {
-        WG_TILES(1, 16)
+        WG_TILES(1, 16, 0)
       }
       n += two ? 32 : 16;
     }

@@ -1,7 +1,14 @@
-/* The grouped W8A8 GEMM's entry point, shared by wg8a8.c (AVX2, wg8a8_octets.h's tiles) and wg8a8_avx512.c: each
- * defines WG_LANES (the weight rows a chunk of the layout holds: 8, or 16), WG_ROWS (the weight rows a thread takes at
- * a time), W8_GROUP_SUMS (whether its tiles start a group's sum from the group's sum of int8 activations) and
- * includes this, and defines wg_rows (every row of x times the weight rows [n0, n1), with the tiles it has). */
+/* The grouped W8A8 GEMM's entry points, shared by wg8a8.c (AVX2, wg8a8_octets.h's tiles) and wg8a8_avx512.c
+ * (wg8a8_neon.c has its own, with the same layouts): each defines WG_LANES (the weight rows a chunk of the layout holds: 8, or 16), WG_ROWS (the weight rows
+ * a thread takes at a time), W8_GROUP_SUMS (whether its tiles start a group's sum from the group's sum of int8
+ * activations) and includes this, and defines wg_rows (every row of x times the weight rows [n0, n1), with the tiles
+ * it has, for int8 weights or, where `nib`, 4-bit ones).
+ *
+ * wg4a8_linear takes weights of 4-bit values 0..15 (GGUF's Q4_K, Q4_1, Q4_0 moved to 0..15 with a term: gguf_grouped.py)
+ * two a byte, half the int8 layout's bytes: where the int8 layout's chunk t (4 values of each of the chunk's rows) and
+ * chunk t + 1 are two chunks of WG_LANES x 4 bytes, the nibble layout holds both in one, chunk t in the low nibbles and
+ * t + 1 in the high ones. The integer sums are the int8 layout's exactly, and so is every float step after them: the
+ * same weights give the same bits in either layout. */
 #pragma once
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,6 +23,7 @@ typedef struct { /* one call's operands, as wg_rows reads them */
   const float *xd, *xs;
   int64_t M, N, K, G;
   float *y;
+  int nib; /* w holds two 4-bit values a byte (wg4a8_linear) */
 } wg_args;
 
 static void wg_rows(const wg_args *a, int64_t n0, int64_t n1);
@@ -24,10 +32,11 @@ static void wg_rows(const wg_args *a, int64_t n0, int64_t n1);
 int wg8a8_lanes(void) { return WG_LANES; }
 
 /* y (M, N) float = x (M, K) float (rows ldx floats apart) @ W^T, W in chunks of WG_LANES rows; N a multiple of
- * WG_LANES, K of 32, G 16 or 32. Returns 0, -1 when the scratch could not be allocated, -2 on a shape it does not take. */
-int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                 int64_t K, int64_t G, float *y, int nthreads) {
-  if (K % 32 || N % WG_LANES || (G != 16 && G != 32)) return -2;
+ * WG_LANES, K of 32, G 16 or 32 (32 for nibbles). Returns 0, -1 when the scratch could not be allocated, -2 on a shape
+ * it does not take. */
+static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
+                     int64_t K, int64_t G, float *y, int nthreads, int nib) {
+  if (K % 32 || N % WG_LANES || (G != 16 && G != 32) || (nib && G != 32)) return -2;
   const int64_t ng = K / G;
   const quantized a = quantized_alloc(M, K, 32);
   int32_t *xsum = malloc(sizeof(int32_t) * (size_t)(M * ng));
@@ -44,10 +53,21 @@ int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, 
     xsum[i] = s;
   }
 #endif
-  const wg_args args = {w, ws, wz, a.xq, xsum, a.xd, a.xs, M, N, K, G, y};
+  const wg_args args = {w, ws, wz, a.xq, xsum, a.xd, a.xs, M, N, K, G, y, nib};
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t n0 = 0; n0 < N; n0 += WG_ROWS) wg_rows(&args, n0, n0 + WG_ROWS < N ? n0 + WG_ROWS : N);
   free(a.block);
   free(xsum);
   return 0;
+}
+
+int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
+                 int64_t K, int64_t G, float *y, int nthreads) {
+  return wg_linear(x, ldx, w, ws, wz, M, N, K, G, y, nthreads, 0);
+}
+
+/* The same with w in the nibble layout (K / 2 bytes a row). */
+int wg4a8_linear(const float *x, int64_t ldx, const uint8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
+                 int64_t K, int64_t G, float *y, int nthreads) {
+  return wg_linear(x, ldx, (const int8_t *)w, ws, wz, M, N, K, G, y, nthreads, 1);
 }

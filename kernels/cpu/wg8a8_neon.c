@@ -21,10 +21,11 @@ static inline int8x16_t broadcast4(const int8_t *p) {
   return vreinterpretq_s8_s32(vdupq_n_s32(t));
 }
 
-/* One octet of weight rows against MT rows of x. */
-#define TILE(MT)                                                                                                 \
-  static void tile_##MT(const int8_t *w, const float *ws, const float *wz, const int8_t *xq, const float *xd,     \
-                        const float *xs, int64_t K, int64_t G, float *y, int64_t ldy) {                          \
+/* One octet of weight rows against MT rows of x; NIB: w in the nibble layout (wg8a8_entry.h: chunks t and t + 1 in
+ * the low and high nibbles of one, values 0..15, which SDOT takes as signed bytes as they are). */
+#define TILE(MT, NIB)                                                                                            \
+  static void tile_##MT##_##NIB(const int8_t *w, const float *ws, const float *wz, const int8_t *xq,             \
+                                const float *xd, const float *xs, int64_t K, int64_t G, float *y, int64_t ldy) { \
     const int64_t nb = K / 32, per = 32 / G;                                                                     \
     float32x4_t lo[MT], hi[MT];                                                                                  \
     for (int r = 0; r < MT; r++) lo[r] = hi[r] = vdupq_n_f32(0.f);                                               \
@@ -33,14 +34,23 @@ static inline int8x16_t broadcast4(const int8_t *p) {
         const int64_t g = b * per + h;                                                                           \
         int32x4_t dlo[MT], dhi[MT];                                                                              \
         for (int r = 0; r < MT; r++) dlo[r] = dhi[r] = vdupq_n_s32(0);                                          \
-        for (int64_t t = 0; t < G / 4; t++) { /* 1. the group's exact integer sums */                           \
-          const int8_t *p = w + (g * G / 4 + t) * 32;                                                            \
-          const int8x16_t w0 = vld1q_s8(p), w1 = vld1q_s8(p + 16);                                               \
-          for (int r = 0; r < MT; r++) {                                                                         \
-            const int8x16_t a = broadcast4(xq + r * K + g * G + 4 * t);                                          \
-            dlo[r] = vdotq_s32(dlo[r], w0, a);                                                                   \
-            dhi[r] = vdotq_s32(dhi[r], w1, a);                                                                   \
+        for (int64_t t = 0; t < G / 4; t += 2) { /* 1. the group's exact integer sums, chunks t and t + 1 */     \
+          int8x16_t w0[2], w1[2]; /* rows 0-3, rows 4-7 of chunks t and t + 1 */                                 \
+          if (NIB) {                                                                                             \
+            const uint8_t *p = (const uint8_t *)w + (g * G / 8 + t / 2) * 32;                                    \
+            const uint8x16_t v0 = vld1q_u8(p), v1 = vld1q_u8(p + 16), low = vdupq_n_u8(15);                      \
+            w0[0] = vreinterpretq_s8_u8(vandq_u8(v0, low)), w1[0] = vreinterpretq_s8_u8(vandq_u8(v1, low));      \
+            w0[1] = vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), w1[1] = vreinterpretq_s8_u8(vshrq_n_u8(v1, 4));      \
+          } else {                                                                                               \
+            const int8_t *p = w + (g * G / 4 + t) * 32;                                                          \
+            w0[0] = vld1q_s8(p), w1[0] = vld1q_s8(p + 16), w0[1] = vld1q_s8(p + 32), w1[1] = vld1q_s8(p + 48);  \
           }                                                                                                      \
+          for (int c = 0; c < 2; c++)                                                                            \
+            for (int r = 0; r < MT; r++) {                                                                       \
+              const int8x16_t a = broadcast4(xq + r * K + g * G + 4 * (t + c));                                  \
+              dlo[r] = vdotq_s32(dlo[r], w0[c], a);                                                              \
+              dhi[r] = vdotq_s32(dhi[r], w1[c], a);                                                              \
+            }                                                                                                    \
         }                                                                                                        \
         const float32x4_t slo = vld1q_f32(ws + g * 8), shi = vld1q_f32(ws + g * 8 + 4);                          \
         for (int r = 0; r < MT; r++) { /* 2. times the rows' group scales and x's block scale */                \
@@ -63,13 +73,15 @@ static inline int8x16_t broadcast4(const int8_t *p) {
       vst1q_f32(y + r * ldy + 4, hi[r]);                                                                         \
     }                                                                                                            \
   }
-TILE(4) TILE(1)
+TILE(4, 0) TILE(1, 0) TILE(4, 1) TILE(1, 1)
 
-/* wg8a8.c's entry point: y (M, N) float = x (M, K) float (rows ldx floats apart) @ W^T, W in octets; N a multiple
- * of 8, K of 32, G 16 or 32. Returns 0, -1 when the scratch could not be allocated, -2 on a shape it does not take. */
-int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                 int64_t K, int64_t G, float *y, int nthreads) {
-  if (K % 32 || N % 8 || (G != 16 && G != 32)) return -2;
+/* wg8a8.c's entry points: y (M, N) float = x (M, K) float (rows ldx floats apart) @ W^T, W in octets (nib: in the
+ * nibble layout); N a multiple of 8, K of 32, G 16 or 32 (32 for nibbles). Returns 0, -1 when the scratch could not be
+ * allocated, -2 on a shape it does not take. */
+static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
+                     int64_t K, int64_t G, float *y, int nthreads, int nib) {
+  if (K % 32 || N % 8 || (G != 16 && G != 32) || (nib && G != 32)) return -2;
+  const int64_t row_bytes = nib ? K / 2 : K;
   const int64_t nb = K / 32, ng = K / G;
   const quantized a = quantized_alloc(M, K, 32);
   if (!a.block) return -1;
@@ -77,18 +89,31 @@ int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, 
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t n0 = 0; n0 < N; n0 += 16) {
     const int64_t n1 = n0 + 16 < N ? n0 + 16 : N;
-#define AT(n, m) w + (n) * K, ws + (n) * ng, wz ? wz + (n) * nb : 0, a.xq + (m) * K, a.xd + (m) * nb, a.xs + (m) * nb, \
+#define AT(n, m) w + (n) * row_bytes, ws + (n) * ng, wz ? wz + (n) * nb : 0, a.xq + (m) * K, a.xd + (m) * nb, a.xs + (m) * nb, \
                  K, G, y + (m) * N + (n), N
     for (int64_t mb = 0; mb < M; mb += 32) {
       const int64_t me = mb + 32 < M ? mb + 32 : M;
       int64_t m = mb;
       for (; m + 4 <= me; m += 4)
-        for (int64_t n = n0; n < n1; n += 8) tile_4(AT(n, m));
+        for (int64_t n = n0; n < n1; n += 8) (nib ? tile_4_1 : tile_4_0)(AT(n, m));
       for (; m < me; m++)
-        for (int64_t n = n0; n < n1; n += 8) tile_1(AT(n, m));
+        for (int64_t n = n0; n < n1; n += 8) (nib ? tile_1_1 : tile_1_0)(AT(n, m));
     }
 #undef AT
   }
   free(a.block);
   return 0;
+}
+
+/* The rows a chunk of the layout holds (octets), as the packer asks (kernels/cpu/wg8a8.py lanes_of). */
+int wg8a8_lanes(void) { return 8; }
+
+int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
+                 int64_t K, int64_t G, float *y, int nthreads) {
+  return wg_linear(x, ldx, w, ws, wz, M, N, K, G, y, nthreads, 0);
+}
+
+int wg4a8_linear(const float *x, int64_t ldx, const uint8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
+                 int64_t K, int64_t G, float *y, int nthreads) {
+  return wg_linear(x, ldx, (const int8_t *)w, ws, wz, M, N, K, G, y, nthreads, 1);
 }
