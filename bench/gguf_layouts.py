@@ -1,14 +1,14 @@
 """The grouped GEMM's two weight layouts for a GGUF's 4-bit values (kernels/cpu/wg8a8.py): int8, one byte a value, and
-nibbles, two a byte (what a Q4_K, Q4_1 or Q4_0 weight is served in on a CPU: backend/quant/gguf_grouped.nibble_form).
+nibbles, two a byte (what a Q4_K, Q4_1 or Q4_0 weight is served in on a CPU: backend/quant/gguf_grouped.nibble_offset).
 
     python -m bench.gguf_layouts [--rows 1,8,32] [--reps 50]
 
-For each instruction set this CPU runs (AVX2; AVX-512 VNNI where it has it; NEON on aarch64) and each shape (Gemma 3
-270M's Q4_K projections, 640 x 1024 and 640 x 2048, and a 4096 x 4096 projection of an 8B model), random values 0..15
-with a scale and a term per 32: the weight bytes of each layout, whether the two give the same bits (they should: the
-same integer sums, the same float steps), and the best of 5 timings of `reps` calls per row count, microseconds, with
-`nibbles_over_int8` (time ratio; under 1 is faster). Wall time on torch's threads. The last line is one JSON object,
-also written to bench/results/gguf_layouts.json.
+For each instruction set this CPU runs (AVX2; AVX-512 VNNI where it has it; NEON on aarch64) and each case: Q4_K's
+values (0..15, a scale and a term per 32) on Gemma 3 270M's o_proj and down_proj shapes (640 x 1024, 640 x 2048) and
+an 8B model's 4096 x 4096, Q4_0's (-8..7, a scale per 32, offset 8) on the 4096 x 4096: the weight bytes of each
+layout, whether the two give the same bits (they should: the same integer sums, the same float steps), and the best
+of 5 timings of `reps` calls per row count, microseconds, with `nibbles_over_int8` (time ratio; under 1 is faster).
+Wall time on torch's threads. The last line is one JSON object, also written to bench/results/gguf_layouts.json.
 """
 
 from __future__ import annotations
@@ -25,26 +25,31 @@ from bench.report import default_out, emit
 from kernels.cpu.build import NEON_ISA, avx512_available, c_kernels_unavailable, cpu_isa
 from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, load_wg8a8, pack, wg8a8_linear
 
-SHAPES = {"gemma3_o_proj": (640, 1024), "gemma3_down_proj": (640, 2048), "8b_proj": (4096, 4096)}  # (out, in)
+# (type, shape name, out, in): the type's value range, offset and terms below
+CASES = (("Q4_K", "gemma3_o_proj", 640, 1024), ("Q4_K", "gemma3_down_proj", 640, 2048), ("Q4_K", "8b_proj", 4096, 4096),
+         ("Q4_0", "8b_proj", 4096, 4096))
+TYPES = {"Q4_K": (0, 16, 0, True), "Q4_0": (-8, 8, 8, False)}  # low, high (exclusive), offset, terms
 
 
 def layouts(isa: str, folder: Path, rows_list: list[int], reps: int) -> list[dict[str, Any]]:
     lib = load_wg8a8(folder, isa)
     assert lib is not None, f"the {isa} kernel did not build"
     out = []
-    for name, (n, k) in SHAPES.items():
+    for kind, name, n, k in CASES:
+        low, high, offset, terms = TYPES[kind]
         g = torch.Generator().manual_seed(n + k)
-        weight = GroupedInt8(torch.randint(0, 16, (n, k), dtype=torch.int8, generator=g),
-                             torch.rand(n, k // 32, generator=g) * 0.01, torch.randn(n, k // 32, generator=g) * 0.01)
-        packed = {"int8": pack(weight, lanes_of(lib)), "nibbles": pack(weight, lanes_of(lib), nibbles=True)}
+        weight = GroupedInt8(torch.randint(low, high, (n, k), dtype=torch.int8, generator=g),
+                             torch.rand(n, k // 32, generator=g) * 0.01,
+                             torch.randn(n, k // 32, generator=g) * 0.01 if terms else None)
+        packed = {"int8": pack(weight, lanes_of(lib)), "nibbles": pack(weight, lanes_of(lib), nibbles=True, offset=offset)}
         for rows in rows_list:
             x = torch.randn(rows, k, generator=g)
             same = torch.equal(wg8a8_linear(lib, x, packed["int8"]), wg8a8_linear(lib, x, packed["nibbles"]))
             us = {lay: best_us(lambda w=w, x=x: wg8a8_linear(lib, x, w), reps) for lay, w in packed.items()}
-            out.append({"isa": isa, "shape": name, "out": n, "in": k, "rows": rows, "same_bits": same,
+            out.append({"isa": isa, "type": kind, "shape": name, "out": n, "in": k, "rows": rows, "same_bits": same,
                         "bytes": {lay: w.nbytes() for lay, w in packed.items()}, "us": us,
                         "nibbles_over_int8": round(us["nibbles"] / us["int8"], 3)})
-            print(f"{isa:6s} {name:18s} rows={rows:<3d} int8 {us['int8']:9.1f} us  nibbles {us['nibbles']:9.1f} us  "
+            print(f"{isa:6s} {kind} {name:18s} rows={rows:<3d} int8 {us['int8']:9.1f} us  nibbles {us['nibbles']:9.1f} us  "
                   f"ratio {out[-1]['nibbles_over_int8']:.2f}  same bits {same}", flush=True)
     return out
 

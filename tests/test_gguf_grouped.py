@@ -32,7 +32,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.fetch import fetch_gemma_gguf
 from backend.model.weights import resolve_model_dir
-from backend.quant.gguf_grouped import grouped_of, is_gguf_grouped, nibble_form
+from backend.quant.gguf_grouped import grouped_of, is_gguf_grouped, nibble_offset
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
 from backend.quant.gguf_types import SERVED, decode
 from backend.quant.kept_output import KeptOutput
@@ -77,17 +77,14 @@ def test_each_type_decodes_bit_for_bit_as_gguf_py(kind: str) -> None:
     assert torch.equal(grouped.dequantized().view(torch.int32), ref.view(torch.int32))  # the bits, signed zeros too
     rows = torch.tensor([4, 0, 4])
     assert torch.equal(grouped.dequantized(rows), ref[rows])  # the embedding's lookup
-    four = nibble_form(grouped)  # the 4-bit types, two values a byte: the same bits again
-    assert (four is not None) == (kind in ("Q4_0", "Q4_1", "Q4_K")), kind
-    if four is not None:
-        packed = pack(four, 8, nibbles=True)
-        values = packed.dequantized()
-        assert torch.equal(values, ref) and torch.equal(packed.rows(rows), ref[rows])
-        nonzero = ref != 0  # Q4_0's moved form gives d 8 - 8 d = +0 where gguf-py's d 0 is -0 for a negative d
-        assert torch.equal(values[nonzero].view(torch.int32), ref[nonzero].view(torch.int32))
-        if kind != "Q4_0":
-            assert torch.equal(values.view(torch.int32), ref.view(torch.int32))
-        assert packed.nbytes() == packed.padded * k * 3 // 4  # half a byte a value, 4 + 4 bytes of scale and term a 32
+    offset = nibble_offset(grouped)  # the 4-bit types, two values a byte: the same bits again
+    assert offset == {"Q4_0": 8, "Q4_1": 0, "Q4_K": 0}.get(kind), kind
+    if offset is not None:
+        packed = pack(grouped, 8, nibbles=True, offset=offset)
+        assert torch.equal(packed.dequantized().view(torch.int32), ref.view(torch.int32))
+        assert torch.equal(packed.rows(rows), ref[rows])
+        terms = grouped.zeros is not None  # half a byte a value, 4 + 4 bytes of scale and term a 32
+        assert packed.nbytes() == packed.padded * k * (4 + 1 + terms) // 8, kind
 
 
 def test_a_type_not_served_is_left_to_the_caller() -> None:
@@ -122,37 +119,35 @@ def test_the_kernel_computes_the_reference_arithmetic(lib: object, group: int, z
 
 
 @requires_c_kernels
+@pytest.mark.parametrize(("low", "high", "offset"), [(0, 16, 0), (-8, 8, 8)], ids=["Q4_K", "Q4_0"])
 @pytest.mark.parametrize("zeros", [False, True], ids=["symmetric", "terms"])
-def test_four_bit_values_two_a_byte_give_the_int8_layouts_bits(lib: object, zeros: bool) -> None:
-    """The nibble layout (wg4a8_linear) holds values 0..15 in half the int8 layout's bytes; its integer sums and every
-    float step after them are the int8 layout's, so the same weights give the same bits, at every tile of x."""
-    torch.manual_seed(7 + zeros)
+def test_the_nibble_layout_gives_the_int8_layouts_bits(lib: object, low: int, high: int, offset: int, zeros: bool) -> None:
+    """The nibble layout (wg4a8_linear) holds u = q + offset two a byte; its integer sums (started at -offset times
+    x's group sums) and every float step after them are the int8 layout's, so the same weights give the same bits, at
+    every tile of x."""
+    torch.manual_seed(7 + zeros + offset)
     n, k, m = 45, 640, 37
-    g = GroupedInt8(torch.randint(0, 16, (n, k), dtype=torch.int8), torch.rand(n, k // 32) * 0.01,
+    g = GroupedInt8(torch.randint(low, high, (n, k), dtype=torch.int8), torch.rand(n, k // 32) * 0.01,
                     torch.randn(n, k // 32) * 0.01 if zeros else None)
-    w8, w4 = pack(g, lanes_of(lib)), pack(g, lanes_of(lib), nibbles=True)  # type: ignore[arg-type]
+    w8, w4 = pack(g, lanes_of(lib)), pack(g, lanes_of(lib), nibbles=True, offset=offset)  # type: ignore[arg-type]
     assert w4.q.numel() * 2 == w8.q.numel() and w4.shape == w8.shape == (n, k)
-    assert torch.equal(w4.dequantized(), g.dequantized())
+    assert torch.equal(w4.dequantized().view(torch.int32), g.dequantized().view(torch.int32))
     assert torch.equal(w4.rows(torch.tensor([44, 3])), g.dequantized()[[44, 3]])
     x = torch.randn(m, k) * 3
     y = wg8a8_linear(lib, x, w4)  # type: ignore[arg-type]
     assert torch.equal(y, wg8a8_linear(lib, x, w8))  # type: ignore[arg-type]
     assert torch.equal(torch.cat([wg8a8_linear(lib, x[i:i + 1], w4) for i in range(m)]), y)  # type: ignore[arg-type]
-    with pytest.raises(AssertionError, match="nibbles"):
-        pack(GroupedInt8(g.q - 1, g.scales, g.zeros), 8, nibbles=True)  # -1 is not a nibble
 
 
-def test_a_q4_0_weight_moves_to_nibbles_with_the_same_values() -> None:
-    """Q4_0's values -8..7 (no term) become 0..15 with the term -8 d per group, exact for fp16 scales; a weight whose
-    moved values would round (a scale with more bits than fp16's) stays int8, and so do 5-bit values."""
+def test_only_4_bit_values_in_groups_of_32_take_the_nibble_layout() -> None:
     torch.manual_seed(5)
+    scales = torch.rand(16, 2)
     q = torch.randint(-8, 8, (16, 64), dtype=torch.int8)
-    d = (torch.rand(16, 2) * 0.01).half().float()
-    four = nibble_form(GroupedInt8(q, d, None))
-    assert four is not None and int(four.q.min()) >= 0 and four.zeros is not None
-    assert torch.equal(four.dequantized(), GroupedInt8(q, d, None).dequantized())
-    assert nibble_form(GroupedInt8(q, torch.full((16, 2), 1 / 3), None)) is None  # d (q + 8) - 8 d != d q
-    assert nibble_form(GroupedInt8(q * 2, d, None)) is None  # 5-bit values
+    assert [nibble_offset(GroupedInt8(q * f, scales, None)) for f in (1, 2)] == [8, None]  # 4 bits, 5 bits
+    assert nibble_offset(GroupedInt8(q + 8, scales, scales)) == 0
+    assert nibble_offset(GroupedInt8(q, torch.rand(16, 4), None)) is None  # groups of 16 (Q6_K, Q3_K)
+    with pytest.raises(AssertionError, match="nibbles"):
+        pack(GroupedInt8(q * 2, scales, None), 8, nibbles=True, offset=8)  # -16 + 8 is not in 0..15
 
 
 @requires_c_kernels
@@ -284,9 +279,9 @@ NEON = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 @pytest.mark.skipif(any(shutil.which(t) is None for t in NEON) or build_py.is_arm(),
                     reason="the aarch64 cross compiler or qemu-aarch64 is absent (`make system-deps` installs them)")
 @requires_c_kernels
-@pytest.mark.parametrize(("group", "zeros", "nibbles"), [(16, False, False), (32, True, False), (32, True, True)],
-                         ids=["g16", "g32-terms", "nibbles"])
-def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zeros: bool, nibbles: bool,
+@pytest.mark.parametrize(("group", "zeros", "offset"), [(16, False, None), (32, True, None), (32, False, 8), (32, True, 0)],
+                         ids=["g16", "g32-terms", "nibbles-q4_0", "nibbles-q4_k"])
+def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zeros: bool, offset: int | None,
                                                     tmp_path: Path) -> None:
     """wg8a8_neon.c, cross-compiled with tests/c/wg8a8_harness.c and run under qemu-aarch64: the same bits as the x86
     kernels (the same integer sums and fp32 steps per lane), in the int8 and the nibble layout, and each row the same
@@ -300,10 +295,11 @@ def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zer
     assert done.returncode == 0, done.stderr
     torch.manual_seed(group)
     m, n, k = 5, 40, 256
-    low, high = (0, 16) if nibbles else (-128, 128)
+    nibbles = offset is not None
+    low, high = (-128, 128) if offset is None else (-offset, 16 - offset)
     g = GroupedInt8(torch.randint(low, high, (n, k), dtype=torch.int8), torch.rand(n, k // group) * 0.01,
                     torch.randn(n, k // 32) * 0.01 if zeros else None)
-    w, x = pack(g, nibbles=nibbles), torch.randn(m, k)
+    w, x = pack(g, nibbles=nibbles, offset=offset or 0), torch.randn(m, k)
 
     def neon(rows: torch.Tensor, threads: int) -> torch.Tensor:
         (tmp_path / "x").write_bytes(rows.contiguous().numpy().tobytes())
@@ -311,11 +307,12 @@ def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zer
         (tmp_path / "ws").write_bytes(w.scales.numpy().tobytes())
         if w.zeros is not None:
             (tmp_path / "wz").write_bytes(w.zeros.numpy().tobytes())
-        args = [str(tmp_path), str(len(rows)), str(n), str(k), str(group), str(int(zeros)), str(threads), str(int(nibbles))]
+        args = [str(tmp_path), str(len(rows)), str(n), str(k), str(group), str(int(zeros)), str(threads), str(int(nibbles)),
+                str(offset or 0)]
         run = subprocess.run(["qemu-aarch64", "-cpu", "max", str(exe), *args], capture_output=True, timeout=120)
         assert run.returncode == 0, run.stderr
         return torch.frombuffer(bytearray((tmp_path / "y").read_bytes()), dtype=torch.float32).view(len(rows), n)
 
     together = neon(x, 3)
-    assert torch.equal(together, wg8a8_linear(lib, x, pack(g, lanes_of(lib), nibbles=nibbles)))  # type: ignore[arg-type]
+    assert torch.equal(together, wg8a8_linear(lib, x, pack(g, lanes_of(lib))))  # type: ignore[arg-type]
     assert torch.equal(torch.cat([neon(x[i:i + 1], 1) for i in range(m)]), together)

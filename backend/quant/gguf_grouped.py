@@ -12,8 +12,8 @@ loads it (llama's q/k rows un-permuted, Gemma's norms stored as w - 1). phi3 fil
 (`attn_qkv`, rows q then k then v, not permuted: llama.cpp's phi3 rotary is NeoX's, HF's rotate-half) and gate/up in
 one (`ffn_up`, gate's rows first, as HF's Phi3MLP chunks it): our fused layers' own layout, kept as they are. No float
 copy of a served weight is written or built: in memory a weight of a 5- to 8-bit type takes 1.1-1.25 bytes (int8 and
-its group's float32 scale and term), one of a 4-bit type (Q4_0, Q4_1, Q4_K) 0.75 (two values a byte: `nibble_form`),
-in GgufLinear / GgufEmbedding (gguf_linear.py).
+its group's float32 scale and term), one of a 4-bit type (Q4_0, Q4_1, Q4_K) 0.62-0.75 (two values a byte:
+`nibble_offset`), in GgufLinear / GgufEmbedding (gguf_linear.py).
 config.json gets quantization_config = {quant_method: gguf_grouped}.
 
 The loader fuses q/k/v and gate/up (`harmonize` first makes the parts agree: one group size, terms on all or none,
@@ -162,29 +162,23 @@ def dense_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return hf
 
 
-def nibble_form(g: GroupedInt8) -> GroupedInt8 | None:
-    """g as values 0..15 giving the same float32 weights bit for bit, for the kernel's nibble layout (two values a
-    byte: 6 bits a weight with the float32 scale and term per 32, against 10 in the int8 layout): Q4_K and Q4_1 as
-    they are; Q4_0's -8..7 moved up by 8 with the term -8 d per group (d q is exact for an fp16 d and a 4-bit q, and so
-    is d (q + 8) - 8 d: checked; only a zero's sign can differ, +0 where d 0 is -0 for a negative d). None for the
-    rest (5 to 8-bit values, groups of 16): they stay int8."""
+def nibble_offset(g: GroupedInt8) -> int | None:
+    """The offset that puts g's values in 0..15 for the kernel's nibble layout (kernels/cpu/wg8a8.py `pack`: two values
+    a byte; with the float32 scale (and term) per 32, 5 or 6 bits a weight against the int8 layout's 9 or 10): 0 for
+    Q4_K and Q4_1 (0..15), 8 for Q4_0 (-8..7); None where they do not fit (5- to 8-bit types, groups of 16: they stay
+    int8). The kernel's sums are the int8 layout's exactly: the same weights, the same bits. (5-bit values with their
+    fifth bits in a plane of their own measured 1.2-1.36x slower on AVX2: not served so.)"""
     if g.group != 32:
         return None
     lo, hi = int(g.q.min()), int(g.q.max())
-    if lo >= 0 and hi <= 15:
-        return g
-    if not (lo >= -8 and hi <= 7 and g.zeros is None):
-        return None
-    moved = GroupedInt8(g.q + 8, g.scales, -8 * g.scales)
-    rows = torch.arange(g.shape[0]).split(4096)  # a table's float copy at a time would be its whole size again
-    return moved if all(torch.equal(moved.dequantized(r), g.dequantized(r)) for r in rows) else None
+    return next((offset for offset in (0, 8) if lo + offset >= 0 and hi + offset <= 15), None)
 
 
 def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: ctypes.CDLL | None,
                     device: str | None = None) -> None:
     """Before load_state_dict: each linear whose grouped tensors `state` holds (our names) -> a GgufLinear on them, the
     embedding -> a GgufEmbedding, a tied LM head -> a GgufLinear on the embedding's tensors (held once). Without
-    `device`, each packed in `lib`'s layout (the CPU's C kernel, or torch; 4-bit values two a byte: `nibble_form`);
+    `device`, each packed in `lib`'s layout (the CPU's C kernel, or torch; 4-bit values two a byte: `nibble_offset`);
     with one (a GPU: "cuda", "cuda:1"; "cpu" runs the same path under Triton's interpreter), in the Triton GEMM's
     column layout, already on that device (`model.to(device)` leaves plain attributes where they are)."""
     lanes = lanes_of(lib)
@@ -192,8 +186,8 @@ def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: ctype
     def layout(g: GroupedInt8) -> Grouped:
         if device is not None:
             return columns(g, device)
-        four = nibble_form(g)
-        return pack(g, lanes) if four is None else pack(four, lanes, nibbles=True)
+        offset = nibble_offset(g)
+        return pack(g, lanes) if offset is None else pack(g, lanes, nibbles=True, offset=offset)
 
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):

@@ -4,7 +4,8 @@ GGUF file's blocks served in their own values (backend/quant/gguf_types.py decod
     g = GroupedInt8(q, scales, zeros)         # q (N, K) int8; scales (N, K/16 or K/32) fp32; zeros (N, K/32) or None
     lib = load_wg8a8(build_dir)               # None where it cannot run (no C compiler: torch on the values instead)
     w = pack(g, lanes_of(lib))                # once: the kernel's layout, the only copy a layer keeps
-    w = pack(g, lanes_of(lib), nibbles=True)  # or, for values 0..15 in groups of 32, two a byte (wg4a8_linear)
+    w = pack(g, lanes_of(lib), nibbles=True, offset=o)  # or, for q + o in 0..15 (groups of 32), two values a byte
+                                              # (wg4a8_linear)
     y = wg8a8_linear(lib, x, w)               # x (M, K) float32 -> (M, N) float32
     w.rows(ids), w.dequantized()              # the float32 weights served: scale * q (+ zero), per group
 
@@ -76,7 +77,8 @@ class PackedGrouped:
     zeros: torch.Tensor | None  # (N / L, K / 32, L) float32
     n: int  # the rows that are real
     group: int
-    nibbles: bool = False  # q holds values 0..15, chunks t and t + 1 in one: its low and high nibbles
+    nibbles: bool = False  # q holds u = value + offset (0..15), chunks t and t + 1 in one: its low and high nibbles
+    offset: int = 0  # with nibbles: value = u - offset
     args: tuple[int, int, int | None] = field(init=False)  # the kernel's pointer arguments, looked up once
 
     def __post_init__(self) -> None:
@@ -104,7 +106,8 @@ class PackedGrouped:
         chunk, lane = ids // self.lanes, ids % self.lanes
         q = self.q[chunk, :, lane, :]  # (rows, K / 4, 4), or (rows, K / 8, 4) nibble pairs
         if self.nibbles:
-            q = torch.stack([q & 15, q >> 4], dim=2).to(torch.int8)  # (rows, K / 8, 2: chunks t and t + 1, 4)
+            u = torch.stack([q & 15, q >> 4], dim=2)  # (rows, K / 8, 2: chunks t and t + 1, 4)
+            q = (u.to(torch.int16) - self.offset).to(torch.int8)
         q = q.reshape(len(ids), -1)
         z = None if self.zeros is None else self.zeros[chunk, :, lane]
         return _dequantize(q, self.scales[chunk, :, lane], z)
@@ -113,11 +116,15 @@ class PackedGrouped:
         return self.rows(torch.arange(self.n))
 
 
-def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False) -> PackedGrouped:
+def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False, offset: int = 0) -> PackedGrouped:
     """g in the layout of a kernel whose chunks hold `lanes` rows (lanes_of(lib): 8, or 16 for wg8a8_avx512.c); with
-    `nibbles`, its values (0..15, groups of 32) two a byte: chunk t's in the low nibbles, t + 1's in the high ones."""
+    `nibbles`, its values as u = q + offset (0..15, groups of 32) two a byte: chunk t's in the low nibbles, t + 1's in
+    the high ones."""
     assert lanes in (8, 16), f"lanes: 8 or 16, got {lanes}"
-    assert not nibbles or (g.group == 32 and int(g.q.min()) >= 0 and int(g.q.max()) <= 15), "nibbles: 0..15, group 32"
+    assert offset == 0 or nibbles, "an offset is the nibble layout's"
+    if nibbles:
+        low, high = int(g.q.min()) + offset, int(g.q.max()) + offset
+        assert g.group == 32 and low >= 0 and high <= 15, f"nibbles: q + offset in 0..15, group 32 (got {low}..{high})"
     n = g.shape[0]
     pad = -n % lanes
 
@@ -128,9 +135,10 @@ def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False) -> PackedGrouped
     zeros = None if g.zeros is None else chunks(g.zeros, 1).squeeze(-1)
     q = chunks(g.q, 4)
     if nibbles:  # (N / L, K / 4, L, 4) -> pairs of chunks (t, t + 1) -> one byte a pair of values
-        pairs = q.view(torch.uint8).view(q.shape[0], -1, 2, lanes, 4)
+        u = (q.to(torch.int16) + offset).to(torch.uint8)  # the padding rows too: value 0
+        pairs = u.view(q.shape[0], -1, 2, lanes, 4)
         q = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
-    return PackedGrouped(q, chunks(g.scales, 1).squeeze(-1), zeros, n, g.group, nibbles)
+    return PackedGrouped(q, chunks(g.scales, 1).squeeze(-1), zeros, n, g.group, nibbles, offset)
 
 
 def lanes_of(lib: ctypes.CDLL | None) -> int:
@@ -144,8 +152,9 @@ def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
     lib = load_c_kernel(SOURCES[isa or cpu_isa()], Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.wg8a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
+        lib.wg4a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, ctypes.c_int32, p, ctypes.c_int]
         for entry in (lib.wg8a8_linear, lib.wg4a8_linear):
-            entry.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
             entry.restype = ctypes.c_int
         lib.wg8a8_lanes.argtypes, lib.wg8a8_lanes.restype = [], ctypes.c_int
     return lib
@@ -161,8 +170,13 @@ def wg8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: PackedGrouped, out: torch
     m = x.shape[0]
     y = torch.empty(m, padded) if out is None else out
     assert y.shape == (m, padded) and y.dtype == torch.float32 and y.is_contiguous(), f"out must be ({m}, {padded}) float32"
-    entry = lib.wg4a8_linear if w.nibbles else lib.wg8a8_linear
-    rc = entry(x.data_ptr(), x.stride(0), *w.args, m, padded, k, w.group, y.data_ptr(), torch.get_num_threads())
+    q, scales, zeros = w.args
+    if w.nibbles:
+        rc = lib.wg4a8_linear(x.data_ptr(), x.stride(0), q, scales, zeros, m, padded, k, w.group, w.offset, y.data_ptr(),
+                              torch.get_num_threads())
+    else:
+        rc = lib.wg8a8_linear(x.data_ptr(), x.stride(0), q, scales, zeros, m, padded, k, w.group, y.data_ptr(),
+                              torch.get_num_threads())
     if rc:
         raise MemoryError(f"wg8a8_linear: no memory for the quantized activations ({m} x {k})") if rc == -1 else \
             ValueError(f"wg8a8_linear: shape ({padded}, {k}) group {w.group} not taken")

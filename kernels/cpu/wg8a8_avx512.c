@@ -26,9 +26,10 @@ static inline __m512i wg_broadcast4(const int8_t *p) {
 }
 
 /* MT rows of x times H hexadecets (16 H weight rows, consecutive in the layout): each hexadecet's w (K / 4, 16, 4)
- * int8, or with NIB (K / 8, 16, 4) bytes of two 4-bit values 0..15 (wg8a8_entry.h: chunks t and t + 1 in the low and
- * high nibbles, unsigned as vpdpbusd takes them: no flip, the sums start at 0), ws (K / G, 16), wz (K / 32, 16) or
- * NULL. MT, H, G and NIB are constants where it is inlined (wg_rows), so the loops unroll and the sums stay in
+ * int8, or with NIB (K / 8, 16, 4) bytes of two 4-bit values u (wg8a8_entry.h: chunks t and t + 1 in the low and high
+ * nibbles), unsigned as vpdpbusd takes them (no flip; with NIB 2 the sums start at -offset times the group's int8 sum
+ * of x, for u - offset),
+ * ws (K / G, 16), wz (K / 32, 16) or NULL. MT, H, G and NIB are constants where it is inlined (wg_rows), so the loops unroll and the sums stay in
  * registers. With H = 2 each broadcast of x feeds two dot products (from 16 rows of
  * x on: below, the weights' bandwidth bounds it and H = 1 measured faster), and MT = 6 keeps 12 sums, 12 accumulators
  * and the chunks in the 32 registers. */
@@ -39,6 +40,7 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
   const float *ws = a->ws + n * ng, *wz = a->wz ? a->wz + n * nb : 0, *xd = a->xd + m * nb, *xs = a->xs + m * nb;
   const int32_t *xsum = a->xsum + m * ng;
   const __m512i flip = _mm512_set1_epi8((char)0x80), low = _mm512_set1_epi8(15);
+  const int32_t offset = NIB == 0 ? 128 : NIB == 2 ? a->offset : 0; /* the flip adds 128 to every int8 weight */
   __m512 acc[6][2];
   for (int r = 0; r < MT; r++)
     for (int j = 0; j < H; j++) acc[r][j] = _mm512_setzero_ps();
@@ -47,7 +49,7 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
       const int64_t g = b * per + h;
       __m512i sum[6][2];
       for (int r = 0; r < MT; r++) {
-        const __m512i start = NIB ? _mm512_setzero_si512() : _mm512_set1_epi32(-128 * xsum[r * ng + g]);
+        const __m512i start = NIB == 1 ? _mm512_setzero_si512() : _mm512_set1_epi32(-offset * xsum[r * ng + g]);
         for (int j = 0; j < H; j++) sum[r][j] = start;
       }
       const int8_t *p = w + g * G * (NIB ? 8 : 16);
@@ -98,7 +100,13 @@ static void wg_rows(const wg_args *a, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1;) {
       const int two = a->M >= 16 && n + 32 <= n1; /* memory-bound below: one stream a core reads faster */
       int64_t m = mb;
-      if (a->nib) { /* 4-bit values come in groups of 32 (Q4_0, Q4_1, Q4_K) */
+      if (a->nib && a->offset) { /* 4-bit values come in groups of 32 (Q4_0: offset 8; Q4_1, Q4_K: none) */
+        if (two) {
+          WG_TILES(2, 32, 2)
+        } else {
+          WG_TILES(1, 32, 2)
+        }
+      } else if (a->nib) {
         if (two) {
           WG_TILES(2, 32, 1)
         } else {

@@ -1,14 +1,15 @@
 /* The grouped W8A8 GEMM's entry points, shared by wg8a8.c (AVX2, wg8a8_octets.h's tiles) and wg8a8_avx512.c
- * (wg8a8_neon.c has its own, with the same layouts): each defines WG_LANES (the weight rows a chunk of the layout holds: 8, or 16), WG_ROWS (the weight rows
- * a thread takes at a time), W8_GROUP_SUMS (whether its tiles start a group's sum from the group's sum of int8
- * activations) and includes this, and defines wg_rows (every row of x times the weight rows [n0, n1), with the tiles
- * it has, for int8 weights or, where `nib`, 4-bit ones).
+ * (wg8a8_neon.c has its own, with the same layouts): each defines WG_LANES (the weight rows a chunk of the layout
+ * holds: 8, or 16), WG_ROWS (the weight rows a thread takes at a time), W8_GROUP_SUMS (whether its int8 tiles start a
+ * group's sum from the group's sum of int8 activations) and includes this, and defines wg_rows (every row of x times
+ * the weight rows [n0, n1), with the tiles it has, for the int8 layout or the nibble one).
  *
- * wg4a8_linear takes weights of 4-bit values 0..15 (GGUF's Q4_K, Q4_1, Q4_0 moved to 0..15 with a term: gguf_grouped.py)
- * two a byte, half the int8 layout's bytes: where the int8 layout's chunk t (4 values of each of the chunk's rows) and
- * chunk t + 1 are two chunks of WG_LANES x 4 bytes, the nibble layout holds both in one, chunk t in the low nibbles and
- * t + 1 in the high ones. The integer sums are the int8 layout's exactly, and so is every float step after them: the
- * same weights give the same bits in either layout. */
+ * The nibble layout (wg4a8_linear) holds a GGUF's 4-bit values (backend/quant/gguf_grouped.py) as unsigned
+ * u = q + offset, offset 0 (Q4_K, Q4_1) or 8 (Q4_0), in groups of 32: where the int8 layout's chunk t (4 values of each
+ * of the chunk's rows, WG_LANES x 4 bytes) and chunk t + 1 are two chunks, one chunk of the same size, chunk t in the
+ * low nibbles and t + 1 in the high ones. Each group's integer sum starts at -offset times the group's sum of int8
+ * activations, so it ends as the int8 layout's sum exactly, and every float step after it is the int8 layout's: the
+ * same weights give the same bits in either layout, in half its weight bytes. */
 #pragma once
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,11 +20,12 @@ typedef struct { /* one call's operands, as wg_rows reads them */
   const int8_t *w;
   const float *ws, *wz;
   const int8_t *xq;
-  const int32_t *xsum; /* each row's group sums of xq, where W8_GROUP_SUMS */
+  const int32_t *xsum; /* each row's group sums of xq, where W8_GROUP_SUMS or an offset needs them */
   const float *xd, *xs;
   int64_t M, N, K, G;
   float *y;
-  int nib; /* w holds two 4-bit values a byte (wg4a8_linear) */
+  int nib;        /* w is in the nibble layout */
+  int32_t offset; /* the nibble layout's values are u - offset */
 } wg_args;
 
 static void wg_rows(const wg_args *a, int64_t n0, int64_t n1);
@@ -35,7 +37,7 @@ int wg8a8_lanes(void) { return WG_LANES; }
  * WG_LANES, K of 32, G 16 or 32 (32 for nibbles). Returns 0, -1 when the scratch could not be allocated, -2 on a shape
  * it does not take. */
 static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                     int64_t K, int64_t G, float *y, int nthreads, int nib) {
+                     int64_t K, int64_t G, int32_t offset, float *y, int nthreads, int nib) {
   if (K % 32 || N % WG_LANES || (G != 16 && G != 32) || (nib && G != 32)) return -2;
   const int64_t ng = K / G;
   const quantized a = quantized_alloc(M, K, 32);
@@ -46,14 +48,13 @@ static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const float *
     return -1;
   }
   quantize_rows(x, ldx, M, K, 32, a.xq, a.xd, a.xs, 0, nthreads);
-#if W8_GROUP_SUMS
-  for (int64_t i = 0; i < M * ng; i++) { /* the exact int8 sum of each row's group (the tiles' starting values) */
-    int32_t s = 0;
-    for (int64_t k = 0; k < G; k++) s += a.xq[i * G + k];
-    xsum[i] = s;
-  }
-#endif
-  const wg_args args = {w, ws, wz, a.xq, xsum, a.xd, a.xs, M, N, K, G, y, nib};
+  if (W8_GROUP_SUMS || offset)
+    for (int64_t i = 0; i < M * ng; i++) { /* the exact int8 sum of each row's group (the tiles' starting values) */
+      int32_t s = 0;
+      for (int64_t k = 0; k < G; k++) s += a.xq[i * G + k];
+      xsum[i] = s;
+    }
+  const wg_args args = {w, ws, wz, a.xq, xsum, a.xd, a.xs, M, N, K, G, y, nib, offset};
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t n0 = 0; n0 < N; n0 += WG_ROWS) wg_rows(&args, n0, n0 + WG_ROWS < N ? n0 + WG_ROWS : N);
   free(a.block);
@@ -63,11 +64,11 @@ static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const float *
 
 int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
                  int64_t K, int64_t G, float *y, int nthreads) {
-  return wg_linear(x, ldx, w, ws, wz, M, N, K, G, y, nthreads, 0);
+  return wg_linear(x, ldx, w, ws, wz, M, N, K, G, 0, y, nthreads, 0);
 }
 
-/* The same with w in the nibble layout (K / 2 bytes a row). */
+/* The same with w in the nibble layout (K / 2 bytes a row), values u - offset. */
 int wg4a8_linear(const float *x, int64_t ldx, const uint8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                 int64_t K, int64_t G, float *y, int nthreads) {
-  return wg_linear(x, ldx, (const int8_t *)w, ws, wz, M, N, K, G, y, nthreads, 1);
+                 int64_t K, int64_t G, int32_t offset, float *y, int nthreads) {
+  return wg_linear(x, ldx, (const int8_t *)w, ws, wz, M, N, K, G, offset, y, nthreads, 1);
 }

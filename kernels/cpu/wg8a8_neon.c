@@ -21,19 +21,21 @@ static inline int8x16_t broadcast4(const int8_t *p) {
   return vreinterpretq_s8_s32(vdupq_n_s32(t));
 }
 
-/* One octet of weight rows against MT rows of x; NIB: w in the nibble layout (wg8a8_entry.h: chunks t and t + 1 in
- * the low and high nibbles of one, values 0..15, which SDOT takes as signed bytes as they are). */
+/* One octet of weight rows against MT rows of x. NIB 0: the int8 layout; 1: the nibble layout (wg8a8_entry.h: chunks
+ * t and t + 1 in the low and high nibbles of one), whose u (0..15, which SDOT takes as signed bytes as they are) stand
+ * for u - offset: its sums start at -offset times the group's sum of x. */
 #define TILE(MT, NIB)                                                                                            \
   static void tile_##MT##_##NIB(const int8_t *w, const float *ws, const float *wz, const int8_t *xq,             \
-                                const float *xd, const float *xs, int64_t K, int64_t G, float *y, int64_t ldy) { \
-    const int64_t nb = K / 32, per = 32 / G;                                                                     \
+                                const int32_t *xsum, const float *xd, const float *xs, int64_t K, int64_t G,    \
+                                int32_t offset, float *y, int64_t ldy) {                                        \
+    const int64_t nb = K / 32, ng = K / G, per = 32 / G;                                                         \
     float32x4_t lo[MT], hi[MT];                                                                                  \
     for (int r = 0; r < MT; r++) lo[r] = hi[r] = vdupq_n_f32(0.f);                                               \
     for (int64_t b = 0; b < nb; b++) {                                                                           \
       for (int64_t h = 0; h < per; h++) {                                                                        \
         const int64_t g = b * per + h;                                                                           \
         int32x4_t dlo[MT], dhi[MT];                                                                              \
-        for (int r = 0; r < MT; r++) dlo[r] = dhi[r] = vdupq_n_s32(0);                                          \
+        for (int r = 0; r < MT; r++) dlo[r] = dhi[r] = vdupq_n_s32(NIB && offset ? -offset * xsum[r * ng + g] : 0); \
         for (int64_t t = 0; t < G / 4; t += 2) { /* 1. the group's exact integer sums, chunks t and t + 1 */     \
           int8x16_t w0[2], w1[2]; /* rows 0-3, rows 4-7 of chunks t and t + 1 */                                 \
           if (NIB) {                                                                                             \
@@ -76,21 +78,32 @@ static inline int8x16_t broadcast4(const int8_t *p) {
 TILE(4, 0) TILE(1, 0) TILE(4, 1) TILE(1, 1)
 
 /* wg8a8.c's entry points: y (M, N) float = x (M, K) float (rows ldx floats apart) @ W^T, W in octets (nib: in the
- * nibble layout); N a multiple of 8, K of 32, G 16 or 32 (32 for nibbles). Returns 0, -1 when the scratch could not be
- * allocated, -2 on a shape it does not take. */
+ * nibble layout, values u - offset); N a multiple of 8, K of 32, G 16 or 32 (32 for nibbles). Returns 0, -1 when the
+ * scratch could not be allocated, -2 on a shape it does not take. */
 static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                     int64_t K, int64_t G, float *y, int nthreads, int nib) {
+                     int64_t K, int64_t G, int32_t offset, float *y, int nthreads, int nib) {
   if (K % 32 || N % 8 || (G != 16 && G != 32) || (nib && G != 32)) return -2;
   const int64_t row_bytes = nib ? K / 2 : K;
   const int64_t nb = K / 32, ng = K / G;
   const quantized a = quantized_alloc(M, K, 32);
-  if (!a.block) return -1;
+  int32_t *xsum = malloc(sizeof(int32_t) * (size_t)(M * ng));
+  if (!a.block || !xsum) {
+    free(a.block);
+    free(xsum);
+    return -1;
+  }
   quantize_rows(x, ldx, M, K, 32, a.xq, a.xd, a.xs, 0, nthreads);
+  if (offset)
+    for (int64_t i = 0; i < M * ng; i++) { /* the exact int8 sum of each row's group (the offset's share) */
+      int32_t sum = 0;
+      for (int64_t k = 0; k < G; k++) sum += a.xq[i * G + k];
+      xsum[i] = sum;
+    }
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t n0 = 0; n0 < N; n0 += 16) {
     const int64_t n1 = n0 + 16 < N ? n0 + 16 : N;
-#define AT(n, m) w + (n) * row_bytes, ws + (n) * ng, wz ? wz + (n) * nb : 0, a.xq + (m) * K, a.xd + (m) * nb, a.xs + (m) * nb, \
-                 K, G, y + (m) * N + (n), N
+#define AT(n, m) w + (n) * row_bytes, ws + (n) * ng, wz ? wz + (n) * nb : 0, a.xq + (m) * K, xsum + (m) * ng,            \
+                 a.xd + (m) * nb, a.xs + (m) * nb, K, G, offset, y + (m) * N + (n), N
     for (int64_t mb = 0; mb < M; mb += 32) {
       const int64_t me = mb + 32 < M ? mb + 32 : M;
       int64_t m = mb;
@@ -102,6 +115,7 @@ static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const float *
 #undef AT
   }
   free(a.block);
+  free(xsum);
   return 0;
 }
 
@@ -110,10 +124,10 @@ int wg8a8_lanes(void) { return 8; }
 
 int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
                  int64_t K, int64_t G, float *y, int nthreads) {
-  return wg_linear(x, ldx, w, ws, wz, M, N, K, G, y, nthreads, 0);
+  return wg_linear(x, ldx, w, ws, wz, M, N, K, G, 0, y, nthreads, 0);
 }
 
 int wg4a8_linear(const float *x, int64_t ldx, const uint8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                 int64_t K, int64_t G, float *y, int nthreads) {
-  return wg_linear(x, ldx, (const int8_t *)w, ws, wz, M, N, K, G, y, nthreads, 1);
+                 int64_t K, int64_t G, int32_t offset, float *y, int nthreads) {
+  return wg_linear(x, ldx, (const int8_t *)w, ws, wz, M, N, K, G, offset, y, nthreads, 1);
 }

@@ -37,14 +37,15 @@ static inline __m256i wg_broadcast4(const int8_t *p) {
 
 /* acc + four products a lane of unsigned 4-bit weights (vpmaddubsw takes them as they are: a pair's sum is at most
  * 2 x 15 x 128, within int16) and int8 activations */
-#define WG_DOT_U4(acc, wv, xb) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xb), _mm256_set1_epi16(1)))
+#define WG_DOT_U(acc, wv, xb) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xb), _mm256_set1_epi16(1)))
 
-/* MT rows of x times one octet; NIB: w in the nibble layout (wg8a8_entry.h: chunks t and t + 1 in one, low and high
- * nibbles), values 0..15. */
+/* MT rows of x times one octet. NIB 0: w in the int8 layout; 1: the nibble layout (wg8a8_entry.h); 2: the nibble
+ * layout with an offset, values u - offset (its sums start at -offset times the group's sum of x's int8 values). A
+ * constant, so that each variant compiles to its own loop (a runtime offset test cost the 1-row AVX2 tile ~25%). */
 #define WGTILE_BODY(MT, NIB)                                                                                      \
   static void wgtile_##MT##_##NIB(const int8_t *w, const float *ws, const float *wz, const int8_t *xq,             \
                                   const int32_t *xsum, const float *xd, const float *xs, int64_t K, int64_t G,     \
-                                  float *y, int64_t ldy) {                                                         \
+                                  int32_t offset, float *y, int64_t ldy) {                                         \
     const int64_t nb = K / 32, ng = K / G, per = 32 / G;                                                          \
     __m256 acc[MT];                                                                                               \
     for (int r = 0; r < MT; r++) acc[r] = _mm256_setzero_ps();                                                   \
@@ -53,7 +54,10 @@ static inline __m256i wg_broadcast4(const int8_t *p) {
         const int64_t g = b * per + h;                                                                            \
         __m256i even[MT], odd[MT];                                                                                \
         for (int r = 0; r < MT; r++)                                                                              \
-          even[r] = NIB ? _mm256_setzero_si256() : W8_START(xsum[r * ng + g]), odd[r] = _mm256_setzero_si256();   \
+          even[r] = NIB == 0   ? W8_START(xsum[r * ng + g])                                                       \
+                    : NIB == 2 ? _mm256_set1_epi32(-offset * xsum[r * ng + g])                                   \
+                               : _mm256_setzero_si256(),                                                          \
+          odd[r] = _mm256_setzero_si256();                                                                        \
         for (int64_t t = 0; t < G / 4; t += 2) { /* 1. the group's exact integer sums, two chunks at a time */      \
           __m256i w0, w1;                                                                                         \
           if (NIB) {                                                                                              \
@@ -70,8 +74,8 @@ static inline __m256i wg_broadcast4(const int8_t *p) {
           }                                                                                                       \
           for (int r = 0; r < MT; r++) {                                                                          \
             const int8_t *a = xq + r * K + g * G + 4 * t;                                                         \
-            even[r] = NIB ? WG_DOT_U4(even[r], w0, wg_broadcast4(a)) : W8_DOT(even[r], w0, wg_broadcast4(a));     \
-            odd[r] = NIB ? WG_DOT_U4(odd[r], w1, wg_broadcast4(a + 4)) : W8_DOT(odd[r], w1, wg_broadcast4(a + 4));  \
+            even[r] = NIB ? WG_DOT_U(even[r], w0, wg_broadcast4(a)) : W8_DOT(even[r], w0, wg_broadcast4(a));      \
+            odd[r] = NIB ? WG_DOT_U(odd[r], w1, wg_broadcast4(a + 4)) : W8_DOT(odd[r], w1, wg_broadcast4(a + 4));   \
           }                                                                                                       \
         }                                                                                                         \
         const __m256 s = _mm256_loadu_ps(ws + g * 8); /* 2. times the rows' group scales and x's block scale */   \
@@ -90,6 +94,8 @@ WGTILE_BODY(4, 0)
 WGTILE_BODY(1, 0)
 WGTILE_BODY(4, 1)
 WGTILE_BODY(1, 1)
+WGTILE_BODY(4, 2)
+WGTILE_BODY(1, 2)
 
 #define WG_LANES 8
 #define WG_ROWS 16
@@ -99,15 +105,14 @@ static void wg_rows(const wg_args *a, int64_t n0, int64_t n1) {
   const int64_t K = a->K, G = a->G, N = a->N, nb = K / 32, ng = K / G;
   const int64_t row_bytes = a->nib ? K / 2 : K;
 #define WGAT(n, m) a->w + (n) * row_bytes, a->ws + (n) * ng, a->wz ? a->wz + (n) * nb : 0, a->xq + (m) * K,              \
-                   a->xsum + (m) * ng, a->xd + (m) * nb, a->xs + (m) * nb, K, G, a->y + (m) * N + (n), N
+                   a->xsum + (m) * ng, a->xd + (m) * nb, a->xs + (m) * nb, K, G, a->offset, a->y + (m) * N + (n), N
   for (int64_t mb = 0; mb < a->M; mb += 32) { /* 32 rows of x stay in L1 while the chunk's weights pass */
     const int64_t me = mb + 32 < a->M ? mb + 32 : a->M;
     int64_t m = mb;
     for (; m + 4 <= me; m += 4)
-      for (int64_t n = n0; n < n1; n += 8) (a->nib ? wgtile_4_1 : wgtile_4_0)(WGAT(n, m));
+      for (int64_t n = n0; n < n1; n += 8) (!a->nib ? wgtile_4_0 : a->offset ? wgtile_4_2 : wgtile_4_1)(WGAT(n, m));
     for (; m < me; m++)
-      for (int64_t n = n0; n < n1; n += 8) (a->nib ? wgtile_1_1 : wgtile_1_0)(WGAT(n, m));
+      for (int64_t n = n0; n < n1; n += 8) (!a->nib ? wgtile_1_0 : a->offset ? wgtile_1_2 : wgtile_1_1)(WGAT(n, m));
   }
 #undef WGAT
 }
-
