@@ -76,10 +76,12 @@ def test_resident_memory_counts_a_child_process_pages_as_they_are_touched() -> N
 
     from bench.peer import resident_mb
 
-    code = "import sys; sys.stdin.readline(); b = bytearray(64 << 20); print(flush=True); sys.stdin.readline()"
+    code = ("import sys; print(flush=True); sys.stdin.readline(); b = bytearray(64 << 20); print(flush=True); "
+            "sys.stdin.readline()")
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
     try:
+        child.stdout.readline()  # the interpreter is up: its own pages are resident
         before = resident_mb(child.pid)
         child.stdin.write("\n")
         child.stdin.flush()

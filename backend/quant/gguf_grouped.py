@@ -11,9 +11,9 @@ and everything else (norms, F32/F16 tensors, any type not served) is dequantized
 loads it (llama's q/k rows un-permuted, Gemma's norms stored as w - 1). phi3 files hold q/k/v in one tensor
 (`attn_qkv`, rows q then k then v, not permuted: llama.cpp's phi3 rotary is NeoX's, HF's rotate-half) and gate/up in
 one (`ffn_up`, gate's rows first, as HF's Phi3MLP chunks it): our fused layers' own layout, kept as they are. No float
-copy of a served weight is written or built: in memory a weight of a 5- to 8-bit type takes 1.1-1.25 bytes (int8 and
-its group's float32 scale and term), one of a 4-bit type (Q4_0, Q4_1, Q4_K) 0.62-0.75 (two values a byte:
-`nibble_offset`), in GgufLinear / GgufEmbedding (gguf_linear.py).
+copy of a served weight is written or built: in memory a weight takes 1.1-1.25 bytes (int8 and its group's float32
+scale and term: Q3_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, and every type on a GPU), or on a CPU 0.62-0.75 for a 4-bit type
+(Q4_0, Q4_1, Q4_K: two values a byte, `nibble_offset`), in GgufLinear / GgufEmbedding (gguf_linear.py).
 config.json gets quantization_config = {quant_method: gguf_grouped}.
 
 The loader fuses q/k/v and gate/up (`harmonize` first makes the parts agree: one group size, terms on all or none,
@@ -166,8 +166,8 @@ def nibble_offset(g: GroupedInt8) -> int | None:
     """The offset that puts g's values in 0..15 for the kernel's nibble layout (kernels/cpu/wg8a8.py `pack`: two values
     a byte; with the float32 scale (and term) per 32, 5 or 6 bits a weight against the int8 layout's 9 or 10): 0 for
     Q4_K and Q4_1 (0..15), 8 for Q4_0 (-8..7); None where they do not fit (5- to 8-bit types, groups of 16: they stay
-    int8). The kernel's sums are the int8 layout's exactly: the same weights, the same bits. (5-bit values with their
-    fifth bits in a plane of their own measured 1.2-1.36x slower on AVX2: not served so.)"""
+    int8; a fifth-bit plane for 5-bit values measured slower than int8 on AVX2). The kernel's sums are the int8
+    layout's exactly: the same weights, the same bits."""
     if g.group != 32:
         return None
     lo, hi = int(g.q.min()), int(g.q.max())

@@ -62,13 +62,4 @@ static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const float *
   return 0;
 }
 
-int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                 int64_t K, int64_t G, float *y, int nthreads) {
-  return wg_linear(x, ldx, w, ws, wz, M, N, K, G, 0, y, nthreads, 0);
-}
-
-/* The same with w in the nibble layout (K / 2 bytes a row), values u - offset. */
-int wg4a8_linear(const float *x, int64_t ldx, const uint8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                 int64_t K, int64_t G, int32_t offset, float *y, int nthreads) {
-  return wg_linear(x, ldx, (const int8_t *)w, ws, wz, M, N, K, G, offset, y, nthreads, 1);
-}
+#include "wg8a8_exports.h"

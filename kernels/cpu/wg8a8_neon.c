@@ -122,12 +122,4 @@ static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const float *
 /* The rows a chunk of the layout holds (octets), as the packer asks (kernels/cpu/wg8a8.py lanes_of). */
 int wg8a8_lanes(void) { return 8; }
 
-int wg8a8_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                 int64_t K, int64_t G, float *y, int nthreads) {
-  return wg_linear(x, ldx, w, ws, wz, M, N, K, G, 0, y, nthreads, 0);
-}
-
-int wg4a8_linear(const float *x, int64_t ldx, const uint8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                 int64_t K, int64_t G, int32_t offset, float *y, int nthreads) {
-  return wg_linear(x, ldx, (const int8_t *)w, ws, wz, M, N, K, G, offset, y, nthreads, 1);
-}
+#include "wg8a8_exports.h"
