@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 import orjson
+
+from bench.server import free_port, wait_ready
 
 START_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0
@@ -51,12 +53,6 @@ def absent() -> dict[str, Any]:
     return {"status": "absent", "how": "pass --llama-server PATH (llama.cpp's server) or --peer-url URL"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def llama_server(binary: Path, gguf: Path, threads: int, parallel: int, *, ctx_per_slot: int,
                  extra: tuple[str, ...] = ()) -> Iterator[str]:
@@ -77,38 +73,29 @@ def resident_mb(pid: int) -> dict[str, float]:
 @contextlib.contextmanager
 def llama_server_process(binary: Path, gguf: Path, threads: int, parallel: int, *, ctx_per_slot: int,
                          extra: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """`llama_server`, yielding the process beside the URL (for its memory: `resident_mb`)."""
+    """`llama_server`, yielding the process beside the URL (for its memory: `resident_mb`). Its log goes to a file,
+    whose tail a failed start reports (a pipe nobody reads would stall a server that logs every request)."""
     port = free_port()
     cmd = [
         str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
         "-tb", str(threads), "--parallel", str(parallel), "-c", str(ctx_per_slot * parallel), "--no-webui",
         *extra,
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc)
-        yield url, proc
-    finally:
-        proc.terminate()
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "llama-server.log"
+        with log.open("wb") as sink:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink)
+        url = f"http://127.0.0.1:{port}"
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
-            raise RuntimeError(f"llama-server exited with {proc.returncode}: {err}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"llama-server at {url} not ready after {START_TIMEOUT_S:.0f} s")
+            wait_ready(url, proc, START_TIMEOUT_S, log, path="/health")
+            yield url, proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 async def time_completion(

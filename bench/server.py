@@ -50,15 +50,17 @@ def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 
             proc.kill()
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300, log: Path | None = None) -> None:
-    """Poll `url`/ready until it answers 200; fail early (with the log's tail) if the process exits."""
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300, log: Path | None = None, *,
+               path: str = "/ready") -> None:
+    """Poll `url` + `path` (the gateway's /ready; llama-server's is /health) until it answers 200; fail early (with the
+    log's tail) if the process exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:] if log else ""
             raise RuntimeError(f"{url}: the process exited early\n{tail}")
         try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass
