@@ -75,7 +75,8 @@ def test_a_configured_template_serves_chat_and_its_turn_end_stops(gguf: Path) ->
 
 def test_the_tokenizer_keeps_no_python_copy_of_its_vocabulary(gguf: Path) -> None:
     """transformers' GemmaTokenizer builds its Rust tokenizer from Python copies of the 262,144-token vocabulary and the
-    merges and keeps them (146 MB): the engine's tokenizer drops them and encodes and decodes exactly as before."""
+    merges and keeps them (146 MB): the engine reads the converted tokenizer.json with the tokenizers library instead,
+    builds no copy, and encodes and decodes exactly as GemmaTokenizer does, special tokens and all."""
     from transformers import AutoTokenizer
 
     model_dir = resolve_model_dir(gguf)
@@ -86,3 +87,7 @@ def test_the_tokenizer_keeps_no_python_copy_of_its_vocabulary(gguf: Path) -> Non
     assert ours.encode(text) == reference.encode(text) and ours.encode(text)[0] == 2
     ids = reference.encode(text, add_special_tokens=False)
     assert ours.decode(ids) == reference.decode(ids) and len(ours) == len(reference) == 262144
+    turn = "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    assert ours.encode(turn) == reference.encode(turn) and ours.all_special_ids == reference.all_special_ids
+    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (reference.bos_token_id, reference.eos_token_id,
+                                                                         reference.pad_token_id)
