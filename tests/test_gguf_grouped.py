@@ -16,6 +16,7 @@ What holds, and is checked here:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import subprocess
@@ -83,8 +84,9 @@ def test_each_type_decodes_bit_for_bit_as_gguf_py(kind: str) -> None:
         packed = pack(grouped, 8, nibbles=True, offset=offset)
         assert torch.equal(packed.dequantized().view(torch.int32), ref.view(torch.int32))
         assert torch.equal(packed.rows(rows), ref[rows])
-        terms = grouped.zeros is not None  # half a byte a value, 4 + 4 bytes of scale and term a 32
-        assert packed.nbytes() == packed.padded * k * (4 + 1 + terms) // 8, kind
+        terms = grouped.zeros is not None  # half a byte a value, a scale (fp16 where it is one: Q4_0's, Q4_1's d) and term a 32
+        assert packed.scales.dtype == (torch.float32 if kind == "Q4_K" else torch.float16), kind
+        assert packed.nbytes() == packed.padded * (k // 2 + k // 32 * (packed.scales.element_size() + 4 * terms)), kind
 
 
 def test_a_type_not_served_is_left_to_the_caller() -> None:
@@ -137,6 +139,23 @@ def test_the_nibble_layout_gives_the_int8_layouts_bits(lib: object, low: int, hi
     y = wg8a8_linear(lib, x, w4)  # type: ignore[arg-type]
     assert torch.equal(y, wg8a8_linear(lib, x, w8))  # type: ignore[arg-type]
     assert torch.equal(torch.cat([wg8a8_linear(lib, x[i:i + 1], w4) for i in range(m)]), y)  # type: ignore[arg-type]
+
+
+@requires_c_kernels
+@pytest.mark.parametrize("offset", [None, 8], ids=["int8", "nibbles"])
+def test_fp16_scales_give_the_float32_scales_bits(lib: object, offset: int | None) -> None:
+    """Where every scale is an fp16 value (a GGUF type's own d: Q8_0, Q5_0, Q4_0, ...) the layout keeps them in fp16,
+    half their bytes, and the kernel widens them to the same float32 values: the same bits as float32 scales."""
+    torch.manual_seed(11)
+    n, k, m = 45, 640, 37
+    g = GroupedInt8(torch.randint(-8, 8, (n, k), dtype=torch.int8), (torch.rand(n, k // 32) * 0.01).half().float(), None)
+    w = pack(g, lanes_of(lib), nibbles=offset is not None, offset=offset or 0)  # type: ignore[arg-type]
+    wide = dataclasses.replace(w, scales=w.scales.float())
+    assert w.scales.dtype == torch.float16 and wide.nbytes() - w.nbytes() == w.scales.numel() * 2
+    assert torch.equal(w.dequantized(), g.dequantized())
+    x = torch.randn(m, k)
+    assert torch.equal(wg8a8_linear(lib, x, w), wg8a8_linear(lib, x, wide))  # type: ignore[arg-type]
+    assert pack(GroupedInt8(g.q, g.scales + 1e-7, None), 8).scales.dtype == torch.float32  # not fp16 values: as they are
 
 
 def test_only_4_bit_values_in_groups_of_32_take_the_nibble_layout() -> None:
@@ -279,13 +298,15 @@ NEON = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 @pytest.mark.skipif(any(shutil.which(t) is None for t in NEON) or build_py.is_arm(),
                     reason="the aarch64 cross compiler or qemu-aarch64 is absent (`make system-deps` installs them)")
 @requires_c_kernels
-@pytest.mark.parametrize(("group", "zeros", "offset"), [(16, False, None), (32, True, None), (32, False, 8), (32, True, 0)],
-                         ids=["g16", "g32-terms", "nibbles-q4_0", "nibbles-q4_k"])
-def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zeros: bool, offset: int | None,
+@pytest.mark.parametrize(("group", "zeros", "offset", "half"),
+                         [(16, False, None, False), (32, True, None, False), (32, False, None, True), (32, False, 8, True),
+                          (32, True, 0, False)],
+                         ids=["g16", "g32-terms", "g32-fp16-scales", "nibbles-q4_0", "nibbles-q4_k"])
+def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zeros: bool, offset: int | None, half: bool,
                                                     tmp_path: Path) -> None:
     """wg8a8_neon.c, cross-compiled with tests/c/wg8a8_harness.c and run under qemu-aarch64: the same bits as the x86
-    kernels (the same integer sums and fp32 steps per lane), in the int8 and the nibble layout, and each row the same
-    computed alone."""
+    kernels (the same integer sums and fp32 steps per lane), in the int8 and the nibble layout, with float32 or fp16
+    scales, and each row the same computed alone."""
     root = Path(__file__).resolve().parents[1]
     exe = tmp_path / "wg8a8_harness"
     flags = [f for f in build_py.NEON_FLAGS if f not in {"-shared", "-fPIC"}]
@@ -297,9 +318,11 @@ def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zer
     m, n, k = 5, 40, 256
     nibbles = offset is not None
     low, high = (-128, 128) if offset is None else (-offset, 16 - offset)
-    g = GroupedInt8(torch.randint(low, high, (n, k), dtype=torch.int8), torch.rand(n, k // group) * 0.01,
+    scales = torch.rand(n, k // group) * 0.01
+    g = GroupedInt8(torch.randint(low, high, (n, k), dtype=torch.int8), scales.half().float() if half else scales,
                     torch.randn(n, k // 32) * 0.01 if zeros else None)
     w, x = pack(g, nibbles=nibbles, offset=offset or 0), torch.randn(m, k)
+    assert (w.scales.dtype == torch.float16) == half
 
     def neon(rows: torch.Tensor, threads: int) -> torch.Tensor:
         (tmp_path / "x").write_bytes(rows.contiguous().numpy().tobytes())
@@ -308,7 +331,7 @@ def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zer
         if w.zeros is not None:
             (tmp_path / "wz").write_bytes(w.zeros.numpy().tobytes())
         args = [str(tmp_path), str(len(rows)), str(n), str(k), str(group), str(int(zeros)), str(threads), str(int(nibbles)),
-                str(offset or 0)]
+                str(offset or 0), str(int(half))]
         run = subprocess.run(["qemu-aarch64", "-cpu", "max", str(exe), *args], capture_output=True, timeout=120)
         assert run.returncode == 0, run.stderr
         return torch.frombuffer(bytearray((tmp_path / "y").read_bytes()), dtype=torch.float32).view(len(rows), n)

@@ -11,9 +11,11 @@ and everything else (norms, F32/F16 tensors, any type not served) is dequantized
 loads it (llama's q/k rows un-permuted, Gemma's norms stored as w - 1). phi3 files hold q/k/v in one tensor
 (`attn_qkv`, rows q then k then v, not permuted: llama.cpp's phi3 rotary is NeoX's, HF's rotate-half) and gate/up in
 one (`ffn_up`, gate's rows first, as HF's Phi3MLP chunks it): our fused layers' own layout, kept as they are. No float
-copy of a served weight is written or built: in memory a weight takes 1.1-1.25 bytes (int8 and its group's float32
-scale and term: Q3_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, and every type on a GPU), or on a CPU 0.62-0.75 for a 4-bit type
-(Q4_0, Q4_1, Q4_K: two values a byte, `nibble_offset`), in GgufLinear / GgufEmbedding (gguf_linear.py).
+copy of a served weight is written or built: in memory a weight takes 1.06-1.25 bytes (int8 and its group's scale and
+term: Q3_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, and every type on a GPU), or on a CPU 0.56-0.75 for a 4-bit type (Q4_0,
+Q4_1, Q4_K: two values a byte, `nibble_offset`), in GgufLinear / GgufEmbedding (gguf_linear.py). On a CPU a scale that
+is the file's own fp16 d (Q8_0, Q5_0, Q5_1, Q4_0, Q4_1) is kept in fp16 (kernels/cpu/wg8a8.py `pack`); the K-quants'
+d times a sub-block scale, and every term, in float32.
 config.json gets quantization_config = {quant_method: gguf_grouped}.
 
 The loader fuses q/k/v and gate/up (`harmonize` first makes the parts agree: one group size, terms on all or none,

@@ -3,7 +3,8 @@
  *
  * Why: every GGUF block type (Q4_0 ... Q8_0, the K-quants' sub-blocks) is an integer q per weight times a float scale
  * per group of 16 or 32, plus for some a float term per 32. Held as int8 + fp32 scales these are the file's own values
- * (bit for bit what gguf-py's dequantization gives) at 1.1-1.25 bytes a weight, instead of a float32 copy at 4.
+ * (bit for bit what gguf-py's dequantization gives) at 1.06-1.25 bytes a weight (fp16 scales where the file's are
+ * fp16, read through F16C), instead of a float32 copy at 4.
  *
  * The dot product: vpmaddubsw multiplies unsigned by signed bytes, so the weight's sign moves onto the activation
  * (|q| * sign(x, q), exact), each pair sum (<= 2 x 128 x 127) fits int16, and vpmaddwd widens it to int32 lanes.

@@ -73,7 +73,7 @@ class PackedGrouped:
     padded to a multiple of L with zero rows."""
 
     q: torch.Tensor  # (N / L, K / 4, L, 4) int8, or with `nibbles` (N / L, K / 8, L, 4) uint8 (wg8a8_entry.h)
-    scales: torch.Tensor  # (N / L, K / group, L) float32
+    scales: torch.Tensor  # (N / L, K / group, L) float32, or float16 where every scale is an fp16 value (Q8_0, Q5_0 ...)
     zeros: torch.Tensor | None  # (N / L, K / 32, L) float32
     n: int  # the rows that are real
     group: int
@@ -99,7 +99,8 @@ class PackedGrouped:
         return self.q.shape[0] * self.lanes
 
     def nbytes(self) -> int:
-        return self.q.numel() + 4 * (self.scales.numel() + (0 if self.zeros is None else self.zeros.numel()))
+        terms = 0 if self.zeros is None else 4 * self.zeros.numel()
+        return self.q.numel() + self.scales.numel() * self.scales.element_size() + terms
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 (len(ids), K): the served values of those rows (an embedding lookup: no float copy of the table)."""
@@ -110,7 +111,7 @@ class PackedGrouped:
             q = (u.to(torch.int16) - self.offset).to(torch.int8)
         q = q.reshape(len(ids), -1)
         z = None if self.zeros is None else self.zeros[chunk, :, lane]
-        return _dequantize(q, self.scales[chunk, :, lane], z)
+        return _dequantize(q, self.scales[chunk, :, lane].float(), z)
 
     def dequantized(self) -> torch.Tensor:
         return self.rows(torch.arange(self.n))
@@ -138,7 +139,10 @@ def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False, offset: int = 0)
         u = (q.to(torch.int16) + offset).to(torch.uint8)  # the padding rows too: value 0
         pairs = u.view(q.shape[0], -1, 2, lanes, 4)
         q = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
-    return PackedGrouped(q, chunks(g.scales, 1).squeeze(-1), zeros, n, g.group, nibbles, offset)
+    scales = chunks(g.scales, 1).squeeze(-1)
+    if torch.equal(scales.half().float(), scales):  # a GGUF type's own fp16 d (Q8_0, Q5_0, Q4_0, ...): half the bytes
+        scales = scales.half()
+    return PackedGrouped(q, scales, zeros, n, g.group, nibbles, offset)
 
 
 def lanes_of(lib: ctypes.CDLL | None) -> int:
@@ -152,8 +156,8 @@ def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
     lib = load_c_kernel(SOURCES[isa or cpu_isa()], Path(build_dir))
     if lib is not None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.wg8a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, p, ctypes.c_int]
-        lib.wg4a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, ctypes.c_int32, p, ctypes.c_int]
+        lib.wg8a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, ctypes.c_int, p, ctypes.c_int]
+        lib.wg4a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, ctypes.c_int, ctypes.c_int32, p, ctypes.c_int]
         for entry in (lib.wg8a8_linear, lib.wg4a8_linear):
             entry.restype = ctypes.c_int
         lib.wg8a8_lanes.argtypes, lib.wg8a8_lanes.restype = [], ctypes.c_int
@@ -171,11 +175,12 @@ def wg8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: PackedGrouped, out: torch
     y = torch.empty(m, padded) if out is None else out
     assert y.shape == (m, padded) and y.dtype == torch.float32 and y.is_contiguous(), f"out must be ({m}, {padded}) float32"
     q, scales, zeros = w.args
+    half = int(w.scales.dtype == torch.float16)
     if w.nibbles:
-        rc = lib.wg4a8_linear(x.data_ptr(), x.stride(0), q, scales, zeros, m, padded, k, w.group, w.offset, y.data_ptr(),
-                              torch.get_num_threads())
+        rc = lib.wg4a8_linear(x.data_ptr(), x.stride(0), q, scales, zeros, m, padded, k, w.group, half, w.offset,
+                              y.data_ptr(), torch.get_num_threads())
     else:
-        rc = lib.wg8a8_linear(x.data_ptr(), x.stride(0), q, scales, zeros, m, padded, k, w.group, y.data_ptr(),
+        rc = lib.wg8a8_linear(x.data_ptr(), x.stride(0), q, scales, zeros, m, padded, k, w.group, half, y.data_ptr(),
                               torch.get_num_threads())
     if rc:
         raise MemoryError(f"wg8a8_linear: no memory for the quantized activations ({m} x {k})") if rc == -1 else \

@@ -29,15 +29,17 @@ static inline __m512i wg_broadcast4(const int8_t *p) {
  * int8, or with NIB (K / 8, 16, 4) bytes of two 4-bit values u (wg8a8_entry.h: chunks t and t + 1 in the low and high
  * nibbles), unsigned as vpdpbusd takes them (no flip; with NIB 2 the sums start at -offset times the group's int8 sum
  * of x, for u - offset),
- * ws (K / G, 16), wz (K / 32, 16) or NULL. MT, H, G and NIB are constants where it is inlined (wg_rows), so the loops unroll and the sums stay in
+ * ws (K / G, 16) float or with HALF fp16, wz (K / 32, 16) or NULL. MT, H, G, NIB and HALF are constants where it is inlined (wg_rows), so the loops unroll and the sums stay in
  * registers. With H = 2 each broadcast of x feeds two dot products (from 16 rows of
  * x on: below, the weights' bandwidth bounds it and H = 1 measured faster), and MT = 6 keeps 12 sums, 12 accumulators
  * and the chunks in the 32 registers. */
 static inline __attribute__((always_inline)) void wgtile(const int MT, const int H, const int64_t G, const int NIB,
-                                                         const wg_args *a, int64_t n, int64_t m) {
+                                                         const int HALF, const wg_args *a, int64_t n, int64_t m) {
   const int64_t K = a->K, nb = K / 32, ng = K / G, per = 32 / G, row_bytes = NIB ? K / 2 : K;
   const int8_t *w = a->w + n * row_bytes, *xq = a->xq + m * K;
-  const float *ws = a->ws + n * ng, *wz = a->wz ? a->wz + n * nb : 0, *xd = a->xd + m * nb, *xs = a->xs + m * nb;
+  const float *wz = a->wz ? a->wz + n * nb : 0, *xd = a->xd + m * nb, *xs = a->xs + m * nb;
+  const float *ws = HALF ? 0 : (const float *)a->ws + n * ng;
+  const uint16_t *wsh = HALF ? (const uint16_t *)a->ws + n * ng : 0;
   const int32_t *xsum = a->xsum + m * ng;
   const __m512i flip = _mm512_set1_epi8((char)0x80), low = _mm512_set1_epi8(15);
   const int32_t offset = NIB == 0 ? 128 : NIB == 2 ? a->offset : 0; /* the flip adds 128 to every int8 weight */
@@ -73,7 +75,8 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
         }
       }
       for (int j = 0; j < H; j++) { /* 2. times the rows' group scales and x's block scale */
-        const __m512 s = _mm512_loadu_ps(ws + j * ng * 16 + g * 16);
+        const __m512 s = HALF ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wsh + j * ng * 16 + g * 16)))
+                              : _mm512_loadu_ps(ws + j * ng * 16 + g * 16);
         for (int r = 0; r < MT; r++)
           acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r][j]), _mm512_mul_ps(s, _mm512_set1_ps(xd[r * nb + b])),
                                       acc[r][j]);
@@ -89,12 +92,13 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
     for (int j = 0; j < H; j++) _mm512_storeu_ps(a->y + (m + r) * a->N + n + 16 * j, acc[r][j]);
 }
 
-#define WG_TILES(H, G, NIB)                                                                                       \
-  for (; m + 6 <= me; m += 6) wgtile(6, H, G, NIB, a, n, m);                                                     \
-  for (; m + 4 <= me; m += 4) wgtile(4, H, G, NIB, a, n, m);                                                     \
-  for (; m < me; m++) wgtile(1, H, G, NIB, a, n, m);
+#define WG_TILES(H, G, NIB, HALF)                                                                                 \
+  for (; m + 6 <= me; m += 6) wgtile(6, H, G, NIB, HALF, a, n, m);                                               \
+  for (; m + 4 <= me; m += 4) wgtile(4, H, G, NIB, HALF, a, n, m);                                               \
+  for (; m < me; m++) wgtile(1, H, G, NIB, HALF, a, n, m);
 
-static void wg_rows(const wg_args *a, int64_t n0, int64_t n1) {
+/* Rows [n0, n1) of the weight with its scales' width HALF (a constant in each instantiation below). */
+static inline __attribute__((always_inline)) void wg_rows_of(const int HALF, const wg_args *a, int64_t n0, int64_t n1) {
   for (int64_t mb = 0; mb < a->M; mb += 32) { /* 32 rows of x stay in L1 while the rows' weights pass */
     const int64_t me = mb + 32 < a->M ? mb + 32 : a->M;
     for (int64_t n = n0; n < n1;) {
@@ -102,26 +106,33 @@ static void wg_rows(const wg_args *a, int64_t n0, int64_t n1) {
       int64_t m = mb;
       if (a->nib && a->offset) { /* 4-bit values come in groups of 32 (Q4_0: offset 8; Q4_1, Q4_K: none) */
         if (two) {
-          WG_TILES(2, 32, 2)
+          WG_TILES(2, 32, 2, HALF)
         } else {
-          WG_TILES(1, 32, 2)
+          WG_TILES(1, 32, 2, HALF)
         }
       } else if (a->nib) {
         if (two) {
-          WG_TILES(2, 32, 1)
+          WG_TILES(2, 32, 1, HALF)
         } else {
-          WG_TILES(1, 32, 1)
+          WG_TILES(1, 32, 1, HALF)
         }
       } else if (two && a->G == 32) {
-        WG_TILES(2, 32, 0)
+        WG_TILES(2, 32, 0, HALF)
       } else if (two) {
-        WG_TILES(2, 16, 0)
+        WG_TILES(2, 16, 0, HALF)
       } else if (a->G == 32) {
-        WG_TILES(1, 32, 0)
+        WG_TILES(1, 32, 0, HALF)
       } else {
-        WG_TILES(1, 16, 0)
+        WG_TILES(1, 16, 0, HALF)
       }
       n += two ? 32 : 16;
     }
   }
+}
+
+static void wg_rows(const wg_args *a, int64_t n0, int64_t n1) {
+  if (a->half)
+    wg_rows_of(1, a, n0, n1);
+  else
+    wg_rows_of(0, a, n0, n1);
 }

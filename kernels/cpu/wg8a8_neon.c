@@ -25,9 +25,9 @@ static inline int8x16_t broadcast4(const int8_t *p) {
  * t and t + 1 in the low and high nibbles of one), whose u (0..15, which SDOT takes as signed bytes as they are) stand
  * for u - offset: its sums start at -offset times the group's sum of x. */
 #define TILE(MT, NIB)                                                                                            \
-  static void tile_##MT##_##NIB(const int8_t *w, const float *ws, const float *wz, const int8_t *xq,             \
+  static void tile_##MT##_##NIB(const int8_t *w, const void *ws, const float *wz, const int8_t *xq,              \
                                 const int32_t *xsum, const float *xd, const float *xs, int64_t K, int64_t G,    \
-                                int32_t offset, float *y, int64_t ldy) {                                        \
+                                int32_t offset, int half, float *y, int64_t ldy) {                              \
     const int64_t nb = K / 32, ng = K / G, per = 32 / G;                                                         \
     float32x4_t lo[MT], hi[MT];                                                                                  \
     for (int r = 0; r < MT; r++) lo[r] = hi[r] = vdupq_n_f32(0.f);                                               \
@@ -54,7 +54,13 @@ static inline int8x16_t broadcast4(const int8_t *p) {
               dhi[r] = vdotq_s32(dhi[r], w1[c], a);                                                              \
             }                                                                                                    \
         }                                                                                                        \
-        const float32x4_t slo = vld1q_f32(ws + g * 8), shi = vld1q_f32(ws + g * 8 + 4);                          \
+        float32x4_t slo, shi; /* the rows' group scales, float or fp16 (`half`) */                               \
+        if (half) {                                                                                              \
+          const float16_t *h = (const float16_t *)ws + g * 8;                                                    \
+          slo = vcvt_f32_f16(vld1_f16(h)), shi = vcvt_f32_f16(vld1_f16(h + 4));                                  \
+        } else {                                                                                                 \
+          slo = vld1q_f32((const float *)ws + g * 8), shi = vld1q_f32((const float *)ws + g * 8 + 4);            \
+        }                                                                                                        \
         for (int r = 0; r < MT; r++) { /* 2. times the rows' group scales and x's block scale */                \
           const float32x4_t d = vdupq_n_f32(xd[r * nb + b]);                                                     \
           lo[r] = vfmaq_f32(lo[r], vcvtq_f32_s32(dlo[r]), vmulq_f32(slo, d));                                    \
@@ -80,8 +86,8 @@ TILE(4, 0) TILE(1, 0) TILE(4, 1) TILE(1, 1)
 /* wg8a8.c's entry points: y (M, N) float = x (M, K) float (rows ldx floats apart) @ W^T, W in octets (nib: in the
  * nibble layout, values u - offset); N a multiple of 8, K of 32, G 16 or 32 (32 for nibbles). Returns 0, -1 when the
  * scratch could not be allocated, -2 on a shape it does not take. */
-static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const float *ws, const float *wz, int64_t M, int64_t N,
-                     int64_t K, int64_t G, int32_t offset, float *y, int nthreads, int nib) {
+static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const void *ws, const float *wz, int64_t M, int64_t N,
+                     int64_t K, int64_t G, int32_t offset, float *y, int nthreads, int nib, int half) {
   if (K % 32 || N % 8 || (G != 16 && G != 32) || (nib && G != 32)) return -2;
   const int64_t row_bytes = nib ? K / 2 : K;
   const int64_t nb = K / 32, ng = K / G;
@@ -102,8 +108,8 @@ static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const float *
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t n0 = 0; n0 < N; n0 += 16) {
     const int64_t n1 = n0 + 16 < N ? n0 + 16 : N;
-#define AT(n, m) w + (n) * row_bytes, ws + (n) * ng, wz ? wz + (n) * nb : 0, a.xq + (m) * K, xsum + (m) * ng,            \
-                 a.xd + (m) * nb, a.xs + (m) * nb, K, G, offset, y + (m) * N + (n), N
+#define AT(n, m) w + (n) * row_bytes, (const char *)ws + (n) * ng * (half ? 2 : 4), wz ? wz + (n) * nb : 0,               \
+                 a.xq + (m) * K, xsum + (m) * ng, a.xd + (m) * nb, a.xs + (m) * nb, K, G, offset, half, y + (m) * N + (n), N
     for (int64_t mb = 0; mb < M; mb += 32) {
       const int64_t me = mb + 32 < M ? mb + 32 : M;
       int64_t m = mb;

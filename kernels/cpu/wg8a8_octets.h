@@ -42,10 +42,10 @@ static inline __m256i wg_broadcast4(const int8_t *p) {
 /* MT rows of x times one octet. NIB 0: w in the int8 layout; 1: the nibble layout (wg8a8_entry.h); 2: the nibble
  * layout with an offset, values u - offset (its sums start at -offset times the group's sum of x's int8 values). A
  * constant, so that each variant compiles to its own loop (a runtime offset test cost the 1-row AVX2 tile ~25%). */
-#define WGTILE_BODY(MT, NIB)                                                                                      \
-  static void wgtile_##MT##_##NIB(const int8_t *w, const float *ws, const float *wz, const int8_t *xq,             \
-                                  const int32_t *xsum, const float *xd, const float *xs, int64_t K, int64_t G,     \
-                                  int32_t offset, float *y, int64_t ldy) {                                         \
+#define WGTILE_BODY(MT, NIB, HALF)                                                                                \
+  static void wgtile_##MT##_##NIB##_##HALF(const int8_t *w, const void *ws, const float *wz, const int8_t *xq,     \
+                                           const int32_t *xsum, const float *xd, const float *xs, int64_t K,       \
+                                           int64_t G, int32_t offset, float *y, int64_t ldy) {                     \
     const int64_t nb = K / 32, ng = K / G, per = 32 / G;                                                          \
     __m256 acc[MT];                                                                                               \
     for (int r = 0; r < MT; r++) acc[r] = _mm256_setzero_ps();                                                   \
@@ -78,7 +78,8 @@ static inline __m256i wg_broadcast4(const int8_t *p) {
             odd[r] = NIB ? WG_DOT_U(odd[r], w1, wg_broadcast4(a + 4)) : W8_DOT(odd[r], w1, wg_broadcast4(a + 4));   \
           }                                                                                                       \
         }                                                                                                         \
-        const __m256 s = _mm256_loadu_ps(ws + g * 8); /* 2. times the rows' group scales and x's block scale */   \
+        const __m256 s = HALF ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)ws + g * 8)))  \
+                              : _mm256_loadu_ps((const float *)ws + g * 8); /* 2. times the rows' group scales */  \
         for (int r = 0; r < MT; r++)                                                                              \
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(even[r], odd[r])),                        \
                                    _mm256_mul_ps(s, _mm256_set1_ps(xd[r * nb + b])), acc[r]);                     \
@@ -90,12 +91,18 @@ static inline __m256i wg_broadcast4(const int8_t *p) {
     }                                                                                                             \
     for (int r = 0; r < MT; r++) _mm256_storeu_ps(y + r * ldy, acc[r]);                                          \
   }
-WGTILE_BODY(4, 0)
-WGTILE_BODY(1, 0)
-WGTILE_BODY(4, 1)
-WGTILE_BODY(1, 1)
-WGTILE_BODY(4, 2)
-WGTILE_BODY(1, 2)
+WGTILE_BODY(4, 0, 0)
+WGTILE_BODY(1, 0, 0)
+WGTILE_BODY(4, 1, 0)
+WGTILE_BODY(1, 1, 0)
+WGTILE_BODY(4, 2, 0)
+WGTILE_BODY(1, 2, 0)
+WGTILE_BODY(4, 0, 1)
+WGTILE_BODY(1, 0, 1)
+WGTILE_BODY(4, 1, 1)
+WGTILE_BODY(1, 1, 1)
+WGTILE_BODY(4, 2, 1)
+WGTILE_BODY(1, 2, 1)
 
 #define WG_LANES 8
 #define WG_ROWS 16
@@ -104,15 +111,23 @@ WGTILE_BODY(1, 2)
 static void wg_rows(const wg_args *a, int64_t n0, int64_t n1) {
   const int64_t K = a->K, G = a->G, N = a->N, nb = K / 32, ng = K / G;
   const int64_t row_bytes = a->nib ? K / 2 : K;
-#define WGAT(n, m) a->w + (n) * row_bytes, a->ws + (n) * ng, a->wz ? a->wz + (n) * nb : 0, a->xq + (m) * K,              \
-                   a->xsum + (m) * ng, a->xd + (m) * nb, a->xs + (m) * nb, K, G, a->offset, a->y + (m) * N + (n), N
+  typedef void (*tile)(const int8_t *, const void *, const float *, const int8_t *, const int32_t *, const float *,
+                       const float *, int64_t, int64_t, int32_t, float *, int64_t);
+  /* [half][kind]: kind 0 int8, 1 nibbles, 2 nibbles with an offset */
+  const tile four[2][3] = {{wgtile_4_0_0, wgtile_4_1_0, wgtile_4_2_0}, {wgtile_4_0_1, wgtile_4_1_1, wgtile_4_2_1}};
+  const tile one[2][3] = {{wgtile_1_0_0, wgtile_1_1_0, wgtile_1_2_0}, {wgtile_1_0_1, wgtile_1_1_1, wgtile_1_2_1}};
+  const int kind = !a->nib ? 0 : a->offset ? 2 : 1, half = a->half != 0;
+  const int64_t scale_bytes = half ? 2 : 4;
+#define WGAT(n, m) a->w + (n) * row_bytes, (const char *)a->ws + (n) * ng * scale_bytes, a->wz ? a->wz + (n) * nb : 0,      \
+                   a->xq + (m) * K, a->xsum + (m) * ng, a->xd + (m) * nb, a->xs + (m) * nb, K, G, a->offset,             \
+                   a->y + (m) * N + (n), N
   for (int64_t mb = 0; mb < a->M; mb += 32) { /* 32 rows of x stay in L1 while the chunk's weights pass */
     const int64_t me = mb + 32 < a->M ? mb + 32 : a->M;
     int64_t m = mb;
     for (; m + 4 <= me; m += 4)
-      for (int64_t n = n0; n < n1; n += 8) (!a->nib ? wgtile_4_0 : a->offset ? wgtile_4_2 : wgtile_4_1)(WGAT(n, m));
+      for (int64_t n = n0; n < n1; n += 8) four[half][kind](WGAT(n, m));
     for (; m < me; m++)
-      for (int64_t n = n0; n < n1; n += 8) (!a->nib ? wgtile_1_0 : a->offset ? wgtile_1_2 : wgtile_1_1)(WGAT(n, m));
+      for (int64_t n = n0; n < n1; n += 8) one[half][kind](WGAT(n, m));
   }
 #undef WGAT
 }
