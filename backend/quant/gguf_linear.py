@@ -7,8 +7,8 @@
 
 Both hold their kernel's layout and nothing else: on a CPU kernels/cpu/wg8a8.py's PackedGrouped (octets of rows), on a
 GPU kernels/triton/gguf_gemm.py's GroupedColumns (q transposed, on the device). A tied LM head
-is a GgufLinear over the embedding's own tensors: Gemma 3's 262,144 x 640 table (168M weights,
-Q8_0) is held once, at 1.06 bytes a weight (its fp16 scales as they are), instead of a float32 table (4) plus an int8 head copy (1).
+is a GgufLinear over the embedding's own tensors: Gemma 3's 262,144 x 640 table (168M weights, Q8_0) is held once, at
+1.06 bytes a weight (its fp16 scales as they are), instead of a float32 table (4) plus an int8 head copy (1).
 
 The tensors are plain attributes, not parameters or buffers: `model.to(dtype)` must not round the scales.
 """
