@@ -8,6 +8,7 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from backend.errors import InvalidRequestError, ModelLoadError
+from backend.quant.gguf_blocks import quant_method
 
 # Standard templates by family name: (Jinja source, the end-of-turn tokens that end an answer). Content may be a string
 # or a list of text parts (OpenAI's and Anthropic's shapes, flattened the same way).
@@ -40,12 +41,18 @@ CHAT_TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
 BUILD_COPIES = ("_vocab", "_merges")
 
 
+# A GGUF converted by backend.quant (its tokenizer.json written by transformers' own reading of the file)
+CONVERTED_GGUF = frozenset({"gguf_blocks", "gguf_grouped"})
+
+
 def load_tokenizer(model_dir: Path) -> Any:
-    """The model's tokenizer. With a tokenizer.json (every converted GGUF, most HF checkpoints) the tokenizers library
-    reads it as it is, its pipeline the file's, and no Python copy of the vocabulary is built at all: Gemma 3's family
-    class built one and dropped it (BUILD_COPIES), leaving 13 MB more resident than this (122 against 109 MB, its Rust
-    tables ~96), for the same ids. Otherwise (a SentencePiece model alone) the family's class converts it."""
-    if (model_dir / "tokenizer.json").is_file():
+    """The model's tokenizer. A converted GGUF's tokenizer.json was written by transformers from the file's own
+    tokenizer: the tokenizers library reads it as it is, and no Python copy of the vocabulary is built at all (Gemma
+    3's family class built one and dropped it, BUILD_COPIES, leaving 13 MB more resident: 122 against 109 MB, its Rust
+    tables ~96; the same ids, checked in tests/test_gemma3_gguf.py). An HF checkpoint gets its family's class, as
+    transformers gives it: some (LlamaTokenizer on an older SentencePiece checkpoint) rebuild their normalizer from code
+    and can split a few strings unlike the file's own pipeline."""
+    if quant_method(model_dir) in CONVERTED_GGUF and (model_dir / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     for name in BUILD_COPIES:

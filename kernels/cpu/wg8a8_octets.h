@@ -8,7 +8,8 @@
  *
  * Layout (kernels/cpu/wg8a8.py packs it): octets of weight rows, as w8a8_octets.h's
  *   w  (N / 8, K / 4, 8, 4) int8: per octet, K / 4 chunks of 32 bytes whose int32 lane l is row l's values 4t .. 4t + 3
- *   ws (N / 8, K / G, 8) float: the octet's eight scales of group g, one load
+ *   ws (N / 8, K / G, 8) float, or fp16 (HALF: each the file's own fp16 d): the octet's eight scales of group g
+ *   (the nibble layout of 4-bit values: wg8a8_entry.h)
  *   wz (N / 8, K / 32, 8) float, or NULL
  * One broadcast of four int8 activations times a chunk gives the octet's eight partial dot products, so each lane ends
  * as one output's exact group sum (no horizontal sums), and per group and row of x one cvt, one multiply and one fmadd
