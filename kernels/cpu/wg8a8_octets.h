@@ -92,18 +92,12 @@ static inline __m256i wg_broadcast4(const int8_t *p) {
     }                                                                                                             \
     for (int r = 0; r < MT; r++) _mm256_storeu_ps(y + r * ldy, acc[r]);                                          \
   }
-WGTILE_BODY(4, 0, 0)
-WGTILE_BODY(1, 0, 0)
-WGTILE_BODY(4, 1, 0)
-WGTILE_BODY(1, 1, 0)
-WGTILE_BODY(4, 2, 0)
-WGTILE_BODY(1, 2, 0)
-WGTILE_BODY(4, 0, 1)
-WGTILE_BODY(1, 0, 1)
-WGTILE_BODY(4, 1, 1)
-WGTILE_BODY(1, 1, 1)
-WGTILE_BODY(4, 2, 1)
-WGTILE_BODY(1, 2, 1)
+/* every kind (int8, nibbles, nibbles with an offset) at 4 rows of x and 1, for one width of scales */
+#define WGTILE_KINDS(HALF)                                                                                        \
+  WGTILE_BODY(4, 0, HALF) WGTILE_BODY(1, 0, HALF) WGTILE_BODY(4, 1, HALF) WGTILE_BODY(1, 1, HALF)               \
+  WGTILE_BODY(4, 2, HALF) WGTILE_BODY(1, 2, HALF)
+WGTILE_KINDS(0)
+WGTILE_KINDS(1)
 
 #define WG_LANES 8
 #define WG_ROWS 16
