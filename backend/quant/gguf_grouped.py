@@ -167,10 +167,9 @@ def dense_state(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def nibble_offset(g: GroupedInt8) -> int | None:
     """The offset that puts g's values in 0..15 for the kernel's nibble layout (kernels/cpu/wg8a8.py `pack`: two values
     a byte; with the scale (fp16 where it is the file's d) and term per 32, 4.5-6 bits a weight against the int8
-    layout's 8.5-10): 0 for
-    Q4_K and Q4_1 (0..15), 8 for Q4_0 (-8..7); None where they do not fit (5- to 8-bit types, groups of 16: they stay
-    int8; a fifth-bit plane for 5-bit values measured slower than int8 on AVX2). The kernel's sums are the int8
-    layout's exactly: the same weights, the same bits."""
+    layout's 8.5-10): 0 for Q4_K and Q4_1 (0..15), 8 for Q4_0 (-8..7); None where they do not fit (5- to 8-bit types,
+    groups of 16: they stay int8; a fifth-bit plane for 5-bit values measured slower than int8 on AVX2). The kernel's
+    sums are the int8 layout's exactly: the same weights, the same bits."""
     if g.group != 32:
         return None
     lo, hi = int(g.q.min()), int(g.q.max())

@@ -79,11 +79,12 @@ class PackedGrouped:
     group: int
     nibbles: bool = False  # q holds u = value + offset (0..15), chunks t and t + 1 in one: its low and high nibbles
     offset: int = 0  # with nibbles: value = u - offset
-    args: tuple[int, int, int | None] = field(init=False)  # the kernel's pointer arguments, looked up once
+    args: tuple[int, int, int | None, int] = field(init=False)  # the kernel's weight arguments, looked up once
 
     def __post_init__(self) -> None:
         zeros = None if self.zeros is None else self.zeros.data_ptr()
-        object.__setattr__(self, "args", (self.q.data_ptr(), self.scales.data_ptr(), zeros))
+        half = int(self.scales.dtype == torch.float16)
+        object.__setattr__(self, "args", (self.q.data_ptr(), self.scales.data_ptr(), zeros, half))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -174,8 +175,7 @@ def wg8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: PackedGrouped, out: torch
     m = x.shape[0]
     y = torch.empty(m, padded) if out is None else out
     assert y.shape == (m, padded) and y.dtype == torch.float32 and y.is_contiguous(), f"out must be ({m}, {padded}) float32"
-    q, scales, zeros = w.args
-    half = int(w.scales.dtype == torch.float16)
+    q, scales, zeros, half = w.args
     if w.nibbles:
         rc = lib.wg4a8_linear(x.data_ptr(), x.stride(0), q, scales, zeros, m, padded, k, w.group, half, w.offset,
                               y.data_ptr(), torch.get_num_threads())
