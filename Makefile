@@ -29,8 +29,9 @@ test-models: install
 	$(PY) -m backend.fetch --copies auto,none --gemma
 	$(PY) -m gateway.cache.wordnet_fetch
 
-# The semantic cache's learned matcher ships trained (gateway/cache/matcher.json); this retrains and recalibrates it
-# from the tuning pair files (a few minutes: every question is encoded by MiniLM).
+# The semantic cache's learned matcher ships trained (gateway/cache/matcher.json, and MiniLM's fine-tuned top layers in
+# matcher_encoder.safetensors); this fine-tunes, retrains and recalibrates both from the tuning pair files (about ten
+# minutes on 2 cores).
 matcher: models
 	$(PY) -m gateway.cache.train
 

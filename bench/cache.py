@@ -135,8 +135,11 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
     from gateway.config import GatewayConfig, apply_env
 
     cfg = apply_env(GatewayConfig(), os.environ).cache
-    embedder = for_cache(Embedder(batch_size=64), cfg.embedding_dtype)
+    base = Embedder(batch_size=64)
+    embedder = for_cache(base, cfg.embedding_dtype)
     model = MatcherModel.load()
+    # the learned and union modes embed with the matcher's fine-tuned layers, as the gateway does (its own index)
+    tuned = for_cache(base, cfg.embedding_dtype, model.encoder) if model.encoder else embedder
 
     async def one(path: Path) -> dict[str, Any]:
         pairs = load_pairs(path)
@@ -144,12 +147,14 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
         cached = sorted({p.cached for p in pairs})
         texts = sorted({p.cached for p in pairs} | {p.query for p in pairs})
         vec = dict(zip(texts, (await embedder.embed(texts))[0], strict=True))
-        store = MemoryStore(max_entries=len(cached) + 1)
+        tvec = dict(zip(cached, (await tuned.embed(cached))[0], strict=True))
+        store, tstore = MemoryStore(max_entries=len(cached) + 1), MemoryStore(max_entries=len(cached) + 1)
         for text in cached:
-            await store.put(text, b"answer", 3600)
-            await store.add_vector("scope", text, text, vec[text], ttl_s=3600)
-        learned = LearnedMatcher(model, embedder, cfg.matcher_threshold)
-        joint = LearnedMatcher(model, embedder, cfg.matcher_threshold, union=True)
+            for index, vectors in ((store, vec), (tstore, tvec)):
+                await index.put(text, b"answer", 3600)
+                await index.add_vector("scope", text, text, vectors[text], ttl_s=3600)
+        learned = LearnedMatcher(model, tuned, cfg.matcher_threshold)
+        joint = LearnedMatcher(model, tuned, cfg.matcher_threshold, union=True)
         await learned.read(cached)  # cached questions are read once, when first met: not a lookup's cost
         await joint.read(cached)
         for p in pairs:  # the encoder's first forward at each input length is slow (~0.25 s): warm every length up
@@ -166,11 +171,11 @@ def matcher_quality(paths: list[Path]) -> list[dict[str, Any]]:
                 elif mode == "learned":  # the query's forward (its vector too: it replaces the embedding), features, heads
                     t0 = time.perf_counter()
                     scorer = await learned.query(p.query)
-                    hit = (await match(store, "scope", p.query, scorer.vector, threshold=0.0, margin=0.0, learned=scorer)).hit
+                    hit = (await match(tstore, "scope", p.query, scorer.vector, threshold=0.0, margin=0.0, learned=scorer)).hit
                     costs.append(time.perf_counter() - t0)
                 else:  # the union: the matcher at its union threshold, else the lexical mode
                     scorer = await joint.query(p.query)
-                    hit = (await match(store, "scope", p.query, scorer.vector, threshold=cfg.similarity_threshold,
+                    hit = (await match(tstore, "scope", p.query, scorer.vector, threshold=cfg.similarity_threshold,
                                        margin=0.0, learned=scorer)).hit  # fmt: skip
                 if hit is None:
                     continue

@@ -68,8 +68,9 @@ def _load(engine_cfg: EngineConfig, model_id: str = "") -> EngineClient:
 
 
 def build_embedders(cfg: GatewayConfig, engine: EngineClient | None) -> tuple[EmbeddingClient | None, EmbeddingClient | None]:
-    """/v1/embeddings' embedder (`embedding_dtype`) and the semantic cache's (`cache.embedding_dtype`; the same object
-    when that changes nothing, or when the cache does no semantic matching). The cache's shares the first one's
+    """/v1/embeddings' embedder (`embedding_dtype`) and the semantic cache's (`cache.embedding_dtype`, with the learned
+    matcher's fine-tuned top layers in `learned` and `union` modes; the same object when that changes nothing, or
+    when the cache does no semantic matching). The cache's shares the first one's
     tokenizer, thread and embedding tables. With the embedded engine, both run their torch work on the engine's loop
     thread (one torch thread per process: backend/engine/async_engine.py)."""
     if not cfg.embeddings:
@@ -81,7 +82,12 @@ def build_embedders(cfg: GatewayConfig, engine: EngineClient | None) -> tuple[Em
     embedder = Embedder(cfg.embedding_model or None, dtype=cfg.embedding_dtype, executor=executor)
     if not (cfg.cache.enabled and cfg.cache.semantic):
         return embedder, embedder
-    return embedder, for_cache(embedder, cfg.cache.embedding_dtype)
+    top = None
+    if cfg.cache.semantic_match in ("learned", "union"):  # the matcher's heads read its fine-tuned encoder's states
+        from gateway.cache.matcher import MatcherModel
+
+        top = MatcherModel.load().encoder
+    return embedder, for_cache(embedder, cfg.cache.embedding_dtype, top)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m gateway") -> None:

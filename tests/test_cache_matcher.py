@@ -35,7 +35,7 @@ from gateway.ops.access_log import make_logger
 def _embedder() -> Any:
     from backend.embed.embeddings import Embedder, for_cache
 
-    return for_cache(Embedder(batch_size=64), CacheConfig().embedding_dtype)
+    return for_cache(Embedder(batch_size=64), CacheConfig().embedding_dtype, MatcherModel.load().encoder)
 
 
 def _read(*texts: str) -> list[Question]:

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from backend.config import default_embedding_model_path
+from backend.embed import tuned
 from backend.embed.minilm import BertEncoder
 from backend.errors import InvalidRequestError
 from backend.quant.cpu_gemm import half_weight_gemm_available, onednn_available
@@ -51,7 +52,7 @@ class Embedder:
 
     def __init__(
         self, model_path: str | Path | None = None, batch_size: int = 32, dtype: str = "auto",
-        executor: Submitter | None = None, *, share: Embedder | None = None,
+        executor: Submitter | None = None, *, share: Embedder | None = None, top: Path | None = None,
     ) -> None:
         """dtype: float32 | bfloat16 | float16 (fp16 weights, fp32 arithmetic) | auto: bfloat16 where oneDNN runs
         it natively, else float16 where FBGEMM is there (x86), else float32. The forward reads its weights once
@@ -62,7 +63,7 @@ class Embedder:
         on "ok", the labelled set unchanged (bench/README "C kernels"). executor: where loading
         and `embed` run (default: one thread of its own, so there is one forward at a time). share: an Embedder of the
         same model whose tokenizer, executor and embedding tables this one uses (`variant`); model_path and executor
-        are then its."""
+        are then its. top: a file of fine-tuned top layers (backend/embed/tuned.py) that replace the model's own."""
         if share is not None:
             self._executor, self.path, self.tokenizer = share._executor, share.path, share.tokenizer
             self._core = share._core
@@ -71,7 +72,7 @@ class Embedder:
             self.path = Path(model_path).expanduser() if model_path else default_embedding_model_path()
             self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
             self._core = _padding_core(self.tokenizer)
-        model = self._executor.submit(_load, self.path).result()
+        model = self._executor.submit(_load, self.path, top).result()
         self.dimensions: int = int(model.config.hidden_size)
         self.max_length: int = int(min(self.tokenizer.model_max_length, model.config.max_position_embeddings))
         bert = model.config.model_type == "bert"
@@ -82,7 +83,7 @@ class Embedder:
         self.model: PreTrainedModel | None = None if self._encoder else model
         self.dtype: str = _name(weights) if bert else "float32"  # what the forward runs in
         # What produced a vector: the semantic cache keys its scopes by it (vectors of another model or dtype differ).
-        self.identity = f"{self.path.name}/{self.dtype}"
+        self.identity = f"{self.path.name}{'+' + tuned.digest(top) if top else ''}/{self.dtype}"
         self.batch_size = batch_size
 
     def variant(self, dtype: str) -> Embedder:
@@ -169,12 +170,15 @@ class Embedder:
         return torch.tensor([e.ids for e in encodings]), torch.tensor([e.attention_mask for e in encodings])
 
 
-def for_cache(main: Embedder, dtype: str) -> Embedder:
+def for_cache(main: Embedder, dtype: str, top: Path | None = None) -> Embedder:
     """The semantic cache's embedder (`cache.embedding_dtype`): `same` is `main` (the /v1/embeddings one); `auto` is
     int8 where the C kernels build (the query's embedding is most of a semantic hit's time: int8 is the fastest
-    there, and the labelled set scores the same), else `main`; any embedding dtype is `main.variant(dtype)`."""
+    there, and the labelled set scores the same), else `main`; any embedding dtype is `main.variant(dtype)`. top:
+    the learned matcher's fine-tuned top layers (backend/embed/tuned.py), in a copy of their own."""
     if dtype == "auto":
         dtype = "int8" if c_kernels_unavailable() is None else "same"
+    if top is not None:
+        return Embedder(batch_size=main.batch_size, dtype=main.dtype if dtype == "same" else dtype, share=main, top=top)
     return main if dtype == "same" else main.variant(dtype)
 
 
@@ -190,8 +194,11 @@ def _padding_core(tokenizer: PreTrainedTokenizerBase) -> Tokenizer | None:
     return core
 
 
-def _load(path: Path) -> PreTrainedModel:
-    return AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
+def _load(path: Path, top: Path | None = None) -> PreTrainedModel:
+    model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
+    if top is not None:
+        tuned.apply(model, top)
+    return model
 
 
 def _encoder_dtype(name: str) -> torch.dtype:

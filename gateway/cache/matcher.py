@@ -1,7 +1,10 @@
 """The learned matcher: does any correct answer to one question answer the other? (`cache.semantic_match: learned`)
 
 A small head over all-MiniLM-L6-v2's token-level states of both questions (the encoder the cache already runs,
-backend/embed/embeddings.py `token_states`). The head reads a fixed vector of features of the pair:
+backend/embed/embeddings.py `token_states`), with MiniLM's top two layers fine-tuned for this task
+(backend/embed/tuned.py, `matcher_encoder.safetensors`): stock MiniLM ranks a question's look-alikes above its
+rewordings in another style, and no head over its states undid that. In `learned` and `union` modes the cache's index
+holds that encoder's vectors too. The head reads a fixed vector of features of the pair:
 
 - the alignment matrix: the cosine of every word-piece of one question with every word-piece of the other; for each
   piece its best partner in the other question, then, per direction, the weakest, the mean and how many fall below
@@ -23,6 +26,7 @@ numpy only: the gateway never imports torch) and its serving threshold ship in `
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import OrderedDict
@@ -36,6 +40,8 @@ from gateway.cache import lexical
 from gateway.cache.guards import same_key_terms
 
 MODEL_PATH = Path(__file__).with_name("matcher.json")
+# MiniLM's top layers fine-tuned for this task (backend/embed/tuned.py): the heads read its token states
+ENCODER_PATH = Path(__file__).with_name("matcher_encoder.safetensors")
 MEMO = 2048  # cached questions whose token states are kept (~37 KB each: ~75 MB); others are encoded when met
 LEVELS = (0.4, 0.5, 0.6, 0.7, 0.8)
 VERDICTS = (lexical.SAME, lexical.REORDERED, lexical.SWAPPED, lexical.SUBSTITUTED, lexical.DIFFERENT)
@@ -230,13 +236,28 @@ class MatcherModel:
     report: dict[str, Any]  # how it was trained and calibrated
     # in the union with the lexical check (cache.semantic_match: union), calibrated on the union's hits
     union_threshold: float
+    # the fine-tuned top layers the heads were trained on (None: stock MiniLM), and that file's digest
+    encoder: Path | None = None
+    encoder_digest: str = ""
 
     @classmethod
     def load(cls, path: Path = MODEL_PATH) -> MatcherModel:
+        """Raises ValueError where the encoder file the heads were trained on is missing or another one."""
         raw = json.loads(path.read_text())
         threshold = float(raw["threshold"])
+        encoder, digest = None, ""
+        if "encoder" in raw:
+            encoder, digest = path.with_name(raw["encoder"]["file"]), raw["encoder"]["digest"]
+            if not encoder.is_file() or file_digest(encoder) != digest:
+                raise ValueError(f"{path.name} was trained on {encoder.name} ({digest}), which is missing or another "
+                                 "file: retrain with `python -m gateway.cache.train`")  # fmt: skip
         return cls(Ensemble.from_json(raw["heads"]), threshold, float(raw["floor"]), raw.get("report", {}),
-                   float(raw.get("union_threshold", threshold)))  # fmt: skip
+                   float(raw.get("union_threshold", threshold)), encoder, digest)  # fmt: skip
+
+
+def file_digest(path: Path) -> str:
+    """A short hash of a file (the same as backend/embed/tuned.py's, which the embedder's identity carries)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
 class LearnedMatcher:

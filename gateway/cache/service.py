@@ -178,4 +178,8 @@ def build_matcher(cfg: CacheConfig, embedder: EmbeddingClient | None, logger: Lo
     if not isinstance(embedder, TokenEmbedder):
         raise ValueError(f"cache.semantic_match: {cfg.semantic_match} needs an embedder with token states "
                          "(all-MiniLM-L6-v2 as the gateway loads it)")  # fmt: skip
-    return LearnedMatcher(MatcherModel.load(), embedder, cfg.matcher_threshold, union=cfg.semantic_match == "union")
+    model = MatcherModel.load()
+    if model.encoder is not None and f"+{model.encoder_digest}/" not in embedder.identity:
+        raise ValueError(f"cache.semantic_match: {cfg.semantic_match} needs the cache's embedder with the matcher's "
+                         f"fine-tuned layers ({model.encoder.name}); this one is {embedder.identity}")  # fmt: skip
+    return LearnedMatcher(model, embedder, cfg.matcher_threshold, union=cfg.semantic_match == "union")

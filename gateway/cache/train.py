@@ -46,6 +46,7 @@ from gateway.cache.config import CacheConfig
 from gateway.cache.guards import same_key_terms
 from gateway.cache.hard_negatives import Generator, restyle, rng_for
 from gateway.cache.matcher import (
+    ENCODER_PATH,
     MODEL_PATH,
     Ensemble,
     Head,
@@ -53,6 +54,7 @@ from gateway.cache.matcher import (
     Question,
     TokenStates,
     features,
+    file_digest,
     norm,
     scored,
     style_free,
@@ -358,13 +360,46 @@ def calibrate(outcomes: list[Served | None], paraphrases: int) -> dict[str, Any]
     return {**rates(outcomes, paraphrases, threshold), "met": best_ok is not None}
 
 
-def encoder_of_embedder() -> Encode:
-    """The cache's own embedder as the gateway builds it (cache.embedding_dtype: auto)."""
+def encoder_of_embedder(top: Path | None = ENCODER_PATH) -> Encode:
+    """The cache's own embedder as the gateway builds it for this matcher (cache.embedding_dtype: auto; `top`: the
+    fine-tuned top layers, None for stock MiniLM)."""
     from backend.embed.embeddings import Embedder, for_cache
 
-    embedder = for_cache(Embedder(batch_size=64), CacheConfig().embedding_dtype)
+    embedder = for_cache(Embedder(batch_size=64), CacheConfig().embedding_dtype, top)
 
     return embedder.token_states_sync
+
+
+def encoder_triplets(files: Sequence[str]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """What the encoder's top layers are fine-tuned on (backend/embed/tuned.py): (cached question, a question with
+    its answer, its look-alikes) from the training side of the tuning sets only. Positives: each labelled paraphrase,
+    the paraphrase restyled, and each cached question restyled against itself; look-alikes: the labelled ones and
+    those generated from each paraphrase pair (never a held-out question)."""
+    gen = generator()
+    held = held_out_questions()
+    positives: list[tuple[str, str]] = []
+    alikes: dict[str, list[str]] = {}
+    for name in files:
+        pairs = [p for p in tuning_pairs(name) if side(p.cached) == "train"]
+        for p in pairs:
+            if p.label != "paraphrase":
+                alikes.setdefault(p.cached, []).append(p.query)
+                continue
+            positives += [(p.cached, p.query), (p.cached, restyle(p.query, rng_for(p.query, "restyle")))]
+            for source in (p.cached, p.query):
+                alikes.setdefault(p.cached, []).extend(a for _, a in gen.look_alikes(source) if norm(a) not in held)
+        positives += [(c, restyle(c, rng_for(c, "style"))) for c in sorted({p.cached for p in pairs})]
+    return [(a, b, tuple(alikes.get(a, ()))) for a, b in positives]
+
+
+def tune_encoder(files: Sequence[str], out: Path, log: Callable[[str], None] = print) -> None:
+    """Fine-tunes MiniLM's top layers on `encoder_triplets(files)` and writes them to `out` (torch: imported here)."""
+    from backend.config import default_embedding_model_path
+    from backend.embed import tuned
+
+    triplets = [tuned.Triplet(a, b, n) for a, b, n in encoder_triplets(files)]
+    log(f"fine-tuning the encoder on {len(triplets)} pairs")
+    tuned.save(tuned.fine_tune(default_embedding_model_path(), triplets, log=log), out)
 
 
 def generator() -> Generator:
@@ -374,9 +409,10 @@ def generator() -> Generator:
     return Generator(lex.wn if lex else None)
 
 
-def train(files: Sequence[str], encoder: Encode, limit: int | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The model file's content (the head, the threshold, the floor and a report). `limit`: the first `limit` pairs
-    of each file only (tests)."""
+def train(files: Sequence[str], encoder: Encode, limit: int | None = None, log: Callable[[str], None] = print, *,
+          encoder_file: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """The model file's content (the head, the threshold, the floor, the encoder file `encoder` runs, if any, and a
+    report). `limit`: the first `limit` pairs of each file only (tests)."""
     t0 = time.perf_counter()
     gen = generator()
     by_file = {name: tuning_pairs(name)[:limit] for name in files}
@@ -431,8 +467,11 @@ def train(files: Sequence[str], encoder: Encode, limit: int | None = None, log: 
         "max_wrong": MAX_WRONG, "confidence": CONFIDENCE, "seeds": list(SEEDS), "hidden": HIDDEN, "steps": STEPS,
     }  # fmt: skip
     log(f"trained and calibrated in {time.perf_counter() - t0:.1f}s: {json.dumps(chosen)}; union: {json.dumps(joint)}")
-    return {"floor": FLOOR, "threshold": chosen["threshold"], "union_threshold": joint["threshold"],
-            "heads": head.to_json(), "report": report}  # fmt: skip
+    model = {"floor": FLOOR, "threshold": chosen["threshold"], "union_threshold": joint["threshold"],
+             "heads": head.to_json(), "report": report}  # fmt: skip
+    if encoder_file is not None:
+        model["encoder"] = {"file": encoder_file.name, "digest": file_digest(encoder_file)}
+    return model
 
 
 def dumps(model: dict[str, Any]) -> str:
@@ -442,8 +481,14 @@ def dumps(model: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gateway.cache.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=MODEL_PATH)
+    parser.add_argument("--encoder", type=Path, default=ENCODER_PATH, help="the fine-tuned top layers' file")
+    parser.add_argument("--keep-encoder", action="store_true", help="train the heads on the existing encoder file")
     args = parser.parse_args(argv)
-    model = train(TUNING, encoder_of_embedder())
+    t0 = time.perf_counter()
+    if not args.keep_encoder:
+        tune_encoder(TUNING, args.encoder)
+        print(f"wrote {args.encoder} in {time.perf_counter() - t0:.1f}s")
+    model = train(TUNING, encoder_of_embedder(args.encoder), encoder_file=args.encoder)
     args.out.write_text(dumps(model))
     MatcherModel.load(args.out)  # it reads back
     print(f"wrote {args.out}")
