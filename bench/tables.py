@@ -150,6 +150,10 @@ def cache(r: Result) -> Figures:
         rows.append((f"one engine verification, {row['prompt_tokens']}-token prompt + {row['answer_tokens']}-token answer:"
                      " every position scored / the answer only / generating 64 tokens",
                      f"{num(row['every_position_ms'])} / {num(row['answer_only_ms'])} / {num(row['generate_64_ms'])} ms"))
+    learned = h.get("learned")
+    if learned and learned.get("semantic_hit"):
+        rows.append(("over HTTP, p50: semantic hit, learned matcher (`cache.semantic_match: learned`)",
+                     f"{num(learned['semantic_hit']['p50_ms'])} ms"))
     if verified and verified.get("semantic_hit"):
         rows.append(("over HTTP, p50: engine-verified semantic hit / over generating the same answer (64 tokens)",
                      f"{num(verified['semantic_hit']['p50_ms'])} ms / x{verified['hit_over_generation_p50']:.2f}"))

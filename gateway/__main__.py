@@ -82,12 +82,15 @@ def build_embedders(cfg: GatewayConfig, engine: EngineClient | None) -> tuple[Em
     embedder = Embedder(cfg.embedding_model or None, dtype=cfg.embedding_dtype, executor=executor)
     if not (cfg.cache.enabled and cfg.cache.semantic):
         return embedder, embedder
-    top = None
-    if cfg.cache.semantic_match in ("learned", "union"):  # the matcher's heads read its fine-tuned encoder's states
-        from gateway.cache.matcher import MatcherModel
+    try:
+        top = None
+        if cfg.cache.semantic_match in ("learned", "union"):  # the matcher's heads read its fine-tuned encoder's states
+            from gateway.cache.matcher import MatcherModel
 
-        top = MatcherModel.load().encoder
-    return embedder, for_cache(embedder, cfg.cache.embedding_dtype, top)
+            top = MatcherModel.load().encoder
+        return embedder, for_cache(embedder, cfg.cache.embedding_dtype, top)
+    except ValueError as exc:  # a missing or foreign encoder file, a dtype this machine cannot run
+        sys.exit(f"configuration error: the semantic cache's embedder: {exc}")
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m gateway") -> None:

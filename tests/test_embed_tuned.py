@@ -36,29 +36,59 @@ TINY = [tuned.Triplet("how do i boil an egg", "what's the way to boil eggs", ("h
         tuned.Triplet("how long to boil pasta", "pasta boiling time", ("how long to bake pasta",))]  # fmt: skip
 
 
-def test_fine_tuning_is_deterministic_and_moves_only_its_layers(tmp_path: Path) -> None:
+def test_fine_tuning_is_deterministic_and_moves_only_its_layers() -> None:
     cfg = tuned.TuneConfig(frozen=5, epochs=1, batch=4)
-    first = tuned.fine_tune(default_embedding_model_path(), TINY, cfg, log=lambda _: None)
-    second = tuned.fine_tune(default_embedding_model_path(), TINY, cfg, log=lambda _: None)
+    one = tuned.fine_tune(default_embedding_model_path(), TINY, cfg, log=lambda _: None)
+    two = tuned.fine_tune(default_embedding_model_path(), TINY, cfg, log=lambda _: None)
+    first, second = one.weights, two.weights
     assert first.keys() == second.keys() and all(k.startswith("encoder.layer.5.") for k in first)
-    assert all(torch.equal(first[k], second[k]) for k in first)
-    own = AutoModel.from_pretrained(str(default_embedding_model_path())).state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first) and one.base == two.base
+    bert = AutoModel.from_pretrained(str(default_embedding_model_path()))
+    own = bert.state_dict()
     moved = [k for k in first if not torch.equal(first[k], own[k])]
     assert "encoder.layer.5.attention.self.query.weight" in moved and len(moved) >= len(first) // 2
+    assert one.base == tuned.base_of(bert, first) and one.base["num_hidden_layers"] == "6"
+    with pytest.raises(ValueError, match="at least one batch"):
+        tuned.fine_tune(default_embedding_model_path(), TINY[:3], cfg, log=lambda _: None)
+
+
+def test_layers_go_only_into_the_model_they_were_tuned_from(tmp_path: Path) -> None:
+    """Another checkpoint of the same shape (here MiniLM with one lower weight nudged) is refused by name, and so is a
+    file with weights other than encoder layers."""
+    bert = AutoModel.from_pretrained(str(default_embedding_model_path()))
+    tuned.apply(bert, ENCODER_PATH)  # the shipped file, into the model it was tuned from
+    other = AutoModel.from_pretrained(str(default_embedding_model_path()))
+    with torch.no_grad():
+        other.encoder.layer[0].output.dense.bias[0] += 1e-3
+    with pytest.raises(ValueError, match="tuned from another model"):
+        tuned.apply(other, ENCODER_PATH)
+    weights = {"embeddings.LayerNorm.bias": torch.zeros(384)}
+    tuned.save(tuned.TunedLayers(weights, tuned.base_of(bert, weights)), tmp_path / "foreign.safetensors")
+    with pytest.raises(ValueError, match="not encoder layers"):
+        tuned.apply(bert, tmp_path / "foreign.safetensors")
+
+
+def test_the_encoder_is_tuned_on_the_training_side_only() -> None:
+    """Every anchor is a cached question of the training side of a tuning set, and no text is a held-out question."""
+    held = train.held_out_questions()
+    triplets = train.encoder_triplets(train.TUNING)
+    assert len(triplets) > 5000 and all(train.side(a) == "train" for a, _, _ in triplets)
+    assert not [t for a, b, alikes in triplets for t in (a, b, *alikes) if train.norm(t) in held]
 
 
 def test_the_int8_file_reads_back_within_half_a_step_per_row(tmp_path: Path) -> None:
     torch.manual_seed(0)
     weights = {"encoder.layer.5.output.dense.weight": torch.randn(384, 1536),
                "encoder.layer.5.output.dense.bias": torch.randn(384)}
-    tuned.save(weights, tmp_path / "top.safetensors")
+    bert = AutoModel.from_pretrained(str(default_embedding_model_path()))
+    tuned.save(tuned.TunedLayers(weights, tuned.base_of(bert, weights)), tmp_path / "top.safetensors")
     back = tuned.load(tmp_path / "top.safetensors")
     w, b = weights["encoder.layer.5.output.dense.weight"], back["encoder.layer.5.output.dense.weight"]
     step = w.abs().amax(dim=1, keepdim=True) / 127
     assert back.keys() == weights.keys() and bool(((w - b).abs() <= step / 2 + 1e-7).all())
     assert torch.equal(back["encoder.layer.5.output.dense.bias"], weights["encoder.layer.5.output.dense.bias"])
     # quantizing what was read back per row again gives the same int8 values (as the int8 encoder does)
-    tuned.save(back, tmp_path / "again.safetensors")
+    tuned.save(tuned.TunedLayers(back, {}), tmp_path / "again.safetensors")
     name = "encoder.layer.5.output.dense.weight"
     assert torch.equal(load_file(str(tmp_path / "again.safetensors"))[name], load_file(str(tmp_path / "top.safetensors"))[name])
 
@@ -68,8 +98,9 @@ def _auc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 
 def test_the_shipped_encoder_ranks_unseen_paraphrases_above_look_alikes_better_than_stock() -> None:
-    """The labelled pairs of the calibration side of six tuning sets (the fine-tune never read them): the cosine of a
-    paraphrase pair should beat the cosine of a look-alike pair more often with the shipped layers than without."""
+    """The labelled pairs of the calibration side of six tuning sets (the fine-tune never anchored on their cached
+    questions; a few of their questions occur in other files' training pairs): a paraphrase pair's cosine beats a
+    look-alike pair's more often with the shipped layers than without."""
     pairs = [p for name in ("dev", "independent_g", "tune_o", "tune_p", "tune_q", "tune_s") for p in train.tuning_pairs(name)
              if train.side(p.cached) == "cal"]  # fmt: skip
     base, dtype = Embedder(batch_size=64), CacheConfig().embedding_dtype

@@ -84,6 +84,7 @@ class Embedder:
         self.dtype: str = _name(weights) if bert else "float32"  # what the forward runs in
         # What produced a vector: the semantic cache keys its scopes by it (vectors of another model or dtype differ).
         self.identity = f"{self.path.name}{'+' + tuned.digest(top) if top else ''}/{self.dtype}"
+        self.top = top  # the fine-tuned top layers in place of the model's own, if any
         self.batch_size = batch_size
 
     def variant(self, dtype: str) -> Embedder:
@@ -91,7 +92,7 @@ class Embedder:
         is the same: float32, float16, int8) embedding tables; this embedder itself where that changes nothing."""
         if self._encoder is None or _name(_encoder_dtype(dtype)) == self.dtype:
             return self  # transformers' forward (not BERT) runs float32 whatever the dtype
-        return Embedder(batch_size=self.batch_size, dtype=dtype, share=self)
+        return Embedder(batch_size=self.batch_size, dtype=dtype, share=self, top=self.top)
 
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         """Unit vectors, one per text, and the number of prompt tokens (special tokens included)."""
@@ -174,7 +175,8 @@ def for_cache(main: Embedder, dtype: str, top: Path | None = None) -> Embedder:
     """The semantic cache's embedder (`cache.embedding_dtype`): `same` is `main` (the /v1/embeddings one); `auto` is
     int8 where the C kernels build (the query's embedding is most of a semantic hit's time: int8 is the fastest
     there, and the labelled set scores the same), else `main`; any embedding dtype is `main.variant(dtype)`. top:
-    the learned matcher's fine-tuned top layers (backend/embed/tuned.py), in a copy of their own."""
+    the learned matcher's fine-tuned top layers (backend/embed/tuned.py): always a copy of its own (`same`: in
+    `main`'s dtype), sharing `main`'s tokenizer and thread, and its embedding tables where the dtypes agree."""
     if dtype == "auto":
         dtype = "int8" if c_kernels_unavailable() is None else "same"
     if top is not None:

@@ -11,24 +11,29 @@ stay stock: their states are computed once under no_grad, and the word table the
 unchanged.
 
 The tuned layers ship as one safetensors file (`save` / `load`): every matrix in int8 with one float32 scale per
-row (symmetric), vectors in float32: 3.6 MB for MiniLM's top two layers. `load` gives float32 tensors; the int8
-encoder (backend/embed/minilm.py) quantizes them again per row, which gives back the same int8 values.
+row (symmetric), vectors in float32, and the base model's shape in the file's metadata (`apply` refuses another
+model): 3.6 MB for MiniLM's top two layers. `load` gives float32 tensors; the int8 encoder (backend/embed/minilm.py)
+quantizes them again per row, which gives back the same int8 values.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
 SCALE = ".row_scale"  # suffix of a matrix's per-row scales in the file
+# what must match between the model the layers were tuned from and the one they are applied to (file metadata)
+BASE_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+PREFIX = "encoder.layer."  # the only weights a file may hold
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class TuneConfig:
     frozen: int = 4  # layers below this stay stock
     epochs: int = 2
     batch: int = 48
-    lr: float = 6e-5  # peak, after a 10% linear warm-up, then linear decay to 0
+    lr: float = 6e-5  # times a linear warm-up over the first 10% of steps times a linear decay to 0 (peak 0.9 lr)
     weight_decay: float = 0.01
     scale: float = 20.0  # cosine -> logit
     seed: int = 0
@@ -66,10 +71,19 @@ def _pooled(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return F.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
 
 
+@dataclass(frozen=True)
+class TunedLayers:
+    weights: dict[str, torch.Tensor]  # state-dict keys of the BertModel, `encoder.layer.{i}.` for i >= frozen
+    base: dict[str, str]  # the model they were tuned from (`base_of`): the file's metadata
+
+
 def fine_tune(model_path: Path, triplets: Sequence[Triplet], cfg: TuneConfig = TuneConfig(),
-              log: Callable[[str], None] = print) -> dict[str, torch.Tensor]:  # fmt: skip
-    """The fine-tuned layers' weights (state-dict keys of the BertModel, `encoder.layer.{i}.` for i >= frozen).
-    Deterministic for the same inputs, torch build and thread count (fixed seeds, one sample order)."""
+              log: Callable[[str], None] = print) -> TunedLayers:  # fmt: skip
+    """The fine-tuned layers and the model they belong to.
+    Deterministic for the same inputs, torch build and thread count (fixed seeds, one sample order). Needs at least
+    one batch of triplets."""
+    if len(triplets) < cfg.batch:
+        raise ValueError(f"{len(triplets)} triplets: fine-tuning needs at least one batch ({cfg.batch})")
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     tok = AutoTokenizer.from_pretrained(str(model_path))
@@ -92,7 +106,8 @@ def fine_tune(model_path: Path, triplets: Sequence[Triplet], cfg: TuneConfig = T
             batch = order[start : start + cfg.batch]
             anchors = [t.anchor for t in batch]
             # an anchor with no look-alike gets another anchor of the batch as its hard negative
-            hard = [rng.choice(t.negatives) if t.negatives else rng.choice(anchors) for t in batch]
+            hard = [rng.choice(t.negatives) if t.negatives else rng.choice([a for a in anchors if a != t.anchor] or anchors)
+                    for t in batch]  # fmt: skip
             texts = anchors + [t.positive for t in batch] + hard
             enc = tok(texts, padding=True, return_tensors="pt")
             with torch.no_grad():
@@ -111,20 +126,34 @@ def fine_tune(model_path: Path, triplets: Sequence[Triplet], cfg: TuneConfig = T
             schedule.step()
         log(f"encoder epoch {epoch + 1}/{cfg.epochs}: last loss {loss.item():.3f}")
     prefixes = tuple(f"encoder.layer.{i}." for i in range(cfg.frozen, len(bert.encoder.layer)))
-    return {k: v.detach().clone() for k, v in bert.state_dict().items() if k.startswith(prefixes)}
+    weights = {k: v.detach().clone() for k, v in bert.state_dict().items() if k.startswith(prefixes)}
+    return TunedLayers(weights, base_of(bert, weights))
 
 
-def save(weights: dict[str, torch.Tensor], path: Path) -> None:
-    """Matrices as int8 with a float32 scale per row (symmetric, amax / 127), everything else float32."""
+def base_of(bert: PreTrainedModel, tuned: Iterable[str]) -> dict[str, str]:
+    """What the tuned layers need of the model they go into: its shape, and a digest of every weight they do not
+    replace (another checkpoint of the same shape, e.g. paraphrase-MiniLM-L6-v2, has other lower layers)."""
+    replaced = set(tuned)
+    digest = hashlib.sha256()
+    for name, w in sorted(bert.state_dict().items()):
+        if name not in replaced:
+            digest.update(name.encode())
+            digest.update(w.detach().float().contiguous().numpy().tobytes())
+    return {**{field: str(getattr(bert.config, field, "")) for field in BASE_FIELDS}, "kept": digest.hexdigest()[:16]}
+
+
+def save(layers: TunedLayers, path: Path) -> None:
+    """Matrices as int8 with a float32 scale per row (symmetric, amax / 127), everything else float32; the base
+    model's record as metadata."""
     out: dict[str, torch.Tensor] = {}
-    for name, w in sorted(weights.items()):
+    for name, w in sorted(layers.weights.items()):
         if w.dim() == 2:
             scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
             out[name] = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
             out[name + SCALE] = scale.float()
         else:
             out[name] = w.float().contiguous()
-    save_file(out, str(path))
+    save_file(out, str(path), metadata=layers.base)
 
 
 def load(path: Path) -> dict[str, torch.Tensor]:
@@ -135,12 +164,18 @@ def load(path: Path) -> dict[str, torch.Tensor]:
 
 
 def apply(bert: PreTrainedModel, path: Path) -> None:
-    """Replaces `bert`'s layers with the tuned ones in `path` (every key must be one of its own)."""
+    """Replaces `bert`'s layers with the tuned ones in `path`: the file must have been tuned from a model of this
+    shape, and hold encoder layers of it only."""
     weights = load(path)
+    with safe_open(str(path), framework="pt") as f:
+        recorded = f.metadata() or {}
+    if recorded != base_of(bert, weights):
+        raise ValueError(f"{path.name} was tuned from another model ({recorded or 'unrecorded'}); this one is "
+                         f"{base_of(bert, weights)}")  # fmt: skip
     own = bert.state_dict()
-    unknown = sorted(set(weights) - set(own))
-    if unknown:
-        raise ValueError(f"{path.name}: not weights of this model: {unknown[:3]}")
+    foreign = sorted(k for k in weights if not k.startswith(PREFIX) or k not in own or weights[k].shape != own[k].shape)
+    if foreign:
+        raise ValueError(f"{path.name}: not encoder layers of this model: {foreign[:3]}")
     bert.load_state_dict(weights, strict=False)
 
 

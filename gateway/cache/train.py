@@ -33,6 +33,7 @@ import argparse
 import functools
 import hashlib
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -389,7 +390,7 @@ def encoder_triplets(files: Sequence[str]) -> list[tuple[str, str, tuple[str, ..
             for source in (p.cached, p.query):
                 alikes.setdefault(p.cached, []).extend(a for _, a in gen.look_alikes(source) if norm(a) not in held)
         positives += [(c, restyle(c, rng_for(c, "style"))) for c in sorted({p.cached for p in pairs})]
-    return [(a, b, tuple(alikes.get(a, ()))) for a, b in positives]
+    return [(a, b, tuple(alikes.get(a, ()))) for a, b in positives if norm(b) not in held]
 
 
 def tune_encoder(files: Sequence[str], out: Path, log: Callable[[str], None] = print) -> None:
@@ -484,14 +485,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--encoder", type=Path, default=ENCODER_PATH, help="the fine-tuned top layers' file")
     parser.add_argument("--keep-encoder", action="store_true", help="train the heads on the existing encoder file")
     args = parser.parse_args(argv)
+    if args.encoder.resolve().parent != args.out.resolve().parent:
+        parser.error("--encoder must be in --out's folder (the model file names it, and is read beside it)")
     t0 = time.perf_counter()
-    if not args.keep_encoder:
-        tune_encoder(TUNING, args.encoder)
-        print(f"wrote {args.encoder} in {time.perf_counter() - t0:.1f}s")
-    model = train(TUNING, encoder_of_embedder(args.encoder), encoder_file=args.encoder)
-    args.out.write_text(dumps(model))
+    # both files are written aside and moved in place once the model reads back: an interrupted run changes neither
+    encoder = args.encoder.with_name(args.encoder.name + ".new")
+    if args.keep_encoder:
+        shutil.copyfile(args.encoder, encoder)
+    else:
+        tune_encoder(TUNING, encoder)
+        print(f"fine-tuned the encoder in {time.perf_counter() - t0:.1f}s")
+    model = train(TUNING, encoder_of_embedder(encoder), encoder_file=encoder)
+    model["encoder"]["file"] = args.encoder.name
+    out = args.out.with_name(args.out.name + ".new")
+    out.write_text(dumps(model))
+    encoder.replace(args.encoder)
+    out.replace(args.out)
     MatcherModel.load(args.out)  # it reads back
-    print(f"wrote {args.out}")
+    print(f"wrote {args.encoder} and {args.out}")
 
 
 if __name__ == "__main__":
