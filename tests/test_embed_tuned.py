@@ -81,7 +81,10 @@ def test_the_int8_file_reads_back_within_half_a_step_per_row(tmp_path: Path) -> 
     weights = {"encoder.layer.5.output.dense.weight": torch.randn(384, 1536),
                "encoder.layer.5.output.dense.bias": torch.randn(384)}
     bert = AutoModel.from_pretrained(str(default_embedding_model_path()))
-    tuned.save(tuned.TunedLayers(weights, tuned.base_of(bert, weights)), tmp_path / "top.safetensors")
+    layers = tuned.TunedLayers(weights, tuned.base_of(bert, weights))
+    tuned.save(layers, tmp_path / "top.safetensors")
+    tuned.save(layers, tmp_path / "same.safetensors")  # the same bytes each time: matcher.json records their digest
+    assert (tmp_path / "top.safetensors").read_bytes() == (tmp_path / "same.safetensors").read_bytes()
     back = tuned.load(tmp_path / "top.safetensors")
     w, b = weights["encoder.layer.5.output.dense.weight"], back["encoder.layer.5.output.dense.weight"]
     step = w.abs().amax(dim=1, keepdim=True) / 127

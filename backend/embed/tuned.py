@@ -19,6 +19,7 @@ quantizes them again per row, which gives back the same int8 values.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -153,7 +154,9 @@ def save(layers: TunedLayers, path: Path) -> None:
             out[name + SCALE] = scale.float()
         else:
             out[name] = w.float().contiguous()
-    save_file(out, str(path), metadata=layers.base)
+    # one metadata entry, its keys sorted: safetensors writes a metadata map in no fixed order, and the file's bytes
+    # (its digest, which matcher.json records) must not change from run to run
+    save_file(out, str(path), metadata={"base": json.dumps(layers.base, sort_keys=True)})
 
 
 def load(path: Path) -> dict[str, torch.Tensor]:
@@ -168,7 +171,7 @@ def apply(bert: PreTrainedModel, path: Path) -> None:
     shape, and hold encoder layers of it only."""
     weights = load(path)
     with safe_open(str(path), framework="pt") as f:
-        recorded = f.metadata() or {}
+        recorded = json.loads((f.metadata() or {}).get("base", "{}"))
     if recorded != base_of(bert, weights):
         raise ValueError(f"{path.name} was tuned from another model ({recorded or 'unrecorded'}); this one is "
                          f"{base_of(bert, weights)}")  # fmt: skip
