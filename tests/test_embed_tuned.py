@@ -138,3 +138,15 @@ def test_the_learned_modes_refuse_an_embedder_without_the_matchers_layers() -> N
     tuned_embedder = for_cache(base, cfg.embedding_dtype, ENCODER_PATH)
     assert tuned_embedder.identity.startswith(f"{base.path.name}+{MatcherModel.load().encoder_digest}/")
     assert build_matcher(cfg, tuned_embedder, make_logger(io.StringIO())) is not None
+
+
+def test_a_missing_encoder_file_stops_startup_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault: the shipped matcher.json without its encoder file beside it (a partial copy of the package)."""
+    from gateway.__main__ import build_embedders
+
+    (tmp_path / "matcher.json").write_text(ENCODER_PATH.with_name("matcher.json").read_text())
+    load = MatcherModel.load.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(MatcherModel, "load", classmethod(lambda cls, path=tmp_path / "matcher.json": load(cls, path)))
+    cfg = apply_env(GatewayConfig(), {"SMOLGATE_CACHE_SEMANTIC_MATCH": "learned", "SMOLGATE_CACHE_SEMANTIC": "true"})
+    with pytest.raises(SystemExit, match=r"^configuration error: the semantic cache's embedder: matcher\.json was trained on"):
+        build_embedders(cfg, None)
