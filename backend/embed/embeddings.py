@@ -24,6 +24,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 
 from backend.config import default_embedding_model_path
 from backend.embed import tuned
+from backend.embed.digest import file_digest
 from backend.embed.minilm import BertEncoder
 from backend.errors import InvalidRequestError
 from backend.quant.cpu_gemm import half_weight_gemm_available, onednn_available
@@ -83,7 +84,7 @@ class Embedder:
         self.model: PreTrainedModel | None = None if self._encoder else model
         self.dtype: str = _name(weights) if bert else "float32"  # what the forward runs in
         # What produced a vector: the semantic cache keys its scopes by it (vectors of another model or dtype differ).
-        self.identity = f"{self.path.name}{'+' + tuned.digest(top) if top else ''}/{self.dtype}"
+        self.identity = f"{self.path.name}{'+' + file_digest(top) if top else ''}/{self.dtype}"
         self.top = top  # the fine-tuned top layers in place of the model's own, if any
         self.batch_size = batch_size
 

@@ -180,8 +180,3 @@ def apply(bert: PreTrainedModel, path: Path) -> None:
     if foreign:
         raise ValueError(f"{path.name}: not encoder layers of this model: {foreign[:3]}")
     bert.load_state_dict(weights, strict=False)
-
-
-def digest(path: Path) -> str:
-    """A short hash of the file: the semantic cache keys its scopes by the embedder that made a vector."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]

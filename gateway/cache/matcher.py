@@ -26,7 +26,6 @@ numpy only: the gateway never imports torch) and its serving threshold ship in `
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections import OrderedDict
@@ -36,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from backend.embed.digest import file_digest
 from gateway.cache import lexical
 from gateway.cache.guards import same_key_terms
 
@@ -253,11 +253,6 @@ class MatcherModel:
                                  "file: retrain with `python -m gateway.cache.train`")  # fmt: skip
         return cls(Ensemble.from_json(raw["heads"]), threshold, float(raw["floor"]), raw.get("report", {}),
                    float(raw.get("union_threshold", threshold)), encoder, digest)  # fmt: skip
-
-
-def file_digest(path: Path) -> str:
-    """A short hash of a file (the same as backend/embed/tuned.py's, which the embedder's identity carries)."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
 class LearnedMatcher:

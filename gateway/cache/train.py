@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from backend.embed.digest import file_digest
 from gateway.cache import lexical
 from gateway.cache.config import CacheConfig
 from gateway.cache.guards import same_key_terms
@@ -55,7 +56,6 @@ from gateway.cache.matcher import (
     Question,
     TokenStates,
     features,
-    file_digest,
     norm,
     scored,
     style_free,
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.encoder.resolve().parent != args.out.resolve().parent:
         parser.error("--encoder must be in --out's folder (the model file names it, and is read beside it)")
     t0 = time.perf_counter()
-    # both files are written aside and moved in place once the model reads back: an interrupted run changes neither
+    # both files are written aside and moved in place together at the end: an interrupted run changes neither
     encoder = args.encoder.with_name(args.encoder.name + ".new")
     if args.keep_encoder:
         shutil.copyfile(args.encoder, encoder)
