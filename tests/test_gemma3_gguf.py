@@ -12,9 +12,8 @@ from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.fetch import fetch_gemma_gguf
-from backend.model.tokenizer import BUILD_COPIES, apply_chat_template, load_tokenizer
+from backend.model.tokenizer import apply_chat_template
 from backend.model.weights import resolve_model_dir
-from backend.quant.calibration import HELDOUT
 from backend.quant.gguf_header import read_header
 from tests.engine_helpers import assert_no_leaks, run_to_completion, token_ids
 
@@ -71,23 +70,3 @@ def test_a_configured_template_serves_chat_and_its_turn_end_stops(gguf: Path) ->
     forced = SamplingParams(temperature=0, max_tokens=8, logit_bias={end: 100.0})  # the next token is <end_of_turn>
     out = run_to_completion(engine, {0: [("r", ids, forced)]})["r"]
     assert token_ids(out) == [end] and out[-1].deltas[-1].finish_reason == "stop"
-
-
-def test_the_tokenizer_keeps_no_python_copy_of_its_vocabulary(gguf: Path) -> None:
-    """transformers' GemmaTokenizer builds its Rust tokenizer from Python copies of the 262,144-token vocabulary and the
-    merges and keeps them (146 MB): the engine reads the converted tokenizer.json with the tokenizers library instead,
-    builds no copy, and encodes and decodes exactly as GemmaTokenizer does, special tokens and all."""
-    from transformers import AutoTokenizer
-
-    model_dir = resolve_model_dir(gguf)
-    reference, ours = AutoTokenizer.from_pretrained(model_dir), load_tokenizer(model_dir)
-    assert all(name in vars(reference) for name in BUILD_COPIES)  # what there is to drop (a transformers upgrade may stop)
-    assert not any(name in vars(ours) for name in BUILD_COPIES)
-    text = HELDOUT.read_text()
-    assert ours.encode(text) == reference.encode(text) and ours.encode(text)[0] == 2
-    ids = reference.encode(text, add_special_tokens=False)
-    assert ours.decode(ids) == reference.decode(ids) and len(ours) == len(reference) == 262144
-    turn = "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
-    assert ours.encode(turn) == reference.encode(turn) and ours.all_special_ids == reference.all_special_ids
-    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (reference.bos_token_id, reference.eos_token_id,
-                                                                         reference.pad_token_id)

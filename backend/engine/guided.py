@@ -26,6 +26,7 @@ import torch
 from backend.engine.request import Sequence
 from backend.engine.sampling_params import SamplingParams
 from backend.errors import InvalidRequestError
+from backend.model.spm_tokenizer import SpmTokenizer
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -66,7 +67,10 @@ class GrammarCache:
     def tokenizer(self) -> llguidance.LLTokenizer:
         if self._tokenizer is None:
             try:
-                self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size)
+                if isinstance(self._hf_tokenizer, SpmTokenizer):
+                    self._tokenizer = self._hf_tokenizer.guidance(self._vocab_size)
+                else:
+                    self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size)
             except ValueError as exc:
                 raise InvalidRequestError(f"this model's tokenizer does not support constrained decoding: {exc}") from exc
         return self._tokenizer

@@ -20,6 +20,7 @@ from backend.config import EngineConfig, cache_dir
 from backend.model.arch import arch_of, context_limit, preflight
 from backend.model.llama import LlamaForCausalLM
 from backend.model.ops import CpuOps, Ops
+from backend.model.spm_tokenizer import SPM_META, save_spm
 from backend.quant.config import AWQ_TENSORS, AwqConfig, GptqConfig, awq_config_of, gptq_config_of
 from backend.quant.cpu_gemm import add_packed_copies
 from backend.quant.gguf_blocks import ARCHITECTURES as BLOCK_ARCHITECTURES
@@ -27,7 +28,7 @@ from backend.quant.gguf_blocks import BLOCK_TENSORS, NoBlocksError, as_module_te
 from backend.quant.gguf_grouped import ARCHITECTURES as GROUPED_ARCHITECTURES
 from backend.quant.gguf_grouped import TENSORS as GROUPED_TENSORS
 from backend.quant.gguf_grouped import dense_state, harmonize, is_gguf_grouped
-from backend.quant.gguf_header import read_header
+from backend.quant.gguf_header import GgufHeader, read_header
 from backend.quant.gguf_types import SERVED
 from backend.quant.kept_output import keep_head_output
 
@@ -53,20 +54,29 @@ def resolve_model_dir(path: Path, gguf_blocks: bool = False) -> Path:
 
         blocks = cache_dir() / "converted" / f"{path.stem}-{digest}-blocks"
         try:
-            return blocks if (blocks / "model.safetensors").exists() else convert_gguf_blocks(path, blocks)
+            return with_spm(header, blocks if (blocks / "model.safetensors").exists() else convert_gguf_blocks(path, blocks))
         except NoBlocksError:
             pass  # nothing 4-bit to keep (another block type, another architecture): grouped or dequantized below
     if gguf_blocks and header.architecture in GROUPED_ARCHITECTURES and set(SERVED) & set(header.tensor_types):
         from backend.quant.gguf_grouped import convert_gguf_grouped
 
         grouped = cache_dir() / "converted" / f"{path.stem}-{digest}-grouped"
-        return grouped if (grouped / "model.safetensors").exists() else convert_gguf_grouped(path, grouped)
+        return with_spm(header, grouped if (grouped / "model.safetensors").exists() else convert_gguf_grouped(path, grouped))
     out = cache_dir() / "converted" / f"{path.stem}-{digest}"
     if not (out / "model.safetensors").exists():
         from backend.model.gguf_convert import convert_gguf_to_hf
 
         convert_gguf_to_hf(path, out)
-    return out
+    return with_spm(header, out)
+
+
+def with_spm(header: GgufHeader, model_dir: Path) -> Path:
+    """`model_dir` with the file's SentencePiece proto beside the converted weights (the engine's tokenizer, where the
+    vocabulary is SentencePiece's: backend/model/spm_tokenizer.py), written once, a fraction of a second; a folder
+    converted before the proto was part of a conversion gets it here, without converting again."""
+    if not (model_dir / SPM_META).is_file():
+        save_spm(header, model_dir)
+    return model_dir
 
 
 def serving_quantization(path: Path, model_dir: Path, quantization: str, device: str, *, parallel: bool) -> str:

@@ -1,0 +1,204 @@
+"""A GGUF's SentencePiece vocabulary (`tokenizer.ggml.model: llama`: Gemma, Llama 2, Mistral, Phi-3) tokenized by Google's
+sentencepiece library, from the file's own pieces, scores and types.
+
+Why not the tokenizers library, which reads the tokenizer.json transformers writes from the same file: that file is
+a BPE model whose merges transformers derives from the scores (514,906 of them for Gemma 3's 262,144 pieces), and the
+library holds the vocabulary and the merges in hash maps both ways, ~96-109 MB resident for Gemma 3, against 40 MB
+here. A server that holds a 241 MB file in its own bits should not spend two fifths of that again on its tokenizer.
+
+The proto is the file's vocabulary as llama.cpp tokenizes it: BPE over the pieces' scores, byte fallback, spaces as
+U+2581, a leading space only where the file says `add_space_prefix`, no other normalization. Control tokens
+(<start_of_turn>, <bos>, ...) and user-defined ones (runs of spaces, tabs, newlines, HTML tags) are matched whole in
+the text, as transformers' tokenizer and llama.cpp's server (special tokens parsed) do: the proto marks both
+user-defined (SentencePiece matches only those in text), with a user-defined piece's spaces written as U+2581 (the
+text is matched after spaces become U+2581). Which ids are control, and the special ids, are kept beside the proto
+(`SPM_META`): they decide what `skip_special_tokens` drops. tests/test_spm_tokenizer.py checks ids and text against
+transformers' reading of the same file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backend.quant.gguf_header import GgufHeader
+
+SPM_MODEL = "gguf_tokenizer.model"  # the SentencePiece proto built from the GGUF (names no HF checkpoint ships)
+SPM_META = "gguf_tokenizer.json"
+# GGUF's token types (llama.cpp's llama_token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+SPACE = "\u2581"
+
+
+def is_spm_vocabulary(header: GgufHeader) -> bool:
+    """The file's tokenizer is SentencePiece's (`llama`) with scores and types: this module serves it."""
+    return header.metadata.get("tokenizer.ggml.model") == "llama" and all(
+        key in header.arrays for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"))
+
+
+def model_proto(header: GgufHeader) -> tuple[bytes, dict[str, Any]]:
+    """The SentencePiece proto of `header`'s vocabulary and the metadata kept beside it."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    pieces = header.array("tokenizer.ggml.tokens")
+    scores, types = header.array("tokenizer.ggml.scores"), header.array("tokenizer.ggml.token_type")
+    assert isinstance(pieces, list) and isinstance(scores, np.ndarray) and isinstance(types, np.ndarray)
+    meta = header.metadata
+    # SentencePiece wants one piece of type UNKNOWN, and matches no such piece in text; the file's own <unk> is a control
+    # token, matched in text as transformers and llama.cpp match it. So the proto's unknown piece is one more, past the
+    # vocabulary, that byte fallback never produces; bos/eos/pad have no role either (`encode` adds them as the file's
+    # add_bos/add_eos say)
+    trainer = pb.TrainerSpec(model_type=pb.TrainerSpec.BPE, byte_fallback=True, vocab_size=len(pieces) + 1,
+                             unk_id=len(pieces), bos_id=-1, eos_id=-1, pad_id=-1)
+    normalizer = pb.NormalizerSpec(name="identity", add_dummy_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+                                   remove_extra_whitespaces=False, escape_whitespaces=True)
+    m = pb.ModelProto(trainer_spec=trainer, normalizer_spec=normalizer)
+    kind = pb.ModelProto.SentencePiece
+    as_proto = {NORMAL: kind.NORMAL, CONTROL: kind.USER_DEFINED, USER_DEFINED: kind.USER_DEFINED, UNUSED: kind.UNUSED,
+                BYTE: kind.BYTE, UNKNOWN: kind.USER_DEFINED}
+    for piece, score, t in zip(pieces, scores.tolist(), types.tolist(), strict=True):
+        p = m.pieces.add()
+        p.piece = piece.replace(" ", SPACE) if t == USER_DEFINED else piece
+        p.score = score
+        p.type = as_proto.get(t, kind.NORMAL)
+    extra = m.pieces.add()
+    extra.piece, extra.score, extra.type = "<smolgate-unknown>", 0.0, kind.UNKNOWN
+    special = {name: meta.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "unknown", "padding")}
+    kept = {
+        "control": [i for i, t in enumerate(types.tolist()) if t in (CONTROL, UNKNOWN)],
+        "user_defined": [i for i, t in enumerate(types.tolist()) if t == USER_DEFINED],
+        "bos_token_id": special["bos"], "eos_token_id": special["eos"], "unk_token_id": special["unknown"],
+        "pad_token_id": special["padding"],
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", True)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+    }
+    return m.SerializeToString(), kept
+
+
+def save_spm(header: GgufHeader, out: Path) -> bool:
+    """Write the proto and its metadata into `out` when the file's vocabulary is SentencePiece's; False otherwise.
+    Each file is written aside and renamed, the metadata last: a folder with the metadata has both whole."""
+    if not is_spm_vocabulary(header):
+        return False
+    proto, meta = model_proto(header)
+    for name, data in ((SPM_MODEL, proto), (SPM_META, json.dumps(meta).encode())):
+        aside = out / f"{name}.partial"
+        aside.write_bytes(data)
+        aside.replace(out / name)
+    return True
+
+
+class SpmTokenizer:
+    """What the engine asks of a tokenizer (transformers' names and semantics): encode, decode, the special ids, the
+    chat template, and llguidance's view for constrained decoding."""
+
+    def __init__(self, model_dir: Path) -> None:
+        import sentencepiece
+
+        self.sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / SPM_MODEL))
+        meta = json.loads((model_dir / SPM_META).read_text())
+        self.control = frozenset(meta["control"])
+        self.user_defined = frozenset(meta["user_defined"])
+        self.bos_token_id: int | None = meta["bos_token_id"]
+        self.eos_token_id: int | None = meta["eos_token_id"]
+        self.unk_token_id: int | None = meta["unk_token_id"]
+        self.pad_token_id: int | None = meta["pad_token_id"]
+        self.add_bos, self.add_eos = meta["add_bos_token"], meta["add_eos_token"]
+        self.chat_template: str | None = None
+
+    def __len__(self) -> int:
+        return int(self.sp.get_piece_size()) - 1  # the proto's own unknown piece is past the vocabulary
+
+    def _token(self, token_id: int | None) -> str | None:
+        return None if token_id is None else self.convert_ids_to_tokens(token_id)
+
+    @property
+    def bos_token(self) -> str | None:
+        return self._token(self.bos_token_id)
+
+    @property
+    def eos_token(self) -> str | None:
+        return self._token(self.eos_token_id)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids: list[int] = self.sp.encode(text)
+        if add_special_tokens:
+            if self.add_bos and self.bos_token_id is not None:
+                ids.insert(0, self.bos_token_id)
+            if self.add_eos and self.eos_token_id is not None:
+                ids.append(self.eos_token_id)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self.control]
+        return str(self.sp.decode(list(ids)))
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        """A piece's id (a user-defined piece by its text, spaces and all); the unknown id for one not in the
+        vocabulary."""
+        found = int(self.sp.piece_to_id(token.replace(" ", SPACE)))
+        return self.unk_token_id if found >= len(self) else found
+
+    def convert_ids_to_tokens(self, token_id: int) -> str:
+        piece = str(self.sp.id_to_piece(token_id))
+        return piece.replace(SPACE, " ") if token_id in self.user_defined else piece
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False, tokenize: bool = True) -> list[int] | str:
+        """The template rendered by transformers' renderer (the same Jinja environment and special-token variables
+        as its tokenizers), then encoded without added special tokens (the template writes them)."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        if self.chat_template is None:
+            raise ValueError("this tokenizer has no chat template")
+        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]  # as transformers normalizes them
+        names = {"bos_token": self.bos_token, "eos_token": self.eos_token, "unk_token": self._token(self.unk_token_id),
+                 "pad_token": self._token(self.pad_token_id)}
+        rendered, _ = render_jinja_template(
+            [chat], chat_template=self.chat_template, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, **{k: v for k, v in names.items() if v is not None})
+        text: str = rendered[0]
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def token_bytes(self) -> list[bytes]:
+        """Each id's bytes as llguidance reads a vocabulary: a byte piece its byte, a control token its text after
+        0xFF (never produced by text), everything else its text with U+2581 as a space."""
+        out: list[bytes] = []
+        for i in range(len(self)):
+            piece = str(self.sp.id_to_piece(i))
+            if self.sp.is_byte(i):
+                out.append(bytes([int(piece[3:5], 16)]))  # <0xNN>
+            elif i in self.control:
+                out.append(b"\xff" + piece.encode())
+            else:
+                out.append(piece.replace(SPACE, " ").encode())
+        return out
+
+    def guidance(self, n_vocab: int) -> Any:
+        """llguidance's tokenizer over this vocabulary, `n_vocab` ids (the model's rows; ids past the vocabulary are
+        never allowed)."""
+        import llguidance
+
+        tokens = self.token_bytes() + [b""] * max(0, n_vocab - len(self))
+        encode: Callable[[str], list[int]] = lambda text: self.encode(text, add_special_tokens=False)  # noqa: E731
+        wrapper = llguidance.TokenizerWrapper(_Vocabulary(tokens, encode, self))
+        return llguidance.LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=self.eos_token_id)
+
+
+class _Vocabulary:
+    """The shape llguidance.TokenizerWrapper reads: token bytes, eos/bos ids, special ids, and a call that encodes."""
+
+    def __init__(self, tokens: list[bytes], encode: Callable[[str], list[int]], tokenizer: SpmTokenizer) -> None:
+        self.tokens, self._encode = tokens, encode
+        self.eos_token_id, self.bos_token_id = tokenizer.eos_token_id, tokenizer.bos_token_id
+        self.special_token_ids = sorted(tokenizer.control)
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            raise TypeError("text, not bytes")  # TokenizerWrapper then passes str
+        return self._encode(text)
