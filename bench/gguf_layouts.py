@@ -1,11 +1,15 @@
-"""The grouped GEMM's two weight layouts for a GGUF's 4-bit values (kernels/cpu/wg8a8.py): int8, one byte a value, and
-nibbles, two a byte (what a Q4_K, Q4_1 or Q4_0 weight is served in on a CPU: backend/quant/gguf_grouped.nibble_offset).
+"""The grouped GEMM's weight layouts for a GGUF's 4- and 5-bit values (kernels/cpu/wg8a8.py): int8, one byte a value,
+against nibbles, two a byte (what a Q4_K, Q4_1 or Q4_0 weight is served in on a CPU:
+backend/quant/gguf_grouped.nibble_offset), and for 5-bit values (Q5_0, Q5_1, Q5_K) on AVX-512 against the 5-bit layout
+(nibbles and a plane of fifth bits: wg8a8_avx512.c).
 
     python -m bench.gguf_layouts [--rows 1,8,32] [--reps 50]
 
 For each instruction set this CPU runs (AVX2; AVX-512 VNNI where it has it; NEON on aarch64) and each case: Q4_K's
 values (0..15, a scale and a term per 32) on Gemma 3 270M's o_proj and down_proj shapes (640 x 1024, 640 x 2048) and
-an 8B model's 4096 x 4096, Q4_0's (-8..7, a scale per 32, offset 8) on the 4096 x 4096: the weight bytes of each
+an 8B model's 4096 x 4096, Q4_0's (-8..7, a scale per 32, offset 8) on the 4096 x 4096, and on AVX-512 Q5_0's
+(-16..15, an fp16 scale per 32, offset 16) on Gemma 3's fused q/k/v and gate/up (1536 x 640, 4096 x 640) and the
+4096 x 4096: the weight bytes of each
 layout, whether the two give the same bits (they should: the same integer sums, the same float steps), and the best
 of 5 timings of `reps` calls per row count, microseconds, with `ratio` (the second layout's time over the first's; under
 1 is faster). Then Gemma's 262,144 x 640 Q8_0 table as the tied LM head, its fp16 scales (the file's d, as served)
@@ -26,12 +30,14 @@ import torch
 from bench.gemm import best_us
 from bench.report import default_out, emit
 from kernels.cpu.build import NEON_ISA, avx512_available, c_kernels_unavailable, cpu_isa
-from kernels.cpu.wg8a8 import GroupedInt8, PackedGrouped, lanes_of, load_wg8a8, pack, wg8a8_linear
+from kernels.cpu.wg8a8 import GroupedInt8, PackedGrouped, fifth_bit, lanes_of, load_wg8a8, pack, wg8a8_linear
 
 # (type, shape name, out, in): the type's value range, offset and terms below; int8 against nibbles
 CASES = (("Q4_K", "gemma3_o_proj", 640, 1024), ("Q4_K", "gemma3_down_proj", 640, 2048), ("Q4_K", "8b_proj", 4096, 4096),
-         ("Q4_0", "8b_proj", 4096, 4096))
-TYPES = {"Q4_K": (0, 16, 0, True), "Q4_0": (-8, 8, 8, False)}  # low, high (exclusive), offset, terms
+         ("Q4_0", "8b_proj", 4096, 4096), ("Q5_0", "gemma3_qkv_proj", 1536, 640),
+         ("Q5_0", "gemma3_gate_up_proj", 4096, 640), ("Q5_0", "8b_proj", 4096, 4096))
+TYPES = {"Q4_K": (0, 16, 0, True), "Q4_0": (-8, 8, 8, False), "Q5_0": (-16, 16, 16, False)}  # low, high (exclusive),
+# offset, terms
 SCALES_CASE = ("Q8_0", "gemma3_lm_head", 262144, 640)  # fp32 against fp16 scales (the file's own d)
 
 
@@ -59,13 +65,18 @@ def layouts(isa: str, folder: Path, rows_list: list[int], reps: int) -> list[dic
     out = []
     for case in CASES:
         kind, _, n, k = case
+        five = kind.startswith("Q5")
+        if five and not fifth_bit(lib):
+            continue  # 5-bit values stay int8 on this kernel
         low, high, offset, terms = TYPES[kind]
         g = torch.Generator().manual_seed(n + k)
         scales = torch.rand(n, k // 32, generator=g) * 0.01
         weight = GroupedInt8(torch.randint(low, high, (n, k), dtype=torch.int8, generator=g),
                              scales if terms else scales.half().float(),  # Q4_0's d is fp16 in the file
                              torch.randn(n, k // 32, generator=g) * 0.01 if terms else None)
-        packed = {"int8": pack(weight, lanes_of(lib)), "nibbles": pack(weight, lanes_of(lib), nibbles=True, offset=offset)}
+        second = "five_bits" if five else "nibbles"
+        packed = {"int8": pack(weight, lanes_of(lib)),
+                  second: pack(weight, lanes_of(lib), nibbles=True, offset=offset, fifth=five)}
         out += compare(lib, isa, case, packed, rows_list=rows_list, reps=reps, g=g)
     kind, _, n, k = SCALES_CASE
     g = torch.Generator().manual_seed(n + k)
@@ -90,9 +101,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         rows = [row for isa in isas for row in layouts(isa, Path(folder), rows_list, args.reps)]
     nib = [r["ratio"] for r in rows if r["layouts"][1] == "nibbles"]
+    five = [r["ratio"] for r in rows if r["layouts"][1] == "five_bits"]
     half = [r["ratio"] for r in rows if r["layouts"][1] == "fp16_scales"]
     result = {"bench": "gguf_layouts", "isas": isas, "threads": torch.get_num_threads(), "rows": rows,
-              "nibbles_over_int8_range": [min(nib), max(nib)], "fp16_over_fp32_scales_range": [min(half), max(half)],
+              "nibbles_over_int8_range": [min(nib), max(nib)],
+              "five_bits_over_int8_range": [min(five), max(five)] if five else None,
+              "fp16_over_fp32_scales_range": [min(half), max(half)],
               "same_bits": all(r["same_bits"] for r in rows)}
     return emit(result, args.out or default_out("gguf_layouts"))
 

@@ -38,7 +38,7 @@ from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
 from backend.quant.gguf_types import SERVED, decode
 from backend.quant.kept_output import KeptOutput
 from kernels.cpu import build as build_py
-from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
+from kernels.cpu.wg8a8 import GroupedInt8, fifth_bit, lanes_of, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
 from tests.c_kernels import ISAS, build, requires_avx512, requires_c_kernels
 from tests.engine_helpers import (
     assert_no_leaks,
@@ -87,6 +87,14 @@ def test_each_type_decodes_bit_for_bit_as_gguf_py(kind: str) -> None:
         terms = grouped.zeros is not None  # half a byte a value, a scale (fp16 where it is one: Q4_0's, Q4_1's d) and term a 32
         assert packed.scales.dtype == (torch.float32 if kind == "Q4_K" else torch.float16), kind
         assert packed.nbytes() == packed.padded * (k // 2 + k // 32 * (packed.scales.element_size() + 4 * terms)), kind
+    five = nibble_offset(grouped, bits=5)  # the 5-bit layout (AVX-512): the 4- and 5-bit types, the same bits again
+    assert five == {"Q4_0": 16, "Q4_1": 0, "Q4_K": 0, "Q5_0": 16, "Q5_1": 0, "Q5_K": 0}.get(kind), kind
+    if five is not None:
+        packed = pack(grouped, 16, nibbles=True, offset=five, fifth=True)
+        assert torch.equal(packed.dequantized().view(torch.int32), ref.view(torch.int32))
+        assert torch.equal(packed.rows(rows), ref[rows])
+        terms = grouped.zeros is not None  # 5 bits a value, and the scale and term a 32
+        assert packed.nbytes() == packed.padded * (k // 2 + k // 8 + k // 32 * (packed.scales.element_size() + 4 * terms))
 
 
 def test_a_type_not_served_is_left_to_the_caller() -> None:
@@ -141,6 +149,44 @@ def test_the_nibble_layout_gives_the_int8_layouts_bits(lib: object, low: int, hi
     assert torch.equal(torch.cat([wg8a8_linear(lib, x[i:i + 1], w4) for i in range(m)]), y)  # type: ignore[arg-type]
 
 
+@pytest.fixture(scope="module")
+def avx512_lib(tmp_path_factory: pytest.TempPathFactory) -> object:
+    return build(partial(load_wg8a8, isa="avx512"), tmp_path_factory, "wg8a8-five")
+
+
+@requires_c_kernels
+def test_only_the_avx512_kernel_reads_the_5_bit_layout(lib: object) -> None:
+    assert fifth_bit(lib) == (lanes_of(lib) == 16)  # type: ignore[arg-type]
+
+
+@requires_avx512
+@pytest.mark.parametrize(("low", "high", "offset"), [(-16, 16, 16), (0, 32, 0), (-8, 8, 16)], ids=["Q5_0", "Q5_K", "Q4_0"])
+@pytest.mark.parametrize("zeros", [False, True], ids=["symmetric", "terms"])
+@pytest.mark.parametrize("half", [False, True], ids=["fp32_scales", "fp16_scales"])
+def test_the_5_bit_layout_gives_the_int8_layouts_bits(avx512_lib: object, low: int, high: int, offset: int, zeros: bool,
+                                                      half: bool) -> None:
+    """The 5-bit layout (wg5a8_linear, AVX-512) holds u = q + offset's low four bits as the nibble layout does and its
+    fifth bits in a plane, added back as 16 through a 64-bit mask a chunk: the int8 layout's integer sums, so its bits,
+    at every tile of x (6, 4 and 1 rows; one hexadecet and two), in 0.69 bytes a value with an fp16 scale."""
+    lib = avx512_lib
+    torch.manual_seed(13 + zeros + offset + half)
+    n, k = 77, 640  # 77 rows: the last hexadecet padded, and two hexadecets a tile from 16 rows of x on
+    scales = torch.rand(n, k // 32) * 0.01
+    g = GroupedInt8(torch.randint(low, high, (n, k), dtype=torch.int8), scales.half().float() if half else scales,
+                    torch.randn(n, k // 32) * 0.01 if zeros else None)
+    w8, w5 = pack(g, 16), pack(g, 16, nibbles=True, offset=offset, fifth=True)
+    assert w5.shape == w8.shape == (n, k) and (w5.scales.dtype == torch.float16) == half
+    assert torch.equal(w5.dequantized().view(torch.int32), g.dequantized().view(torch.int32))
+    assert torch.equal(w5.rows(torch.tensor([76, 3, 17])), g.dequantized()[[76, 3, 17]])
+    for m in (1, 5, 23, 37):
+        x = torch.randn(m, k) * 3
+        y = wg8a8_linear(lib, x, w5)  # type: ignore[arg-type]
+        assert torch.equal(y, wg8a8_linear(lib, x, w8)), m  # type: ignore[arg-type]
+    assert torch.equal(torch.cat([wg8a8_linear(lib, x[i:i + 1], w5) for i in range(m)]), y)  # type: ignore[arg-type]
+    if half and not zeros and offset == 16 and low == -16:  # Q5_0 as served: 0.69 bytes a value against 1.06
+        assert w5.nbytes() / (w5.padded * k) == 0.6875 and w8.nbytes() / (w8.padded * k) == 1.0625
+
+
 @requires_c_kernels
 @pytest.mark.parametrize("offset", [None, 8], ids=["int8", "nibbles"])
 def test_fp16_scales_give_the_float32_scales_bits(lib: object, offset: int | None) -> None:
@@ -163,6 +209,7 @@ def test_only_4_bit_values_in_groups_of_32_take_the_nibble_layout() -> None:
     scales = torch.rand(16, 2)
     q = torch.randint(-8, 8, (16, 64), dtype=torch.int8)
     assert [nibble_offset(GroupedInt8(q * f, scales, None)) for f in (1, 2)] == [8, None]  # 4 bits, 5 bits
+    assert [nibble_offset(GroupedInt8(q * f, scales, None), bits=5) for f in (2, 3)] == [16, None]  # 5 bits, 6 bits
     assert nibble_offset(GroupedInt8(q + 8, scales, scales)) == 0
     assert nibble_offset(GroupedInt8(q, torch.rand(16, 4), None)) is None  # groups of 16 (Q6_K, Q3_K)
     with pytest.raises(AssertionError, match="nibbles"):
@@ -239,7 +286,10 @@ def test_gemma_served_in_its_own_bits(gguf: Path, reference: dict, caplog: pytes
         m.kept_output for m in model.modules() if isinstance(m, GgufLinear) and m is not model.lm_head)
     linears = [m for m in model.modules() if isinstance(m, GgufLinear)]
     assert len(linears) == 18 * 4 + 1 and all(m.lib is not None for m in linears)
-    assert sum(m.weight_q.nibbles for m in linears) == 27  # the Q4_K projections (o_proj, half the down_proj): 4 bits
+    four = sum(m.weight_q.nibbles and m.weight_q.fifth is None for m in linears)
+    assert four == 27  # the Q4_K projections (o_proj, half the down_proj): 4 bits
+    five = sum(m.weight_q.fifth is not None for m in linears)  # Q5_0's: every gate_up, and the q/k/v where v is too
+    assert five == (27 if fifth_bit(linears[0].lib) else 0)
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())  # no float copy of any projection
     weight_bytes = sum(m.weight_bytes() for m in linears[:-1]) + model.embed_tokens.weight_bytes()
     assert weight_bytes < 1.3 * gguf.stat().st_size, (weight_bytes, gguf.stat().st_size)

@@ -3,8 +3,9 @@ sentencepiece library, from the file's own pieces, scores and types.
 
 Why not the tokenizers library, which reads the tokenizer.json transformers writes from the same file: that file is
 a BPE model whose merges transformers derives from the scores (514,906 of them for Gemma 3's 262,144 pieces), and the
-library holds the vocabulary and the merges in hash maps both ways, ~96-109 MB resident for Gemma 3, against 40 MB
-here. A server that holds a 241 MB file in its own bits should not spend two fifths of that again on its tokenizer.
+library holds the vocabulary and the merges in hash maps both ways, ~109 MB resident for Gemma 3, against 44 MB here
+(the library's code included). A server that holds a 241 MB file in its own bits should not spend two fifths of that
+again on its tokenizer.
 
 The proto is the file's vocabulary as llama.cpp tokenizes it: BPE over the pieces' scores, byte fallback, spaces as
 U+2581, a leading space only where the file says `add_space_prefix`, no other normalization. Control tokens
@@ -13,7 +14,9 @@ the text, as transformers' tokenizer and llama.cpp's server (special tokens pars
 user-defined (SentencePiece matches only those in text), with a user-defined piece's spaces written as U+2581 (the
 text is matched after spaces become U+2581). Which ids are control, and the special ids, are kept beside the proto
 (`SPM_META`): they decide what `skip_special_tokens` drops. tests/test_spm_tokenizer.py checks ids and text against
-transformers' reading of the same file.
+transformers' reading of the same file. One difference, kept on purpose: byte pieces that do not make valid UTF-8 cost
+only the invalid bytes (each a U+FFFD, as llama.cpp reads them), where transformers' decoder turns the whole run of
+byte pieces into U+FFFD.
 """
 
 from __future__ import annotations

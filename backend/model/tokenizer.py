@@ -48,7 +48,7 @@ CONVERTED_GGUF = frozenset({"gguf_blocks", "gguf_grouped"})
 
 def load_tokenizer(model_dir: Path) -> Any:
     """The model's tokenizer. A GGUF with a SentencePiece vocabulary (Gemma, Llama 2, Mistral, Phi-3) gets its proto,
-    built from the file at conversion (backend/model/spm_tokenizer.py: 40 MB resident for Gemma 3's vocabulary, where
+    built from the file at conversion (backend/model/spm_tokenizer.py: 44 MB resident for Gemma 3's vocabulary, where
     the tokenizers library holds ~109). Any other converted GGUF's tokenizer.json was written by transformers from the file's own
     tokenizer: the tokenizers library reads it as it is, and no Python copy of the vocabulary is built at all (Gemma
     3's family class built one and dropped it, BUILD_COPIES, leaving 13 MB more resident: 122 against 109 MB, its Rust

@@ -6,6 +6,8 @@ GGUF file's blocks served in their own values (backend/quant/gguf_types.py decod
     w = pack(g, lanes_of(lib))                # once: the kernel's layout, the only copy a layer keeps
     w = pack(g, lanes_of(lib), nibbles=True, offset=o)  # or, for q + o in 0..15 (groups of 32), two values a byte
                                               # (wg4a8_linear)
+    w = pack(g, 16, nibbles=True, offset=o, fifth=True)  # or, for q + o in 0..31 where fifth_bit(lib) (AVX-512):
+                                              # the low four bits so, and a plane of fifth bits (wg5a8_linear)
     y = wg8a8_linear(lib, x, w)               # x (M, K) float32 -> (M, N) float32
     w.rows(ids), w.dequantized()              # the float32 weights served: scale * q (+ zero), per group
 
@@ -79,12 +81,16 @@ class PackedGrouped:
     group: int
     nibbles: bool = False  # q holds u = value + offset (0..15), chunks t and t + 1 in one: its low and high nibbles
     offset: int = 0  # with nibbles: value = u - offset
-    args: tuple[int, int, int | None, int] = field(init=False)  # the kernel's weight arguments, looked up once
+    # with nibbles, u's fifth bits (u in 0..31; q holds the low four): (N / L, K / 4, L / 2) uint8, per chunk of q's
+    # unpacked values (L x 4) a bit each, bit i of the chunk's bytes (little-endian) for its value i
+    fifth: torch.Tensor | None = None
+    args: tuple[int, int, int | None, int, int | None] = field(init=False)  # the kernel's weight arguments, looked up once
 
     def __post_init__(self) -> None:
         zeros = None if self.zeros is None else self.zeros.data_ptr()
         half = int(self.scales.dtype == torch.float16)
-        object.__setattr__(self, "args", (self.q.data_ptr(), self.scales.data_ptr(), zeros, half))
+        fifth = None if self.fifth is None else self.fifth.data_ptr()
+        object.__setattr__(self, "args", (self.q.data_ptr(), self.scales.data_ptr(), zeros, half, fifth))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -101,15 +107,20 @@ class PackedGrouped:
 
     def nbytes(self) -> int:
         terms = 0 if self.zeros is None else 4 * self.zeros.numel()
-        return self.q.numel() + self.scales.numel() * self.scales.element_size() + terms
+        fifth = 0 if self.fifth is None else self.fifth.numel()
+        return self.q.numel() + self.scales.numel() * self.scales.element_size() + terms + fifth
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 (len(ids), K): the served values of those rows (an embedding lookup: no float copy of the table)."""
         chunk, lane = ids // self.lanes, ids % self.lanes
         q = self.q[chunk, :, lane, :]  # (rows, K / 4, 4), or (rows, K / 8, 4) nibble pairs
         if self.nibbles:
-            u = torch.stack([q & 15, q >> 4], dim=2)  # (rows, K / 8, 2: chunks t and t + 1, 4)
-            q = (u.to(torch.int16) - self.offset).to(torch.int8)
+            u = torch.stack([q & 15, q >> 4], dim=2).to(torch.int16)  # (rows, K / 8, 2: chunks t and t + 1, 4)
+            if self.fifth is not None:  # (rows, K / 4, lanes x 4 bits) -> this lane's 4 bits of each chunk
+                bits = (self.fifth[chunk].to(torch.int16)[..., None] >> torch.arange(8)) & 1
+                bits = bits.reshape(len(ids), -1, self.lanes, 4)[torch.arange(len(ids)), :, lane]
+                u = u + 16 * bits.reshape(u.shape)
+            q = (u - self.offset).to(torch.int8)
         q = q.reshape(len(ids), -1)
         z = None if self.zeros is None else self.zeros[chunk, :, lane]
         return _dequantize(q, self.scales[chunk, :, lane].float(), z)
@@ -118,15 +129,18 @@ class PackedGrouped:
         return self.rows(torch.arange(self.n))
 
 
-def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False, offset: int = 0) -> PackedGrouped:
+def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False, offset: int = 0, *, fifth: bool = False) -> PackedGrouped:
     """g in the layout of a kernel whose chunks hold `lanes` rows (lanes_of(lib): 8, or 16 for wg8a8_avx512.c); with
     `nibbles`, its values as u = q + offset (0..15, groups of 32) two a byte: chunk t's in the low nibbles, t + 1's in
-    the high ones."""
+    the high ones; with `fifth` too (lanes 16: wg8a8_avx512.c), u in 0..31, its low four bits so and its fifth bits in
+    a plane of their own."""
     assert lanes in (8, 16), f"lanes: 8 or 16, got {lanes}"
     assert offset == 0 or nibbles, "an offset is the nibble layout's"
+    assert not fifth or (nibbles and lanes == 16), "the 5-bit layout is the nibble layout's, in chunks of 16 rows"
     if nibbles:
+        top = 31 if fifth else 15
         low, high = int(g.q.min()) + offset, int(g.q.max()) + offset
-        assert g.group == 32 and low >= 0 and high <= 15, f"nibbles: q + offset in 0..15, group 32 (got {low}..{high})"
+        assert g.group == 32 and low >= 0 and high <= top, f"nibbles: q + offset in 0..{top}, group 32 (got {low}..{high})"
     n = g.shape[0]
     pad = -n % lanes
 
@@ -136,14 +150,24 @@ def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False, offset: int = 0)
 
     zeros = None if g.zeros is None else chunks(g.zeros, 1).squeeze(-1)
     q = chunks(g.q, 4)
+    bits = None
     if nibbles:  # (N / L, K / 4, L, 4) -> pairs of chunks (t, t + 1) -> one byte a pair of values
         u = (q.to(torch.int16) + offset).to(torch.uint8)  # the padding rows too: value 0
+        if fifth:  # each chunk's L x 4 fifth bits, little-endian: bit i of the chunk's bytes for its value i
+            fifths = (u >> 4).view(u.shape[0], u.shape[1], -1, 8).to(torch.int16)
+            bits = (fifths << torch.arange(8, dtype=torch.int16)).sum(-1).to(torch.uint8).contiguous()
+            u = u & 15
         pairs = u.view(q.shape[0], -1, 2, lanes, 4)
         q = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
     scales = chunks(g.scales, 1).squeeze(-1)
     if torch.equal(scales.half().float(), scales):  # a GGUF type's own fp16 d (Q8_0, Q5_0, Q4_0, ...): half the bytes
         scales = scales.half()
-    return PackedGrouped(q, scales, zeros, n, g.group, nibbles, offset)
+    return PackedGrouped(q, scales, zeros, n, g.group, nibbles, offset, bits)
+
+
+def fifth_bit(lib: ctypes.CDLL | None) -> bool:
+    """Whether `lib` reads the 5-bit layout (wg8a8_avx512.c's wg5a8_linear)."""
+    return lib is not None and hasattr(lib, "wg5a8_linear")
 
 
 def lanes_of(lib: ctypes.CDLL | None) -> int:
@@ -161,6 +185,10 @@ def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
         lib.wg4a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, ctypes.c_int, ctypes.c_int32, p, ctypes.c_int]
         for entry in (lib.wg8a8_linear, lib.wg4a8_linear):
             entry.restype = ctypes.c_int
+        if fifth_bit(lib):
+            lib.wg5a8_linear.argtypes = [p, i64, p, p, p, p, i64, i64, i64, i64, ctypes.c_int, ctypes.c_int32, p,
+                                         ctypes.c_int]
+            lib.wg5a8_linear.restype = ctypes.c_int
         lib.wg8a8_lanes.argtypes, lib.wg8a8_lanes.restype = [], ctypes.c_int
     return lib
 
@@ -175,8 +203,12 @@ def wg8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: PackedGrouped, out: torch
     m = x.shape[0]
     y = torch.empty(m, padded) if out is None else out
     assert y.shape == (m, padded) and y.dtype == torch.float32 and y.is_contiguous(), f"out must be ({m}, {padded}) float32"
-    q, scales, zeros, half = w.args
-    if w.nibbles:
+    q, scales, zeros, half, fifth = w.args
+    if fifth is not None:
+        assert fifth_bit(lib), "the 5-bit layout is read by wg8a8_avx512.c only"
+        rc = lib.wg5a8_linear(x.data_ptr(), x.stride(0), q, fifth, scales, zeros, m, padded, k, w.group, half, w.offset,
+                              y.data_ptr(), torch.get_num_threads())
+    elif w.nibbles:
         rc = lib.wg4a8_linear(x.data_ptr(), x.stride(0), q, scales, zeros, m, padded, k, w.group, half, w.offset,
                               y.data_ptr(), torch.get_num_threads())
     else:

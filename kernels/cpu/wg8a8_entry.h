@@ -28,6 +28,7 @@ typedef struct { /* one call's operands, as wg_rows reads them */
   int nib;        /* w is in the nibble layout */
   int32_t offset; /* the nibble layout's values are u - offset */
   int half;       /* ws holds fp16 values */
+  const uint8_t *hi; /* with nib: each value's fifth bit (the 5-bit layout: wg8a8_avx512.c), or NULL */
 } wg_args;
 
 static void wg_rows(const wg_args *a, int64_t n0, int64_t n1);
@@ -39,8 +40,8 @@ int wg8a8_lanes(void) { return WG_LANES; }
  * WG_LANES, K of 32, G 16 or 32 (32 for nibbles). Returns 0, -1 when the scratch could not be allocated, -2 on a shape
  * it does not take. */
 static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const void *ws, const float *wz, int64_t M, int64_t N,
-                     int64_t K, int64_t G, int32_t offset, float *y, int nthreads, int nib, int half) {
-  if (K % 32 || N % WG_LANES || (G != 16 && G != 32) || (nib && G != 32)) return -2;
+                     int64_t K, int64_t G, int32_t offset, float *y, int nthreads, int nib, int half, const uint8_t *hi) {
+  if (K % 32 || N % WG_LANES || (G != 16 && G != 32) || (nib && G != 32) || (hi && !nib)) return -2;
   const int64_t ng = K / G;
   const quantized a = quantized_alloc(M, K, 32);
   int32_t *xsum = malloc(sizeof(int32_t) * (size_t)(M * ng));
@@ -56,7 +57,7 @@ static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const void *w
       for (int64_t k = 0; k < G; k++) s += a.xq[i * G + k];
       xsum[i] = s;
     }
-  const wg_args args = {w, ws, wz, a.xq, xsum, a.xd, a.xs, M, N, K, G, y, nib, offset, half};
+  const wg_args args = {w, ws, wz, a.xq, xsum, a.xd, a.xs, M, N, K, G, y, nib, offset, half, hi};
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t n0 = 0; n0 < N; n0 += WG_ROWS) wg_rows(&args, n0, n0 + WG_ROWS < N ? n0 + WG_ROWS : N);
   free(a.block);

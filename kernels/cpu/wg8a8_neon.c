@@ -87,8 +87,9 @@ TILE(4, 0) TILE(1, 0) TILE(4, 1) TILE(1, 1)
  * nibble layout, values u - offset); N a multiple of 8, K of 32, G 16 or 32 (32 for nibbles). Returns 0, -1 when the
  * scratch could not be allocated, -2 on a shape it does not take. */
 static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const void *ws, const float *wz, int64_t M, int64_t N,
-                     int64_t K, int64_t G, int32_t offset, float *y, int nthreads, int nib, int half) {
-  if (K % 32 || N % 8 || (G != 16 && G != 32) || (nib && G != 32)) return -2;
+                     int64_t K, int64_t G, int32_t offset, float *y, int nthreads, int nib, int half,
+                     const uint8_t *hi) {
+  if (K % 32 || N % 8 || (G != 16 && G != 32) || (nib && G != 32) || hi) return -2; /* no 5-bit layout here */
   const int64_t row_bytes = nib ? K / 2 : K;
   const int64_t nb = K / 32, ng = K / G;
   const quantized a = quantized_alloc(M, K, 32);
