@@ -15,10 +15,23 @@ from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.fetch import fetch_gemma_gguf
-from backend.model.spm_tokenizer import SPM_META, SPM_MODEL, SpmTokenizer
+from backend.model.spm_tokenizer import (
+    BYTE,
+    CONTROL,
+    NORMAL,
+    SPM_META,
+    SPM_MODEL,
+    UNKNOWN,
+    SpmTokenizer,
+    declined,
+    save_spm,
+    serves,
+    written,
+)
 from backend.model.tokenizer import BUILD_COPIES, CHAT_TEMPLATES, apply_chat_template, load_tokenizer
-from backend.model.weights import resolve_model_dir
+from backend.model.weights import resolve_model_dir, with_spm
 from backend.quant.calibration import HELDOUT
+from backend.quant.gguf_header import read_header
 from tests.engine_helpers import run_to_completion, token_ids
 
 PAIRS = Path(__file__).parent / "data" / "cache_pairs"
@@ -167,3 +180,70 @@ def test_constrained_decoding_reads_the_vocabulary(ours: SpmTokenizer) -> None:
     out = run_to_completion(engine, {0: [("r", ids, params)]})["r"]
     value = json.loads(engine.tokenizer.decode(token_ids(out), skip_special_tokens=True))
     assert set(value) == {"city", "year"} and isinstance(value["year"], int) and isinstance(value["city"], str)
+
+
+def tiny_gguf(path: Path, *, model: str = "llama", space_prefix: bool | None = False, unknown_type: bool = False,
+              scores_in_order: bool = True, template: str | None = None) -> Path:
+    """A GGUF with only a header: a SentencePiece vocabulary of 256 byte pieces, four controls and a few words."""
+    from gguf import GGUFWriter
+
+    words = ["\u2581a", "b", "\u2581ab", "\u2581abb", "c"]
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{i:02X}>" for i in range(256)] + words
+    types = [CONTROL] * 4 + [BYTE] * 256 + [NORMAL] * len(words)
+    scores = [0.0] * 260 + [-float(i) for i in range(len(words))]
+    if unknown_type:
+        types[-1] = UNKNOWN
+    if not scores_in_order:
+        scores[-2], scores[-1] = scores[-1], scores[-2]
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model(model)
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(3)
+    writer.add_pad_token_id(0)
+    if space_prefix is not None:
+        writer.add_add_space_prefix(space_prefix)
+    if template is not None:
+        writer.add_chat_template(template)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(("variant", "reason"), [
+    ({"space_prefix": None}, "a leading space added"),  # llama.cpp's default: Llama 2, Mistral, Phi-3
+    ({"space_prefix": True}, "a leading space added"),
+    ({"unknown_type": True}, "pieces of type unknown"),
+    ({"scores_in_order": False}, "scores out of id order"),
+    ({"model": "gpt2"}, "not SentencePiece's"),
+])
+def test_a_vocabulary_it_does_not_serve_keeps_transformers_tokenizer(tmp_path: Path, variant: dict, reason: str) -> None:
+    """Where transformers', llama.cpp's and SentencePiece's readings could differ, the file keeps transformers'
+    tokenizer.json, and the folder says why, so that the check is not made again at every start."""
+    header = read_header(tiny_gguf(tmp_path / "v.gguf", **variant))
+    assert declined(header, header.array("tokenizer.ggml.scores"), header.array("tokenizer.ggml.token_type"))  # type: ignore[arg-type]
+    assert not save_spm(header, tmp_path) and not serves(tmp_path) and written(tmp_path)
+    assert reason in json.loads((tmp_path / SPM_META).read_text())["declined"]
+    assert not (tmp_path / SPM_MODEL).exists()
+
+
+def test_a_served_vocabulary_keeps_the_files_template_and_a_new_format_is_written_again(tmp_path: Path) -> None:
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    header = read_header(tiny_gguf(tmp_path / "t.gguf", template=template))
+    assert declined(header) is None and save_spm(header, tmp_path) and serves(tmp_path)
+    tokenizer = SpmTokenizer(tmp_path)
+    assert tokenizer.chat_template == template
+    assert tokenizer.encode(" ab abb") == [2, 262, 263]  # <bos>, "\u2581ab", "\u2581abb": merged by score
+    assert tokenizer.encode("ab") == [2, 4 + ord("a"), 261]  # no "a" piece without a space: its byte
+    assert tokenizer.decode([2, 262, 263], skip_special_tokens=True) == " ab abb"
+    assert apply_chat_template(tokenizer, [{"role": "user", "content": " ab"}]) == [262]
+    meta = json.loads((tmp_path / SPM_META).read_text())
+    (tmp_path / SPM_META).write_text(json.dumps({**meta, "format": 0}))  # written by another version
+    assert not written(tmp_path) and not serves(tmp_path)
+    assert with_spm(header, tmp_path) == tmp_path and serves(tmp_path)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no file left aside

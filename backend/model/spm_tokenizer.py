@@ -1,5 +1,5 @@
-"""A GGUF's SentencePiece vocabulary (`tokenizer.ggml.model: llama`: Gemma, Llama 2, Mistral, Phi-3) tokenized by Google's
-sentencepiece library, from the file's own pieces, scores and types.
+"""A GGUF's SentencePiece vocabulary (`tokenizer.ggml.model: llama`, as Gemma's files hold it: `declined` says which)
+tokenized by Google's sentencepiece library, from the file's own pieces, scores and types.
 
 Why not the tokenizers library, which reads the tokenizer.json transformers writes from the same file: that file is
 a BPE model whose merges transformers derives from the scores (514,906 of them for Gemma 3's 262,144 pieces), and the
@@ -8,20 +8,22 @@ library holds the vocabulary and the merges in hash maps both ways, ~109 MB resi
 again on its tokenizer.
 
 The proto is the file's vocabulary as llama.cpp tokenizes it: BPE over the pieces' scores, byte fallback, spaces as
-U+2581, a leading space only where the file says `add_space_prefix`, no other normalization. Control tokens
-(<start_of_turn>, <bos>, ...) and user-defined ones (runs of spaces, tabs, newlines, HTML tags) are matched whole in
-the text, as transformers' tokenizer and llama.cpp's server (special tokens parsed) do: the proto marks both
-user-defined (SentencePiece matches only those in text), with a user-defined piece's spaces written as U+2581 (the
-text is matched after spaces become U+2581). Which ids are control, and the special ids, are kept beside the proto
-(`SPM_META`): they decide what `skip_special_tokens` drops. tests/test_spm_tokenizer.py checks ids and text against
-transformers' reading of the same file. One difference, kept on purpose: byte pieces that do not make valid UTF-8 cost
-only the invalid bytes (each a U+FFFD, as llama.cpp reads them), where transformers' decoder turns the whole run of
-byte pieces into U+FFFD.
+U+2581, no normalization. Control tokens (<start_of_turn>, <bos>, ...) and user-defined ones (runs of spaces, tabs,
+newlines, HTML tags) are matched whole in the text, as transformers' tokenizer and llama.cpp's server (special tokens
+parsed) do: the proto marks both user-defined (SentencePiece matches only those in text), with a user-defined piece's
+spaces written as U+2581 (the text is matched after spaces become U+2581). Which ids are control, and the special ids,
+are kept beside the proto (`SPM_META`, with the file's chat template): they decide what `skip_special_tokens` drops.
+tests/test_spm_tokenizer.py checks ids and text against transformers' reading of the same file. One difference, kept
+on purpose: byte pieces that do not make valid UTF-8 cost only the invalid bytes (each a U+FFFD, as llama.cpp reads
+them), where transformers' decoder turns the whole run of byte pieces into U+FFFD.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,15 +34,35 @@ from backend.quant.gguf_header import GgufHeader
 
 SPM_MODEL = "gguf_tokenizer.model"  # the SentencePiece proto built from the GGUF (names no HF checkpoint ships)
 SPM_META = "gguf_tokenizer.json"
+SPM_FORMAT = 1  # what the files hold; a folder written with another is written again
 # GGUF's token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 SPACE = "\u2581"
+log = logging.getLogger(__name__)
 
 
-def is_spm_vocabulary(header: GgufHeader) -> bool:
-    """The file's tokenizer is SentencePiece's (`llama`) with scores and types: this module serves it."""
-    return header.metadata.get("tokenizer.ggml.model") == "llama" and all(
-        key in header.arrays for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"))
+def declined(header: GgufHeader, scores: np.ndarray | None = None, types: np.ndarray | None = None) -> str | None:
+    """Why this module does not serve the file's vocabulary (None: it does). It serves what it is checked on, where
+    transformers' reading, llama.cpp's and SentencePiece's agree: a SentencePiece vocabulary (`llama`) with scores and
+    types, no leading space added (`add_space_prefix: false`, as Gemma's files say: where a file adds one, SentencePiece
+    adds it once before the whole text and transformers and llama.cpp after each special token), no piece of type
+    unknown (transformers spells those out, llama.cpp matches them), and the normal pieces' scores falling in id order
+    (transformers builds some families' merges from the order, SentencePiece and llama.cpp merge by score). Any other
+    vocabulary keeps transformers' tokenizer.json; its vocabularies are 32k-150k pieces, where that costs 10-30 MB."""
+    meta = header.metadata
+    if meta.get("tokenizer.ggml.model") != "llama":
+        return f"tokenizer model {meta.get('tokenizer.ggml.model')!r}, not SentencePiece's"
+    if not all(key in header.arrays for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")):
+        return "no scores or token types"
+    if meta.get("tokenizer.ggml.add_space_prefix", True):
+        return "a leading space added (add_space_prefix)"
+    if scores is not None and types is not None:
+        if bool((types == UNKNOWN).any()):
+            return "pieces of type unknown"
+        normal = scores[types == NORMAL]
+        if not bool((np.diff(normal) < 0).all()):
+            return "scores out of id order"
+    return None
 
 
 def model_proto(header: GgufHeader) -> tuple[bytes, dict[str, Any]]:
@@ -62,7 +84,7 @@ def model_proto(header: GgufHeader) -> tuple[bytes, dict[str, Any]]:
     m = pb.ModelProto(trainer_spec=trainer, normalizer_spec=normalizer)
     kind = pb.ModelProto.SentencePiece
     as_proto = {NORMAL: kind.NORMAL, CONTROL: kind.USER_DEFINED, USER_DEFINED: kind.USER_DEFINED, UNUSED: kind.UNUSED,
-                BYTE: kind.BYTE, UNKNOWN: kind.USER_DEFINED}
+                BYTE: kind.BYTE}
     for piece, score, t in zip(pieces, scores.tolist(), types.tolist(), strict=True):
         p = m.pieces.add()
         p.piece = piece.replace(" ", SPACE) if t == USER_DEFINED else piece
@@ -72,27 +94,62 @@ def model_proto(header: GgufHeader) -> tuple[bytes, dict[str, Any]]:
     extra.piece, extra.score, extra.type = "<smolgate-unknown>", 0.0, kind.UNKNOWN
     special = {name: meta.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "unknown", "padding")}
     kept = {
-        "control": [i for i, t in enumerate(types.tolist()) if t in (CONTROL, UNKNOWN)],
+        "control": [i for i, t in enumerate(types.tolist()) if t == CONTROL],
         "user_defined": [i for i, t in enumerate(types.tolist()) if t == USER_DEFINED],
         "bos_token_id": special["bos"], "eos_token_id": special["eos"], "unk_token_id": special["unknown"],
         "pad_token_id": special["padding"],
         "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", True)),
         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "chat_template": header.chat_template,
     }
     return m.SerializeToString(), kept
 
 
 def save_spm(header: GgufHeader, out: Path) -> bool:
-    """Write the proto and its metadata into `out` when the file's vocabulary is SentencePiece's; False otherwise.
-    Each file is written aside and renamed, the metadata last: a folder with the metadata has both whole."""
-    if not is_spm_vocabulary(header):
+    """Write the proto and its metadata into `out` where this module serves the file's vocabulary (`declined`), else
+    metadata that says why not; True when the proto was written. Each file is written under a name of its own and
+    renamed, the metadata last: a folder with the metadata has both whole, whichever process wrote them."""
+    import sentencepiece
+
+    reason = declined(header)
+    if reason is None:
+        scores, types = header.array("tokenizer.ggml.scores"), header.array("tokenizer.ggml.token_type")
+        assert isinstance(scores, np.ndarray) and isinstance(types, np.ndarray)
+        reason = declined(header, scores, types)
+    files: list[tuple[str, bytes]] = []
+    if reason is None:
+        proto, meta = model_proto(header)
+        try:
+            sentencepiece.SentencePieceProcessor(model_proto=proto)
+        except RuntimeError as exc:  # duplicate or empty pieces, byte pieces missing: transformers' reading instead
+            reason = f"SentencePiece refused it: {exc}"
+        else:
+            files.append((SPM_MODEL, proto))
+    if reason is not None:
+        log.info("%s: the tokenizer stays transformers' tokenizer.json: %s", header.path.name, reason)
+        meta = {"declined": reason}
+    files.append((SPM_META, json.dumps({"format": SPM_FORMAT, **meta}).encode()))
+    for name, data in files:
+        fd, aside = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(aside, out / name)
+    return reason is None
+
+
+def serves(model_dir: Path) -> bool:
+    """Whether `model_dir` holds this module's tokenizer, written by this version (`SPM_FORMAT`)."""
+    path = model_dir / SPM_META
+    if not path.is_file():
         return False
-    proto, meta = model_proto(header)
-    for name, data in ((SPM_MODEL, proto), (SPM_META, json.dumps(meta).encode())):
-        aside = out / f"{name}.partial"
-        aside.write_bytes(data)
-        aside.replace(out / name)
-    return True
+    meta = json.loads(path.read_text())
+    return meta.get("format") == SPM_FORMAT and "declined" not in meta and (model_dir / SPM_MODEL).is_file()
+
+
+def written(model_dir: Path) -> bool:
+    """Whether `model_dir` holds this version's answer for its vocabulary: the proto, or why there is none."""
+    path = model_dir / SPM_META
+    return path.is_file() and json.loads(path.read_text()).get("format") == SPM_FORMAT
 
 
 class SpmTokenizer:
@@ -111,7 +168,7 @@ class SpmTokenizer:
         self.unk_token_id: int | None = meta["unk_token_id"]
         self.pad_token_id: int | None = meta["pad_token_id"]
         self.add_bos, self.add_eos = meta["add_bos_token"], meta["add_eos_token"]
-        self.chat_template: str | None = None
+        self.chat_template: str | None = meta["chat_template"]  # the file's own (tokenizer.chat_template), if any
 
     def __len__(self) -> int:
         return int(self.sp.get_piece_size()) - 1  # the proto's own unknown piece is past the vocabulary

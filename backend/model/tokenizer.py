@@ -8,7 +8,7 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from backend.errors import InvalidRequestError, ModelLoadError
-from backend.model.spm_tokenizer import SPM_META, SPM_MODEL, SpmTokenizer
+from backend.model.spm_tokenizer import SpmTokenizer, serves
 from backend.quant.gguf_blocks import quant_method
 
 # Standard templates by family name: (Jinja source, the end-of-turn tokens that end an answer). Content may be a string
@@ -47,7 +47,7 @@ CONVERTED_GGUF = frozenset({"gguf_blocks", "gguf_grouped"})
 
 
 def load_tokenizer(model_dir: Path) -> Any:
-    """The model's tokenizer. A GGUF with a SentencePiece vocabulary (Gemma, Llama 2, Mistral, Phi-3) gets its proto,
+    """The model's tokenizer. A GGUF with a SentencePiece vocabulary that spm_tokenizer.py serves (Gemma's) gets its proto,
     built from the file at conversion (backend/model/spm_tokenizer.py: 44 MB resident for Gemma 3's vocabulary, where
     the tokenizers library holds ~109). Any other converted GGUF's tokenizer.json was written by transformers from the file's own
     tokenizer: the tokenizers library reads it as it is, and no Python copy of the vocabulary is built at all (Gemma
@@ -55,7 +55,7 @@ def load_tokenizer(model_dir: Path) -> Any:
     tables ~96; the same ids, checked in tests/test_gemma3_gguf.py). An HF checkpoint gets its family's class, as
     transformers gives it: some (LlamaTokenizer on an older SentencePiece checkpoint) rebuild their normalizer from code
     and can split a few strings unlike the file's own pipeline."""
-    if (model_dir / SPM_MODEL).is_file() and (model_dir / SPM_META).is_file():
+    if serves(model_dir):
         return SpmTokenizer(model_dir)
     if quant_method(model_dir) in CONVERTED_GGUF and (model_dir / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(model_dir)

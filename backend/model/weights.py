@@ -20,7 +20,7 @@ from backend.config import EngineConfig, cache_dir
 from backend.model.arch import arch_of, context_limit, preflight
 from backend.model.llama import LlamaForCausalLM
 from backend.model.ops import CpuOps, Ops
-from backend.model.spm_tokenizer import SPM_META, save_spm
+from backend.model.spm_tokenizer import save_spm, written
 from backend.quant.config import AWQ_TENSORS, AwqConfig, GptqConfig, awq_config_of, gptq_config_of
 from backend.quant.cpu_gemm import add_packed_copies
 from backend.quant.gguf_blocks import ARCHITECTURES as BLOCK_ARCHITECTURES
@@ -71,10 +71,11 @@ def resolve_model_dir(path: Path, gguf_blocks: bool = False) -> Path:
 
 
 def with_spm(header: GgufHeader, model_dir: Path) -> Path:
-    """`model_dir` with the file's SentencePiece proto beside the converted weights (the engine's tokenizer, where the
-    vocabulary is SentencePiece's: backend/model/spm_tokenizer.py), written once, a fraction of a second; a folder
-    converted before the proto was part of a conversion gets it here, without converting again."""
-    if not (model_dir / SPM_META).is_file():
+    """`model_dir` with the file's SentencePiece proto beside the converted weights (the engine's tokenizer, where
+    backend/model/spm_tokenizer.py serves the vocabulary), or the reason it does not, written once, a fraction of a
+    second; a folder converted before (or by a version with another SPM_FORMAT) gets it here, without converting
+    again."""
+    if not written(model_dir):
         save_spm(header, model_dir)
     return model_dir
 

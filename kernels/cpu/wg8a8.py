@@ -79,7 +79,7 @@ class PackedGrouped:
     zeros: torch.Tensor | None  # (N / L, K / 32, L) float32
     n: int  # the rows that are real
     group: int
-    nibbles: bool = False  # q holds u = value + offset (0..15), chunks t and t + 1 in one: its low and high nibbles
+    nibbles: bool = False  # q holds u = value + offset (0..15; its low four bits with `fifth`), chunks t and t + 1 in one
     offset: int = 0  # with nibbles: value = u - offset
     # with nibbles, u's fifth bits (u in 0..31; q holds the low four): (N / L, K / 4, L / 2) uint8, per chunk of q's
     # unpacked values (L x 4) a bit each, bit i of the chunk's bytes (little-endian) for its value i
