@@ -83,6 +83,10 @@ def machine() -> dict[str, Any]:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu": info.get("model name") or platform.processor() or platform.machine(),
+        # a hypervisor may name every AMD server CPU "AMD EPYC": the family and model tell Zen 1 (23/1) from Zen 4
+        # (25/17) and Zen 5 (26/2), whose kernels' speeds differ
+        "cpu_family": info.get("cpu family"),
+        "cpu_model": info.get("model"),
         "cores": os.cpu_count(),
         "cores_usable": affinity,
         "cpu_flags": [f for f in CPU_FLAGS if f in flags],
@@ -174,10 +178,14 @@ def _round(x: float | None) -> float | None:
 
 
 def machine_label(prov: dict[str, Any]) -> str:
-    """One short line for a table: `AMD EPYC, 2 cores, 23 GiB (avx2 avx512_vnni avx512_bf16; avx512 kernels)`."""
+    """One short line for a table: `AMD EPYC (family 25, model 17), 2 cores, 23 GiB (avx2 avx512_vnni avx512_bf16;
+    avx512 kernels)`."""
     m = prov.get("machine") or {}
     flags = [f for f in m.get("cpu_flags", []) if f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")]
-    parts = [str(m.get("cpu", "?")), f"{m.get('cores', '?')} cores"]
+    cpu = str(m.get("cpu", "?"))
+    if m.get("cpu_family"):
+        cpu += f" (family {m['cpu_family']}, model {m.get('cpu_model', '?')})"
+    parts = [cpu, f"{m.get('cores', '?')} cores"]
     if m.get("memory_gib"):
         parts.append(f"{m['memory_gib']:.0f} GiB")
     if m.get("gpu"):

@@ -336,7 +336,8 @@ def figures(name: str, r: Result) -> Figures:
 # ---- provenance cells --------------------------------------------------------------------------
 def machine_short(prov: Result) -> str:
     m = prov.get("machine") or {}
-    label = f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores"
+    family = f" ({m['cpu_family']}/{m.get('cpu_model', '?')})" if m.get("cpu_family") else ""  # older results: none
+    label = f"{m.get('cpu', '?')}{family}, {m.get('cores', '?')} cores"
     return f"{label}, {m['gpu']}" if m.get("gpu") else label
 
 

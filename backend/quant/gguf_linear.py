@@ -40,9 +40,10 @@ class GgufLinear(nn.Module):
 
     def extra_repr(self) -> str:
         kernel = "triton" if self.mode == "triton" else f"wg8a8={self.lib is not None}"
-        four = ", nibbles" if isinstance(self.weight_q, PackedGrouped) and self.weight_q.nibbles else ""
-        return (f"in={self.in_features}, out={self.out_features}, group={self.weight_q.group}, "
-                f"zeros={self.weight_q.zeros is not None}, {kernel}{four}")
+        w = self.weight_q
+        bits = "" if not isinstance(w, PackedGrouped) or not w.nibbles else ", 5 bits" if w.fifth is not None else ", nibbles"
+        return (f"in={self.in_features}, out={self.out_features}, group={w.group}, "
+                f"zeros={w.zeros is not None}, {kernel}{bits}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(self.weight_q, PackedGrouped):  # (not by GroupedColumns: use_interpreter() reloads its module)
