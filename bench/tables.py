@@ -308,6 +308,29 @@ def kernels(r: Result) -> Figures:
     return rows
 
 
+def gguf_models(r: Result) -> Figures:
+    copies, peer = r.get("copies") or {}, r.get("peer_memory") or {}
+    memory = " / ".join(f"{k} {num(c.get('memory_over_file'), 2)}x" for k, c in copies.items())
+    rows = [(f"resident memory after load over the file's {num(r.get('file_mb'))} MB, by copy", memory)]
+    if peer:
+        rows.append(("llama.cpp's server on the same file: resident memory over the file",
+                     f"{num(peer.get('memory_over_file'), 2)}x"))
+    rows.append(("held-out perplexity, by copy", " / ".join(f"{k} {num(c.get('perplexity'), 2)}" for k, c in copies.items())))
+    if cold := r.get("cold_start"):
+        rows.append(("cold start: header read / conversion and first load",
+                     f"{num(cold.get('header_ms'))} ms / {num(cold.get('convert_and_load_s'))} s"))
+    return rows
+
+
+def gguf_layouts(r: Result) -> Figures:
+    rows = [("nibbles (4-bit values) over int8, time", "x" + " to x".join(num(v, 2) for v in r["nibbles_over_int8_range"]))]
+    if r.get("five_bits_over_int8_range"):
+        rows.append(("five bits (5-bit values, AVX-512) over int8, time",
+                     "x" + " to x".join(num(v, 2) for v in r["five_bits_over_int8_range"])))
+    rows.append(("layouts give the same bits", "yes" if r.get("same_bits") else "no"))
+    return rows
+
+
 SUMMARIES: dict[str, Callable[[Result], Figures]] = {
     "throughput": throughput, "gateway_overhead": gateway_overhead, "stream_http": stream_http,
     "cache_pairs": cache_pairs, "cache": cache,
@@ -315,7 +338,7 @@ SUMMARIES: dict[str, Callable[[Result], Figures]] = {
     "cpu_kernels": cpu_kernels,
     "profile_step": profile_step, "gemm": gemm, "structured": structured, "awq": awq, "quant": quant,
     "speculative": speculative, "pipeline": pipeline, "routing": routing, "overload": overload, "soak": soak,
-    "kernels": kernels, "request_types": request_types,
+    "kernels": kernels, "request_types": request_types, "gguf_models": gguf_models, "gguf_layouts": gguf_layouts,
 }  # fmt: skip
 
 
