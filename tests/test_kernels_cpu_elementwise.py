@@ -4,11 +4,15 @@ Skipped, saying why, where the C kernels cannot be built."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from backend.model.ops import TorchOps
 from kernels.cpu.elementwise import (
+    gelu_tanh_and_mul,
+    gelu_tanh_and_mul_ref,
     layer_norm_residual,
     layer_norm_residual_ref,
     load_elementwise,
@@ -90,3 +94,21 @@ def test_silu_and_mul(lib, rows: int) -> None:
     out = silu_and_mul(lib, gate_up)
     torch.testing.assert_close(out, silu_and_mul_ref(gate_up), rtol=2e-6, atol=1e-6)
     assert abs(out[0, 0].item()) < 1e-30 and out[0, 1] == 100 * gate_up[0, 1537]  # silu(-100) ~ -4e-42
+
+
+@pytest.mark.parametrize("rows", [1, 9])
+def test_gelu_tanh_and_mul(lib, rows: int) -> None:
+    """GeGLU's gate against the exact value (float64) and torch's F.gelu(approximate="tanh") * up: within a few ulps
+    where the gate is not tiny, and where it is (g well below 0, gelu(g) ~ g e^(2z)) within 1e-7 of the largest |g u|:
+    there float32's rounding of z moves e^(2z) by ~|2z| ulps, in torch's tanh as here, and torch's 1 + tanh is a multiple
+    of float's spacing at 1."""
+    gate_up = torch.randn(rows, 2 * 2048 + 16)[:, : 2 * 2048] * 4  # strided rows
+    gate_up[0, :6] = torch.tensor([-100.0, 100.0, 0.0, -0.0, 1e-20, -7.5])
+    out = gelu_tanh_and_mul(lib, gate_up)
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    z = math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3)
+    exact = gate / (1 + torch.exp(-2 * z)) * up  # 0.5 g (1 + tanh(z)) without float64's own cancellation
+    tail = 1e-7 * (gate * up).abs().max().item()
+    torch.testing.assert_close(out.double(), exact, rtol=2e-6, atol=tail)
+    torch.testing.assert_close(out, gelu_tanh_and_mul_ref(gate_up), rtol=2e-6, atol=tail)
+    assert abs(out[0, 0].item()) < 1e-30 and out[0, 1] == 100 * gate_up[0, 2049]  # gelu(-100) ~ 0, gelu(100) = 100

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -101,8 +100,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # (tokens, 2I)
         if self.activation == "gelu_tanh":  # GeGLU (Gemma): gelu(gate) * up, as HF's gelu_pytorch_tanh
-            gate, up = gate_up.chunk(2, dim=-1)
-            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+            return self.down_proj(ops.gelu_and_mul(gate_up))
         return self.down_proj(ops.silu_and_mul(gate_up))  # (tokens, 2I) -> (tokens, I) -> (tokens, hidden)
 
 

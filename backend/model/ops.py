@@ -1,11 +1,11 @@
 """The model's hot ops, in two implementations: plain torch (CPU, anywhere) and Triton kernels (CUDA).
 
-The model calls `ops.rms_norm`, `ops.rope_table` (once per forward), `ops.rotary`, `ops.attention` and
-`ops.silu_and_mul` and never knows which one runs.
+The model calls `ops.rms_norm`, `ops.rope_table` (once per forward), `ops.rotary`, `ops.attention`,
+`ops.silu_and_mul` and `ops.gelu_and_mul` and never knows which one runs.
 `select_ops("auto", device)` picks Triton on CUDA, and on a CPU `CpuOps`: torch plus the project's C kernels where
 they build (x86 AVX2 + a C compiler; kernels/cpu/paged_decode.h: K/V store and decode attention straight through
 the block table instead of a block gather + masked SDPA; kernels/cpu/elementwise.c: RMSNorm + residual, RoPE,
-SwiGLU), else plain torch; "triton" on a CPU runs the kernels through Triton's interpreter (slow; for tests),
+SwiGLU, GeGLU), else plain torch; "triton" on a CPU runs the kernels through Triton's interpreter (slow; for tests),
 "torch" forces the plain torch path anywhere.
 """
 
@@ -21,6 +21,7 @@ from backend.config import cache_dir
 from backend.model.attention import paged_attention
 from backend.model.forward_batch import ForwardBatch
 from kernels.cpu.elementwise import (
+    gelu_tanh_and_mul,
     load_elementwise,
     norm_supported,
     rms_norm_residual,
@@ -56,6 +57,10 @@ class Ops(Protocol):
         """SwiGLU: (tokens, 2I) [gate | up] -> silu(gate) * up."""
         ...
 
+    def gelu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """GeGLU (Gemma): (tokens, 2I) [gate | up] -> gelu_tanh(gate) * up, as HF's gelu_pytorch_tanh."""
+        ...
+
 
 class TorchOps:
     name = "torch"
@@ -85,6 +90,9 @@ class TorchOps:
 
     def silu_and_mul(self, gate_up):
         return _silu_and_mul(gate_up)
+
+    def gelu_and_mul(self, gate_up):
+        return _gelu_and_mul(gate_up)
 
 
 class CpuOps(TorchOps):
@@ -121,10 +129,18 @@ class CpuOps(TorchOps):
     def silu_and_mul(self, gate_up):
         return silu_and_mul(self.elementwise, gate_up) if silu_supported(gate_up) else _silu_and_mul(gate_up)
 
+    def gelu_and_mul(self, gate_up):
+        return gelu_tanh_and_mul(self.elementwise, gate_up) if silu_supported(gate_up) else _gelu_and_mul(gate_up)
+
 
 def _silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def _gelu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -179,6 +195,9 @@ class TritonOps:
 
     def silu_and_mul(self, gate_up):
         return _silu_and_mul(gate_up)  # elementwise: torch's own CUDA kernel is already one pass
+
+    def gelu_and_mul(self, gate_up):
+        return _gelu_and_mul(gate_up)
 
 
 def select_ops(backend: str, device: str, block_size: int) -> Ops:

@@ -14,6 +14,7 @@ References: `rms_norm_residual_ref`, `rotary_neox_ref`, `silu_and_mul_ref`, `lay
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,9 +30,10 @@ def load_elementwise(build_dir: Path) -> ctypes.CDLL | None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.rms_norm_residual.argtypes = [p, i64, p, i64, p, ctypes.c_float, i64, i64, p, p]
         lib.rotary_neox.argtypes = [p, i64, p, i64, i64, i64, p]
-        lib.silu_and_mul.argtypes = [p, i64, i64, i64, p]
+        lib.silu_and_mul.argtypes = lib.gelu_tanh_and_mul.argtypes = [p, i64, i64, i64, p]
         lib.layer_norm_residual.argtypes = [p, i64, p, i64, p, p, ctypes.c_float, i64, i64, p]
         lib.rms_norm_residual.restype = lib.rotary_neox.restype = lib.silu_and_mul.restype = None
+        lib.gelu_tanh_and_mul.restype = None
         lib.layer_norm_residual.restype = None
     return lib
 
@@ -51,10 +53,19 @@ def silu_supported(x: torch.Tensor) -> bool:
 
 def silu_and_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
     """(M, 2I) float32 [gate | up] (rows may be strided) -> silu(gate) * up, (M, I)."""
+    return _gated(lib.silu_and_mul, gate_up)
+
+
+def gelu_tanh_and_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
+    """(M, 2I) float32 [gate | up] (rows may be strided) -> gelu_tanh(gate) * up, (M, I): GeGLU (Gemma)."""
+    return _gated(lib.gelu_tanh_and_mul, gate_up)
+
+
+def _gated(kernel: Callable[..., None], gate_up: torch.Tensor) -> torch.Tensor:
     m, two_i = gate_up.shape
     assert silu_supported(gate_up), "float32 (M, 2I) with unit column stride, I a multiple of 8"
     out = torch.empty(m, two_i // 2)
-    lib.silu_and_mul(gate_up.data_ptr(), gate_up.stride(0), m, two_i // 2, out.data_ptr())
+    kernel(gate_up.data_ptr(), gate_up.stride(0), m, two_i // 2, out.data_ptr())
     return out
 
 
@@ -123,3 +134,8 @@ def rotary_neox_ref(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up
+
+
+def gelu_tanh_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
