@@ -24,7 +24,6 @@ from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
 from backend.quant.config import AwqConfig
-from kernels.triton.awq_gemm import awq_pack, awq_unpack
 
 MAX_Q = 15  # 4 bits, unsigned
 
@@ -81,6 +80,8 @@ def fake_quantize(w: torch.Tensor, group_size: int, max_abs: torch.Tensor | None
 
 def pack(qw: QuantizedWeight) -> dict[str, torch.Tensor]:
     """(out, in) integers -> AWQ's qweight / qzeros / scales (transposed: in_features first)."""
+    from kernels.triton.awq_gemm import awq_pack  # here, not at the top: importing triton holds ~70 MB
+
     return {
         "qweight": awq_pack(qw.q.T.contiguous()),
         "qzeros": awq_pack(qw.zeros.T.contiguous()),
@@ -90,6 +91,8 @@ def pack(qw: QuantizedWeight) -> dict[str, torch.Tensor]:
 
 def unpack(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> QuantizedWeight:
     """AWQ tensors -> (out, in) integers; the inverse of `pack`."""
+    from kernels.triton.awq_gemm import awq_unpack  # here, not at the top: importing triton holds ~70 MB
+
     q = awq_unpack(qweight).T.contiguous().to(torch.uint8)
     zeros = awq_unpack(qzeros).T.contiguous().to(torch.uint8)
     return QuantizedWeight(q, zeros, scales.T.contiguous())

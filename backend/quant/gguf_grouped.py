@@ -39,7 +39,6 @@ from backend.quant.gguf_header import read_header, read_tensors
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear, Grouped
 from backend.quant.gguf_types import decode
 from kernels.cpu.wg8a8 import GroupedInt8, fifth_bit, lanes_of, pack
-from kernels.triton.gguf_gemm import columns
 
 QUANT_METHOD = "gguf_grouped"
 TENSORS = ("gq", "gs", "gz")
@@ -191,6 +190,8 @@ def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: ctype
 
     def layout(g: GroupedInt8) -> Grouped:
         if device is not None:
+            from kernels.triton.gguf_gemm import columns  # here: importing triton holds ~70 MB a CPU never uses
+
             return columns(g, device)
         offset = nibble_offset(g)
         if offset is not None:

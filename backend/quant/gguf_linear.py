@@ -16,6 +16,7 @@ The tensors are plain attributes, not parameters or buffers: `model.to(dtype)` m
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +24,11 @@ from torch import nn
 
 from backend.quant.kept_output import KeptOutput
 from kernels.cpu.wg8a8 import PackedGrouped, wg8a8_linear
-from kernels.triton.gguf_gemm import GroupedColumns
 
-Grouped = PackedGrouped | GroupedColumns
+if TYPE_CHECKING:  # a CPU never imports triton (~70 MB resident for nothing): GroupedColumns comes with a GPU's layout
+    from kernels.triton.gguf_gemm import GroupedColumns
+
+Grouped: TypeAlias = "PackedGrouped | GroupedColumns"
 
 
 class GgufLinear(nn.Module):

@@ -40,7 +40,6 @@ from backend.quant.cpu_gemm import PackedLinear, dense_dtype
 from backend.quant.gguf_blocks import dequantize_blocks, unpack_q4
 from kernels.cpu.w4a8 import GROUP_SIZES as W4A8_GROUP_SIZES
 from kernels.cpu.w4a8 import pack_w4a8, pack_w4a8_blocks, w4a8_linear
-from kernels.triton.awq_gemm import awq_pack
 
 DENSE_ROWS = 128  # from this many rows on, dequantize + dense GEMM beats the int4 kernel (measured ~96)
 DENSE_COPY_ROWS = 10  # from this many rows on, a kept dense copy beats the int4 kernel (measured ~9 bf16 AMX, ~8 fp32 AVX2)
@@ -126,6 +125,8 @@ class Int4Linear(nn.Module):
         """The Triton W4A16 GEMM with float zero terms (kernels/triton/awq_gemm.py): q in AWQ's packing, d as the
         scales, -m as the zero terms, both fp16 as in the file (a negated fp16 is exact): 2 bytes a group each read per
         call, not 4."""
+        from kernels.triton.awq_gemm import awq_pack  # here: importing triton holds ~70 MB a CPU never uses
+
         self.qweight = awq_pack(q.T.contiguous())
         self.scales, self.zero_terms, self.mode = d.T.half().contiguous(), (-m).T.half().contiguous(), "triton"
 
