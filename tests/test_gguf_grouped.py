@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import shutil
 import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -389,3 +390,16 @@ def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zer
     together = neon(x, 3)
     assert torch.equal(together, wg8a8_linear(lib, x, pack(g, lanes_of(lib))))  # type: ignore[arg-type]
     assert torch.equal(torch.cat([neon(x[i:i + 1], 1) for i in range(m)]), together)
+
+
+@requires_c_kernels
+def test_a_cpu_engine_never_imports_triton(gguf: Path) -> None:
+    """Importing triton holds ~70 MB resident (its library) that a CPU never uses: the engine on a GGUF in its own bits
+    (and the default model) loads and decodes without it (the GPU layouts import it where they are built)."""
+    code = ("import sys; from backend.config import EngineConfig; from backend.engine.llm_engine import LLMEngine; "
+            "from backend.engine.sampling_params import SamplingParams; "
+            f"e = LLMEngine(EngineConfig(model={str(gguf)!r})); e.add_request('r', [2, 818], SamplingParams(max_tokens=2)); "
+            "[e.step() for _ in range(4)]; LLMEngine(EngineConfig()); "
+            "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith('triton.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"

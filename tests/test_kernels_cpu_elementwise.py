@@ -105,6 +105,11 @@ def test_gelu_tanh_and_mul(lib, rows: int) -> None:
     gate_up = torch.randn(rows, 2 * 2048 + 16)[:, : 2 * 2048] * 4  # strided rows
     gate_up[0, :6] = torch.tensor([-100.0, 100.0, 0.0, -0.0, 1e-20, -7.5])
     out = gelu_tanh_and_mul(lib, gate_up)
+    edges = torch.tensor([[-1e30, -12.0, -float("inf"), float("nan"), 1e30, float("inf"), 0, 0] + [1.0] * 8])
+    edge_out, edge_ref = gelu_tanh_and_mul(lib, edges), gelu_tanh_and_mul_ref(edges)
+    assert torch.equal(edge_out.isnan(), edge_ref.isnan())  # -inf and NaN gates give NaN, as torch's
+    assert edge_out[0, :2].tolist() == [0.0, 0.0] and edge_out[0, :2].signbit().all()  # far below: -0, not g / 2e38
+    assert edge_out[0, 4:6].tolist() == edges[0, 4:6].tolist()  # g itself far above, inf at inf
     gate, up = gate_up.double().chunk(2, dim=-1)
     z = math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3)
     exact = gate / (1 + torch.exp(-2 * z)) * up  # 0.5 g (1 + tanh(z)) without float64's own cancellation

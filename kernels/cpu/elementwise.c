@@ -7,8 +7,8 @@
  * LayerNorms, each after a residual add, were ~1/8 of an int8 forward in a torch profile. The arithmetic is the
  * reference's, operation for operation (products rounded, then summed; built with -ffp-contract=off so no
  * multiply-add is fused), except the norms' sums, whose order differs (and LayerNorm's two-pass moments against
- * torch's Welford), and silu's exp and GeGLU's tanh (a polynomial of ~1 ulp, like torch's own vectorised ones, not
- * the same).
+ * torch's Welford), and the exp of silu and of GeGLU (a polynomial of ~1 ulp, like torch's own vectorised exp and
+ * tanh, not the same).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -112,7 +112,8 @@ void silu_and_mul(const float *gate_up, int64_t ld, int64_t M, int64_t I, float 
  * exact ones, so they differ from torch's by up to ~1e-7 times |g u|). In torch it is five ops (chunk, gelu, mul and
  * their copies) and, at 32 rows of Gemma 3, most of a decoder layer's CPU time outside the C kernels. */
 void gelu_tanh_and_mul(const float *gate_up, int64_t ld, int64_t M, int64_t I, float *out) {
-  const __m256 one = _mm256_set1_ps(1.f), minus_two = _mm256_set1_ps(-2.f);
+  const __m256 one = _mm256_set1_ps(1.f), minus_two = _mm256_set1_ps(-2.f), zero = _mm256_setzero_ps();
+  const __m256 past = _mm256_set1_ps(88.f); /* exp256 clamps its argument at 88.3: past it, gelu is 0 to the float */
   const __m256 beta = _mm256_set1_ps((float)(M_SQRT2 * M_2_SQRTPI * 0.5)), kappa = _mm256_set1_ps(0.044715f);
   for (int64_t m = 0; m < M; m++) {
     const float *g = gate_up + m * ld, *u = g + I;
@@ -120,7 +121,9 @@ void gelu_tanh_and_mul(const float *gate_up, int64_t ld, int64_t M, int64_t I, f
       const __m256 x = _mm256_loadu_ps(g + j);
       const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
       const __m256 z = _mm256_mul_ps(beta, _mm256_add_ps(x, _mm256_mul_ps(kappa, cube)));
-      const __m256 gelu = _mm256_div_ps(x, _mm256_add_ps(one, exp256(_mm256_mul_ps(minus_two, z))));
+      const __m256 a = _mm256_mul_ps(minus_two, z);
+      __m256 gelu = _mm256_div_ps(x, _mm256_add_ps(one, exp256(a)));
+      gelu = _mm256_blendv_ps(gelu, _mm256_mul_ps(zero, x), _mm256_cmp_ps(a, past, _CMP_GT_OQ)); /* -0, NaN at -inf */
       _mm256_storeu_ps(out + m * I + j, _mm256_mul_ps(gelu, _mm256_loadu_ps(u + j)));
     }
   }

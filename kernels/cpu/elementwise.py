@@ -4,11 +4,13 @@
     out, residual = rms_norm_residual(lib, x, residual, weight, eps)   # residual None: x is the stream
     q_rot = rotary_neox(lib, q, table)                       # q (M, H, D) rows may be strided; table (M, D) [cos | sin]
     h = silu_and_mul(lib, gate_up)                           # (M, 2I) -> silu(gate) * up, (M, I)
+    h = gelu_tanh_and_mul(lib, gate_up)                      # (M, 2I) -> gelu_tanh(gate) * up, (M, I): GeGLU
     y = layer_norm_residual(lib, x, residual, weight, bias, eps)   # LayerNorm(x + residual), the BERT encoder's
 
 Each replaces a chain of tiny torch ops (RMSNorm with its residual add ~7, rotate-half RoPE ~7 per tensor) with
 one call: at one sequence a decode step's cost is mostly op dispatch, and so is an embedding of one short query.
-References: `rms_norm_residual_ref`, `rotary_neox_ref`, `silu_and_mul_ref`, `layer_norm_residual_ref`.
+References: `rms_norm_residual_ref`, `rotary_neox_ref`, `silu_and_mul_ref`, `gelu_tanh_and_mul_ref`,
+`layer_norm_residual_ref`.
 """
 
 from __future__ import annotations
