@@ -41,7 +41,7 @@ SPACE = "\u2581"
 log = logging.getLogger(__name__)
 
 
-def declined(header: GgufHeader, scores: np.ndarray | None = None, types: np.ndarray | None = None) -> str | None:
+def declined(header: GgufHeader) -> str | None:
     """Why this module does not serve the file's vocabulary (None: it does). It serves what it is checked on, where
     transformers' reading, llama.cpp's and SentencePiece's agree: a SentencePiece vocabulary (`llama`) with scores and
     types, no leading space added (`add_space_prefix: false`, as Gemma's files say: where a file adds one, SentencePiece
@@ -56,17 +56,17 @@ def declined(header: GgufHeader, scores: np.ndarray | None = None, types: np.nda
         return "no scores or token types"
     if meta.get("tokenizer.ggml.add_space_prefix", True):
         return "a leading space added (add_space_prefix)"
-    if scores is not None and types is not None:
-        if bool((types == UNKNOWN).any()):
-            return "pieces of type unknown"
-        normal = scores[types == NORMAL]
-        if not bool((np.diff(normal) < 0).all()):
-            return "scores out of id order"
+    scores, types = header.array("tokenizer.ggml.scores"), header.array("tokenizer.ggml.token_type")
+    assert isinstance(scores, np.ndarray) and isinstance(types, np.ndarray)
+    if bool((types == UNKNOWN).any()):
+        return "pieces of type unknown"
+    if not bool((np.diff(scores[types == NORMAL]) < 0).all()):
+        return "scores out of id order"
     return None
 
 
 def model_proto(header: GgufHeader) -> tuple[bytes, dict[str, Any]]:
-    """The SentencePiece proto of `header`'s vocabulary and the metadata kept beside it."""
+    """The SentencePiece proto of `header`'s vocabulary (one `declined` passes) and the metadata kept beside it."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     pieces = header.array("tokenizer.ggml.tokens")
@@ -76,11 +76,11 @@ def model_proto(header: GgufHeader) -> tuple[bytes, dict[str, Any]]:
     # SentencePiece wants one piece of type UNKNOWN, and matches no such piece in text; the file's own <unk> is a control
     # token, matched in text as transformers and llama.cpp match it. So the proto's unknown piece is one more, past the
     # vocabulary, that byte fallback never produces; bos/eos/pad have no role either (`encode` adds them as the file's
-    # add_bos/add_eos say)
+    # add_bos/add_eos say); no leading space is added (`declined`)
     trainer = pb.TrainerSpec(model_type=pb.TrainerSpec.BPE, byte_fallback=True, vocab_size=len(pieces) + 1,
                              unk_id=len(pieces), bos_id=-1, eos_id=-1, pad_id=-1)
-    normalizer = pb.NormalizerSpec(name="identity", add_dummy_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
-                                   remove_extra_whitespaces=False, escape_whitespaces=True)
+    normalizer = pb.NormalizerSpec(name="identity", add_dummy_prefix=False, remove_extra_whitespaces=False,
+                                   escape_whitespaces=True)
     m = pb.ModelProto(trainer_spec=trainer, normalizer_spec=normalizer)
     kind = pb.ModelProto.SentencePiece
     as_proto = {NORMAL: kind.NORMAL, CONTROL: kind.USER_DEFINED, USER_DEFINED: kind.USER_DEFINED, UNUSED: kind.UNUSED,
@@ -112,10 +112,6 @@ def save_spm(header: GgufHeader, out: Path) -> bool:
     import sentencepiece
 
     reason = declined(header)
-    if reason is None:
-        scores, types = header.array("tokenizer.ggml.scores"), header.array("tokenizer.ggml.token_type")
-        assert isinstance(scores, np.ndarray) and isinstance(types, np.ndarray)
-        reason = declined(header, scores, types)
     files: list[tuple[str, bytes]] = []
     if reason is None:
         proto, meta = model_proto(header)
@@ -137,19 +133,22 @@ def save_spm(header: GgufHeader, out: Path) -> bool:
     return reason is None
 
 
+def _written_meta(model_dir: Path) -> dict[str, Any] | None:
+    """The metadata this version (`SPM_FORMAT`) wrote into `model_dir`, or None."""
+    path = model_dir / SPM_META
+    meta = json.loads(path.read_text()) if path.is_file() else None
+    return meta if isinstance(meta, dict) and meta.get("format") == SPM_FORMAT else None
+
+
 def serves(model_dir: Path) -> bool:
     """Whether `model_dir` holds this module's tokenizer, written by this version (`SPM_FORMAT`)."""
-    path = model_dir / SPM_META
-    if not path.is_file():
-        return False
-    meta = json.loads(path.read_text())
-    return meta.get("format") == SPM_FORMAT and "declined" not in meta and (model_dir / SPM_MODEL).is_file()
+    meta = _written_meta(model_dir)
+    return meta is not None and "declined" not in meta and (model_dir / SPM_MODEL).is_file()
 
 
 def written(model_dir: Path) -> bool:
     """Whether `model_dir` holds this version's answer for its vocabulary: the proto, or why there is none."""
-    path = model_dir / SPM_META
-    return path.is_file() and json.loads(path.read_text()).get("format") == SPM_FORMAT
+    return _written_meta(model_dir) is not None
 
 
 class SpmTokenizer:

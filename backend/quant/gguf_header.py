@@ -44,11 +44,14 @@ class GgufHeader:
     path: Path
     version: int
     architecture: str
-    metadata: dict[str, object]  # scalar and string entries (arrays are counted, not kept: `array_lengths`)
-    array_lengths: dict[str, int]
+    metadata: dict[str, object]  # scalar and string entries (arrays are placed, not kept: `arrays`, `array`)
     tensor_types: Counter[str] = field(default_factory=Counter)  # ggml type name -> how many tensors
     tensors: dict[str, tuple[int, tuple[int, ...], int]] = field(default_factory=dict)  # name -> (type, dims, file offset)
     arrays: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # key -> (element type, count, file offset)
+
+    @property
+    def array_lengths(self) -> dict[str, int]:
+        return {key: count for key, (_, count, _) in self.arrays.items()}
 
     @property
     def model_type(self) -> str | None:
@@ -226,5 +229,4 @@ def _read_header(path: Path, size: int, mtime_ns: int) -> GgufHeader:  # noqa: V
     if not isinstance(arch, str):
         raise GgufError(f"{path}: the GGUF header names no general.architecture")
     tensors = {name: (kind, dims, start + offset) for name, (kind, dims, offset) in places.items()}
-    lengths = {key: count for key, (_, count, _) in arrays.items()}
-    return GgufHeader(path, version, arch, metadata, lengths, types, tensors, arrays)
+    return GgufHeader(path, version, arch, metadata, types, tensors, arrays)
