@@ -63,11 +63,12 @@ def test_matches_the_torch_decode_path(lib) -> None:
         scale=0.125) - torch_out).abs().max().item() < 1e-5
 
 
-def prefill_case(chunks: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype):
+def prefill_case(chunks: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 num_blocks: int = 64):
     """Prefill chunks (tokens already in the cache, new tokens) packed as the model runner packs them, and the same
     queries as per-token decode queries over their causal prefixes (what the decode kernel is given for them)."""
     g = torch.Generator().manual_seed(2)
-    bs, num_blocks = 16, 64
+    bs = 16
     cache = torch.randn(2, num_blocks * bs, kv_heads, head_dim, generator=g).to(dtype)
     width = max(-(-(done + new) // bs) for done, new in chunks)
     order = torch.randperm(num_blocks, generator=g).int()
@@ -95,6 +96,24 @@ def test_prefill_equals_per_token_decode_to_the_bit(lib, heads: int, kv_heads: i
     starts fall on and off the groups."""
     chunks = [(0, 37), (5, 1), (100, 200), (17, 9), (0, 8), (31, 33)]
     q, cache, table, cu, lens, query_tables, query_lens = prefill_case(chunks, heads, kv_heads, head_dim, dtype)
+    out = paged_prefill_cpu(lib, q, cache, table, cu_seqlens_q=cu, context_lens=lens, block_size=16, scale=0.125,
+                            window=window)
+    decoded = paged_decode_cpu(lib, q, cache, query_tables, context_lens=query_lens, block_size=16, scale=0.125,
+                               window=window)
+    assert torch.equal(out, decoded)
+    ref = paged_decode_cpu_ref(q, cache, query_tables, query_lens, block_size=16, scale=0.125, window=window)
+    assert (out - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 40), (4, 1, 256)])
+@pytest.mark.parametrize("window", [0, 700])
+def test_long_contexts_cross_the_value_blocks_to_the_bit(lib, heads: int, kv_heads: int, head_dim: int,
+                                                         window: int) -> None:
+    """The value side walks the keys in blocks of 65,536 / head_dim (each output's sums carried from block to block):
+    contexts of several blocks, a window that starts inside one, still give the decode kernel's result bit for bit."""
+    chunks = [(3300, 20), (1700, 9)]
+    q, cache, table, cu, lens, query_tables, query_lens = prefill_case(chunks, heads, kv_heads, head_dim,
+                                                                       torch.bfloat16, num_blocks=320)
     out = paged_prefill_cpu(lib, q, cache, table, cu_seqlens_q=cu, context_lens=lens, block_size=16, scale=0.125,
                             window=window)
     decoded = paged_decode_cpu(lib, q, cache, query_tables, context_lens=query_lens, block_size=16, scale=0.125,

@@ -222,17 +222,27 @@ static float softmax_row_wide(float *s, int64_t len) {
   return 1.f / (sum + hsum(vsum));
 }
 
-/* out[.][8 j0 .. 8 j0 + 16) for four query heads (score rows s[i] over keys [t0, l[i]), lengths ascending, 1 / sums
- * inv[i], outputs o[i], NULL: none) over the widened values vf (from key t0 on): each lane's FMA chain over the keys in
- * order, as paged_decode's step 3 runs it; four heads share each value load. A row whose keys start after t0 has
- * zeros before them: +0 plus a product of 0 stays +0, so its chain is paged_decode's. */
-static void pv_four2(const float *const s[4], int64_t t0, const int64_t l[4], const float inv[4], float *const o[4],
-                     const float *vf, int64_t D, int64_t j0) {
+/* The value side works on key ranges [ta, tb): an output lane's FMA chain over the keys in order starts from its row's
+ * partial sum in acc (zeros where ta is the rows' first key, t0) and ends there, so prefill_task walks the values in
+ * blocks that stay in L2 while every row of a tile reads them; storing and reloading an fp32 partial sum changes no
+ * bit, so each chain is paged_decode's step 3. vf holds the values from key `first` on, rows of D floats. */
+static inline __m256 chain_start8(int64_t ta, int64_t t0, const float *acc) {
+  return ta == t0 ? _mm256_setzero_ps() : _mm256_loadu_ps(acc);
+}
+
+/* acc[.][d0 .. d0 + 16) for four query heads (score rows s[i], lengths l ascending; a row whose keys start after t0
+ * has zeros before them: +0 plus a product of 0 stays +0): four heads share each value load. */
+static void pv_four2(const float *const s[4], int64_t ta, int64_t tb, int64_t t0, const int64_t l[4],
+                     float *const acc[4], const float *vf, int64_t first, int64_t D, int64_t d0) {
   const float *s0 = s[0], *s1 = s[1], *s2 = s[2], *s3 = s[3];
-  const int64_t l0 = l[0];
-  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-  const float *v = vf + 8 * j0;
-  for (int64_t t = t0; t < l0; t++, v += D) { /* plain variables: as an array gcc kept them on the stack */
+  const int64_t end0 = l[0] < tb ? l[0] : tb, end3 = l[3] < tb ? l[3] : tb;
+  __m256 a00 = chain_start8(ta, t0, acc[0] + d0), a01 = chain_start8(ta, t0, acc[0] + d0 + 8);
+  __m256 a10 = chain_start8(ta, t0, acc[1] + d0), a11 = chain_start8(ta, t0, acc[1] + d0 + 8);
+  __m256 a20 = chain_start8(ta, t0, acc[2] + d0), a21 = chain_start8(ta, t0, acc[2] + d0 + 8);
+  __m256 a30 = chain_start8(ta, t0, acc[3] + d0), a31 = chain_start8(ta, t0, acc[3] + d0 + 8);
+  const float *v = vf + (ta - first) * D + d0;
+  int64_t t = ta;
+  for (; t < end0; t++, v += D) { /* plain variables: as an array gcc kept them on the stack */
     const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
     const __m256 p0 = _mm256_broadcast_ss(s0 + t), p1 = _mm256_broadcast_ss(s1 + t);
     const __m256 p2 = _mm256_broadcast_ss(s2 + t), p3 = _mm256_broadcast_ss(s3 + t);
@@ -242,26 +252,26 @@ static void pv_four2(const float *const s[4], int64_t t0, const int64_t l[4], co
     a30 = _mm256_fmadd_ps(p3, v0, a30); a31 = _mm256_fmadd_ps(p3, v1, a31);
   }
   __m256 a[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
-  for (int64_t t = l0; t < l[3]; t++, v += D) /* the longer rows' last keys */
+  for (; t < end3; t++, v += D) /* the longer rows' last keys */
     for (int i = 1; i < 4; i++)
       if (t < l[i]) {
         const __m256 p = _mm256_broadcast_ss(s[i] + t);
         a[i][0] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a[i][0]);
         a[i][1] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a[i][1]);
       }
-  for (int i = 0; i < 4; i++)
-    if (o[i]) {
-      _mm256_storeu_ps(o[i] + 8 * j0, _mm256_mul_ps(a[i][0], _mm256_set1_ps(inv[i])));
-      _mm256_storeu_ps(o[i] + 8 * j0 + 8, _mm256_mul_ps(a[i][1], _mm256_set1_ps(inv[i])));
-    }
+  for (int i = 0; i < 4; i++) {
+    _mm256_storeu_ps(acc[i] + d0, a[i][0]);
+    _mm256_storeu_ps(acc[i] + d0 + 8, a[i][1]);
+  }
 }
 
-/* The same for one vector (head_dim an odd multiple of 8), one query head at a time. */
-static void pv_one(const float *s, int64_t t0, int64_t l, const float *vf, int64_t D, int64_t j0, float inv, float *o) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t t = t0; t < l; t++)
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(s[t]), _mm256_loadu_ps(vf + (t - t0) * D + 8 * j0), acc);
-  _mm256_storeu_ps(o + 8 * j0, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+/* The same for one vector (head_dim an odd multiple of 8), one query head. */
+static void pv_one(const float *s, int64_t ta, int64_t tb, int64_t t0, int64_t l, float *acc, const float *vf,
+                   int64_t first, int64_t D, int64_t d0) {
+  __m256 a = chain_start8(ta, t0, acc + d0);
+  for (int64_t t = ta; t < (l < tb ? l : tb); t++)
+    a = _mm256_fmadd_ps(_mm256_set1_ps(s[t]), _mm256_loadu_ps(vf + (t - first) * D + d0), a);
+  _mm256_storeu_ps(acc + d0, a);
 }
 
 /* Each key's eight lanes summed in hsum's order, ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), for eight keys
@@ -343,15 +353,16 @@ static void tile_scores(const float *q, int64_t nq, int64_t len0, const float *k
   }
 }
 
-/* 3. out[.][d0 .. d0 + 64) for four query rows, as pv_four2 (each output lane's FMA chain over the keys in order). */
-static void pv_four_wide(const float *const s[4], int64_t t0, const int64_t l[4], const float inv[4],
-                         float *const o[4], const float *vf, int64_t D, int64_t d0) {
+/* 3. acc[.][d0 .. d0 + 64) for four query rows over the keys [ta, tb), as pv_four2. */
+static void pv_four_wide(const float *const s[4], int64_t ta, int64_t tb, int64_t t0, const int64_t l[4],
+                         float *const acc[4], const float *vf, int64_t first, int64_t D, int64_t d0) {
   __m512 a[4][4];
   for (int r = 0; r < 4; r++)
-    for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
-  const float *v = vf + d0;
-  int64_t t = t0;
-  for (; t < l[0]; t++, v += D) {
+    for (int c = 0; c < 4; c++) a[r][c] = ta == t0 ? _mm512_setzero_ps() : _mm512_loadu_ps(acc[r] + d0 + 16 * c);
+  const int64_t end0 = l[0] < tb ? l[0] : tb, end3 = l[3] < tb ? l[3] : tb;
+  const float *v = vf + (ta - first) * D + d0;
+  int64_t t = ta;
+  for (; t < end0; t++, v += D) {
     __m512 vv[4];
     for (int c = 0; c < 4; c++) vv[c] = _mm512_loadu_ps(v + 16 * c);
     for (int r = 0; r < 4; r++) {
@@ -359,15 +370,14 @@ static void pv_four_wide(const float *const s[4], int64_t t0, const int64_t l[4]
       for (int c = 0; c < 4; c++) a[r][c] = _mm512_fmadd_ps(p, vv[c], a[r][c]);
     }
   }
-  for (; t < l[3]; t++, v += D) /* the longer rows' last keys */
+  for (; t < end3; t++, v += D) /* the longer rows' last keys */
     for (int r = 1; r < 4; r++)
       if (t < l[r]) {
         const __m512 p = _mm512_set1_ps(s[r][t]);
         for (int c = 0; c < 4; c++) a[r][c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * c), a[r][c]);
       }
   for (int r = 0; r < 4; r++)
-    if (o[r])
-      for (int c = 0; c < 4; c++) _mm512_storeu_ps(o[r] + d0 + 16 * c, _mm512_mul_ps(a[r][c], _mm512_set1_ps(inv[r])));
+    for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc[r] + d0 + 16 * c, a[r][c]);
 }
 #define PV_WIDE 64 /* output columns a pv_four_wide pass */
 #else
@@ -402,31 +412,41 @@ static void tile_scores(const float *q, int64_t nq, int64_t len0, const float *k
 static void prefill_task(const float *q, int64_t nq, int64_t len0, const float *kf, const float *vf, int64_t first,
                          int64_t window, int64_t H, int64_t KVH, int64_t D, int64_t kvh, float scale, float *s,
                          int64_t max_len, float *out) {
-  const int64_t G = H / KVH, nd = D / 8;
+  const int64_t G = H / KVH;
   tile_scores(q, nq, len0, kf, first, window, H, KVH, D, kvh, scale, s, max_len);
-  /* 2. softmax per query head, 3. out = softmax @ V, four query heads at a time */
+  /* 2. softmax per query head */
   float inv[TILE_Q * MAX_GROUP];
   for (int64_t p = 0; p < nq * G; p++) inv[p] = softmax_row_wide(s + p * max_len + QSTART(p), QLEN(p) - QSTART(p));
-  for (int64_t p0 = 0; p0 < nq * G; p0 += 4) {
-    const float *rows[4];
-    int64_t l[4];
-    float iv[4], *o[4];
-    const int64_t t0 = QSTART(p0);
-    for (int i = 0; i < 4; i++) { /* past the last head: a copy of it, not stored */
-      const int64_t p = p0 + i < nq * G ? p0 + i : nq * G - 1;
-      rows[i] = s + p * max_len, l[i] = QLEN(p), iv[i] = inv[p];
-      o[i] = p0 + i < nq * G ? out + (p / G) * H * D + (kvh * G + p % G) * D : 0;
-      for (int64_t t = t0; t < QSTART(p); t++) s[p * max_len + t] = 0.f; /* the keys before its window */
-    }
-    const float *v = vf + (t0 - first) * D;
-    int64_t j0 = 0;
+  /* 3. out = softmax @ V, four query heads at a time, the values in blocks of ~256 KB of keys: every row of the tile
+   * reads a block while it is in L2 (a 16k-token context's values are 16 MB a head: streamed from memory once per
+   * four rows, they made this step memory-bound), the partial sums kept in the rows' outputs */
+  const int64_t tmin = QSTART(0), tmax = QLEN(nq * G - 1), block = 65536 / D;
+  for (int64_t p = 0; p < nq * G; p++)
+    for (int64_t t = tmin; t < QSTART(p); t++) s[p * max_len + t] = 0.f; /* the keys before its window */
+  float spare[4][MAX_D]; /* the sums of the rows past the last head (copies of it, never stored) */
+  for (int64_t ta = tmin; ta < tmax; ta += block)
+    for (int64_t p0 = 0; p0 < nq * G; p0 += 4) {
+      const float *rows[4];
+      int64_t l[4];
+      float *acc[4];
+      for (int i = 0; i < 4; i++) {
+        const int64_t p = p0 + i < nq * G ? p0 + i : nq * G - 1;
+        rows[i] = s + p * max_len, l[i] = QLEN(p);
+        acc[i] = p0 + i < nq * G ? out + (p / G) * H * D + (kvh * G + p % G) * D : spare[i];
+      }
+      const int64_t t0 = QSTART(p0), from = ta > t0 ? ta : t0, tb = ta + block < tmax ? ta + block : tmax;
+      if (from >= tb || from >= l[3]) continue;
+      int64_t d0 = 0;
 #if PV_WIDE
-    for (; 8 * j0 + PV_WIDE <= D; j0 += PV_WIDE / 8) pv_four_wide(rows, t0, l, iv, o, v, D, 8 * j0);
+      for (; d0 + PV_WIDE <= D; d0 += PV_WIDE) pv_four_wide(rows, from, tb, t0, l, acc, vf, first, D, d0);
 #endif
-    for (; j0 + 2 <= nd; j0 += 2) pv_four2(rows, t0, l, iv, o, v, D, j0);
-    if (j0 < nd)
-      for (int i = 0; i < 4; i++)
-        if (o[i]) pv_one(rows[i], t0, l[i], v, D, j0, iv[i], o[i]);
+      for (; d0 + 16 <= D; d0 += 16) pv_four2(rows, from, tb, t0, l, acc, vf, first, D, d0);
+      if (d0 < D)
+        for (int i = 0; i < 4; i++) pv_one(rows[i], from, tb, t0, l[i], acc[i], vf, first, D, d0);
+    }
+  for (int64_t p = 0; p < nq * G; p++) { /* times 1 / sum, as paged_decode ends its chains */
+    float *o = out + (p / G) * H * D + (kvh * G + p % G) * D;
+    for (int64_t d = 0; d < D; d++) o[d] *= inv[p];
   }
 }
 #undef QROW
