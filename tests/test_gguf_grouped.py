@@ -234,6 +234,26 @@ def test_a_kept_output_gives_the_same_logits_in_one_tensor(lib: object) -> None:
     assert storages[1] == storages[2] != storages[3]  # made anew once for 9 rows, then reused; past MAX_ROWS its own
 
 
+@requires_c_kernels
+def test_a_large_output_written_past_the_caches_has_the_same_bits(lib: object) -> None:
+    """From 8 MB of output (an LM head's logits at 32 rows of x) the AVX-512 tiles store it with non-temporal stores
+    where it is 64-byte aligned: the same values as the rows computed alone (small outputs, stored through the caches)
+    and as an output that is not aligned; the next rows' weights asked of L2 ahead change no value."""
+    torch.manual_seed(4)
+    n, k, m = 32768, 64, 64  # y: 64 x 32,768 floats, 8.4 MB
+    g = GroupedInt8(torch.randint(-128, 128, (n, k), dtype=torch.int8), torch.rand(n, 2).half().float(), None)
+    w = pack(g, lanes_of(lib))  # type: ignore[arg-type]
+    x = torch.randn(m, k)
+    y = wg8a8_linear(lib, x, w)  # type: ignore[arg-type]
+    assert y.data_ptr() % 64 == 0
+    alone = torch.cat([wg8a8_linear(lib, x[i:i + 1], w) for i in range(0, m, 8)])  # type: ignore[arg-type]
+    assert torch.equal(alone, y[::8])
+    unaligned = torch.empty(m * n + 1)[1:].view(m, n)
+    assert torch.equal(wg8a8_linear(lib, x, w, out=unaligned), y)  # type: ignore[arg-type]
+    ref = wg8a8_linear_ref(x, g)
+    assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
 @requires_avx512
 def test_avx2_and_avx512_give_the_same_bits(tmp_path_factory: pytest.TempPathFactory) -> None:
     libs = [build(partial(load_wg8a8, isa=isa), tmp_path_factory, f"wg8a8-same-{isa}") for isa in ("avx2", "avx512")]
