@@ -31,7 +31,7 @@ class FusedLayers(Protocol):
     def takes(self, batch: ForwardBatch, residual: torch.Tensor | None, kv_cache: LayerCaches) -> bool: ...
 
     def __call__(
-        self, x: torch.Tensor, rope: torch.Tensor, batch: ForwardBatch, kv_cache: torch.Tensor
+        self, x: torch.Tensor, ropes: list[torch.Tensor], batch: ForwardBatch, kv_cache: LayerCaches
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -186,8 +186,7 @@ class LlamaForCausalLM(nn.Module):
             r.cover(end)  # a CPU table computes the rows this batch's positions reach, once
         ropes = [self.ops.rope_table(batch.positions, r.cos_sin, x.dtype) for r in self.ropes]  # shared by the layers
         if self.decode_stack is not None and self.decode_stack.takes(batch, residual, kv_cache):
-            assert isinstance(kv_cache, torch.Tensor)  # takes() checked: one tensor over all layers
-            return self.decode_stack(x, ropes[0], batch, kv_cache)  # the same kernels, from C (backend/model/decode_stack.py)
+            return self.decode_stack(x, ropes, batch, kv_cache)  # the same kernels, from C (backend/model/decode_stack.py)
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, ropes[layer.rope_index], kv_cache[i], batch, self.ops)
         return x, residual

@@ -273,10 +273,6 @@ def load_model(
 
         prepare_int4(model, dense_copy=engine.int4_dense_copy, cpu_kernel=engine.int4_cpu_kernel,
                      deterministic=engine.deterministic)
-        if tp is None and model.arch.is_llama:  # (DecodeStack.build says None without CpuOps)
-            from backend.model.decode_stack import DecodeStack
-
-            model.decode_stack = DecodeStack.build(model, ops)
     elif quantization == "int8":
         from backend.quant.convert import quantize_int8
 
@@ -287,6 +283,10 @@ def load_model(
         from backend.model.tensor_parallel import make_row_parallel
 
         make_row_parallel(model)
+    if tp is None and (awq is not None or blocks or grouped == "kept"):  # integer GEMMs: a decode step's layers in
+        from backend.model.decode_stack import DecodeStack  # one C call (None without CpuOps, or for blocks it lacks)
+
+        model.decode_stack = DecodeStack.build(model, ops)
     keep_head_output(model)  # the logits tensor kept from step to step (backend/quant/kept_output.py)
     model.set_rope(max_positions, device)  # angles stay fp32
     return model
