@@ -86,6 +86,19 @@ def prefill_case(chunks: list[tuple[int, int]], heads: int, kv_heads: int, head_
     return q, cache, table, cu, lens, table.repeat_interleave(rows, dim=0), query_lens
 
 
+def assert_prefill_is_per_token_decode(lib, case: tuple[torch.Tensor, ...], window: int) -> None:
+    """The tiled prefill entry over prefill_case's chunks equals the decode entry over their tokens, bit for bit, and
+    the reference within fp32 rounding."""
+    q, cache, table, cu, lens, query_tables, query_lens = case
+    out = paged_prefill_cpu(lib, q, cache, table, cu_seqlens_q=cu, context_lens=lens, block_size=16, scale=0.125,
+                            window=window)
+    decoded = paged_decode_cpu(lib, q, cache, query_tables, context_lens=query_lens, block_size=16, scale=0.125,
+                               window=window)
+    assert torch.equal(out, decoded)
+    ref = paged_decode_cpu_ref(q, cache, query_tables, query_lens, block_size=16, scale=0.125, window=window)
+    assert (out - ref).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 40), (16, 1, 128), (8, 2, 8), (4, 1, 256)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [0, 5, 24, 61])
@@ -95,14 +108,7 @@ def test_prefill_equals_per_token_decode_to_the_bit(lib, heads: int, kv_heads: i
     and ending on and off the 8-key groups; full attention and sliding windows shorter and longer than a tile, whose
     starts fall on and off the groups."""
     chunks = [(0, 37), (5, 1), (100, 200), (17, 9), (0, 8), (31, 33)]
-    q, cache, table, cu, lens, query_tables, query_lens = prefill_case(chunks, heads, kv_heads, head_dim, dtype)
-    out = paged_prefill_cpu(lib, q, cache, table, cu_seqlens_q=cu, context_lens=lens, block_size=16, scale=0.125,
-                            window=window)
-    decoded = paged_decode_cpu(lib, q, cache, query_tables, context_lens=query_lens, block_size=16, scale=0.125,
-                               window=window)
-    assert torch.equal(out, decoded)
-    ref = paged_decode_cpu_ref(q, cache, query_tables, query_lens, block_size=16, scale=0.125, window=window)
-    assert (out - ref).abs().max().item() < 1e-5
+    assert_prefill_is_per_token_decode(lib, prefill_case(chunks, heads, kv_heads, head_dim, dtype), window)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 40), (4, 1, 256)])
@@ -112,15 +118,8 @@ def test_long_contexts_cross_the_value_blocks_to_the_bit(lib, heads: int, kv_hea
     """The value side walks the keys in blocks of 65,536 / head_dim (each output's sums carried from block to block):
     contexts of several blocks, a window that starts inside one, still give the decode kernel's result bit for bit."""
     chunks = [(3300, 20), (1700, 9)]
-    q, cache, table, cu, lens, query_tables, query_lens = prefill_case(chunks, heads, kv_heads, head_dim,
-                                                                       torch.bfloat16, num_blocks=320)
-    out = paged_prefill_cpu(lib, q, cache, table, cu_seqlens_q=cu, context_lens=lens, block_size=16, scale=0.125,
-                            window=window)
-    decoded = paged_decode_cpu(lib, q, cache, query_tables, context_lens=query_lens, block_size=16, scale=0.125,
-                               window=window)
-    assert torch.equal(out, decoded)
-    ref = paged_decode_cpu_ref(q, cache, query_tables, query_lens, block_size=16, scale=0.125, window=window)
-    assert (out - ref).abs().max().item() < 1e-5
+    case = prefill_case(chunks, heads, kv_heads, head_dim, torch.bfloat16, num_blocks=320)
+    assert_prefill_is_per_token_decode(lib, case, window)
 
 
 def test_large_scores_do_not_overflow(lib) -> None:

@@ -39,12 +39,14 @@ static inline __m512i wg_broadcast4(const int8_t *p) {
  * x on: below, the weights' bandwidth bounds it and H = 1 measured faster), and MT = 6 keeps 12 sums, 12 accumulators
  * and the chunks in the 32 registers. */
 static inline __attribute__((always_inline)) void wgtile(const int MT, const int H, const int64_t G, const int NIB,
-                                                         const int HALF, const wg_args *a, int64_t n, int64_t m) {
+                                                         const int HALF, const wg_args *a, int64_t n, int64_t m,
+                                                         const int8_t *unpacked) {
   /* every pass also asks L2 for the same group of the thread's next weight rows (WG_ROWS on): while the rows of x
    * pass over these weights from L1, the next ones come from memory (22.5 -> 21 ms for Gemma 3's head at 32 rows of
    * x; 6.8 -> 4.5 ms at one row, on a Zen 4) */
-  const int64_t K = a->K, nb = K / 32, ng = K / G, per = 32 / G, row_bytes = NIB ? K / 2 : K, next = WG_ROWS * row_bytes;
-  const int8_t *w = a->w + n * row_bytes, *xq = a->xq + m * K;
+  const int PACKED = NIB >= 1 && NIB <= 3; /* NIB 4: the values u as bytes (wg_unpack's), read as they are */
+  const int64_t K = a->K, nb = K / 32, ng = K / G, per = 32 / G, row_bytes = PACKED ? K / 2 : K, next = WG_ROWS * row_bytes;
+  const int8_t *w = NIB == 4 ? unpacked : a->w + n * row_bytes, *xq = a->xq + m * K;
   const float *wz = a->wz ? a->wz + n * nb : 0, *xd = a->xd + m * nb, *xs = a->xs + m * nb;
   const float *ws = HALF ? 0 : (const float *)a->ws + n * ng;
   const uint16_t *wsh = HALF ? (const uint16_t *)a->ws + n * ng : 0;
@@ -64,16 +66,19 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
         const __m512i start = NIB == 1 ? _mm512_setzero_si512() : _mm512_set1_epi32(-offset * xsum[r * ng + g]);
         for (int j = 0; j < H; j++) sum[r][j] = start;
       }
-      const int8_t *p = w + g * G * (NIB ? 8 : 16);
-      for (int j = 0; j < H; j++) {
+      const int8_t *p = w + g * G * (PACKED ? 8 : 16);
+      for (int j = 0; NIB != 4 && j < H; j++) { /* (wg_unpack read the unpacked ones' weights, and asks ahead itself) */
         _mm_prefetch((const char *)(p + j * row_bytes * 16 + 4096), _MM_HINT_T0);
-        for (int64_t c = 0; c < G * (NIB ? 8 : 16); c += 64) _mm_prefetch((const char *)(p + j * row_bytes * 16 + next + c), _MM_HINT_T1);
+        for (int64_t c = 0; c < G * (PACKED ? 8 : 16); c += 64) _mm_prefetch((const char *)(p + j * row_bytes * 16 + next + c), _MM_HINT_T1);
       }
       for (int64_t t = 0; t < G / 4; t += 2) { /* 1. the group's exact integer sums, chunks t and t + 1 */
         __m512i u[2][2];
         for (int j = 0; j < H; j++) {
           const int8_t *c = p + j * row_bytes * 16;
-          if (NIB) {
+          if (NIB == 4) {
+            u[0][j] = _mm512_loadu_si512((const void *)(c + 64 * t));
+            u[1][j] = _mm512_loadu_si512((const void *)(c + 64 * t + 64));
+          } else if (NIB) {
             const __m512i v = _mm512_loadu_si512((const void *)(c + 32 * t));
             u[0][j] = _mm512_and_si512(v, low);
             u[1][j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
@@ -120,18 +125,66 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
 }
 
 #define WG_TILES(H, G, NIB, HALF)                                                                                 \
-  for (; m + 6 <= me; m += 6) wgtile(6, H, G, NIB, HALF, a, n, m);                                               \
-  for (; m + 4 <= me; m += 4) wgtile(4, H, G, NIB, HALF, a, n, m);                                               \
-  for (; m < me; m++) wgtile(1, H, G, NIB, HALF, a, n, m);
+  for (; m + 6 <= me; m += 6) wgtile(6, H, G, NIB, HALF, a, n, m, unpacked);                                     \
+  for (; m + 4 <= me; m += 4) wgtile(4, H, G, NIB, HALF, a, n, m, unpacked);                                     \
+  for (; m < me; m++) wgtile(1, H, G, NIB, HALF, a, n, m, unpacked);
+
+/* Hexadecets [n, n + 16 H) of the nibble or 5-bit layout as bytes u, in the int8 layout's order of chunks, into `out`
+ * (16 H K bytes): what wgtile's NIB 4 reads. Several passes over the same weights (from 12 rows of x: a decode batch,
+ * a prefill chunk) then unpack them once instead of once a pass: the same bytes u, so the same sums and bits. */
+static void wg_unpack(const wg_args *a, int64_t n, int H, int8_t *out) {
+  const int64_t K = a->K;
+  const __m512i low = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+  for (int j = 0; j < H; j++) {
+    const int8_t *src = a->w + (n + 16 * j) * (K / 2);
+    const uint8_t *hi = a->hi ? a->hi + (n + 16 * j) * (K / 8) : 0;
+    int8_t *dst = out + j * 16 * K;
+    for (int64_t pair = 0; pair < K / 8; pair++) { /* 64 source bytes: chunk 2 pair in the low nibbles, 2 pair + 1 high */
+      _mm_prefetch((const char *)(src + 64 * pair + WG_ROWS * K / 2), _MM_HINT_T1); /* the thread's next rows */
+      const __m512i v = _mm512_loadu_si512((const void *)(src + 64 * pair));
+      __m512i u0 = _mm512_and_si512(v, low), u1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      if (hi) {
+        uint64_t b0, b1;
+        memcpy(&b0, hi + 16 * pair, 8);
+        memcpy(&b1, hi + 16 * pair + 8, 8);
+        u0 = _mm512_mask_add_epi8(u0, _cvtu64_mask64(b0), u0, sixteen);
+        u1 = _mm512_mask_add_epi8(u1, _cvtu64_mask64(b1), u1, sixteen);
+      }
+      _mm512_storeu_si512((void *)(dst + 128 * pair), u0);
+      _mm512_storeu_si512((void *)(dst + 128 * pair + 64), u1);
+    }
+  }
+}
+
+/* A thread's buffer for wg_unpack, kept from call to call (OpenMP's threads are reused); NULL if it cannot grow. */
+static int8_t *wg_unpack_buffer(int64_t bytes) {
+  static __thread int8_t *buf;
+  static __thread int64_t cap;
+  if (bytes > cap) {
+    free(buf);
+    cap = (bytes + 63) / 64 * 64;
+    buf = aligned_alloc(64, (size_t)cap);
+    if (!buf) cap = 0;
+  }
+  return buf;
+}
 
 /* Rows [n0, n1) of the weight with its scales' width HALF (a constant in each instantiation below). */
 static inline __attribute__((always_inline)) void wg_rows_of(const int HALF, const wg_args *a, int64_t n0, int64_t n1) {
   for (int64_t mb = 0; mb < a->M; mb += 32) { /* 32 rows of x stay in L1 while the rows' weights pass */
     const int64_t me = mb + 32 < a->M ? mb + 32 : a->M;
+    int8_t *unpacked = a->nib && me - mb >= 12 ? wg_unpack_buffer(32 * a->K) : 0; /* two six-row passes or more */
     for (int64_t n = n0; n < n1;) {
       const int two = a->M >= 16 && n + 32 <= n1; /* memory-bound below: one stream a core reads faster */
       int64_t m = mb;
-      if (a->hi) { /* 5-bit values, groups of 32 (Q5_0: offset 16; Q5_1, Q5_K: none) */
+      if (unpacked) { /* 4- or 5-bit values, unpacked once for every pass */
+        wg_unpack(a, n, two ? 2 : 1, unpacked);
+        if (two) {
+          WG_TILES(2, 32, 4, HALF)
+        } else {
+          WG_TILES(1, 32, 4, HALF)
+        }
+      } else if (a->hi) { /* 5-bit values, groups of 32 (Q5_0: offset 16; Q5_1, Q5_K: none) */
         if (two) {
           WG_TILES(2, 32, 3, HALF)
         } else {
