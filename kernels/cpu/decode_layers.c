@@ -135,11 +135,17 @@ static int linear(const kernels *k, const float *x, const weight *w, int64_t M, 
   return -2;
 }
 
-/* QK-norm: the `heads` heads of each token's row (row stride ld), each normalised over D, into out (M, heads, D). */
-static void norm_heads(const kernels *k, const dims *d, const float *x, int64_t ld, int64_t heads, const float *w,
-                       int64_t M, float *out, float *spill) {
+/* The `heads` heads of each token's row x (row stride ld) rotated into out (M, heads, D); with QK-norm (`norm`) each
+ * head normalised over D first, the normalised heads (contiguous) being what the rotary reads. */
+static void rotate_heads(const kernels *k, const dims *d, const float *x, int64_t ld, int64_t heads, const float *norm,
+                         const float *rope, int64_t M, const scratch *s, float *out) {
   const int64_t D = d->head_dim;
-  for (int64_t m = 0; m < M; m++) k->rms_norm(x + m * ld, D, NULL, 0, w, d->eps, heads, D, out + m * heads * D, spill);
+  if (norm) {
+    for (int64_t m = 0; m < M; m++)
+      k->rms_norm(x + m * ld, D, NULL, 0, norm, d->eps, heads, D, s->normed + m * heads * D, s->spill);
+    x = s->normed, ld = heads * D;
+  }
+  k->rotary(x, ld, rope, M, heads, D, out);
 }
 
 /* Attention of one layer: q, k (normalised per head, with QK-norm) rotated, this step's K/V stored, then paged decode
@@ -150,15 +156,8 @@ static void attend(const kernels *k, const dims *d, const layer *l, const step *
   void *kc = st->caches[li], *vc = (char *)kc + st->half_strides[li] * (st->kv_bf16 ? 2 : 4);
   const view *v = &st->views[l->window > 0];
   const float *rope = st->rope[l->rope];
-  if (l->q_norm) { /* the normalised heads, contiguous, are what the rotary reads */
-    norm_heads(k, d, s->qkv, ld, d->heads, l->q_norm, M, s->normed, s->spill);
-    k->rotary(s->normed, HD, rope, M, d->heads, D, s->q);
-    norm_heads(k, d, s->qkv + HD, ld, d->kv_heads, l->k_norm, M, s->normed, s->spill);
-    k->rotary(s->normed, KD, rope, M, d->kv_heads, D, s->k);
-  } else {
-    k->rotary(s->qkv, ld, rope, M, d->heads, D, s->q);
-    k->rotary(s->qkv + HD, ld, rope, M, d->kv_heads, D, s->k);
-  }
+  rotate_heads(k, d, s->qkv, ld, d->heads, l->q_norm, rope, M, s, s->q);
+  rotate_heads(k, d, s->qkv + HD, ld, d->kv_heads, l->k_norm, rope, M, s, s->k);
   k->store_kv(s->k, KD, s->qkv + HD + KD, ld, kc, vc, v->slots, M, KD, st->kv_bf16);
   k->paged_decode(s->q, kc, vc, v->block_tables, v->max_blocks, v->lens, M, d->heads, d->kv_heads, D, st->block_size,
                   l->window, d->scale, s->scores, v->max_len, s->attn, st->kv_bf16, nthreads);

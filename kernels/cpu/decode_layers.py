@@ -2,7 +2,7 @@
 
     lib = load_decode_layers(build_dir)                     # None where it cannot run (kernels/cpu/build.py)
     stack = DecodeLayers(lib, entry_points(elementwise, paged_decode, w4a8=lib4), dims, layers)  # or wg8a8=lib8
-    x, stream = stack(x, ropes, block_tables, context_lens, max_len, slot_mapping, kv_cache, block_size)
+    x, stream = stack(x, ropes, views, caches, block_size=block_size)  # views: PoolView per K/V pool
 
 `layers` holds each layer's RMSNorm weights (QK-norm's and sandwich norms' where the model has them), its four
 projections (W4A8 weights, kernels/cpu/w4a8.py, or grouped W8A8 ones in any of their layouts, kernels/cpu/wg8a8.py),
@@ -155,7 +155,7 @@ class DecodeLayers:
             sizes = [e, e, dims.head_dim, dims.head_dim, e, e]
             for norm, size in zip(lw.norms(), sizes, strict=True):
                 assert norm is None or (norm.shape == (size,) and norm.dtype == torch.float32 and norm.is_contiguous())
-            assert lw.input_norm is not None and lw.post_norm is not None and lw.rope in (0, 1)
+            assert lw.rope in (0, 1)  # the step carries two rope tables at most
             assert (lw.q_norm is None) == (lw.k_norm is None) and (lw.pre_ff_norm is None) == (lw.post_ff_norm is None)
             shapes = [_rows(w) for w in lw.projections()]
             assert shapes == [(hd + 2 * kd, e), (e, hd), (2 * i, e), (e, i)], f"projection shapes {shapes}"

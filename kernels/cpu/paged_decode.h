@@ -311,6 +311,7 @@ static inline void store_scores(const __m256 acc[8], int64_t t, int64_t start, i
 #define QROW(p) (q + ((p) / G) * H * D + (kvh * G + (p) % G) * D)
 #define QLEN(p) (len0 + (p) / G)
 #define QSTART(p) (window > 0 && QLEN(p) > window ? QLEN(p) - window : 0)
+#define OROW(p) (out + ((p) / G) * H * D + (kvh * G + (p) % G) * D) /* its output row */
 
 #ifdef __AVX512F__
 /* The keys of a chunk as the wide tile reads them: pairs of keys, eight floats of each in turn, so one 512-bit load
@@ -432,7 +433,7 @@ static void prefill_task(const float *q, int64_t nq, int64_t len0, const float *
       for (int i = 0; i < 4; i++) {
         const int64_t p = p0 + i < nq * G ? p0 + i : nq * G - 1;
         rows[i] = s + p * max_len, l[i] = QLEN(p);
-        acc[i] = p0 + i < nq * G ? out + (p / G) * H * D + (kvh * G + p % G) * D : spare[i];
+        acc[i] = p0 + i < nq * G ? OROW(p) : spare[i];
       }
       const int64_t t0 = QSTART(p0), from = ta > t0 ? ta : t0, tb = ta + block < tmax ? ta + block : tmax;
       if (from >= tb || from >= l[3]) continue;
@@ -444,14 +445,13 @@ static void prefill_task(const float *q, int64_t nq, int64_t len0, const float *
       if (d0 < D)
         for (int i = 0; i < 4; i++) pv_one(rows[i], from, tb, t0, l[i], acc[i], vf, first, D, d0);
     }
-  for (int64_t p = 0; p < nq * G; p++) { /* times 1 / sum, as paged_decode ends its chains */
-    float *o = out + (p / G) * H * D + (kvh * G + p % G) * D;
-    for (int64_t d = 0; d < D; d++) o[d] *= inv[p];
-  }
+  for (int64_t p = 0; p < nq * G; p++) /* times 1 / sum, as paged_decode ends its chains */
+    for (int64_t d = 0; d < D; d++) OROW(p)[d] *= inv[p];
 }
 #undef QROW
 #undef QLEN
 #undef QSTART
+#undef OROW
 
 /* The chunks' keys and values as fp32, once per call (every tile of a chunk reads them all): row `r` of a chunk's
  * tokens [first, len) into its part of the scratch, kvf: K of each KV head (key_at's layout), then V of each (rows of

@@ -26,6 +26,21 @@ static inline __m512i wg_broadcast4(const int8_t *p) {
   return _mm512_set1_epi32(t);
 }
 
+/* 64 bytes of the nibble layout: chunk t's values u in the low nibbles (u[0]), chunk t + 1's in the high ones (u[1]),
+ * with `fifth` (the 5-bit layout) each chunk's 8 bytes of fifth bits added back as 16 through its 64-bit mask. */
+static inline __attribute__((always_inline)) void wg_nibbles(const int8_t *src, const uint8_t *fifth, __m512i u[2]) {
+  const __m512i low = _mm512_set1_epi8(15), v = _mm512_loadu_si512((const void *)src);
+  u[0] = _mm512_and_si512(v, low);
+  u[1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+  if (fifth) {
+    uint64_t b0, b1;
+    memcpy(&b0, fifth, 8);
+    memcpy(&b1, fifth + 8, 8);
+    u[0] = _mm512_mask_add_epi8(u[0], _cvtu64_mask64(b0), u[0], _mm512_set1_epi8(16));
+    u[1] = _mm512_mask_add_epi8(u[1], _cvtu64_mask64(b1), u[1], _mm512_set1_epi8(16));
+  }
+}
+
 /* MT rows of x times H hexadecets (16 H weight rows, consecutive in the layout): each hexadecet's w (K / 4, 16, 4)
  * int8, or with NIB (K / 8, 16, 4) bytes of two 4-bit values u (wg8a8_entry.h: chunks t and t + 1 in the low and high
  * nibbles), unsigned as vpdpbusd takes them (no flip; with NIB 2 the sums start at -offset times the group's int8 sum
@@ -51,10 +66,9 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
   const float *ws = HALF ? 0 : (const float *)a->ws + n * ng;
   const uint16_t *wsh = HALF ? (const uint16_t *)a->ws + n * ng : 0;
   const int32_t *xsum = a->xsum + m * ng;
-  const __m512i flip = _mm512_set1_epi8((char)0x80), low = _mm512_set1_epi8(15);
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
   const int32_t offset = NIB == 0 ? 128 : NIB >= 2 ? a->offset : 0; /* the flip adds 128 to every int8 weight */
   const uint8_t *hi = NIB == 3 ? a->hi + n * (K / 8) : 0; /* a row's fifth bits: K / 8 bytes */
-  const __m512i sixteen = _mm512_set1_epi8(16);
   __m512 acc[6][2];
   for (int r = 0; r < MT; r++)
     for (int j = 0; j < H; j++) acc[r][j] = _mm512_setzero_ps();
@@ -78,18 +92,10 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
           if (NIB == 4) {
             u[0][j] = _mm512_loadu_si512((const void *)(c + 64 * t));
             u[1][j] = _mm512_loadu_si512((const void *)(c + 64 * t + 64));
-          } else if (NIB) {
-            const __m512i v = _mm512_loadu_si512((const void *)(c + 32 * t));
-            u[0][j] = _mm512_and_si512(v, low);
-            u[1][j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            if (NIB == 3) { /* chunks t and t + 1's fifth bits: 8 bytes each, the group's 8 chunks 64 bytes */
-              uint64_t b0, b1;
-              const uint8_t *h = hi + j * K * 2 + g * 64 + t * 8;
-              memcpy(&b0, h, 8);
-              memcpy(&b1, h + 8, 8);
-              u[0][j] = _mm512_mask_add_epi8(u[0][j], _cvtu64_mask64(b0), u[0][j], sixteen);
-              u[1][j] = _mm512_mask_add_epi8(u[1][j], _cvtu64_mask64(b1), u[1][j], sixteen);
-            }
+          } else if (NIB) { /* with NIB 3, chunks t and t + 1's fifth bits: 8 bytes each, the group's 8 chunks 64 */
+            __m512i pair[2];
+            wg_nibbles(c + 32 * t, NIB == 3 ? hi + j * K * 2 + g * 64 + t * 8 : 0, pair);
+            u[0][j] = pair[0], u[1][j] = pair[1];
           } else {
             u[0][j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 64 * t)), flip);
             u[1][j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 64 * t + 64)), flip);
@@ -134,24 +140,16 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
  * a prefill chunk) then unpack them once instead of once a pass: the same bytes u, so the same sums and bits. */
 static void wg_unpack(const wg_args *a, int64_t n, int H, int8_t *out) {
   const int64_t K = a->K;
-  const __m512i low = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
   for (int j = 0; j < H; j++) {
     const int8_t *src = a->w + (n + 16 * j) * (K / 2);
     const uint8_t *hi = a->hi ? a->hi + (n + 16 * j) * (K / 8) : 0;
     int8_t *dst = out + j * 16 * K;
-    for (int64_t pair = 0; pair < K / 8; pair++) { /* 64 source bytes: chunk 2 pair in the low nibbles, 2 pair + 1 high */
+    for (int64_t pair = 0; pair < K / 8; pair++) { /* 64 source bytes: chunks 2 pair and 2 pair + 1 */
       _mm_prefetch((const char *)(src + 64 * pair + WG_ROWS * K / 2), _MM_HINT_T1); /* the thread's next rows */
-      const __m512i v = _mm512_loadu_si512((const void *)(src + 64 * pair));
-      __m512i u0 = _mm512_and_si512(v, low), u1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-      if (hi) {
-        uint64_t b0, b1;
-        memcpy(&b0, hi + 16 * pair, 8);
-        memcpy(&b1, hi + 16 * pair + 8, 8);
-        u0 = _mm512_mask_add_epi8(u0, _cvtu64_mask64(b0), u0, sixteen);
-        u1 = _mm512_mask_add_epi8(u1, _cvtu64_mask64(b1), u1, sixteen);
-      }
-      _mm512_storeu_si512((void *)(dst + 128 * pair), u0);
-      _mm512_storeu_si512((void *)(dst + 128 * pair + 64), u1);
+      __m512i u[2];
+      wg_nibbles(src + 64 * pair, hi ? hi + 16 * pair : 0, u);
+      _mm512_storeu_si512((void *)(dst + 128 * pair), u[0]);
+      _mm512_storeu_si512((void *)(dst + 128 * pair + 64), u[1]);
     }
   }
 }
