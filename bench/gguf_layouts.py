@@ -1,13 +1,13 @@
 """The grouped GEMM's weight layouts for a GGUF's 4- and 5-bit values (kernels/cpu/wg8a8.py): int8, one byte a value,
 against nibbles, two a byte (what a Q4_K, Q4_1 or Q4_0 weight is served in on a CPU:
-backend/quant/gguf_grouped.nibble_offset), and for 5-bit values (Q5_0, Q5_1, Q5_K) on AVX-512 against the 5-bit layout
-(nibbles and a plane of fifth bits: wg8a8_avx512.c).
+backend/quant/gguf_grouped.nibble_offset), and for 5-bit values (Q5_0, Q5_1, Q5_K) against the 5-bit layout (nibbles
+and a plane of fifth bits).
 
     python -m bench.gguf_layouts [--rows 1,8,32] [--reps 50]
 
 For each instruction set this CPU runs (AVX2; AVX-512 VNNI where it has it; NEON on aarch64) and each case: Q4_K's
 values (0..15, a scale and a term per 32) on Gemma 3 270M's o_proj and down_proj shapes (640 x 1024, 640 x 2048) and
-an 8B model's 4096 x 4096, Q4_0's (-8..7, a scale per 32, offset 8) on the 4096 x 4096, and on AVX-512 Q5_0's
+an 8B model's 4096 x 4096, Q4_0's (-8..7, a scale per 32, offset 8) on the 4096 x 4096, and Q5_0's
 (-16..15, an fp16 scale per 32, offset 16) on Gemma 3's fused q/k/v and gate/up (1536 x 640, 4096 x 640) and the
 4096 x 4096: the weight bytes of each
 layout, whether the two give the same bits (they should: the same integer sums, the same float steps), and the best
@@ -30,7 +30,7 @@ import torch
 from bench.gemm import best_us
 from bench.report import default_out, emit
 from kernels.cpu.build import NEON_ISA, avx512_available, c_kernels_unavailable, cpu_isa
-from kernels.cpu.wg8a8 import GroupedInt8, PackedGrouped, fifth_bit, lanes_of, load_wg8a8, pack, wg8a8_linear
+from kernels.cpu.wg8a8 import GroupedInt8, PackedGrouped, lanes_of, load_wg8a8, pack, wg8a8_linear
 
 # (type, shape name, out, in): the type's value range, offset and terms below; int8 against nibbles
 CASES = (("Q4_K", "gemma3_o_proj", 640, 1024), ("Q4_K", "gemma3_down_proj", 640, 2048), ("Q4_K", "8b_proj", 4096, 4096),
@@ -66,8 +66,6 @@ def layouts(isa: str, folder: Path, rows_list: list[int], reps: int) -> list[dic
     for case in CASES:
         kind, _, n, k = case
         five = kind.startswith("Q5")
-        if five and not fifth_bit(lib):
-            continue  # 5-bit values stay int8 on this kernel
         low, high, offset, terms = TYPES[kind]
         g = torch.Generator().manual_seed(n + k)
         scales = torch.rand(n, k // 32, generator=g) * 0.01

@@ -39,7 +39,7 @@ from backend.quant.gguf_linear import GgufEmbedding, GgufLinear
 from backend.quant.gguf_types import SERVED, decode
 from backend.quant.kept_output import KeptOutput
 from kernels.cpu import build as build_py
-from kernels.cpu.wg8a8 import GroupedInt8, fifth_bit, lanes_of, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
+from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, load_wg8a8, pack, wg8a8_linear, wg8a8_linear_ref
 from tests.c_kernels import ISAS, build, requires_avx512, requires_c_kernels
 from tests.engine_helpers import (
     assert_no_leaks,
@@ -88,10 +88,10 @@ def test_each_type_decodes_bit_for_bit_as_gguf_py(kind: str) -> None:
         terms = grouped.zeros is not None  # half a byte a value, a scale (fp16 where it is one: Q4_0's, Q4_1's d) and term a 32
         assert packed.scales.dtype == (torch.float32 if kind == "Q4_K" else torch.float16), kind
         assert packed.nbytes() == packed.padded * (k // 2 + k // 32 * (packed.scales.element_size() + 4 * terms)), kind
-    five = nibble_offset(grouped, bits=5)  # the 5-bit layout (AVX-512): the 4- and 5-bit types, the same bits again
+    five = nibble_offset(grouped, bits=5)  # the 5-bit layout: the 4- and 5-bit types, the same bits again
     assert five == {"Q4_0": 16, "Q4_1": 0, "Q4_K": 0, "Q5_0": 16, "Q5_1": 0, "Q5_K": 0}.get(kind), kind
-    if five is not None:
-        packed = pack(grouped, 16, nibbles=True, offset=five, fifth=True)
+    for lanes in (8, 16) if five is not None else ():  # AVX2 and NEON's octets of rows, AVX-512's hexadecets
+        packed = pack(grouped, lanes, nibbles=True, offset=five, fifth=True)
         assert torch.equal(packed.dequantized().view(torch.int32), ref.view(torch.int32))
         assert torch.equal(packed.rows(rows), ref[rows])
         terms = grouped.zeros is not None  # 5 bits a value, and the scale and term a 32
@@ -150,36 +150,27 @@ def test_the_nibble_layout_gives_the_int8_layouts_bits(lib: object, low: int, hi
     assert torch.equal(torch.cat([wg8a8_linear(lib, x[i:i + 1], w4) for i in range(m)]), y)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def avx512_lib(tmp_path_factory: pytest.TempPathFactory) -> object:
-    return build(partial(load_wg8a8, isa="avx512"), tmp_path_factory, "wg8a8-five")
-
-
 @requires_c_kernels
-def test_only_the_avx512_kernel_reads_the_5_bit_layout(lib: object) -> None:
-    assert fifth_bit(lib) == (lanes_of(lib) == 16)  # type: ignore[arg-type]
-
-
-@requires_avx512
 @pytest.mark.parametrize(("low", "high", "offset"), [(-16, 16, 16), (0, 32, 0), (-8, 8, 16)], ids=["Q5_0", "Q5_K", "Q4_0"])
 @pytest.mark.parametrize("zeros", [False, True], ids=["symmetric", "terms"])
 @pytest.mark.parametrize("half", [False, True], ids=["fp32_scales", "fp16_scales"])
-def test_the_5_bit_layout_gives_the_int8_layouts_bits(avx512_lib: object, low: int, high: int, offset: int, zeros: bool,
+def test_the_5_bit_layout_gives_the_int8_layouts_bits(lib: object, low: int, high: int, offset: int, zeros: bool,
                                                       half: bool) -> None:
-    """The 5-bit layout (wg5a8_linear, AVX-512) holds u = q + offset's low four bits as the nibble layout does and its
-    fifth bits in a plane, added back as 16 through a 64-bit mask a chunk: the int8 layout's integer sums, so its bits,
-    at every tile of x (6, 4 and 1 rows; one hexadecet and two), in 0.69 bytes a value with an fp16 scale."""
-    lib = avx512_lib
+    """The 5-bit layout (wg5a8_linear) holds u = q + offset's low four bits as the nibble layout does and its fifth bits
+    in a plane, a byte per position of a group's chunks (bit c for chunk c), added back as 16: the int8 layout's integer
+    sums, so its bits, at every tile of x (AVX-512: 6, 4 and 1 rows, one hexadecet and two, unpacked once from 12 rows;
+    AVX2: 4 and 1 rows, unpacked once from 8), in 0.69 bytes a value with an fp16 scale."""
     torch.manual_seed(13 + zeros + offset + half)
-    n, k = 77, 640  # 77 rows: the last hexadecet padded, and two hexadecets a tile from 16 rows of x on
+    n, k = 77, 640  # 77 rows: the last chunk of rows padded, and two hexadecets a tile from 16 rows of x on
     scales = torch.rand(n, k // 32) * 0.01
     g = GroupedInt8(torch.randint(low, high, (n, k), dtype=torch.int8), scales.half().float() if half else scales,
                     torch.randn(n, k // 32) * 0.01 if zeros else None)
-    w8, w5 = pack(g, 16), pack(g, 16, nibbles=True, offset=offset, fifth=True)
+    lanes = lanes_of(lib)  # type: ignore[arg-type]
+    w8, w5 = pack(g, lanes), pack(g, lanes, nibbles=True, offset=offset, fifth=True)
     assert w5.shape == w8.shape == (n, k) and (w5.scales.dtype == torch.float16) == half
     assert torch.equal(w5.dequantized().view(torch.int32), g.dequantized().view(torch.int32))
     assert torch.equal(w5.rows(torch.tensor([76, 3, 17])), g.dequantized()[[76, 3, 17]])
-    for m in (1, 5, 23, 37):
+    for m in (1, 5, 7, 8, 23, 37):
         x = torch.randn(m, k) * 3
         y = wg8a8_linear(lib, x, w5)  # type: ignore[arg-type]
         assert torch.equal(y, wg8a8_linear(lib, x, w8)), m  # type: ignore[arg-type]
@@ -310,7 +301,7 @@ def test_gemma_served_in_its_own_bits(gguf: Path, reference: dict, caplog: pytes
     four = sum(m.weight_q.nibbles and m.weight_q.fifth is None for m in linears)
     assert four == 27  # the Q4_K projections (o_proj, half the down_proj): 4 bits
     five = sum(m.weight_q.fifth is not None for m in linears)  # Q5_0's: every gate_up, and the q/k/v where v is too
-    assert five == (27 if fifth_bit(linears[0].lib) else 0)
+    assert five == 27
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())  # no float copy of any projection
     weight_bytes = sum(m.weight_bytes() for m in linears[:-1]) + model.embed_tokens.weight_bytes()
     assert weight_bytes < 1.3 * gguf.stat().st_size, (weight_bytes, gguf.stat().st_size)
@@ -369,15 +360,16 @@ NEON = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 @pytest.mark.skipif(any(shutil.which(t) is None for t in NEON) or build_py.is_arm(),
                     reason="the aarch64 cross compiler or qemu-aarch64 is absent (`make system-deps` installs them)")
 @requires_c_kernels
-@pytest.mark.parametrize(("group", "zeros", "offset", "half"),
-                         [(16, False, None, False), (32, True, None, False), (32, False, None, True), (32, False, 8, True),
-                          (32, True, 0, False)],
-                         ids=["g16", "g32-terms", "g32-fp16-scales", "nibbles-q4_0", "nibbles-q4_k"])
+@pytest.mark.parametrize(("group", "zeros", "offset", "half", "fifth"),
+                         [(16, False, None, False, False), (32, True, None, False, False), (32, False, None, True, False),
+                          (32, False, 8, True, False), (32, True, 0, False, False), (32, False, 16, True, True),
+                          (32, True, 0, False, True)],
+                         ids=["g16", "g32-terms", "g32-fp16-scales", "nibbles-q4_0", "nibbles-q4_k", "five-q5_0", "five-q5_k"])
 def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zeros: bool, offset: int | None, half: bool,
-                                                    tmp_path: Path) -> None:
+                                                    fifth: bool, tmp_path: Path) -> None:
     """wg8a8_neon.c, cross-compiled with tests/c/wg8a8_harness.c and run under qemu-aarch64: the same bits as the x86
-    kernels (the same integer sums and fp32 steps per lane), in the int8 and the nibble layout, with float32 or fp16
-    scales, and each row the same computed alone."""
+    kernels (the same integer sums and fp32 steps per lane), in the int8, the nibble and the 5-bit layout, with float32
+    or fp16 scales, and each row the same computed alone."""
     root = Path(__file__).resolve().parents[1]
     exe = tmp_path / "wg8a8_harness"
     flags = [f for f in build_py.NEON_FLAGS if f not in {"-shared", "-fPIC"}]
@@ -388,11 +380,11 @@ def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zer
     torch.manual_seed(group)
     m, n, k = 5, 40, 256
     nibbles = offset is not None
-    low, high = (-128, 128) if offset is None else (-offset, 16 - offset)
+    low, high = (-128, 128) if offset is None else (-offset, (32 if fifth else 16) - offset)
     scales = torch.rand(n, k // group) * 0.01
     g = GroupedInt8(torch.randint(low, high, (n, k), dtype=torch.int8), scales.half().float() if half else scales,
                     torch.randn(n, k // 32) * 0.01 if zeros else None)
-    w, x = pack(g, nibbles=nibbles, offset=offset or 0), torch.randn(m, k)
+    w, x = pack(g, nibbles=nibbles, offset=offset or 0, fifth=fifth), torch.randn(m, k)
     assert (w.scales.dtype == torch.float16) == half
 
     def neon(rows: torch.Tensor, threads: int) -> torch.Tensor:
@@ -401,8 +393,10 @@ def test_the_neon_kernel_gives_the_x86_kernels_bits(lib: object, group: int, zer
         (tmp_path / "ws").write_bytes(w.scales.numpy().tobytes())
         if w.zeros is not None:
             (tmp_path / "wz").write_bytes(w.zeros.numpy().tobytes())
+        if w.fifth is not None:
+            (tmp_path / "hi").write_bytes(w.fifth.numpy().tobytes())
         args = [str(tmp_path), str(len(rows)), str(n), str(k), str(group), str(int(zeros)), str(threads), str(int(nibbles)),
-                str(offset or 0), str(int(half))]
+                str(offset or 0), str(int(half)), str(int(fifth))]
         run = subprocess.run(["qemu-aarch64", "-cpu", "max", str(exe), *args], capture_output=True, timeout=120)
         assert run.returncode == 0, run.stderr
         return torch.frombuffer(bytearray((tmp_path / "y").read_bytes()), dtype=torch.float32).view(len(rows), n)

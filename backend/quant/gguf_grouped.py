@@ -12,9 +12,9 @@ loads it (llama's q/k rows un-permuted, Gemma's norms stored as w - 1). phi3 fil
 (`attn_qkv`, rows q then k then v, not permuted: llama.cpp's phi3 rotary is NeoX's, HF's rotate-half) and gate/up in
 one (`ffn_up`, gate's rows first, as HF's Phi3MLP chunks it): our fused layers' own layout, kept as they are. No float
 copy of a served weight is written or built: in memory a weight takes 1.06-1.25 bytes (int8 and its group's scale and
-term: Q3_K, Q6_K, Q8_0, the 5-bit types on AVX2 and NEON, and every type on a GPU), or on a CPU 0.56-0.75 for a 4-bit
-type (Q4_0, Q4_1, Q4_K: two values a byte, `nibble_offset`) and on AVX-512 0.69-0.88 for a 5-bit type (Q5_0, Q5_1,
-Q5_K: the low four bits so and a plane of fifth bits), in GgufLinear / GgufEmbedding (gguf_linear.py). On a CPU a scale that
+term: Q3_K, Q6_K, Q8_0, and every type on a GPU), or on a CPU 0.56-0.75 for a 4-bit type (Q4_0, Q4_1, Q4_K: two
+values a byte, `nibble_offset`) and 0.69-0.88 for a 5-bit type (Q5_0, Q5_1, Q5_K: the low four bits so and a plane of
+fifth bits), in GgufLinear / GgufEmbedding (gguf_linear.py). On a CPU a scale that
 is the file's own fp16 d (Q8_0, Q5_0, Q5_1, Q4_0, Q4_1) is kept in fp16 (kernels/cpu/wg8a8.py `pack`); the K-quants'
 d times a sub-block scale, and every term, in float32.
 config.json gets quantization_config = {quant_method: gguf_grouped}.
@@ -38,7 +38,7 @@ from backend.quant.gguf_config import ROPE_FACTORS, gguf_config
 from backend.quant.gguf_header import read_header, read_tensors
 from backend.quant.gguf_linear import GgufEmbedding, GgufLinear, Grouped
 from backend.quant.gguf_types import decode
-from kernels.cpu.wg8a8 import GroupedInt8, fifth_bit, lanes_of, pack
+from kernels.cpu.wg8a8 import GroupedInt8, lanes_of, pack
 
 QUANT_METHOD = "gguf_grouped"
 TENSORS = ("gq", "gs", "gz")
@@ -168,10 +168,8 @@ def nibble_offset(g: GroupedInt8, bits: int = 4) -> int | None:
     """The offset that puts g's values in 0..2^bits - 1 for the kernel's nibble layout (kernels/cpu/wg8a8.py `pack`: two
     values a byte; with the scale (fp16 where it is the file's d) and term per 32, 4.5-6 bits a weight against the int8
     layout's 8.5-10): with bits 4, 0 for Q4_K and Q4_1 (0..15), 8 for Q4_0 (-8..7); with bits 5 (the 5-bit layout, the
-    nibbles and a plane of fifth bits, on AVX-512 only: `fifth_bit`), 0 for Q5_1 and Q5_K, 16 for Q5_0. None where they
-    do not fit (wider types, groups of 16: they stay int8; on AVX2 and NEON the 5-bit types too, whose fifth bits cost
-    more to expand there than int8's extra bytes). The kernel's sums are the int8 layout's exactly: the same weights,
-    the same bits."""
+    nibbles and a plane of fifth bits), 0 for Q5_1 and Q5_K, 16 for Q5_0. None where they do not fit (wider types,
+    groups of 16: they stay int8). The kernel's sums are the int8 layout's exactly: the same weights, the same bits."""
     if g.group != 32:
         return None
     lo, hi = int(g.q.min()), int(g.q.max())
@@ -196,7 +194,7 @@ def swap_in_grouped(model: nn.Module, state: dict[str, torch.Tensor], lib: ctype
         offset = nibble_offset(g)
         if offset is not None:
             return pack(g, lanes, nibbles=True, offset=offset)
-        five = nibble_offset(g, bits=5) if fifth_bit(lib) else None
+        five = nibble_offset(g, bits=5)
         return pack(g, lanes) if five is None else pack(g, lanes, nibbles=True, offset=five, fifth=True)
 
     for name, module in list(model.named_modules()):

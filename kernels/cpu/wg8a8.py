@@ -6,7 +6,7 @@ GGUF file's blocks served in their own values (backend/quant/gguf_types.py decod
     w = pack(g, lanes_of(lib))                # once: the kernel's layout, the only copy a layer keeps
     w = pack(g, lanes_of(lib), nibbles=True, offset=o)  # or, for q + o in 0..15 (groups of 32), two values a byte
                                               # (wg4a8_linear)
-    w = pack(g, 16, nibbles=True, offset=o, fifth=True)  # or, for q + o in 0..31 where fifth_bit(lib) (AVX-512):
+    w = pack(g, lanes_of(lib), nibbles=True, offset=o, fifth=True)  # or, for q + o in 0..31 (groups of 32):
                                               # the low four bits so, and a plane of fifth bits (wg5a8_linear)
     y = wg8a8_linear(lib, x, w)               # x (M, K) float32 -> (M, N) float32
     w.rows(ids), w.dequantized()              # the float32 weights served: scale * q (+ zero), per group
@@ -81,8 +81,8 @@ class PackedGrouped:
     group: int
     nibbles: bool = False  # q holds u = value + offset (0..15; its low four bits with `fifth`), chunks t and t + 1 in one
     offset: int = 0  # with nibbles: value = u - offset
-    # with nibbles, u's fifth bits (u in 0..31; q holds the low four): (N / L, K / 4, L / 2) uint8, per chunk of q's
-    # unpacked values (L x 4) a bit each, bit i of the chunk's bytes (little-endian) for its value i
+    # with nibbles, u's fifth bits (u in 0..31; q holds the low four): (N / L, K / 32, L x 4) uint8, per group of 32
+    # (8 chunks of L x 4 values) a byte per position in a chunk, bit c of byte i for value i of the group's chunk c
     fifth: torch.Tensor | None = None
     args: tuple[int, int, int | None, int, int | None] = field(init=False)  # the kernel's weight arguments, looked up once
 
@@ -116,8 +116,8 @@ class PackedGrouped:
         q = self.q[chunk, :, lane, :]  # (rows, K / 4, 4), or (rows, K / 8, 4) nibble pairs
         if self.nibbles:
             u = torch.stack([q & 15, q >> 4], dim=2).to(torch.int16)  # (rows, K / 8, 2: chunks t and t + 1, 4)
-            if self.fifth is not None:  # (rows, K / 4, lanes x 4 bits) -> this lane's 4 bits of each chunk
-                bits = (self.fifth[chunk].to(torch.int16)[..., None] >> torch.arange(8)) & 1
+            if self.fifth is not None:  # (rows, K / 32, lanes x 4 bytes) -> this lane's 4 bits of each chunk
+                bits = (self.fifth[chunk].to(torch.int16)[:, :, None] >> torch.arange(8)[:, None]) & 1
                 bits = bits.reshape(len(ids), -1, self.lanes, 4)[torch.arange(len(ids)), :, lane]
                 u = u + 16 * bits.reshape(u.shape)
             q = (u - self.offset).to(torch.int8)
@@ -132,11 +132,11 @@ class PackedGrouped:
 def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False, offset: int = 0, *, fifth: bool = False) -> PackedGrouped:
     """g in the layout of a kernel whose chunks hold `lanes` rows (lanes_of(lib): 8, or 16 for wg8a8_avx512.c); with
     `nibbles`, its values as u = q + offset (0..15, groups of 32) two a byte: chunk t's in the low nibbles, t + 1's in
-    the high ones; with `fifth` too (lanes 16: wg8a8_avx512.c), u in 0..31, its low four bits so and its fifth bits in
+    the high ones; with `fifth` too, u in 0..31 (groups of 32), its low four bits so and its fifth bits in
     a plane of their own."""
     assert lanes in (8, 16), f"lanes: 8 or 16, got {lanes}"
     assert offset == 0 or nibbles, "an offset is the nibble layout's"
-    assert not fifth or (nibbles and lanes == 16), "the 5-bit layout is the nibble layout's, in chunks of 16 rows"
+    assert not fifth or nibbles, "the 5-bit layout is the nibble layout's"
     if nibbles:
         top = 31 if fifth else 15
         low, high = int(g.q.min()) + offset, int(g.q.max()) + offset
@@ -153,9 +153,9 @@ def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False, offset: int = 0,
     bits = None
     if nibbles:  # (N / L, K / 4, L, 4) -> pairs of chunks (t, t + 1) -> one byte a pair of values
         u = (q.to(torch.int16) + offset).to(torch.uint8)  # the padding rows too: value 0
-        if fifth:  # each chunk's L x 4 fifth bits, little-endian: bit i of the chunk's bytes for its value i
-            fifths = (u >> 4).view(u.shape[0], u.shape[1], -1, 8).to(torch.int16)
-            bits = (fifths << torch.arange(8, dtype=torch.int16)).sum(-1).to(torch.uint8).contiguous()
+        if fifth:  # a group's 8 chunks of L x 4 values -> L x 4 bytes: bit c of byte i, value i of chunk c
+            fifths = (u >> 4).view(u.shape[0], -1, 8, lanes * 4).to(torch.int16)
+            bits = (fifths << torch.arange(8, dtype=torch.int16)[:, None]).sum(2).to(torch.uint8).contiguous()
             u = u & 15
         pairs = u.view(q.shape[0], -1, 2, lanes, 4)
         q = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
@@ -163,11 +163,6 @@ def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False, offset: int = 0,
     if torch.equal(scales.half().float(), scales):  # a GGUF type's own fp16 d (Q8_0, Q5_0, Q4_0, ...): half the bytes
         scales = scales.half()
     return PackedGrouped(q, scales, zeros, n, g.group, nibbles, offset, bits)
-
-
-def fifth_bit(lib: ctypes.CDLL | None) -> bool:
-    """Whether `lib` reads the 5-bit layout (wg8a8_avx512.c's wg5a8_linear)."""
-    return lib is not None and hasattr(lib, "wg5a8_linear")
 
 
 def lanes_of(lib: ctypes.CDLL | None) -> int:
@@ -183,12 +178,10 @@ def load_wg8a8(build_dir: Path, isa: str | None = None) -> ctypes.CDLL | None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.wg8a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, ctypes.c_int, p, ctypes.c_int]
         lib.wg4a8_linear.argtypes = [p, i64, p, p, p, i64, i64, i64, i64, ctypes.c_int, ctypes.c_int32, p, ctypes.c_int]
-        for entry in (lib.wg8a8_linear, lib.wg4a8_linear):
+        lib.wg5a8_linear.argtypes = [p, i64, p, p, p, p, i64, i64, i64, i64, ctypes.c_int, ctypes.c_int32, p,
+                                     ctypes.c_int]
+        for entry in (lib.wg8a8_linear, lib.wg4a8_linear, lib.wg5a8_linear):
             entry.restype = ctypes.c_int
-        if fifth_bit(lib):
-            lib.wg5a8_linear.argtypes = [p, i64, p, p, p, p, i64, i64, i64, i64, ctypes.c_int, ctypes.c_int32, p,
-                                         ctypes.c_int]
-            lib.wg5a8_linear.restype = ctypes.c_int
         lib.wg8a8_lanes.argtypes, lib.wg8a8_lanes.restype = [], ctypes.c_int
     return lib
 
@@ -205,7 +198,6 @@ def wg8a8_linear(lib: ctypes.CDLL, x: torch.Tensor, w: PackedGrouped, out: torch
     assert y.shape == (m, padded) and y.dtype == torch.float32 and y.is_contiguous(), f"out must be ({m}, {padded}) float32"
     q, scales, zeros, half, fifth = w.args
     if fifth is not None:
-        assert fifth_bit(lib), "the 5-bit layout is read by wg8a8_avx512.c only"
         rc = lib.wg5a8_linear(x.data_ptr(), x.stride(0), q, fifth, scales, zeros, m, padded, k, w.group, half, w.offset,
                               y.data_ptr(), torch.get_num_threads())
     elif w.nibbles:

@@ -28,11 +28,24 @@ typedef struct { /* one call's operands, as wg_rows reads them */
   int nib;        /* w is in the nibble layout */
   int32_t offset; /* the nibble layout's values are u - offset */
   int half;       /* ws holds fp16 values */
-  const uint8_t *hi; /* with nib: each value's fifth bit (the 5-bit layout: wg8a8_avx512.c), or NULL */
+  const uint8_t *hi; /* with nib: each value's fifth bit (the 5-bit layout), or NULL */
   int stream;        /* y is large (an LM head's logits) and 64-byte aligned: tiles may store it past the caches */
 } wg_args;
 
 static void wg_rows(const wg_args *a, int64_t n0, int64_t n1);
+
+/* A thread's buffer for the 5-bit and nibble weights unpacked to bytes (each kernel's wg_unpack), kept from call to call (OpenMP's threads are reused); NULL if it cannot grow. */
+static int8_t *wg_unpack_buffer(int64_t bytes) {
+  static __thread int8_t *buf;
+  static __thread int64_t cap;
+  if (bytes > cap) {
+    free(buf);
+    cap = (bytes + 63) / 64 * 64;
+    buf = aligned_alloc(64, (size_t)cap);
+    if (!buf) cap = 0;
+  }
+  return buf;
+}
 
 /* The rows a chunk of the weight layout holds: the packer (kernels/cpu/wg8a8.py) asks, and lays the rows out so. */
 int wg8a8_lanes(void) { return WG_LANES; }
@@ -52,7 +65,7 @@ static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const void *w
     return -1;
   }
   quantize_rows(x, ldx, M, K, 32, a.xq, a.xd, a.xs, 0, nthreads);
-  if (W8_GROUP_SUMS || offset)
+  if (W8_GROUP_SUMS || offset || hi)
     for (int64_t i = 0; i < M * ng; i++) { /* the exact int8 sum of each row's group (the tiles' starting values) */
       int32_t s = 0;
       for (int64_t k = 0; k < G; k++) s += a.xq[i * G + k];

@@ -18,12 +18,11 @@ int wg4a8_linear(const float *x, int64_t ldx, const uint8_t *w, const void *ws, 
   return wg_linear(x, ldx, (const int8_t *)w, ws, wz, M, N, K, G, offset, y, nthreads, 1, half, NULL);
 }
 
-#ifdef WG_FIFTH_BIT
-/* The 5-bit layout (a kernel that defines WG_FIFTH_BIT: wg8a8_avx512.c): w in the nibble layout holding each value's
- * low four bits, hi its fifth bits (a bit a value, in the order of the values in w's unpacked chunks), values u - offset. */
+/* The same with w in the 5-bit layout: the nibble layout holding each value's low four bits, hi their fifth bits (K / 8
+ * bytes a row: per group of 32 and chunk of the layout's rows, a byte per position in a chunk, bit c for the group's
+ * chunk c), values u - offset. */
 int wg5a8_linear(const float *x, int64_t ldx, const uint8_t *w, const uint8_t *hi, const void *ws, const float *wz,
                  int64_t M, int64_t N, int64_t K, int64_t G, int half, int32_t offset, float *y, int nthreads) {
   if (!hi) return -2;
   return wg_linear(x, ldx, (const int8_t *)w, ws, wz, M, N, K, G, offset, y, nthreads, 1, half, hi);
 }
-#endif
