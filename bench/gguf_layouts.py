@@ -99,11 +99,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         rows = [row for isa in isas for row in layouts(isa, Path(folder), rows_list, args.reps)]
     nib = [r["ratio"] for r in rows if r["layouts"][1] == "nibbles"]
-    five = [r["ratio"] for r in rows if r["layouts"][1] == "five_bits"]
+    five = {isa: [r["ratio"] for r in rows if r["isa"] == isa and r["layouts"][1] == "five_bits"] for isa in isas}
     half = [r["ratio"] for r in rows if r["layouts"][1] == "fp16_scales"]
     result = {"bench": "gguf_layouts", "isas": isas, "threads": torch.get_num_threads(), "rows": rows,
               "nibbles_over_int8_range": [min(nib), max(nib)],
-              "five_bits_over_int8_range": [min(five), max(five)] if five else None,
+              "five_bits_over_int8_by_isa": {isa: [min(r), max(r)] for isa, r in five.items()},
               "fp16_over_fp32_scales_range": [min(half), max(half)],
               "same_bits": all(r["same_bits"] for r in rows)}
     return emit(result, args.out or default_out("gguf_layouts"))

@@ -324,9 +324,8 @@ def gguf_models(r: Result) -> Figures:
 
 def gguf_layouts(r: Result) -> Figures:
     rows = [("nibbles (4-bit values) over int8, time", "x" + " to x".join(num(v, 2) for v in r["nibbles_over_int8_range"]))]
-    if r.get("five_bits_over_int8_range"):
-        rows.append(("five bits (5-bit values, AVX-512) over int8, time",
-                     "x" + " to x".join(num(v, 2) for v in r["five_bits_over_int8_range"])))
+    for isa, span in (r.get("five_bits_over_int8_by_isa") or {}).items():
+        rows.append((f"five bits (5-bit values, {isa}) over int8, time", "x" + " to x".join(num(v, 2) for v in span)))
     rows.append(("layouts give the same bits", "yes" if r.get("same_bits") else "no"))
     return rows
 
