@@ -81,8 +81,10 @@ class PackedGrouped:
     group: int
     nibbles: bool = False  # q holds u = value + offset (0..15; its low four bits with `fifth`), chunks t and t + 1 in one
     offset: int = 0  # with nibbles: value = u - offset
-    # with nibbles, u's fifth bits (u in 0..31; q holds the low four): (N / L, K / 32, L x 4) uint8, per group of 32
-    # (8 chunks of L x 4 values) a byte per position in a chunk, bit c of byte i for value i of the group's chunk c
+    # with nibbles, u's fifth bits (u in 0..31; q holds the low four), a bit a value, in the order its kernel spreads
+    # fastest: with L 16 (AVX-512's masks) (N / L, K / 4, L / 2) uint8, per chunk of q's unpacked values (L x 4) bit i
+    # of the chunk's bytes (little-endian) for its value i; with L 8 (AVX2, NEON: a shift) (N / L, K / 32, L x 4), per
+    # group of 32 a byte per position in a chunk, bit c for the group's chunk c
     fifth: torch.Tensor | None = None
     args: tuple[int, int, int | None, int, int | None] = field(init=False)  # the kernel's weight arguments, looked up once
 
@@ -116,8 +118,9 @@ class PackedGrouped:
         q = self.q[chunk, :, lane, :]  # (rows, K / 4, 4), or (rows, K / 8, 4) nibble pairs
         if self.nibbles:
             u = torch.stack([q & 15, q >> 4], dim=2).to(torch.int16)  # (rows, K / 8, 2: chunks t and t + 1, 4)
-            if self.fifth is not None:  # (rows, K / 32, lanes x 4 bytes) -> this lane's 4 bits of each chunk
-                bits = (self.fifth[chunk].to(torch.int16)[:, :, None] >> torch.arange(8)[:, None]) & 1
+            if self.fifth is not None:  # -> (rows, K / 4 chunks, lanes x 4 bits) -> this lane's 4 bits of each chunk
+                plane, bit = self.fifth[chunk].to(torch.int16), torch.arange(8)
+                bits = (plane[:, :, None] >> bit[:, None] if self.lanes == 8 else plane[..., None] >> bit) & 1
                 bits = bits.reshape(len(ids), -1, self.lanes, 4)[torch.arange(len(ids)), :, lane]
                 u = u + 16 * bits.reshape(u.shape)
             q = (u - self.offset).to(torch.int8)
@@ -153,10 +156,13 @@ def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False, offset: int = 0,
     bits = None
     if nibbles:  # (N / L, K / 4, L, 4) -> pairs of chunks (t, t + 1) -> one byte a pair of values
         u = (q.to(torch.int16) + offset).to(torch.uint8)  # the padding rows too: value 0
-        if fifth:  # a group's 8 chunks of L x 4 values -> L x 4 bytes: bit c of byte i, value i of chunk c
+        if fifth and lanes == 8:  # a group's 8 chunks -> 32 bytes, bit c of byte i for value i of chunk c
             fifths = (u >> 4).view(u.shape[0], -1, 8, lanes * 4).to(torch.int16)
             bits = (fifths << torch.arange(8, dtype=torch.int16)[:, None]).sum(2).to(torch.uint8).contiguous()
-            u = u & 15
+        elif fifth:  # each chunk's 64 fifth bits, little-endian: bit i of the chunk's bytes for its value i
+            fifths = (u >> 4).view(u.shape[0], u.shape[1], -1, 8).to(torch.int16)
+            bits = (fifths << torch.arange(8, dtype=torch.int16)).sum(-1).to(torch.uint8).contiguous()
+        u = u & 15 if fifth else u
         pairs = u.view(q.shape[0], -1, 2, lanes, 4)
         q = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
     scales = chunks(g.scales, 1).squeeze(-1)

@@ -25,18 +25,18 @@ static inline __m512i wg_broadcast4(const int8_t *p) {
   return _mm512_set1_epi32(t);
 }
 
-/* 64 bytes of the nibble layout: chunk c's values u in the low nibbles (u[0]), chunk c + 1's in the high ones (u[1]),
- * with `plane` (the 5-bit layout: the group's 64 bytes of fifth bits, bit c of byte i for byte i of chunk c) each
- * chunk's fifth bits added back as 16 through the byte mask that one test of the plane gives. */
-static inline __attribute__((always_inline)) void wg_nibbles(const int8_t *src, const uint8_t *plane, int c,
-                                                             __m512i u[2]) {
+/* 64 bytes of the nibble layout: chunk t's values u in the low nibbles (u[0]), chunk t + 1's in the high ones (u[1]),
+ * with `fifth` (the 5-bit layout) each chunk's 8 bytes of fifth bits added back as 16 through its 64-bit mask. */
+static inline __attribute__((always_inline)) void wg_nibbles(const int8_t *src, const uint8_t *fifth, __m512i u[2]) {
   const __m512i low = _mm512_set1_epi8(15), v = _mm512_loadu_si512((const void *)src);
   u[0] = _mm512_and_si512(v, low);
   u[1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-  if (plane) {
-    const __m512i bits = _mm512_loadu_si512((const void *)plane), sixteen = _mm512_set1_epi8(16);
-    u[0] = _mm512_mask_add_epi8(u[0], _mm512_test_epi8_mask(bits, _mm512_set1_epi8((char)(1 << c))), u[0], sixteen);
-    u[1] = _mm512_mask_add_epi8(u[1], _mm512_test_epi8_mask(bits, _mm512_set1_epi8((char)(2 << c))), u[1], sixteen);
+  if (fifth) {
+    uint64_t b0, b1;
+    memcpy(&b0, fifth, 8);
+    memcpy(&b1, fifth + 8, 8);
+    u[0] = _mm512_mask_add_epi8(u[0], _cvtu64_mask64(b0), u[0], _mm512_set1_epi8(16));
+    u[1] = _mm512_mask_add_epi8(u[1], _cvtu64_mask64(b1), u[1], _mm512_set1_epi8(16));
   }
 }
 
@@ -45,11 +45,11 @@ static inline __attribute__((always_inline)) void wg_nibbles(const int8_t *src, 
  * nibbles), unsigned as vpdpbusd takes them (no flip; with NIB 2 the sums start at -offset times the group's int8 sum
  * of x, for u - offset),
  * ws (K / G, 16) float or with HALF fp16, wz (K / 32, 16) or NULL. NIB 3 is the 5-bit layout (Q5_0, Q5_1, Q5_K): the
- * nibble layout with an offset holding each value's low four bits, and hi (K / 32, 64) bytes each group's fifth bits,
- * bit c of byte i for byte i of the group's chunk c, added as 16 through a byte mask (a test and a masked add a chunk);
- * 0.69 bytes a value with its fp16 scale against the int8 layout's 1.06. NIB 4 reads wg_unpack's bytes u. MT, H, G,
- * NIB and HALF are constants where it is inlined (wg_rows), so the loops unroll and the sums stay in registers. With H = 2 each broadcast of x feeds two dot products (from 16 rows of
- * x on: below, the weights' bandwidth bounds it and H = 1 measured faster), and MT = 6 keeps 12 sums, 12 accumulators
+ * nibble layout with an offset holding each value's low four bits, and hi (K / 4, 64 bits) each chunk's fifth bits, bit
+ * i for byte i of the unpacked chunk, added as 16 through the chunk's 64-bit mask (one masked add); 0.69 bytes a value
+ * with its fp16 scale against the int8 layout's 1.06. NIB 4 reads wg_unpack's bytes u. MT, H, G, NIB and HALF are
+ * constants where it is inlined (wg_rows), so the loops unroll and the sums stay in registers. With H = 2 each
+ * broadcast of x feeds two dot products (from 16 rows of x on: below, the weights' bandwidth bounds it and H = 1 measured faster), and MT = 6 keeps 12 sums, 12 accumulators
  * and the chunks in the 32 registers. */
 static inline __attribute__((always_inline)) void wgtile(const int MT, const int H, const int64_t G, const int NIB,
                                                          const int HALF, const wg_args *a, int64_t n, int64_t m,
@@ -90,9 +90,9 @@ static inline __attribute__((always_inline)) void wgtile(const int MT, const int
           if (NIB == 4) {
             u[0][j] = _mm512_loadu_si512((const void *)(c + 64 * t));
             u[1][j] = _mm512_loadu_si512((const void *)(c + 64 * t + 64));
-          } else if (NIB) { /* with NIB 3, the group's plane of fifth bits: 64 bytes a hexadecet */
+          } else if (NIB) { /* with NIB 3, chunks t and t + 1's fifth bits: 8 bytes each, the group's 8 chunks 64 */
             __m512i pair[2];
-            wg_nibbles(c + 32 * t, NIB == 3 ? hi + j * K * 2 + g * 64 : 0, (int)t, pair);
+            wg_nibbles(c + 32 * t, NIB == 3 ? hi + j * K * 2 + g * 64 + t * 8 : 0, pair);
             u[0][j] = pair[0], u[1][j] = pair[1];
           } else {
             u[0][j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 64 * t)), flip);
@@ -145,7 +145,7 @@ static void wg_unpack(const wg_args *a, int64_t n, int H, int8_t *out) {
     for (int64_t pair = 0; pair < K / 8; pair++) { /* 64 source bytes: chunks 2 pair and 2 pair + 1 */
       _mm_prefetch((const char *)(src + 64 * pair + WG_ROWS * K / 2), _MM_HINT_T1); /* the thread's next rows */
       __m512i u[2];
-      wg_nibbles(src + 64 * pair, hi ? hi + 64 * (pair / 4) : 0, (int)(pair % 4) * 2, u);
+      wg_nibbles(src + 64 * pair, hi ? hi + 16 * pair : 0, u);
       _mm512_storeu_si512((void *)(dst + 128 * pair), u[0]);
       _mm512_storeu_si512((void *)(dst + 128 * pair + 64), u[1]);
     }

@@ -19,8 +19,7 @@ int wg4a8_linear(const float *x, int64_t ldx, const uint8_t *w, const void *ws, 
 }
 
 /* The same with w in the 5-bit layout: the nibble layout holding each value's low four bits, hi their fifth bits (K / 8
- * bytes a row: per group of 32 and chunk of the layout's rows, a byte per position in a chunk, bit c for the group's
- * chunk c), values u - offset. */
+ * bytes a row, a bit a value, in the order kernels/cpu/wg8a8.py's PackedGrouped.fifth says), values u - offset. */
 int wg5a8_linear(const float *x, int64_t ldx, const uint8_t *w, const uint8_t *hi, const void *ws, const float *wz,
                  int64_t M, int64_t N, int64_t K, int64_t G, int half, int32_t offset, float *y, int nthreads) {
   if (!hi) return -2;

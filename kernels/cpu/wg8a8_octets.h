@@ -42,8 +42,9 @@ static inline __m256i wg_broadcast4(const int8_t *p) {
 
 /* 32 bytes of the nibble layout: chunk c's values u in the low nibbles (u[0]), chunk c + 1's in the high ones (u[1]),
  * with `plane` (the 5-bit layout: the group's 32 bytes of fifth bits, bit c of byte i for byte i of chunk c) each
- * chunk's fifth bits added back as 16s: its bit moved to bit 4 of each byte by one 16-bit shift (bits 4 of both bytes
- * of a lane come from their own byte for shifts of at most 4), kept by one AND, added by one OR. */
+ * chunk's fifth bits added back as 16s: its bit moved to bit 4 of each byte by one 16-bit shift (bit 4 of either byte
+ * of a lane comes from its own byte for shifts of at most 4), kept by an AND, added by an OR. A bit per value in each
+ * chunk's own order would take five operations a chunk to spread (AVX2 has no byte masks); this order takes three. */
 static inline __attribute__((always_inline)) void wg_nibbles(const int8_t *src, const uint8_t *plane, int c,
                                                              __m256i u[2]) {
   const __m256i v = _mm256_loadu_si256((const __m256i *)src), low = _mm256_set1_epi8(15);
