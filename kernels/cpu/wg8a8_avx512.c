@@ -49,8 +49,8 @@ static inline __attribute__((always_inline)) void wg_nibbles(const int8_t *src, 
  * i for byte i of the unpacked chunk, added as 16 through the chunk's 64-bit mask (one masked add); 0.69 bytes a value
  * with its fp16 scale against the int8 layout's 1.06. NIB 4 reads wg_unpack's bytes u. MT, H, G, NIB and HALF are
  * constants where it is inlined (wg_rows), so the loops unroll and the sums stay in registers. With H = 2 each
- * broadcast of x feeds two dot products (from 16 rows of x on: below, the weights' bandwidth bounds it and H = 1 measured faster), and MT = 6 keeps 12 sums, 12 accumulators
- * and the chunks in the 32 registers. */
+ * broadcast of x feeds two dot products (from 16 rows of x on: below, the weights' bandwidth bounds it and H = 1
+ * measured faster), and MT = 6 keeps 12 sums, 12 accumulators and the chunks in the 32 registers. */
 static inline __attribute__((always_inline)) void wgtile(const int MT, const int H, const int64_t G, const int NIB,
                                                          const int HALF, const wg_args *a, int64_t n, int64_t m,
                                                          const int8_t *unpacked) {

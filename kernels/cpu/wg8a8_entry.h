@@ -34,7 +34,8 @@ typedef struct { /* one call's operands, as wg_rows reads them */
 
 static void wg_rows(const wg_args *a, int64_t n0, int64_t n1);
 
-/* A thread's buffer for the 5-bit and nibble weights unpacked to bytes (each kernel's wg_unpack), kept from call to call (OpenMP's threads are reused); NULL if it cannot grow. */
+/* A thread's buffer for the 5-bit and nibble weights unpacked to bytes (each kernel's wg_unpack), kept from call to
+ * call (OpenMP's threads are reused); NULL if it cannot grow. */
 static int8_t *wg_unpack_buffer(int64_t bytes) {
   static __thread int8_t *buf;
   static __thread int64_t cap;

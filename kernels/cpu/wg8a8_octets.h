@@ -63,9 +63,9 @@ static inline __attribute__((always_inline)) void wg_nibbles(const int8_t *src, 
 /* MT rows of x times one octet. NIB 0: w in the int8 layout; 1: the nibble layout (wg8a8_entry.h); 2: the nibble
  * layout with an offset, values u - offset (its sums start at -offset times the group's sum of x's int8 values); 3: the
  * 5-bit layout (Q5_0, Q5_1, Q5_K: the nibbles hold u's low four bits, hi (K / 32, 32) bytes a group's fifth bits, bit c
- * of byte i for byte i of the group's chunk c), values u - offset; 4: bytes u as the int8 layout holds its values (wg_unpack's),
- * values u - offset. A constant, so that each variant compiles to its own loop (a runtime offset test cost the 1-row
- * tile ~25%). */
+ * of byte i for byte i of the group's chunk c), values u - offset; 4: bytes u as the int8 layout holds its values
+ * (wg_unpack's), values u - offset. A constant, so that each variant compiles to its own loop (a runtime offset test
+ * cost the 1-row tile ~25%). */
 #define WGTILE_BODY(MT, NIB, HALF)                                                                                \
   static void wgtile_##MT##_##NIB##_##HALF(const int8_t *w, const uint8_t *hi, const void *ws, const float *wz,    \
                                            const int8_t *xq, const int32_t *xsum, const float *xd, const float *xs, \
@@ -113,7 +113,8 @@ static inline __attribute__((always_inline)) void wg_nibbles(const int8_t *src, 
     }                                                                                                             \
     for (int r = 0; r < MT; r++) _mm256_storeu_ps(y + r * ldy, acc[r]);                                          \
   }
-/* every kind (int8, nibbles, nibbles with an offset, 5 bits, 5 bits unpacked) at 4 rows of x and 1, for one width of scales */
+/* every kind (int8, nibbles, nibbles with an offset, 5 bits, 5 bits unpacked) at 4 rows of x and 1, for one width of
+ * scales */
 #define WGTILE_KINDS(HALF)                                                                                        \
   WGTILE_BODY(4, 0, HALF) WGTILE_BODY(1, 0, HALF) WGTILE_BODY(4, 1, HALF) WGTILE_BODY(1, 1, HALF)               \
   WGTILE_BODY(4, 2, HALF) WGTILE_BODY(1, 2, HALF) WGTILE_BODY(4, 3, HALF) WGTILE_BODY(1, 3, HALF)               \
@@ -126,8 +127,8 @@ WGTILE_KINDS(1)
 #include "wg8a8_entry.h"
 
 /* Octet n of the 5-bit layout as bytes u in the int8 layout's order of chunks, into `out` (8 K bytes): what NIB 4
- * reads. From WG_UNPACKED_ROWS rows of x, every 4-row pass then reads bytes instead of expanding the fifth bits again:
- * the same bytes u, so the same sums and bits. */
+ * reads. From WG_UNPACKED_ROWS rows of x (two 4-row passes or more), every pass then reads bytes instead of expanding
+ * the fifth bits again: the same bytes u, so the same sums and bits. */
 static void wg_unpack(const wg_args *a, int64_t n, int8_t *out) {
   const int64_t K = a->K;
   const int8_t *src = a->w + n * (K / 2);

@@ -1,5 +1,6 @@
-/* Runs wg8a8_linear, or wg4a8_linear where NIBBLES is 1, or wg5a8_linear where FIFTH is 1 too (whichever build it is linked with: tests/test_gguf_grouped.py
- * cross-compiles it with kernels/cpu/wg8a8_neon.c and runs it under qemu-aarch64) on inputs the test wrote:
+/* Runs wg8a8_linear, or wg4a8_linear where NIBBLES is 1, or wg5a8_linear where FIFTH is 1 too (whichever build it is
+ * linked with: tests/test_gguf_grouped.py cross-compiles it with kernels/cpu/wg8a8_neon.c and runs it under
+ * qemu-aarch64) on inputs the test wrote:
  *
  *   wg8a8_harness DIR M N K G ZEROS THREADS NIBBLES OFFSET HALF FIFTH
  *
