@@ -156,13 +156,13 @@ def pack(g: GroupedInt8, lanes: int = 8, nibbles: bool = False, offset: int = 0,
     bits = None
     if nibbles:  # (N / L, K / 4, L, 4) -> pairs of chunks (t, t + 1) -> one byte a pair of values
         u = (q.to(torch.int16) + offset).to(torch.uint8)  # the padding rows too: value 0
-        if fifth and lanes == 8:  # a group's 8 chunks -> 32 bytes, bit c of byte i for value i of chunk c
-            fifths = (u >> 4).view(u.shape[0], -1, 8, lanes * 4).to(torch.int16)
-            bits = (fifths << torch.arange(8, dtype=torch.int16)[:, None]).sum(2).to(torch.uint8).contiguous()
-        elif fifth:  # each chunk's 64 fifth bits, little-endian: bit i of the chunk's bytes for its value i
-            fifths = (u >> 4).view(u.shape[0], u.shape[1], -1, 8).to(torch.int16)
-            bits = (fifths << torch.arange(8, dtype=torch.int16)).sum(-1).to(torch.uint8).contiguous()
-        u = u & 15 if fifth else u
+        if fifth:
+            fifths, bit = (u >> 4).to(torch.int16), torch.arange(8, dtype=torch.int16)
+            if lanes == 8:  # a group's 8 chunks -> L x 4 bytes: bit c of byte i for value i of chunk c
+                planes = (fifths.view(u.shape[0], -1, 8, lanes * 4) << bit[:, None]).sum(2)
+            else:  # each chunk's L x 4 fifth bits, little-endian: bit i of the chunk's bytes for its value i
+                planes = (fifths.view(u.shape[0], u.shape[1], -1, 8) << bit).sum(-1)
+            bits, u = planes.to(torch.uint8).contiguous(), u & 15
         pairs = u.view(q.shape[0], -1, 2, lanes, 4)
         q = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
     scales = chunks(g.scales, 1).squeeze(-1)

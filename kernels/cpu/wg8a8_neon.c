@@ -96,8 +96,8 @@ static inline int8x16_t broadcast4(const int8_t *p) {
 TILE(4, 0) TILE(1, 0) TILE(4, 1) TILE(1, 1) TILE(4, 2) TILE(1, 2)
 
 /* wg8a8.c's entry points: y (M, N) float = x (M, K) float (rows ldx floats apart) @ W^T, W in octets (nib: in the
- * nibble layout, values u - offset; with hi, the 5-bit layout); N a multiple of 8, K of 32, G 16 or 32 (32 for nibbles). Returns 0, -1 when the
- * scratch could not be allocated, -2 on a shape it does not take. */
+ * nibble layout, values u - offset; with hi, the 5-bit layout); N a multiple of 8, K of 32, G 16 or 32 (32 for
+ * nibbles). Returns 0, -1 when the scratch could not be allocated, -2 on a shape it does not take. */
 static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const void *ws, const float *wz, int64_t M, int64_t N,
                      int64_t K, int64_t G, int32_t offset, float *y, int nthreads, int nib, int half,
                      const uint8_t *hi) {
@@ -121,8 +121,9 @@ static int wg_linear(const float *x, int64_t ldx, const int8_t *w, const void *w
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t n0 = 0; n0 < N; n0 += 16) {
     const int64_t n1 = n0 + 16 < N ? n0 + 16 : N;
-#define AT(n, m) w + (n) * row_bytes, hi ? hi + (n) * (K / 8) : 0, (const char *)ws + (n) * ng * (half ? 2 : 4), wz ? wz + (n) * nb : 0,               \
-                 a.xq + (m) * K, xsum + (m) * ng, a.xd + (m) * nb, a.xs + (m) * nb, K, G, offset, half, y + (m) * N + (n), N
+#define AT(n, m) w + (n) * row_bytes, hi ? hi + (n) * (K / 8) : 0, (const char *)ws + (n) * ng * (half ? 2 : 4),          \
+                 wz ? wz + (n) * nb : 0, a.xq + (m) * K, xsum + (m) * ng, a.xd + (m) * nb, a.xs + (m) * nb, K, G, offset,  \
+                 half, y + (m) * N + (n), N
     for (int64_t mb = 0; mb < M; mb += 32) {
       const int64_t me = mb + 32 < M ? mb + 32 : M;
       int64_t m = mb;
