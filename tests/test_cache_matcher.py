@@ -167,12 +167,16 @@ def test_the_shipped_matcher_rejects_generated_look_alikes() -> None:
 
 
 def test_the_shipped_matcher_accepts_clear_paraphrases() -> None:
-    """Paraphrases that change contractions or politeness only (the calibration side of three tuning sets): at the
-    calibrated threshold, which keeps wrong hits rare, most are served (rewordings far less often: docs/caching.md)."""
+    """Paraphrases that change contractions or politeness only (the calibration side of three tuning sets). At the
+    calibrated threshold, which sits where the calibration side's wrong hits start (docs/caching.md), the matcher
+    alone serves more than half; the union, whose lexical side reads request frames and contractions, nearly all."""
     clear = [(p.cached, p.query) for p in _calibration_pairs("paraphrase", ("dev", "holdout", "independent_g"))
              if p.kind in ("contraction", "politeness")]  # fmt: skip
     accepted = _accepted(clear)
-    assert len(clear) >= 40 and sum(accepted) >= 0.75 * len(clear), [c for c, ok in zip(clear, accepted, strict=True) if not ok]
+    assert len(clear) >= 40 and sum(accepted) > 0.5 * len(clear), [c for c, ok in zip(clear, accepted, strict=True) if not ok]
+    union = LearnedMatcher(MatcherModel.load(), _embedder(), union=True)
+    served = [_served(cached, query, union) for cached, query in clear]
+    assert sum(served) >= 0.9 * len(clear), [c for c, ok in zip(clear, served, strict=True) if not ok]
 
 
 def test_only_capitals_and_the_punctuation_around_words_are_style() -> None:
