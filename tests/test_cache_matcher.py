@@ -284,7 +284,7 @@ def _ask(url: str, question: str) -> tuple[str, str]:
 def test_learned_matching_through_a_live_gateway(learned_url: str) -> None:
     status, answer = _ask(learned_url, "How many legs does a spider have?")
     assert status == "miss"
-    # a rewording the calibrated threshold serves (it sits at the top of the scale, 0.998217: this one scores 0.9996)
+    # a rewording the calibrated threshold serves (matcher.json's, at the top of the scale: this one scores above it)
     status, replayed = _ask(learned_url, "Could you tell me how many legs a spider has?")
     assert status == "semantic-hit" and replayed == answer
     for alike in ("How many eyes does a spider have?", "How many legs does an ant have?",

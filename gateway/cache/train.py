@@ -65,8 +65,8 @@ from gateway.cache.thresholds import binomial_upper
 PAIRS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "cache_pairs"
 # tuned on (docs/caching.md "What it guarantees, measured")
 TUNING = ("dev", "holdout", "independent_b", "independent_c", "independent_d", "independent_e", "independent_g",
-          "independent_h", "tune_o", "tune_p", "tune_q", "tune_r", "tune_s", "tune_t", "tune_u", "tune_v", "tune_w", "tune_x",
-          "tune_y", "tune_z", "redteam", "redteam_rules")  # fmt: skip
+          "independent_h", "tune_o", "tune_p", "tune_q", "tune_r", "tune_s", "tune_t", "tune_u", "tune_v", "tune_w",
+          "tune_x", "tune_y", "tune_z", "redteam", "redteam_rules")  # fmt: skip
 # never read here: scored only (bench/cache.py)
 HELD_OUT = ("test", "independent_a", "independent_f", "independent_i", "independent_j", "independent_k",
             "independent_l", "independent_m", "independent_n", "independent_o", "independent_p", "independent_q",
