@@ -1,19 +1,23 @@
 """The GPU tier at the sizes people serve: ``python -m bench.gpu``.
 
     python -m bench.gpu [--only ceilings,kernels,engine,hf,hf_compile] [--models llama-3.2-1b,llama-3.1-8b]
-                        [--formats bf16,awq,gguf] [--budget-s 460] [--tokenizer DIR] [--work DIR]
+                        [--formats bf16,awq,gguf,grouped] [--budget-s 460] [--tokenizer DIR] [--work DIR]
+    python -m bench.gpu --only ceilings,kernels.grouped,engine,hf --models gemma-3-270m --formats bf16,grouped
     python -m bench.gpu --dry-run     # every section at toy shapes on the CPU (interpreter kernels, no timings)
 
-One run on one GPU, random weights of real shapes (bench/gpu_models.py: Llama-3.2-1B and Llama-3.1-8B configs, SmolLM2's
-tokenizer), in sections, each written to the result file as soon as it ends, so a run cut short keeps what it measured:
+One run on one GPU, random weights of real shapes (bench/gpu_models.py: Llama-3.2-1B and Llama-3.1-8B configs, Gemma 3
+270M's; SmolLM2's tokenizer), in sections, each written to the result file as soon as it ends, so a run cut short keeps
+what it measured:
 
 1. ceilings: the device's measured copy bandwidth and bf16 matmul rate (the roofline's denominators).
-2. kernels: the Triton kernels' own GPU time (CUDA-graph replay) against torch's on the same data (bench/gpu_kernels.py).
-3. engine, per model and format (bf16; AWQ INT4 W4A16, group 128; GGUF 4-bit blocks, group 32):
+2. kernels: the Triton kernels' own GPU time (CUDA-graph replay) against torch's on the same data (bench/gpu_kernels.py);
+   `kernels.NAME` runs one part (gemm, grouped, decode, prefill).
+3. engine, per model and format (bf16; AWQ INT4 W4A16, group 128; GGUF 4-bit blocks, group 32; a GGUF K-quant mix as
+   grouped int8, the form a GPU serves Gemma 3's Q4_K_M file in; Gemma 3 takes bf16 and grouped only):
    - decode tok/s at 1, 32 and 128 streams, 128 new tokens each after a 64-token prompt (greedy, ignore_eos, CUDA graphs);
      at 1 stream the share of the HBM roofline: (weight bytes + KV bytes read per step) / step time / copy bandwidth;
    - TTFT at 2k and 16k prompt tokens (one request, prefill in one chunk);
-   - 1B bf16 only: greedy tokens with and without CUDA graphs, the same 32 prompts (identical or not).
+   - bf16 (not 8B): greedy tokens with and without CUDA graphs, the same 32 prompts (identical or not).
 4. hf: HF transformers `generate` with a static cache on the same checkpoints and prompts (1 and 128 streams, bf16),
    uncompiled; hf_compile: the same with torch.compile (last, only if the budget leaves time for its compilation).
 
@@ -50,7 +54,8 @@ MAX_MODEL_LEN = 16384 + 256
 # is skipped when less than this is left of the budget
 COST_S = {"ceilings": 5, "kernels": 160, "hf": 25, "hf_compile": 150,
           ("llama-3.2-1b", "bf16"): 45, ("llama-3.2-1b", "awq"): 35, ("llama-3.2-1b", "gguf"): 35,
-          ("llama-3.1-8b", "bf16"): 75, ("llama-3.1-8b", "awq"): 55, ("llama-3.1-8b", "gguf"): 55}
+          ("llama-3.1-8b", "bf16"): 75, ("llama-3.1-8b", "awq"): 55, ("llama-3.1-8b", "gguf"): 55,
+          ("gemma-3-270m", "bf16"): 30, ("gemma-3-270m", "grouped"): 30}
 
 
 class Budget:
@@ -123,8 +128,9 @@ def run_requests(engine: Any, batch: list[list[int]], new_tokens: int, tag: str)
 
 def weight_bytes_per_step(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every projection and norm, the LM head; the embedding table only where
-    it is the LM head too (a step reads one of its rows otherwise). INT4 layers and the INT4 models' LM head copy count
-    as they are prepared on this device."""
+    it is the LM head too (a step reads one of its rows otherwise). INT4 layers, the INT4 models' LM head copy and a
+    GGUF's grouped layers (a tied head over the embedding's tensors once) count as they are prepared on this device."""
+    from backend.quant.gguf_linear import GgufLinear
     from backend.quant.int4_linear import Int4Linear
     from backend.quant.lm_head import LowBitHead
 
@@ -132,6 +138,11 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
     total, prepared = 0, []
     for name, mod in model.named_modules():
         if any(name.startswith(p) for p in prepared):
+            continue
+        if isinstance(mod, GgufLinear):  # its tensors are plain attributes, not parameters
+            if id(mod.weight_q) not in seen:
+                seen.add(id(mod.weight_q))
+                total += mod.weight_bytes()
             continue
         if isinstance(mod, Int4Linear | LowBitHead):
             prepared.append(name + ".")
@@ -142,8 +153,9 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
                 seen.add(id(p))
                 total += p.numel() * p.element_size()
     embed, head = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
-    if embed is not None and head is not None and not any(p is embed.weight for p in head.parameters()):
-        total -= embed.weight.numel() * embed.weight.element_size()
+    table = getattr(embed, "weight", None)  # a grouped embedding's tensors are no parameter: counted as the head's
+    if table is not None and head is not None and not any(p is table for p in head.parameters()):
+        total -= table.numel() * table.element_size()
     return total
 
 
@@ -292,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         kernels.use_interpreter()
     budget = Budget(args.budget_s)
     only = set(args.only.split(","))
-    models = ["toy"] if dry else args.models.split(",")
+    models = ["toy", "toy-gemma"] if dry else args.models.split(",")
     formats = args.formats.split(",")
     new_tokens = 8 if dry else NEW_TOKENS
     tokenizer = args.tokenizer or _default_tokenizer()
@@ -339,10 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         ceil = section("ceilings", COST_S["ceilings"], lambda: gpu_kernels.measure_ceilings(device)) or ceil
         result["ceilings"] = {"copy_GBps": round(ceil.copy_bytes_per_s / 1e9, 1),
                               "bf16_TFLOPs": round(ceil.bf16_flops_per_s / 1e12, 1)}
-    if "kernels" in only:
+    parts = [(part, fn) for part, fn in (("gemm", gpu_kernels.bench_gemm), ("grouped", gpu_kernels.bench_grouped),
+                                         ("decode", gpu_kernels.bench_decode), ("prefill", gpu_kernels.bench_prefill))
+             if {"kernels", f"kernels.{part}"} & only]  # --only kernels: all four; kernels.grouped: that one
+    if parts:
         result["kernels"] = {}
-        parts = (("gemm", gpu_kernels.bench_gemm), ("grouped", gpu_kernels.bench_grouped),
-                 ("decode", gpu_kernels.bench_decode), ("prefill", gpu_kernels.bench_prefill))
         for part, fn in parts:
             result["kernels"][part] = section(f"kernels.{part}", COST_S["kernels"] / len(parts),
                                               lambda f=fn: f(device, ceil, dry))
@@ -350,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         sh = gpu_models.shape(name)
         for fmt in formats:
+            if fmt not in sh.formats:
+                continue
             if "engine" not in only and not (fmt == "bf16" and {"hf", "hf_compile"} & only):
                 continue
             key = f"{name}/{fmt}"

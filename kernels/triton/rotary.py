@@ -15,8 +15,9 @@ Layout
     inplace=True rotates q and k in place and returns them; otherwise returns new contiguous tensors.
 
 Limits
-    Full rotary only (rotary_dim == head_dim), no GPT-J interleaved style, no rope scaling variants
-    (build a scaled cache yourself: the kernel only reads it). head_dim must be even.
+    No GPT-J interleaved style, no rope scaling variants (build a scaled cache yourself: the kernel only reads
+    it). head_dim must be even, not a power of two: a partial rotary (Phi-4-mini: 96 of 128 dims) passes the
+    dims that turn, and the half-width tile is masked up to the next power of two.
 """
 
 import torch
@@ -28,10 +29,10 @@ from kernels.triton._utils import check_device
 
 @triton.jit
 def _rotate_tile(src_ptr, dst_ptr, t, stride_st, stride_sh, stride_dt, stride_dh, n_heads, cos, sin,
-                 HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+                 HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
     h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, HALF)[None, :]
-    mask = h < n_heads
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (h < n_heads) & (d < HALF)
     src = src_ptr + t * stride_st + h * stride_sh + d
     x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
@@ -46,20 +47,20 @@ def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, cache_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_c,
     num_heads, num_kv_heads,
-    HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     # 1. This token's cos/sin row (shared by every head of q and k).
     pos = tl.load(pos_ptr + t).to(tl.int64)
-    d = tl.arange(0, HALF)[None, :]
-    cos = tl.load(cache_ptr + pos * stride_c + d)
-    sin = tl.load(cache_ptr + pos * stride_c + HALF + d)
+    d = tl.arange(0, BLOCK_D)[None, :]
+    cos = tl.load(cache_ptr + pos * stride_c + d, mask=d < HALF, other=0.0)
+    sin = tl.load(cache_ptr + pos * stride_c + HALF + d, mask=d < HALF, other=0.0)
     # 2. Rotate all query heads, then all key heads (a load of both halves, then a store of both halves,
     #    so in-place is safe).
     _rotate_tile(q_ptr, q_out_ptr, t, stride_qt, stride_qh, stride_qot, stride_qoh, num_heads, cos, sin,
-                 HALF, BLOCK_HQ)
+                 HALF, BLOCK_D, BLOCK_HQ)
     _rotate_tile(k_ptr, k_out_ptr, t, stride_kt, stride_kh, stride_kot, stride_koh, num_kv_heads, cos, sin,
-                 HALF, BLOCK_HK)
+                 HALF, BLOCK_D, BLOCK_HK)
 
 
 def rope_cache(head_dim: int, max_position: int, base: float = 10000.0, device=None) -> torch.Tensor:
@@ -75,7 +76,7 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     assert q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2]
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    assert head_dim % 2 == 0 and triton.next_power_of_2(head_dim) == head_dim, head_dim
+    assert head_dim % 2 == 0, head_dim  # any even width: Phi-4-mini turns 96 of its 128 dims
     assert q.stride(2) == 1 and k.stride(2) == 1, "q/k last dim must be contiguous"
     assert q.dtype == k.dtype and q.dtype in (torch.float32, torch.float16, torch.bfloat16), q.dtype
     assert positions.shape == (num_tokens,) and positions.dtype in (torch.int32, torch.int64)
@@ -90,7 +91,7 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
             q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cos_sin_cache.stride(0),
             num_heads, num_kv_heads,
-            HALF=head_dim // 2, BLOCK_HQ=triton.next_power_of_2(num_heads),
+            HALF=head_dim // 2, BLOCK_D=triton.next_power_of_2(head_dim // 2), BLOCK_HQ=triton.next_power_of_2(num_heads),
             BLOCK_HK=triton.next_power_of_2(num_kv_heads),
         )
     return q_out, k_out
