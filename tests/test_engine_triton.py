@@ -60,16 +60,27 @@ def test_triton_logits_and_greedy_tokens_match_torch(model_dir: Path) -> None:
         torch.testing.assert_close(torch.tensor(lp_triton), torch.tensor(lp_torch), atol=1e-4, rtol=1e-4)
 
 
-def test_gemma3_on_the_triton_path_matches_torch(tmp_path: Path) -> None:
-    """Gemma 3's block (QK-norm through the RMSNorm kernel, two rope tables, a sliding layer) on the Triton kernels."""
-    from transformers import Gemma3TextConfig
+def family_config(family: str) -> object:
+    from transformers import Gemma3TextConfig, Phi3Config
 
-    config = Gemma3TextConfig(
+    if family == "gemma3":
+        return Gemma3TextConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=6, max_position_embeddings=128,
+            layer_types=["sliding_attention", "full_attention"],
+        )
+    return Phi3Config(  # Phi-4-mini's form: 12 of each head's 16 dims turn (96 of 128 in the real model)
         vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=6, max_position_embeddings=128,
-        layer_types=["sliding_attention", "full_attention"],
+        num_key_value_heads=2, max_position_embeddings=128, partial_rotary_factor=0.75, tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2,
     )
-    save_random_model(config, tmp_path, norm_std=0.3)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "phi4-mini"])
+def test_family_on_the_triton_path_matches_torch(family: str, tmp_path: Path) -> None:
+    """Gemma 3's block (QK-norm through the RMSNorm kernel, two rope tables, a sliding layer) and Phi-4-mini's partial
+    rotary (a width that is no power of two through the rotary kernel) on the Triton kernels."""
+    save_random_model(family_config(family), tmp_path, norm_std=0.3 if family == "gemma3" else 0.0)
     prompts = [[2, *range(10, 22)], [2, 5, 6]]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
     runs = {}
