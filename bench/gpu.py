@@ -364,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         sh = gpu_models.shape(name)
         for fmt in formats:
             if fmt not in sh.formats:
+                result["skipped"].append(f"{name}/{fmt} (not a format {name} comes in: {', '.join(sh.formats)})")
                 continue
             if "engine" not in only and not (fmt == "bf16" and {"hf", "hf_compile"} & only):
                 continue
