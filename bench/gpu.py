@@ -10,8 +10,8 @@ One run on one GPU, random weights of real shapes (bench/gpu_models.py: Llama-3.
 what it measured:
 
 1. ceilings: the device's measured copy bandwidth and bf16 matmul rate (the roofline's denominators).
-2. kernels: the Triton kernels' own GPU time (CUDA-graph replay) against torch's on the same data (bench/gpu_kernels.py);
-   `kernels.NAME` runs one part (gemm, grouped, decode, prefill).
+2. kernels: the Triton kernels' own GPU time (CUDA-graph replay) against torch's on the same data
+   (bench/gpu_kernels.py); `kernels.NAME` runs one part (gemm, grouped, decode, prefill).
 3. engine, per model and format (bf16; AWQ INT4 W4A16, group 128; GGUF 4-bit blocks, group 32; a GGUF K-quant mix as
    grouped int8, the form a GPU serves Gemma 3's Q4_K_M file in; Gemma 3 takes bf16 and grouped only):
    - decode tok/s at 1, 32 and 128 streams, 128 new tokens each after a 64-token prompt (greedy, ignore_eos, CUDA graphs);

@@ -5,7 +5,8 @@ model directory the engine's own loader reads (config.json, safetensors, a token
 
     bf16     HF names and layout (what HF transformers `from_pretrained` reads too, for the peer)
     awq      AutoAWQ's GEMM packing, group 128 (qweight / qzeros / scales per projection)
-    gguf     a GGUF's 4-bit blocks as backend/quant/gguf_blocks.py converts them (q4 / q4_scales / q4_mins, groups of 32)
+    gguf     a GGUF's 4-bit blocks as backend/quant/gguf_blocks.py converts them (q4 / q4_scales / q4_mins, groups
+             of 32)
     grouped  a K-quant mix as backend/quant/gguf_grouped.py converts it (int8 gq, fp32 gs / gz): what a GPU serves of a
              Q4_K_M file, here Gemma 3 270M's own mix (GROUPED_MIX), the embedding (the tied LM head) included
 
@@ -43,7 +44,8 @@ SHAPES: dict[str, dict[str, Any]] = {
     "toy-gemma": dict(model_type="gemma3_text", vocab_size=49152, hidden_size=128, intermediate_size=256,
                       num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
                       tie_word_embeddings=True, max_position_embeddings=4096, sliding_window=64,
-                      query_pre_attn_scalar=64, layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+                      query_pre_attn_scalar=64,
+                      layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
 }
 FORMATS = ("bf16", "awq", "gguf", "grouped")
 # gemma-3-270m-q4_k_m.gguf's types by role (Q5_0, Q8_0: groups of 32; Q4_K: 32 with a term; Q6_K: 16) as
@@ -91,7 +93,8 @@ def _randn(shape: tuple[int, ...], device: str, g: torch.Generator) -> torch.Ten
     return (torch.randn(shape, device=device, generator=g, dtype=torch.float32) * STD).to(torch.bfloat16)
 
 
-def _grouped(out_f: int, in_f: int, mix: tuple[int, bool], *, device: str, g: torch.Generator) -> dict[str, torch.Tensor]:
+def _grouped(out_f: int, in_f: int, mix: tuple[int, bool], *, device: str,
+             g: torch.Generator) -> dict[str, torch.Tensor]:
     """int8 values, a float32 scale per group and (K-quants with a minimum) a float32 term per 32 inputs."""
     group, terms = mix
     out = {"gq": torch.randint(-128, 128, (out_f, in_f), device=device, generator=g, dtype=torch.int8),
@@ -102,8 +105,8 @@ def _grouped(out_f: int, in_f: int, mix: tuple[int, bool], *, device: str, g: to
 
 
 def _projection(fmt: str, out_f: int, in_f: int, device: str, *, g: torch.Generator,
-                mix: tuple[int, bool] = (32, False)) -> dict[str, torch.Tensor]:
-    """One projection's tensors (suffix -> tensor) in the format's own layout."""
+                mix: tuple[int, bool]) -> dict[str, torch.Tensor]:
+    """One projection's tensors (suffix -> tensor) in the format's own layout (`mix`: the grouped format's form)."""
     if fmt == "bf16":
         return {"weight": _randn((out_f, in_f), device, g)}
     if fmt == "grouped":
@@ -155,12 +158,13 @@ def write_checkpoint(sh: Shape, fmt: str, out: Path, tokenizer: Path, *, device:
         if len(size) == 1:
             state[name] = torch.full(size, norm, dtype=torch.bfloat16, device=device)
         elif stem.endswith("embed_tokens") and fmt == "grouped":
-            state.update({f"{stem}.{k}": t for k, t in _grouped(*size, GROUPED_MIX["embed_tokens"], device=device, g=g).items()})
+            tensors = _grouped(*size, GROUPED_MIX["embed_tokens"], device=device, g=g)
+            state.update({f"{stem}.{k}": t for k, t in tensors.items()})
         elif stem.endswith(("embed_tokens", "lm_head")):
             state[name] = _randn(size, device, g)
         else:
-            layer = int(stem.split(".")[2])
-            tensors = _projection(fmt, *size, device, g=g, mix=grouped_mix(stem, layer) if fmt == "grouped" else (32, False))
+            layer = int(stem.split(".")[2])  # model.layers.<i>.<module>.<projection>
+            tensors = _projection(fmt, *size, device, g=g, mix=grouped_mix(stem, layer))
             state.update({f"{stem}.{k}": t for k, t in tensors.items()})
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

@@ -47,7 +47,8 @@ def test_dry_run_covers_every_section(tmp_path: Path) -> None:
     for e in last["engine"]:  # a grouped checkpoint runs the GGUF layers, every K-quant form of the mix among them
         if e["format"] == "grouped":
             assert {k.split(",")[0] + "," + k.split(",")[1] for k in e["kernels"]} == {
-                "GgufLinear(group=16, zeros=False", "GgufLinear(group=32, zeros=False", "GgufLinear(group=32, zeros=True"}
+                "GgufLinear(group=16, zeros=False", "GgufLinear(group=32, zeros=False",
+                "GgufLinear(group=32, zeros=True"}
     bf16 = next(e for e in last["engine"] if e["format"] == "bf16")
     assert bf16["greedy_graphs_check"]["identical"] == 32  # no graphs on a CPU: the same engine path twice
     assert set(last["hf"]["toy"]) == {"compiled", "1", "128"}

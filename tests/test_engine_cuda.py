@@ -215,7 +215,8 @@ def test_gguf_grouped_weights_run_the_triton_gemm(tmp_path: Path, prompts: list[
     assert_grouped_graphs_hold(tmp_path / "grouped", arrivals, len(prompts), runs["grouped"])
 
 
-def assert_grouped_graphs_hold(model_dir: Path, arrivals: dict, count: int, want: list[list[int]], **overrides: object) -> None:
+def assert_grouped_graphs_hold(model_dir: Path, arrivals: dict, count: int, want: list[list[int]],
+                               **overrides: object) -> None:
     """A grouped model's CUDA graphs: in fp32, eager steps give the graphs' tokens (`want`: the summation orders
     differ, far below the logit gaps); in bf16 the graphs replay and a second run repeats the first token for token.
     bf16 with graphs against bf16 without is not asserted: a padded decode batch and the graph's full-width block
@@ -270,7 +271,7 @@ def test_gemma3_270m_shapes_grouped_on_cuda_match_hf_past_the_window(tmp_path: P
     the GPU's Triton grouped GEMM: prompts past the 512-token sliding window, a shared prefix (prefix-cache hits),
     chunked prefill. fp32 greedy tokens and every prompt position's log-probability equal HF's on the same values as
     float32 weights, with CUDA graphs and without; bf16's graphs replay and repeat their tokens."""
-    from transformers import Gemma3TextConfig
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
     from backend.quant.gguf_linear import GgufLinear
     from tests.engine_helpers import save_grouped_model
@@ -280,8 +281,6 @@ def test_gemma3_270m_shapes_grouped_on_cuda_match_hf_past_the_window(tmp_path: P
     shared = torch.randint(2, 262144, (300,), generator=g).tolist()
     prompts = [[*shared, *torch.randint(2, 262144, (n,), generator=g).tolist()] for n in (250, 420, 9)]
     prompts.append(torch.randint(2, 262144, (700,), generator=g).tolist())
-    from transformers import AutoModelForCausalLM
-
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "dense", dtype=torch.float32).to("cuda").eval()
     with torch.inference_mode():
         reference = [hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=MAX_NEW, do_sample=False,
@@ -299,7 +298,7 @@ def test_gemma3_270m_shapes_grouped_on_cuda_match_hf_past_the_window(tmp_path: P
     assert eng.kv.hits > 0
     scored = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
     got = run_to_completion(eng, {0: [("lp", prompts[3], scored)]})["lp"][0].prompt_logprobs
-    worst = max(abs(g.logprob - w) for g, w in zip(got[1:], want, strict=True))
+    worst = max(abs(lp.logprob - w) for lp, w in zip(got[1:], want, strict=True))
     assert worst < 2e-3, f"prompt log-probabilities differ from HF's by up to {worst:.2e}"
     linears = [m for m in eng.runner.model.modules() if isinstance(m, GgufLinear)]
     assert len(linears) == 18 * 4 + 1 and all(m.mode == "triton" for m in linears)

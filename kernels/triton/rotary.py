@@ -91,8 +91,8 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
             q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cos_sin_cache.stride(0),
             num_heads, num_kv_heads,
-            HALF=head_dim // 2, BLOCK_D=triton.next_power_of_2(head_dim // 2), BLOCK_HQ=triton.next_power_of_2(num_heads),
-            BLOCK_HK=triton.next_power_of_2(num_kv_heads),
+            HALF=head_dim // 2, BLOCK_D=triton.next_power_of_2(head_dim // 2),
+            BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HK=triton.next_power_of_2(num_kv_heads),
         )
     return q_out, k_out
 
