@@ -11,8 +11,9 @@ import torch
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
+from backend.errors import InvalidRequestError
 from backend.fetch import fetch_gemma_gguf
-from backend.model.tokenizer import apply_chat_template
+from backend.model.tokenizer import apply_chat_template, load_tokenizer
 from backend.model.weights import resolve_model_dir
 from backend.quant.gguf_header import read_header
 from tests.engine_helpers import assert_no_leaks, run_to_completion, token_ids
@@ -55,6 +56,14 @@ def test_engine_equals_hf_greedy_on_the_real_weights(gguf: Path) -> None:
             assert token_ids(outs[f"r{i}"]) == ref[0, len(p):].tolist(), f"{TEXTS[i]!r} diverged"
     text = tokenizer.decode(token_ids(outs["r0"]))
     assert "France" in text or "Paris" in text, text  # the real model, not noise
+
+
+def test_chat_without_a_template_says_how_to_configure_one(gguf: Path) -> None:
+    """The base model's chat request is refused (a 400 at the gateway) with the setting that gives it a template."""
+    tokenizer = load_tokenizer(resolve_model_dir(gguf))
+    with pytest.raises(InvalidRequestError, match=r"no chat template: use /v1/completions, or configure one with "
+                                                  r"engine.chat_template \(SMOLGATE_CHAT_TEMPLATE\): gemma or chatml"):
+        apply_chat_template(tokenizer, [{"role": "user", "content": "hi"}])
 
 
 def test_a_configured_template_serves_chat_and_its_turn_end_stops(gguf: Path) -> None:

@@ -86,7 +86,11 @@ def apply_chat_template(
     """Token ids of the chat prompt built by the model's own template. `continue_final_message`: the prompt ends
     inside the final (assistant) message, without its end-of-turn, so the answer continues it (a prefill)."""
     if getattr(tokenizer, "chat_template", None) is None:
-        raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
+        raise InvalidRequestError(
+            "this model has no chat template: use /v1/completions, or configure one with engine.chat_template "
+            f"(SMOLGATE_CHAT_TEMPLATE): {' or '.join(CHAT_TEMPLATES)} by name, or a .jinja file",
+            param="messages",
+        )
     try:
         ids = tokenizer.apply_chat_template(
             messages,
