@@ -97,21 +97,6 @@ def test_training_is_deterministic_to_the_byte(tmp_path: Any) -> None:
     assert model.report["left_out_sharing_a_held_out_question"]["dev"] > 0  # train reads the pairs through tuning_pairs
 
 
-def test_weights_make_the_heads_heed_the_weighted_examples() -> None:
-    """`train.fit(weights=...)`: where labels conflict, negatives weighted up (as the written look-alikes are,
-    `LABELLED_WEIGHT`) pull the scores there down; elsewhere the head still separates the classes."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(600, 2))
-    y = (x[:, 0] > 0).astype(np.float64)
-    mixed = (x[:, 0] > 0) & (x[:, 0] < 0.8)
-    y[mixed & (rng.random(600) < 0.5)] = 0.0  # half the points just right of the boundary are negatives
-    weights = np.where(mixed & (y == 0), 8.0, 1.0)
-    plain, weighted = (train.fit(x, y, steps=300, weights=w).scores(x) for w in (None, weights))
-    assert weighted[mixed].mean() < plain[mixed].mean() - 0.1
-    far = np.abs(x[:, 0]) > 1.5
-    assert ((weighted[far] > 0.5) == (y[far] == 1)).mean() > 0.95
-
-
 def test_held_out_sets_are_never_read_for_training() -> None:
     for name in train.HELD_OUT:
         with pytest.raises(ValueError, match="held-out"):

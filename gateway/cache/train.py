@@ -83,11 +83,6 @@ CONFIDENCE = 0.95
 SEEDS = (41, 42, 43)  # one head each, averaged
 HIDDEN = 32
 STEPS = 1000
-# A pair a writer labelled weighs this many generated or retrieved ones in the heads' loss: the look-alikes that
-# decide the threshold are the written ones, a few percent of the negatives, and at weight 1 the easy ones drown
-# them. On the calibration side, weights 2-16 all served more before the 4th-7th wrong hit than weight 1; 4 served
-# the most at the lowest bound (docs/caching.md).
-LABELLED_WEIGHT = 4.0
 
 
 @dataclass(frozen=True)
@@ -236,10 +231,8 @@ def feature_matrix(items: list[Example], enc: Encoded) -> np.ndarray:
     return np.stack(rows)
 
 
-def fit(x: np.ndarray, y: np.ndarray, seed: int = SEEDS[0], hidden: int = HIDDEN, *, steps: int = STEPS,
-        weights: np.ndarray | None = None) -> Head:
-    """Full-batch Adam on the weighted logistic loss, L2 on the weights; float64 throughout. Each class weighs half
-    the loss, shared among its examples in proportion to `weights` (default: equally)."""
+def fit(x: np.ndarray, y: np.ndarray, seed: int = SEEDS[0], hidden: int = HIDDEN, *, steps: int = STEPS) -> Head:
+    """Full-batch Adam on the weighted logistic loss (classes balanced), L2 on the weights; float64 throughout."""
     mean = x.mean(axis=0)
     scale = x.std(axis=0)
     scale[scale < 1e-6] = 1.0
@@ -248,8 +241,8 @@ def fit(x: np.ndarray, y: np.ndarray, seed: int = SEEDS[0], hidden: int = HIDDEN
     n, d = z.shape
     params = [rng.normal(0, 1 / np.sqrt(d), (hidden, d)), np.zeros(hidden), rng.normal(0, 1 / np.sqrt(hidden), hidden),
               np.zeros(1)]  # fmt: skip
-    share = np.ones(n) if weights is None else weights
-    weight = share * np.where(y == 1, 0.5 / share[y == 1].sum(), 0.5 / share[y == 0].sum())
+    pos = y.mean()
+    weight = np.where(y == 1, 0.5 / pos, 0.5 / (1 - pos)) / n
     moments = [np.zeros_like(p) for p in params]
     squares = [np.zeros_like(p) for p in params]
     lr, b1, b2, l2 = 0.01, 0.9, 0.999, 1e-3
@@ -440,8 +433,7 @@ def train(files: Sequence[str], encoder: Encode, limit: int | None = None, log: 
     x = feature_matrix(items["train"], enc)
     y = np.array([ex.label for ex in items["train"]], dtype=np.float64)
     log(f"{len(y)} training examples ({int(y.sum())} positive) in {time.perf_counter() - t0:.1f}s")
-    weights = np.array([LABELLED_WEIGHT if ex.source == "labelled" else 1.0 for ex in items["train"]])
-    head = Ensemble(tuple(fit(x, y, seed, weights=weights) for seed in SEEDS))
+    head = Ensemble(tuple(fit(x, y, seed) for seed in SEEDS))
     cal_looks = [look for n, looks in looked["cal"].items() if n not in ADVERSARIAL for look in looks]
     paraphrases = sum(look.paraphrase_of is not None for look in cal_looks)
     chosen = calibrate(served(cal_looks, enc, head), paraphrases)
@@ -476,7 +468,6 @@ def train(files: Sequence[str], encoder: Encode, limit: int | None = None, log: 
         "lexical_calibration_per_file": lexical_per_file,
         "union_calibration": joint, "union_calibration_per_file": union_per_file,
         "max_wrong": MAX_WRONG, "confidence": CONFIDENCE, "seeds": list(SEEDS), "hidden": HIDDEN, "steps": STEPS,
-        "labelled_weight": LABELLED_WEIGHT,
     }  # fmt: skip
     log(f"trained and calibrated in {time.perf_counter() - t0:.1f}s: {json.dumps(chosen)}; union: {json.dumps(joint)}")
     model = {"floor": FLOOR, "threshold": chosen["threshold"], "union_threshold": joint["threshold"],
