@@ -16,8 +16,8 @@ Layout
 
 Limits
     No GPT-J interleaved style, no rope scaling variants (build a scaled cache yourself: the kernel only reads
-    it). head_dim must be even, not a power of two: a partial rotary (Phi-4-mini: 96 of 128 dims) passes the
-    dims that turn, and the half-width tile is masked up to the next power of two.
+    it). head_dim must be even; it need not be a power of two: a partial rotary (Phi-4-mini: 96 of 128 dims)
+    passes the dims that turn, and the half-width tile is masked up to the next power of two.
 """
 
 import torch
