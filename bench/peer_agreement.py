@@ -25,6 +25,11 @@ Whole continuations part at the first near tie and never meet again, so two more
   quantized arithmetic moves its continuations, the scale against which `auto_vs_peer` is read.
 - `peer_vs_peer_fa_off`: llama-server on the file against itself with flash attention off (`-fa off`): the same
   weights and the same quantized matmuls, only the attention's rounding changed.
+- `auto_vs_auto_one_ulp` and `none_vs_none_one_ulp`: each engine side against itself with the smallest change to the
+  model there is, the first layer's input-norm weights raised by one float32 ulp (about 1e-7 of each): how far a
+  rounding difference carries on each path. Where activations are quantized to int8 before every matmul, a change
+  that small tips some roundings, and the next layers' quantization carries that on: a measure of how close any two
+  implementations that are not bit-identical can come.
 
 --peer-url URL takes a llama-server already running on the same file instead (its native `/completion`; then no
 float32 runs); without either the peer is absent and only the engine pair is measured; --peer-gguf is not read
@@ -34,19 +39,23 @@ float32 runs); without either the peer is absent and only the engine pair is mea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import statistics
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.outputs import TokenLogprob
 from backend.engine.sampling_params import SamplingParams
+from backend.model.llama import LlamaForCausalLM
 from bench import peer
 from bench.report import default_out, emit
 
@@ -144,6 +153,23 @@ def float_copy(model: Path, out: Path) -> Path:
     return out
 
 
+@contextlib.contextmanager
+def one_ulp(engine: LLMEngine) -> Iterator[None]:
+    """Inside: the first decoder layer's input-norm weights raised by one float32 ulp each, in place (the C decode
+    stack reads the same storage); restored on exit."""
+    model = engine.runner.model
+    assert isinstance(model, LlamaForCausalLM), "a model in this process"
+    weight = model.layers[0].input_layernorm.weight
+    before = weight.detach().clone()
+    with torch.no_grad():
+        weight.copy_(torch.nextafter(before, torch.full_like(before, torch.inf)))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            weight.copy_(before)
+
+
 def engine_side(model: Path, quantization: str, prompts: list[list[int]], new_tokens: int) -> tuple[LLMEngine, list[list[int]]]:
     engine = LLMEngine(EngineConfig(model=str(model), quantization=quantization, enable_prefix_caching=False))
     got = run(engine, prompts, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
@@ -208,6 +234,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"bench": "peer_agreement", "model": args.model.name, "prompts": len(prompts),
                               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
                               "auto_vs_none": agreement(sides["auto"], sides["none"], args.new_tokens)}
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
+    for name, engine in (("auto", auto_engine), ("none", none_engine)):
+        with one_ulp(engine):
+            nudged = [[t for t in g if isinstance(t, int)] for g in run(engine, prompts, greedy)]
+        result[f"{name}_vs_{name}_one_ulp"] = agreement(sides[name], nudged, args.new_tokens)
     theirs: list[list[int]] | None = None
     if args.peer_url:  # a llama-server already running on the same file (its native /completion)
         theirs = peer_continuations(args.peer_url.rstrip("/"), prompts, args.new_tokens)
@@ -240,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["none_vs_peer"] = agreement(sides["none"], theirs, args.new_tokens)
         result["teacher_forced"] = teacher_forced(auto_engine, prompts, theirs)
     for key in ("auto_vs_peer", "none_vs_peer", "auto_vs_none", "teacher_forced", "peer_vs_peer_float",
-                "peer_vs_peer_fa_off", "float_vs_peer_float"):
+                "peer_vs_peer_fa_off", "float_vs_peer_float", "auto_vs_auto_one_ulp", "none_vs_none_one_ulp"):
         if key in result:
             print(key, result[key], flush=True)
     return emit(result, args.out or default_out("peer_agreement"))

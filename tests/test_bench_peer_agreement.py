@@ -37,3 +37,29 @@ def test_float_copy_holds_the_dequantized_tensors_and_the_same_header(tmp_path: 
         assert np.array_equal(after.data, expected)
         if before.tensor_type != gguf.GGMLQuantizationType.F32:  # the copy is the file's values, not the originals
             assert not np.array_equal(after.data, weights)
+
+
+def test_one_ulp_changes_what_the_engine_computes_and_restores_it() -> None:
+    """Inside `one_ulp` the engine (the GGUF's own bits, the default path) computes other log-probabilities; after it,
+    the same ones as before, bit for bit."""
+    from backend.config import EngineConfig
+    from backend.engine.llm_engine import LLMEngine
+    from backend.engine.outputs import TokenLogprob
+    from backend.engine.sampling_params import SamplingParams
+    from backend.fetch import fetch_gemma_gguf
+    from bench.peer_agreement import one_ulp, run
+
+    engine = LLMEngine(EngineConfig(model=str(fetch_gemma_gguf()), enable_prefix_caching=False))
+    prompt = [[2, *engine.tokenizer.encode("The river runs past the old mill and", add_special_tokens=False)]]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=1)
+
+    def logprobs() -> list[float]:
+        out = run(engine, prompt, params)[0]
+        assert all(isinstance(t, TokenLogprob) for t in out)
+        return [t.logprob for t in out if isinstance(t, TokenLogprob)]
+
+    before = logprobs()
+    with one_ulp(engine):
+        nudged = logprobs()
+    assert nudged != before
+    assert logprobs() == before
