@@ -26,6 +26,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 # -ffp-contract=off: a multiply and an add written apart stay apart (the elementwise kernels match torch's rounding;
@@ -132,12 +133,18 @@ def _build(source: Path, target: Path, flags: tuple[str, ...], gomp: Path | None
     link = [f"-L{gomp.parent}", f"-Wl,-rpath,{gomp.parent}", f"-l:{gomp.name}"] if gomp else []
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
         cmd = [str(_compiler()), *flags, str(source), "-o", tmp.name, *link]
+    # a first start compiles several kernels (about 10 s on 2 cores): say what the wait is, once per kernel
+    log.info("compiling C kernel %s for this CPU (once; kept in %s)", source.name, target.parent)
+    started = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         (target.parent / f"{source.stem}.log").write_text(" ".join(cmd) + "\n" + done.stderr)
         Path(tmp.name).unlink(missing_ok=True)
+        log.warning("C kernel %s did not compile: %s says why", source.name,
+                    target.parent / f"{source.stem}.log")
         return False
     os.replace(tmp.name, target)
+    log.info("compiled %s in %.1f s", source.name, time.monotonic() - started)
     return True
 
 
