@@ -29,8 +29,13 @@ from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.sampling_params import SamplingParams
 from backend.model.tokenizer import apply_chat_template
+from backend.quant.gguf_linear import GgufLinear
+from backend.quant.lm_head import LowBitHead
+from bench import int8_peak
 from bench.report import emit
 from bench.throughput import questions_for
+from kernels.cpu.build import cpu_isa
+from kernels.cpu.wg8a8 import PackedGrouped
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "profile_step.json"
 
@@ -133,7 +138,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"bench": "profile_step", "model": engine.model_name, "batch": args.batch, "quantization": args.quantization,
               "threads": torch.get_num_threads(), "step_ms_p50": round(statistics.median(times), 2),
               "tok_s": round(args.batch * 1e3 / statistics.median(times), 1), "phases_ms": split, "top_ops": ops}
+    roof = head_roof(engine, args.batch, split["lm_head"])
+    if roof is not None:
+        print(f"lm_head: {roof['gmac']} G multiply-adds, at least {roof['floor_ms']} ms at this CPU's {roof['isa']} "
+              f"int8 rate ({roof['peak_gmac_s']} G/s): measured {roof['measured_ms']} ms, {roof['share_of_peak']:.0%} "
+              "of the roof")
+        result["lm_head_roof"] = roof
     return emit(result, args.out)
+
+
+def head_roof(engine: LLMEngine, rows: int, measured_ms: float) -> dict[str, Any] | None:
+    """The LM head's floor at this CPU's int8 rate (bench/int8_peak.py) where it is an int8 GEMM of the C kernels (a
+    GGUF's head in the int8 layout: Q8_0; an INT4 model's W8A8 head), else None."""
+    head = engine.runner.model.lm_head
+    int8 = (isinstance(head, GgufLinear) and head.mode == "wg8a8" and isinstance(head.weight_q, PackedGrouped)
+            and not head.weight_q.nibbles) or (isinstance(head, LowBitHead) and head.w8a8_lib is not None)
+    if not int8:
+        return None
+    isa = cpu_isa()
+    peak = int8_peak.peak_gmac_s(isa, torch.get_num_threads())
+    gmac = rows * head.out_features * head.in_features / 1e9
+    return {"isa": isa, "peak_gmac_s": round(peak, 1), **int8_peak.head_floor(gmac, peak, measured_ms)}
 
 
 if __name__ == "__main__":

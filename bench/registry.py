@@ -38,6 +38,7 @@ SUITE: tuple[Bench, ...] = (
           what="decode step time, fp32 vs bf16 KV cache"),
     Bench("cpu_kernels", (), ("--batches", "4", "--steps", "5", "--ppl-tokens", "-1"), quantization=True,
           what="the C kernels vs torch's ops: step time, perplexity"),
+    Bench("int8_peak", (), (), what="the CPU's int8 multiply-add rate with the GEMMs' instructions: their roof"),
     Bench("profile_step", ("--batch", "32"), ("--batch", "4", "--steps", "5", "--profile-steps", "2"), quantization=True,
           what="where a decode step goes, by op"),
     Bench("gemm", (), ("--batches", "1", "--steps", "3"), what="prepacked oneDNN GEMM vs F.linear"),
