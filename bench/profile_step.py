@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = EngineConfig(model=args.model, quantization=args.quantization, num_threads=args.threads,
                           enable_prefix_caching=False)
     engine = LLMEngine(config)
-    start_requests(engine, args.batch, max_tokens=2 * args.steps + args.profile_steps + 16)  # phases steps too
+    # every timed, phased and profiled step, each as many tokens as a speculative step may give (the draft and one)
+    steps = 2 * args.steps + args.profile_steps + 16
+    start_requests(engine, args.batch, max_tokens=steps * (config.num_speculative_tokens + 1))
     warm_up(engine)
     times = time_steps(engine, args.steps)
     split = phases(engine, args.steps)
