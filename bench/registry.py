@@ -39,6 +39,7 @@ SUITE: tuple[Bench, ...] = (
     Bench("cpu_kernels", (), ("--batches", "4", "--steps", "5", "--ppl-tokens", "-1"), quantization=True,
           what="the C kernels vs torch's ops: step time, perplexity"),
     Bench("int8_peak", (), (), what="the CPU's int8 multiply-add rate with the GEMMs' instructions: their roof"),
+    Bench("huge_pages", (), ("--batches", "1", "--steps", "10"), what="the LM head on 2 MB pages vs 4 KB: decode steps"),
     Bench("profile_step", ("--batch", "32"), ("--batch", "4", "--steps", "5", "--profile-steps", "2"), quantization=True,
           what="where a decode step goes, by op"),
     Bench("gemm", (), ("--batches", "1", "--steps", "3"), what="prepacked oneDNN GEMM vs F.linear"),

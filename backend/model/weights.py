@@ -30,6 +30,7 @@ from backend.quant.gguf_grouped import TENSORS as GROUPED_TENSORS
 from backend.quant.gguf_grouped import dense_state, harmonize, is_gguf_grouped
 from backend.quant.gguf_header import GgufHeader, read_header
 from backend.quant.gguf_types import SERVED
+from backend.quant.huge_pages import head_on_huge_pages
 from backend.quant.kept_output import keep_head_output
 
 log = logging.getLogger(__name__)
@@ -288,6 +289,8 @@ def load_model(
 
         model.decode_stack = DecodeStack.build(model, ops)
     keep_head_output(model)  # the logits tensor kept from step to step (backend/quant/kept_output.py)
+    if device == "cpu" and engine.huge_pages:
+        head_on_huge_pages(model)  # the head, read whole every step, on 2 MB pages (backend/quant/huge_pages.py)
     model.set_rope(max_positions, device)  # angles stay fp32
     return model
 

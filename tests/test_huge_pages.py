@@ -1,0 +1,49 @@
+"""backend/quant/huge_pages.py: the LM head's weights on 2 MB pages, the same bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.quant.huge_pages import HUGE_PAGE, advise_huge_pages, head_tensors
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def anon_huge_kb(start: int, end: int) -> int:
+    """AnonHugePages of the mappings of /proc/self/smaps that overlap [start, end)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo < end and start < hi
+        elif inside and head == "AnonHugePages:":
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="no transparent huge pages here")
+def test_a_tensor_collapsed_into_huge_pages_keeps_its_bytes() -> None:
+    t = torch.randint(-128, 128, (12 << 20,), dtype=torch.int8)
+    before = t.clone()
+    start = t.data_ptr()
+    collapsed = advise_huge_pages([t, t[1:]])  # a second view of the same storage is advised once
+    if collapsed == 0:
+        pytest.skip("the kernel declined MADV_COLLAPSE (before Linux 6.1, or no memory to compact)")
+    whole = ((start + t.numel()) // HUGE_PAGE - (start + HUGE_PAGE - 1) // HUGE_PAGE) * HUGE_PAGE
+    assert collapsed == whole and whole >= 4 * HUGE_PAGE
+    assert anon_huge_kb(start, start + t.numel()) * 1024 >= whole
+    assert torch.equal(t, before)
+
+
+def test_the_head_tensors_include_its_packed_weights() -> None:
+    """SmolLM2's INT4 engine's head (LowBitHead): the W8A8 octets' int8 rows and scales, the bytes every step reads."""
+    engine = LLMEngine(EngineConfig(enable_prefix_caching=False))
+    head = engine.runner.model.lm_head
+    shapes = {(tuple(t.shape), t.dtype) for t in head_tensors(head)}
+    assert ((head.out_features, head.in_features), torch.int8) in shapes
