@@ -1,9 +1,9 @@
 """An LM head's weights on 2 MB pages (Linux transparent huge pages), where the kernel allows it.
 
-Every decode step reads the whole head: Gemma 3's Q8_0 head is 166 MB, SmolLM2's int8 one 28 MB. On 4 KB pages that is
-a TLB entry for every 4 KB and the hardware prefetchers stop at every page boundary. Two Gemma 3 engines stepping
-alternately on the same requests in one process on a Zen 4, one with its head on 2 MB pages: 41.35 against 40.23 ms
-a step at 32 streams and 10.45 against 9.97 at one with AVX-512, 110.0 against 105.7 and 10.19 against 9.85 with AVX2.
+Every decode step reads the whole head: Gemma 3's Q8_0 head is 166 MB, SmolLM2's int8 one 24 MB. On 4 KB pages that is
+a TLB entry for every 4 KB and the hardware prefetchers stop at every page boundary. `python -m bench.huge_pages`
+(two engines in one process, stepping alternately) on a Zen 4: Gemma 3 1.047x at 32 streams and 1.075x at one with
+AVX-512, 1.028x and 1.147x with AVX2; SmolLM2 0.996x and 1.043x.
 
 Where THP is `always` the kernel already backs large allocations with huge pages; where it is `madvise` (Debian's and
 Ubuntu's default) only regions advised with MADV_HUGEPAGE get them, so the head's are advised, and MADV_COLLAPSE (Linux
