@@ -47,3 +47,15 @@ def test_the_head_tensors_include_its_packed_weights() -> None:
     head = engine.runner.model.lm_head
     shapes = {(tuple(t.shape), t.dtype) for t in head_tensors(head)}
     assert ((head.out_features, head.in_features), torch.int8) in shapes
+
+
+def test_a_full_precision_head_with_a_packed_copy_loads() -> None:
+    """A full-precision model's head keeps a oneDNN-packed copy (an opaque tensor, no storage to advise): the engine
+    loads (the head is put on huge pages as it loads), and only the plain tensors are taken."""
+    engine = LLMEngine(EngineConfig(quantization="none", enable_prefix_caching=False))
+    head = engine.runner.model.lm_head
+    held = [v for value in vars(head).values() if hasattr(value, "__dict__") for v in vars(value).values()]
+    assert any(isinstance(t, torch.Tensor) and t.layout != torch.strided for t in held)  # the packed copy
+    tensors = head_tensors(head)
+    assert any(t.shape == (head.out_features, head.in_features) for t in tensors)
+    assert all(t.layout == torch.strided for t in tensors)

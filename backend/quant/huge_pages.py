@@ -51,9 +51,11 @@ def advise_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
         return 0
     collapsed, seen = 0, set()
     for t in tensors:
+        if t.device.type != "cpu" or t.layout != torch.strided:  # (a oneDNN-packed tensor has no storage to advise)
+            continue
         storage = t.untyped_storage()
         start = storage.data_ptr()
-        if t.device.type != "cpu" or start in seen:
+        if start in seen:
             continue
         seen.add(start)
         first = (start + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
@@ -67,15 +69,16 @@ def advise_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def head_tensors(head: nn.Module) -> list[torch.Tensor]:
-    """The head's tensors: its parameters and buffers, and the tensors of the packed weights it holds as attributes
-    (GgufLinear's PackedGrouped, LowBitHead's W8A8 octets)."""
+    """The head's tensors in CPU memory: its parameters and buffers, and the tensors of the packed weights it holds as
+    attributes (GgufLinear's PackedGrouped, LowBitHead's W8A8 octets)."""
     found = [*head.parameters(), *head.buffers()]
     for value in vars(head).values():
         if isinstance(value, torch.Tensor):
             found.append(value)
         elif hasattr(value, "__dict__") and not isinstance(value, nn.Module):
             found += [v for v in vars(value).values() if isinstance(v, torch.Tensor)]
-    return found
+    # plain CPU memory only: a oneDNN-packed copy (PackedLinear's, a full-precision head's) has no storage to advise
+    return [t for t in found if t.device.type == "cpu" and t.layout == torch.strided]
 
 
 def head_on_huge_pages(model: nn.Module) -> None:
