@@ -59,6 +59,7 @@ OUTPUT_ENGINE_FIELDS = (
 NON_OUTPUT_ENGINE_FIELDS = {
     "kv_cache_memory_mb": "how many KV blocks fit, not what they hold",
     "kv_window_pool": "which pool the windowed layers' K/V live in, not their values (tests/test_kv_window_pool.py)",
+    "huge_pages": "which pages the LM head's bytes lie on, not their values (tests/test_huge_pages.py)",
     "max_num_seqs": "how many sequences run at once (batch composition)",
     "max_num_batched_tokens": "how prompts are chunked (batch composition)",
     "max_waiting": "how long the queue may grow",
