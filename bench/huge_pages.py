@@ -20,7 +20,7 @@ from typing import Any
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from backend.quant.huge_pages import head_tensors
+from backend.quant.huge_pages import head_tensors, huge_page_kb
 from bench.kv_dtype import alternate
 from bench.profile_step import start_requests, warm_up
 from bench.report import emit
@@ -29,18 +29,9 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "huge_pages.json"
 
 
 def head_on_huge_pages_mb(engine: LLMEngine) -> float:
-    """MB of the head's tensors that lie in huge pages (/proc/self/smaps' AnonHugePages of their mappings)."""
-    ranges = [(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
-              for t in head_tensors(engine.runner.model.lm_head)]
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        first = line.split()[0]
-        if "-" in first and not first.endswith(":"):
-            lo, hi = (int(v, 16) for v in first.split("-"))
-            inside = any(lo < end and start < hi for start, end in ranges)
-        elif inside and first == "AnonHugePages:":
-            total += int(line.split()[1])
-    return round(total / 1024, 1)
+    """MB of the head's tensors that lie in huge pages."""
+    storages = [t.untyped_storage() for t in head_tensors(engine.runner.model.lm_head)]
+    return round(huge_page_kb((s.data_ptr(), s.data_ptr() + s.nbytes()) for s in storages) / 1024, 1)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

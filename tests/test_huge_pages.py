@@ -9,22 +9,9 @@ import torch
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from backend.quant.huge_pages import HUGE_PAGE, advise_huge_pages, head_tensors
+from backend.quant.huge_pages import HUGE_PAGE, advise_huge_pages, head_tensors, huge_page_kb
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-def anon_huge_kb(start: int, end: int) -> int:
-    """AnonHugePages of the mappings of /proc/self/smaps that overlap [start, end)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(v, 16) for v in head.split("-"))
-            inside = lo < end and start < hi
-        elif inside and head == "AnonHugePages:":
-            total += int(line.split()[1])
-    return total
 
 
 @pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="no transparent huge pages here")
@@ -37,7 +24,7 @@ def test_a_tensor_collapsed_into_huge_pages_keeps_its_bytes() -> None:
         pytest.skip("the kernel declined MADV_COLLAPSE (before Linux 6.1, or no memory to compact)")
     whole = ((start + t.numel()) // HUGE_PAGE - (start + HUGE_PAGE - 1) // HUGE_PAGE) * HUGE_PAGE
     assert collapsed == whole and whole >= 4 * HUGE_PAGE
-    assert anon_huge_kb(start, start + t.numel()) * 1024 >= whole
+    assert huge_page_kb([(start, start + t.numel())]) * 1024 >= whole
     assert torch.equal(t, before)
 
 

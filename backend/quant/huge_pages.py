@@ -20,6 +20,7 @@ import functools
 import logging
 import platform
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -79,6 +80,19 @@ def head_tensors(head: nn.Module) -> list[torch.Tensor]:
             found += [v for v in vars(value).values() if isinstance(v, torch.Tensor)]
     # plain CPU memory only: a oneDNN-packed copy (PackedLinear's, a full-precision head's) has no storage to advise
     return [t for t in found if t.device.type == "cpu" and t.layout == torch.strided]
+
+
+def huge_page_kb(ranges: Iterable[tuple[int, int]]) -> int:
+    """kB on huge pages (/proc/self/smaps' AnonHugePages) of the mappings that overlap any [start, end) of `ranges`."""
+    spans, total, inside = list(ranges), 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        first = line.split()[0]
+        if "-" in first and not first.endswith(":"):
+            lo, hi = (int(v, 16) for v in first.split("-"))
+            inside = any(lo < end and start < hi for start, end in spans)
+        elif inside and first == "AnonHugePages:":
+            total += int(line.split()[1])
+    return total
 
 
 def head_on_huge_pages(model: nn.Module) -> None:
