@@ -170,10 +170,15 @@ def one_ulp(engine: LLMEngine) -> Iterator[None]:
             weight.copy_(before)
 
 
+def greedy_tokens(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Each prompt continued greedily for exactly `new_tokens` tokens (EOS ignored)."""
+    got = run(engine, prompts, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
+    return [[t for t in g if isinstance(t, int)] for g in got]
+
+
 def engine_side(model: Path, quantization: str, prompts: list[list[int]], new_tokens: int) -> tuple[LLMEngine, list[list[int]]]:
     engine = LLMEngine(EngineConfig(model=str(model), quantization=quantization, enable_prefix_caching=False))
-    got = run(engine, prompts, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
-    return engine, [[t for t in g if isinstance(t, int)] for g in got]
+    return engine, greedy_tokens(engine, prompts, new_tokens)
 
 
 def peer_continuations(url: str, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
@@ -234,10 +239,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"bench": "peer_agreement", "model": args.model.name, "prompts": len(prompts),
                               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
                               "auto_vs_none": agreement(sides["auto"], sides["none"], args.new_tokens)}
-    greedy = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
     for name, engine in (("auto", auto_engine), ("none", none_engine)):
         with one_ulp(engine):
-            nudged = [[t for t in g if isinstance(t, int)] for g in run(engine, prompts, greedy)]
+            nudged = greedy_tokens(engine, prompts, args.new_tokens)
         result[f"{name}_vs_{name}_one_ulp"] = agreement(sides[name], nudged, args.new_tokens)
     theirs: list[list[int]] | None = None
     if args.peer_url:  # a llama-server already running on the same file (its native /completion)
